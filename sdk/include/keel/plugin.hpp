@@ -1,0 +1,565 @@
+// The C++ layer of the keel plugin SDK.
+//
+// A C++ plugin derives from one of the component base classes below (keel::Model,
+// keel::Dataset, ...), gives it a constructor taking `const keel::Context&`, lists its
+// components with keel::component<T>(...) and exports them with KEEL_PLUGIN(...):
+//
+//   class Constant : public keel::LrScheduler {
+//    public:
+//     explicit Constant(const keel::Context&) {}
+//     double factor(int64_t) override { return 1.0; }
+//   };
+//   static const keel_component_desc kComponents[] = {
+//       keel::component<Constant>("constant", "lr stays at its base value"),
+//   };
+//   KEEL_PLUGIN("my-schedulers", "1.0.0", "What this library offers", kComponents)
+//
+// Everything the kernel calls goes through trampolines that catch every exception and turn it
+// into KEEL_ERR plus a message, so no exception crosses the C boundary. Slots without an error
+// channel (set_training, zero_grad, set_lr, profiler marks, ...) log an exception through the
+// host instead; lr_scheduler.factor and mfu.compute return NaN, which the kernel rejects.
+#pragma once
+
+#include <torch/version.h>
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "keel/abi.h"
+#include "keel/tensor.hpp"
+
+namespace keel {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// ---------------------------------------------------------------------------------------------
+// Context: what a constructor receives (options, seed, run directory, parameters).
+// ---------------------------------------------------------------------------------------------
+class Context {
+ public:
+  explicit Context(const keel_create_context* raw) : raw_(raw) {}
+
+  const keel_create_context& raw() const { return *raw_; }
+  const keel_host& host() const { return *raw_->host; }
+  std::string section() const { return raw_->section ? raw_->section : ""; }
+  uint64_t seed() const { return raw_->seed; }
+  int rank() const { return raw_->rank; }
+  int world_size() const { return raw_->world_size; }
+  std::string run_dir() const { return raw_->run_dir ? raw_->run_dir : ""; }
+  int64_t total_steps() const { return raw_->total_steps; }
+
+  // Option values (the kernel validated them and filled in defaults).
+  bool get_bool(const char* key) const {
+    int v = 0;
+    if (!host().option_bool(raw_->options, key, &v)) missing(key, "bool");
+    return v != 0;
+  }
+  int64_t get_int(const char* key) const {
+    int64_t v = 0;
+    if (!host().option_int(raw_->options, key, &v)) missing(key, "int");
+    return v;
+  }
+  double get_float(const char* key) const {
+    double v = 0;
+    if (!host().option_float(raw_->options, key, &v)) missing(key, "float");
+    return v;
+  }
+  std::string get_string(const char* key) const {
+    const char* v = host().option_string(raw_->options, key);
+    if (v == nullptr) missing(key, "string");
+    return v;
+  }
+  std::vector<int64_t> get_int_list(const char* key) const {
+    const int64_t n = host().option_list_size(raw_->options, key);
+    if (n < 0) missing(key, "int list");
+    std::vector<int64_t> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) host().option_list_int(raw_->options, key, i, &out[i]);
+    return out;
+  }
+  std::vector<double> get_float_list(const char* key) const {
+    const int64_t n = host().option_list_size(raw_->options, key);
+    if (n < 0) missing(key, "float list");
+    std::vector<double> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) host().option_list_float(raw_->options, key, i, &out[i]);
+    return out;
+  }
+
+  // The model's trainable parameters (optimizer and grad_clipper components).
+  std::vector<at::Tensor> params() const {
+    std::vector<at::Tensor> out;
+    out.reserve(raw_->param_count);
+    for (size_t i = 0; i < raw_->param_count; ++i) out.push_back(borrow(raw_->params[i]));
+    return out;
+  }
+  std::vector<std::string> param_names() const {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < raw_->param_count; ++i) out.emplace_back(raw_->param_names[i]);
+    return out;
+  }
+
+  void log(keel_log_level level, const std::string& message) const {
+    host().log(level, raw_->section ? raw_->section : "plugin", message.c_str());
+  }
+
+ private:
+  [[noreturn]] static void missing(const char* key, const char* type) {
+    throw std::runtime_error(std::string("option '") + key + "' is not declared as " + type +
+                             " in this component's schema");
+  }
+  const keel_create_context* raw_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Component base classes. Each maps one-to-one onto the C struct of its kind in abi.h.
+// ---------------------------------------------------------------------------------------------
+class Model {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_MODEL;
+  virtual ~Model() = default;
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  virtual void set_training(bool /*training*/) {}
+  // Called once after construction; the tensors must stay the ones the model trains.
+  virtual NamedTensors named_parameters() = 0;
+  // Parameters and buffers, for checkpoints (called once after construction).
+  virtual NamedTensors named_state() { return named_parameters(); }
+  virtual double flops_per_sample() { return 0.0; }
+};
+
+struct Batch {
+  at::Tensor inputs;
+  at::Tensor targets;
+  int64_t samples = 0;
+  int64_t tokens = 0;
+};
+
+class Dataset {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_DATASET;
+  virtual ~Dataset() = default;
+  virtual int64_t size() = 0;
+  virtual int64_t batches_per_epoch() = 0;
+  virtual void start_epoch(int64_t epoch) = 0;
+  // Returns false at the end of the epoch.
+  virtual bool next(Batch& out) = 0;
+};
+
+class Optimizer {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_OPTIMIZER;
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  virtual void zero_grad() = 0;
+  virtual size_t group_count() = 0;
+  virtual double get_lr(size_t group) = 0;
+  virtual void set_lr(size_t group, double lr) = 0;
+};
+
+class LrScheduler {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_LR_SCHEDULER;
+  virtual ~LrScheduler() = default;
+  virtual double factor(int64_t step) = 0;
+};
+
+class Loss {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_LOSS;
+  virtual ~Loss() = default;
+  // Mean loss; *count receives the number of items it averages over.
+  virtual at::Tensor compute(const at::Tensor& output, const at::Tensor& target,
+                             int64_t* count) = 0;
+};
+
+class GradClipper {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_GRAD_CLIPPER;
+  virtual ~GradClipper() = default;
+  // Returns the global L2 norm of the gradients before clipping.
+  virtual double clip() = 0;
+};
+
+class Mfu {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_MFU;
+  virtual ~Mfu() = default;
+  virtual double compute(double flops_per_sample, double samples_per_second) = 0;
+};
+
+class Profiler {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_PROFILER;
+  virtual ~Profiler() = default;
+  virtual void begin(const char* phase, int64_t step) = 0;
+  virtual void end(const char* phase, int64_t step) = 0;
+  virtual void flush() = 0;
+};
+
+class Checkpoint {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_CHECKPOINT;
+  virtual ~Checkpoint() = default;
+  virtual void save(const std::string& dir, const std::string& stem,
+                    const NamedTensors& tensors) = 0;
+  // Copies stored values into `into` (same names and shapes).
+  virtual void load(const std::string& dir, const std::string& stem, const NamedTensors& into) = 0;
+};
+
+class Hook {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_HOOK;
+  virtual ~Hook() = default;
+  virtual void on_event(keel_event& event) = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Trampolines (implementation detail).
+// ---------------------------------------------------------------------------------------------
+namespace detail {
+
+inline void set_error(keel_error* err, const char* message) {
+  if (err == nullptr) return;
+  std::strncpy(err->message, message, KEEL_ERROR_CAPACITY - 1);
+  err->message[KEEL_ERROR_CAPACITY - 1] = '\0';
+}
+
+template <class F>
+keel_status guard(keel_error* err, F&& body) noexcept {
+  try {
+    body();
+    return KEEL_OK;
+  } catch (const c10::Error& e) {
+    set_error(err, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    set_error(err, e.what());
+  } catch (...) {
+    set_error(err, "unknown exception");
+  }
+  return KEEL_ERR;
+}
+
+// Instance box: the C struct handed to the kernel plus the C++ object behind it.
+template <class Base, class Abi>
+struct Box {
+  Abi vt{};
+  std::unique_ptr<Base> obj;
+  const keel_host* host = nullptr;
+  std::string origin;
+  NamedTensors params, state;  // models only: cached so names and handles stay valid
+
+  static Box* of(void* self) { return static_cast<Box*>(self); }
+  // For slots without an error channel: log and carry on.
+  template <class F>
+  static void quiet(void* self, F&& body) noexcept {
+    keel_error err;
+    err.message[0] = '\0';
+    if (guard(&err, body) != KEEL_OK) {
+      Box* b = of(self);
+      b->host->log(KEEL_LOG_ERROR, b->origin.c_str(), err.message);
+    }
+  }
+  static void destroy(void* self) noexcept { delete of(self); }
+};
+
+template <class Base>
+struct Abi;
+#define KEEL_SDK_ABI(BASE, STRUCT) \
+  template <>                      \
+  struct Abi<BASE> {               \
+    using type = STRUCT;           \
+  }
+KEEL_SDK_ABI(Model, keel_model);
+KEEL_SDK_ABI(Dataset, keel_dataset);
+KEEL_SDK_ABI(Optimizer, keel_optimizer);
+KEEL_SDK_ABI(LrScheduler, keel_lr_scheduler);
+KEEL_SDK_ABI(Loss, keel_loss);
+KEEL_SDK_ABI(GradClipper, keel_grad_clipper);
+KEEL_SDK_ABI(Mfu, keel_mfu);
+KEEL_SDK_ABI(Profiler, keel_profiler);
+KEEL_SDK_ABI(Checkpoint, keel_checkpoint);
+KEEL_SDK_ABI(Hook, keel_hook);
+#undef KEEL_SDK_ABI
+
+inline NamedTensors to_named(const keel_named_tensor* t, size_t n) {
+  NamedTensors out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) out.emplace_back(t[i].name, borrow(t[i].tensor));
+  return out;
+}
+
+template <class B>
+using BoxOf = Box<B, typename Abi<B>::type>;
+
+inline void fill(BoxOf<Model>& b) {
+  using X = BoxOf<Model>;
+  b.params = b.obj->named_parameters();
+  b.state = b.obj->named_state();
+  b.vt.forward = [](void* s, keel_tensor* in, keel_tensor** out, keel_error* e) noexcept {
+    return guard(e, [&] { *out = give(X::of(s)->obj->forward(borrow(in))); });
+  };
+  b.vt.set_training = [](void* s, int t) noexcept {
+    X::quiet(s, [&] { X::of(s)->obj->set_training(t != 0); });
+  };
+  b.vt.param_count = [](void* s) noexcept { return X::of(s)->params.size(); };
+  b.vt.param = [](void* s, size_t i, const char** name, keel_tensor** t, keel_error* e) noexcept {
+    return guard(e, [&] {
+      const auto& p = X::of(s)->params.at(i);
+      *name = p.first.c_str();
+      *t = peek(p.second);
+    });
+  };
+  b.vt.state_count = [](void* s) noexcept { return X::of(s)->state.size(); };
+  b.vt.state = [](void* s, size_t i, const char** name, keel_tensor** t, keel_error* e) noexcept {
+    return guard(e, [&] {
+      const auto& p = X::of(s)->state.at(i);
+      *name = p.first.c_str();
+      *t = peek(p.second);
+    });
+  };
+  b.vt.flops_per_sample = [](void* s) noexcept {
+    double v = std::numeric_limits<double>::quiet_NaN();
+    X::quiet(s, [&] { v = X::of(s)->obj->flops_per_sample(); });
+    return v;
+  };
+}
+
+inline void fill(BoxOf<Dataset>& b) {
+  using X = BoxOf<Dataset>;
+  b.vt.size = [](void* s) noexcept {
+    int64_t v = -1;
+    X::quiet(s, [&] { v = X::of(s)->obj->size(); });
+    return v;
+  };
+  b.vt.batches_per_epoch = [](void* s) noexcept {
+    int64_t v = -1;
+    X::quiet(s, [&] { v = X::of(s)->obj->batches_per_epoch(); });
+    return v;
+  };
+  b.vt.start_epoch = [](void* s, int64_t epoch, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->start_epoch(epoch); });
+  };
+  b.vt.next = [](void* s, keel_batch* out, int* has, keel_error* e) noexcept {
+    return guard(e, [&] {
+      Batch batch;
+      *has = X::of(s)->obj->next(batch) ? 1 : 0;
+      if (*has) {
+        out->samples = batch.samples;
+        out->tokens = batch.tokens;
+        out->inputs = give(std::move(batch.inputs));
+        out->targets = give(std::move(batch.targets));
+      }
+    });
+  };
+}
+
+inline void fill(BoxOf<Optimizer>& b) {
+  using X = BoxOf<Optimizer>;
+  b.vt.step = [](void* s, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->step(); });
+  };
+  b.vt.zero_grad = [](void* s) noexcept { X::quiet(s, [&] { X::of(s)->obj->zero_grad(); }); };
+  b.vt.group_count = [](void* s) noexcept {
+    size_t v = 0;
+    X::quiet(s, [&] { v = X::of(s)->obj->group_count(); });
+    return v;
+  };
+  b.vt.get_lr = [](void* s, size_t g) noexcept {
+    double v = std::numeric_limits<double>::quiet_NaN();
+    X::quiet(s, [&] { v = X::of(s)->obj->get_lr(g); });
+    return v;
+  };
+  b.vt.set_lr = [](void* s, size_t g, double lr) noexcept {
+    X::quiet(s, [&] { X::of(s)->obj->set_lr(g, lr); });
+  };
+}
+
+inline void fill(BoxOf<LrScheduler>& b) {
+  using X = BoxOf<LrScheduler>;
+  b.vt.factor = [](void* s, int64_t step) noexcept {
+    double v = std::numeric_limits<double>::quiet_NaN();
+    X::quiet(s, [&] { v = X::of(s)->obj->factor(step); });
+    return v;
+  };
+}
+
+inline void fill(BoxOf<Loss>& b) {
+  using X = BoxOf<Loss>;
+  b.vt.compute = [](void* s, keel_tensor* out, keel_tensor* tgt, keel_tensor** loss, int64_t* count,
+                    keel_error* e) noexcept {
+    return guard(e, [&] { *loss = give(X::of(s)->obj->compute(borrow(out), borrow(tgt), count)); });
+  };
+}
+
+inline void fill(BoxOf<GradClipper>& b) {
+  using X = BoxOf<GradClipper>;
+  b.vt.clip = [](void* s, double* norm, keel_error* e) noexcept {
+    return guard(e, [&] { *norm = X::of(s)->obj->clip(); });
+  };
+}
+
+inline void fill(BoxOf<Mfu>& b) {
+  using X = BoxOf<Mfu>;
+  b.vt.compute = [](void* s, double flops, double sps) noexcept {
+    double v = std::numeric_limits<double>::quiet_NaN();
+    X::quiet(s, [&] { v = X::of(s)->obj->compute(flops, sps); });
+    return v;
+  };
+}
+
+inline void fill(BoxOf<Profiler>& b) {
+  using X = BoxOf<Profiler>;
+  b.vt.begin = [](void* s, const char* phase, int64_t step) noexcept {
+    X::quiet(s, [&] { X::of(s)->obj->begin(phase, step); });
+  };
+  b.vt.end = [](void* s, const char* phase, int64_t step) noexcept {
+    X::quiet(s, [&] { X::of(s)->obj->end(phase, step); });
+  };
+  b.vt.flush = [](void* s, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->flush(); });
+  };
+}
+
+inline void fill(BoxOf<Checkpoint>& b) {
+  using X = BoxOf<Checkpoint>;
+  b.vt.save = [](void* s, const char* dir, const char* stem, const keel_named_tensor* t, size_t n,
+                 keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->save(dir, stem, to_named(t, n)); });
+  };
+  b.vt.load = [](void* s, const char* dir, const char* stem, const keel_named_tensor* t, size_t n,
+                 keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->load(dir, stem, to_named(t, n)); });
+  };
+}
+
+inline void fill(BoxOf<Hook>& b) {
+  using X = BoxOf<Hook>;
+  b.vt.on_event = [](void* s, keel_event* ev, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->on_event(*ev); });
+  };
+}
+
+// The factory of component T: constructs T, wraps it in its box and fills the C struct.
+template <class T, class B>
+keel_status create(const keel_create_context* ctx, void** out, keel_error* err) noexcept {
+  return guard(err, [&] {
+    Context context(ctx);
+    auto box = std::make_unique<BoxOf<B>>();
+    box->host = ctx->host;
+    box->origin = context.section();
+    box->obj = std::make_unique<T>(context);
+    box->vt.struct_size = sizeof(box->vt);
+    box->vt.self = box.get();
+    box->vt.destroy = &BoxOf<B>::destroy;
+    fill(*box);
+    *out = &box.release()->vt;
+  });
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Declaring components and the plugin.
+// ---------------------------------------------------------------------------------------------
+
+// Which keel base class a component derives from (overload resolution picks it).
+namespace detail {
+Model* base_of(Model*);
+Dataset* base_of(Dataset*);
+Optimizer* base_of(Optimizer*);
+LrScheduler* base_of(LrScheduler*);
+Loss* base_of(Loss*);
+GradClipper* base_of(GradClipper*);
+Mfu* base_of(Mfu*);
+Profiler* base_of(Profiler*);
+Checkpoint* base_of(Checkpoint*);
+Hook* base_of(Hook*);
+}  // namespace detail
+template <class T>
+using base_of_t = std::remove_pointer_t<decltype(detail::base_of(static_cast<T*>(nullptr)))>;
+
+template <class T, class Base = base_of_t<T>>
+constexpr keel_component_desc component(const char* name, const char* description,
+                                        const keel_option_desc* options,
+                                        uint32_t option_count) {
+  static_assert(std::is_base_of<Base, T>::value, "T must derive from a keel component base");
+  return keel_component_desc{Base::kKind,
+                             name,
+                             description,
+                             options,
+                             option_count,
+                             static_cast<uint32_t>(sizeof(keel_option_desc)),
+                             &detail::create<T, Base>};
+}
+
+template <class T>
+constexpr keel_component_desc component(const char* name, const char* description) {
+  return component<T>(name, description, nullptr, 0u);
+}
+
+template <class T, size_t N>
+constexpr keel_component_desc component(const char* name, const char* description,
+                                        const keel_option_desc (&options)[N]) {
+  return component<T>(name, description, options, static_cast<uint32_t>(N));
+}
+
+// Option schema entries. Bounds are inclusive; leave them out for "unbounded".
+constexpr double kNoMin = 1.0, kNoMax = 0.0;
+constexpr keel_option_desc opt_bool(const char* key, const char* def, const char* help) {
+  return {key, KEEL_OPT_BOOL, def, help, kNoMin, kNoMax, nullptr};
+}
+constexpr keel_option_desc opt_int(const char* key, const char* def, const char* help,
+                                   double min = kNoMin, double max = kNoMax) {
+  return {key, KEEL_OPT_INT, def, help, min, max, nullptr};
+}
+constexpr keel_option_desc opt_float(const char* key, const char* def, const char* help,
+                                     double min = kNoMin, double max = kNoMax) {
+  return {key, KEEL_OPT_FLOAT, def, help, min, max, nullptr};
+}
+constexpr keel_option_desc opt_string(const char* key, const char* def, const char* help,
+                                      const char* choices = nullptr) {
+  return {key, KEEL_OPT_STRING, def, help, kNoMin, kNoMax, choices};
+}
+constexpr keel_option_desc opt_int_list(const char* key, const char* def, const char* help,
+                                        double min = kNoMin, double max = kNoMax) {
+  return {key, KEEL_OPT_INT_LIST, def, help, min, max, nullptr};
+}
+constexpr keel_option_desc opt_float_list(const char* key, const char* def, const char* help,
+                                          double min = kNoMin, double max = kNoMax) {
+  return {key, KEEL_OPT_FLOAT_LIST, def, help, min, max, nullptr};
+}
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+#if defined(_GLIBCXX_USE_CXX11_ABI)
+#define KEEL_SDK_CXX11_ABI _GLIBCXX_USE_CXX11_ABI
+#else
+#define KEEL_SDK_CXX11_ABI -1
+#endif
+
+}  // namespace keel
+
+// Exports the plugin: NAME, VERSION and DESCRIPTION are string literals, COMPONENTS a static
+// array of keel_component_desc built with keel::component.
+#define KEEL_PLUGIN(NAME, VERSION, DESCRIPTION, COMPONENTS)                                   \
+  extern "C" KEEL_EXPORT const keel_plugin_descriptor* keel_plugin_entry(void) {              \
+    static const keel_plugin_descriptor descriptor = {                                        \
+        KEEL_ABI_MAJOR,                                                                        \
+        KEEL_ABI_MINOR,                                                                        \
+        static_cast<uint32_t>(sizeof(keel_plugin_descriptor)),                                 \
+        NAME,                                                                                  \
+        VERSION,                                                                               \
+        DESCRIPTION,                                                                           \
+        {TORCH_VERSION, __VERSION__, KEEL_SDK_CXX11_ABI},                                      \
+        COMPONENTS,                                                                            \
+        static_cast<uint32_t>(sizeof(COMPONENTS) / sizeof(COMPONENTS[0])),                     \
+        static_cast<uint32_t>(sizeof(keel_component_desc))};                                   \
+    return &descriptor;                                                                        \
+  }
