@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "keel/abi.h"
+#include "keel/schema.hpp"
 #include "keel/tensor.hpp"
 
 namespace keel {
@@ -510,33 +511,6 @@ constexpr keel_component_desc component(const char* name, const char* descriptio
                                         const keel_option_desc (&options)[N]) {
   return component<T>(name, description, options, static_cast<uint32_t>(N));
 }
-
-// Option schema entries. Bounds are inclusive; leave them out for "unbounded".
-constexpr double kNoMin = 1.0, kNoMax = 0.0;
-constexpr keel_option_desc opt_bool(const char* key, const char* def, const char* help) {
-  return {key, KEEL_OPT_BOOL, def, help, kNoMin, kNoMax, nullptr};
-}
-constexpr keel_option_desc opt_int(const char* key, const char* def, const char* help,
-                                   double min = kNoMin, double max = kNoMax) {
-  return {key, KEEL_OPT_INT, def, help, min, max, nullptr};
-}
-constexpr keel_option_desc opt_float(const char* key, const char* def, const char* help,
-                                     double min = kNoMin, double max = kNoMax) {
-  return {key, KEEL_OPT_FLOAT, def, help, min, max, nullptr};
-}
-constexpr keel_option_desc opt_string(const char* key, const char* def, const char* help,
-                                      const char* choices = nullptr) {
-  return {key, KEEL_OPT_STRING, def, help, kNoMin, kNoMax, choices};
-}
-constexpr keel_option_desc opt_int_list(const char* key, const char* def, const char* help,
-                                        double min = kNoMin, double max = kNoMax) {
-  return {key, KEEL_OPT_INT_LIST, def, help, min, max, nullptr};
-}
-constexpr keel_option_desc opt_float_list(const char* key, const char* def, const char* help,
-                                          double min = kNoMin, double max = kNoMax) {
-  return {key, KEEL_OPT_FLOAT_LIST, def, help, min, max, nullptr};
-}
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 #if defined(_GLIBCXX_USE_CXX11_ABI)
 #define KEEL_SDK_CXX11_ABI _GLIBCXX_USE_CXX11_ABI

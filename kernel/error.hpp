@@ -1,0 +1,16 @@
+// keel::Error: the one exception type the kernel throws for bad input or a failing plugin.
+// Its message is a single line that says what failed, where, and (after "; hint: ") what to do.
+// main() prints it as "keel: error: <message>" and exits non-zero.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace keel {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+}  // namespace keel

@@ -1,0 +1,28 @@
+// The run manifest: a TOML file, its `extends` chain and `--set` overrides, merged into one
+// table that keeps every value's source (file:line:col, or the --set argument).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <toml++/toml.h>
+
+namespace keel {
+
+struct Manifest {
+  std::string path;  // the file named on the command line
+  toml::table root;  // merged: bases first, then the file, then --set overrides
+};
+
+// Reads `path`, resolves `extends = "base.toml"` (relative to the including file, recursively)
+// and applies each "dotted.key=value" override (the value is parsed as TOML, and taken as a
+// string when it is not valid TOML). Throws keel::Error naming file:line:col.
+Manifest load_manifest(const std::string& path, const std::vector<std::string>& overrides);
+
+// "file:line:col" of a node (or key), or the --set argument it came from.
+std::string where(const toml::source_region& source);
+
+// Levenshtein-closest candidate to `word` (empty when none is reasonably close).
+std::string closest(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace keel

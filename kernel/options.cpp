@@ -1,0 +1,199 @@
+#include "options.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "error.hpp"
+#include "manifest.hpp"
+
+namespace keel {
+namespace {
+
+const char* type_name(keel_option_type t) {
+  switch (t) {
+    case KEEL_OPT_BOOL: return "bool";
+    case KEEL_OPT_INT: return "integer";
+    case KEEL_OPT_FLOAT: return "float";
+    case KEEL_OPT_STRING: return "string";
+    case KEEL_OPT_INT_LIST: return "list of integers";
+    case KEEL_OPT_FLOAT_LIST: return "list of floats";
+  }
+  return "?";
+}
+
+std::string fmt(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+bool bounded(const keel_option_desc& o) { return o.min <= o.max; }
+
+std::string show(const toml::node& n) {
+  std::ostringstream s;
+  if (n.is_string()) s << '"' << n.as_string()->get() << '"';
+  else if (n.is_table()) s << "a table";
+  else if (n.is_array()) s << "an array";
+  else n.visit([&](const auto& v) { s << v; });
+  return s.str();
+}
+
+class Checker {
+ public:
+  Checker(std::string key_path, const keel_option_desc& o) : path_(std::move(key_path)), o_(o) {}
+
+  KeelOptionValue convert(const toml::node& n) const {
+    switch (o_.type) {
+      case KEEL_OPT_BOOL:
+        if (auto* b = n.as_boolean()) return b->get();
+        break;
+      case KEEL_OPT_INT:
+        if (auto* i = n.as_integer()) return range(n, i->get());
+        break;
+      case KEEL_OPT_FLOAT:
+        if (n.is_number()) return range(n, *n.value<double>());
+        break;
+      case KEEL_OPT_STRING:
+        if (auto* s = n.as_string()) return choice(n, s->get());
+        break;
+      case KEEL_OPT_INT_LIST:
+      case KEEL_OPT_FLOAT_LIST: {
+        auto* a = n.as_array();
+        if (!a) break;
+        std::vector<int64_t> ints;
+        std::vector<double> floats;
+        for (const auto& e : *a) {
+          if (o_.type == KEEL_OPT_INT_LIST && e.is_integer()) {
+            ints.push_back(range(e, e.as_integer()->get()));
+          } else if (o_.type == KEEL_OPT_FLOAT_LIST && e.is_number()) {
+            floats.push_back(range(e, *e.value<double>()));
+          } else {
+            fail(e, std::string("expected ") + describe(o_) + ", got element " + show(e));
+          }
+        }
+        if (o_.type == KEEL_OPT_INT_LIST) return ints;
+        return floats;
+      }
+    }
+    fail(n, std::string("expected ") + describe(o_) + ", got " + show(n));
+  }
+
+ private:
+  template <class T>
+  T range(const toml::node& n, T v) const {
+    if (bounded(o_) && (static_cast<double>(v) < o_.min || static_cast<double>(v) > o_.max))
+      fail(n, "must be in [" + fmt(o_.min) + ", " + fmt(o_.max) + "], got " + fmt(double(v)));
+    if constexpr (std::is_same_v<T, double>) {
+      if (!std::isfinite(v)) fail(n, "must be finite, got " + fmt(v));
+    }
+    return v;
+  }
+  std::string choice(const toml::node& n, const std::string& v) const {
+    if (!o_.choices) return v;
+    std::string all = o_.choices;
+    std::istringstream in(all);
+    std::string item;
+    std::vector<std::string> options;
+    while (std::getline(in, item, '|')) {
+      if (item == v) return v;
+      options.push_back(item);
+    }
+    std::string near = closest(v, options);
+    fail(n, "expected one of " + all + ", got \"" + v + "\"" +
+                (near.empty() ? "" : "; did you mean \"" + near + "\"?"));
+  }
+  [[noreturn]] void fail(const toml::node& n, const std::string& what) const {
+    throw Error(where(n.source()) + ": error: " + path_ + ": " + what);
+  }
+
+  std::string path_;
+  const keel_option_desc& o_;
+};
+
+toml::table parse_default(const keel_option_desc& o) {
+  return toml::parse(std::string("v = ") + o.default_toml, std::string_view("<default>"));
+}
+
+}  // namespace
+
+std::string describe(const keel_option_desc& o) {
+  std::string s = type_name(o.type);
+  if (bounded(o)) {
+    if (std::isinf(o.max)) s += " >= " + fmt(o.min);
+    else s += " in [" + fmt(o.min) + ", " + fmt(o.max) + "]";
+  }
+  if (o.type == KEEL_OPT_STRING && o.choices) s += std::string(" (one of ") + o.choices + ")";
+  return s;
+}
+
+keel_options validate_options(const toml::table& table, const std::string& section,
+                              const std::string& owner, const Schema& schema,
+                              const std::set<std::string>& reserved) {
+  keel_options out;
+  std::vector<std::string> keys;
+  for (const auto& o : schema) keys.emplace_back(o.key);
+
+  for (const auto& [k, v] : table) {
+    const std::string key(k.str());
+    if (reserved.count(key)) continue;
+    const keel_option_desc* desc = nullptr;
+    for (const auto& o : schema)
+      if (key == o.key) desc = &o;
+    if (!desc) {
+      const std::string near = closest(key, keys);
+      throw Error(where(k.source()) + ": error: unknown key '" + key + "' in [" + section + "]" +
+                  (near.empty() ? "" : "; did you mean '" + near + "'?") + " (hint: `keel plugins show " +
+                  owner + "` lists every option)");
+    }
+    out.values[key] = Checker(section + "." + key, *desc).convert(v);
+  }
+  for (const auto& o : schema) {
+    if (out.values.count(o.key)) continue;
+    if (!o.default_toml) {
+      throw Error(where(table.source()) + ": error: [" + section + "] needs '" + o.key + "' (" +
+                  describe(o) + (o.help ? std::string(": ") + o.help : std::string()) + ")");
+    }
+    const toml::table parsed = parse_default(o);
+    out.values[o.key] = Checker(section + "." + o.key, o).convert(*parsed.get("v"));
+  }
+  return out;
+}
+
+std::string check_schema(const Schema& schema) {
+  for (const auto& o : schema) {
+    if (!o.key || !*o.key) return "an option has no key";
+    if (o.type < KEEL_OPT_BOOL || o.type > KEEL_OPT_FLOAT_LIST)
+      return std::string("option '") + o.key + "' has unknown type " + std::to_string(o.type);
+    if (!o.default_toml) continue;
+    try {
+      const toml::table parsed = parse_default(o);
+      Checker(o.key, o).convert(*parsed.get("v"));
+    } catch (const std::exception& e) {
+      return std::string("default of option '") + o.key + "' (" + o.default_toml +
+             ") is invalid: " + e.what();
+    }
+  }
+  return "";
+}
+
+toml::table to_toml(const keel_options& options) {
+  toml::table t;
+  for (const auto& [k, v] : options.values) {
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                        std::is_same_v<T, std::vector<double>>) {
+            toml::array a;
+            for (auto e : x) a.push_back(e);
+            t.insert(k, std::move(a));
+          } else {
+            t.insert(k, x);
+          }
+        },
+        v);
+  }
+  return t;
+}
+
+}  // namespace keel

@@ -1,0 +1,260 @@
+#include "run_config.hpp"
+
+#include <filesystem>
+
+#include "error.hpp"
+#include "keel/schema.hpp"
+
+namespace fs = std::filesystem;
+
+namespace keel {
+namespace {
+
+using keel::opt_bool;
+using keel::opt_int;
+using keel::opt_string;
+
+const Schema kRunSchema = {
+    opt_string("name", "\"keel\"", "run name"),
+    opt_string("output_dir", "\"\"", "run directory (default runs/<name>)"),
+    opt_int("seed", "0", "seed for weights, shuffling and dropout", 0, 9.0e15),
+    opt_int("threads", "0", "intra-op threads (0: every core); BLAS runs single-threaded", 0, 4096),
+};
+const Schema kTrainSchema = {
+    opt_int("epochs", "1", "epochs to train (0: until max_steps)", 0, 1e9),
+    opt_int("max_steps", "0", "optimizer steps to train (0: no limit)", 0, 1e15),
+    opt_int("log_every", "50", "steps between training metric records", 1, 1e15),
+    opt_bool("eval_each_epoch", "true", "evaluate [data.test] after each epoch"),
+    opt_int("eval_max_batches", "0", "batches per evaluation (0: the whole split)", 0, 1e15),
+};
+const Schema kCheckpointKernelSchema = {
+    opt_int("every_steps", "0", "save every N optimizer steps (0: never during training)", 0, 1e15),
+    opt_int("keep_last", "0", "keep only the newest N checkpoints (0: keep all)", 0, 1e9),
+    opt_bool("at_end", "true", "save when training ends"),
+    opt_bool("initial", "false", "save step-0 before the first step"),
+    opt_string("init_from", "\"\"", "checkpoint directory whose model weights start the run"),
+};
+
+const std::vector<std::string> kTopLevel = {"run", "plugins", "train", "model", "data",
+                                            "optimizer", "lr_scheduler", "loss", "grad_clipper",
+                                            "mfu", "profiler", "checkpoint", "hooks", "extends"};
+
+std::string near_hint(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string n = closest(word, candidates);
+  return n.empty() ? "" : "; did you mean '" + n + "'?";
+}
+
+const toml::table& table_or_empty(const toml::table& root, const std::string& key,
+                                  const std::string& where_label) {
+  static const toml::table empty;
+  const toml::node* n = root.get(key);
+  if (!n) return empty;
+  if (!n->is_table())
+    throw Error(where(n->source()) + ": error: [" + where_label + "] must be a table");
+  return *n->as_table();
+}
+
+// Resolves one component table: `type` names the plugin component of `kind`.
+ComponentSpec component(const Registry& registry, const toml::table& table,
+                        const std::string& section, keel_kind kind,
+                        const Schema& kernel_schema, keel_options* kernel_values) {
+  ComponentSpec spec;
+  spec.section = section;
+  const toml::node* type = table.get("type");
+  std::vector<std::string> names;
+  for (const Component* c : registry.of_kind(kind)) names.push_back(c->name);
+  std::string available;
+  for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
+  if (!type || !type->is_string())
+    throw Error(where(type ? type->source() : table.source()) + ": error: [" + section +
+                "] needs type = \"<" + kind_name(kind) + ">\" (available: " +
+                (available.empty() ? "none found" : available) + ")");
+  const std::string name = type->as_string()->get();
+  spec.component = registry.find(kind, name);
+  if (!spec.component)
+    throw Error(where(type->source()) + ": error: [" + section + "].type: no " + kind_name(kind) +
+                " named '" + name + "'" + near_hint(name, names) + " (available: " +
+                (available.empty() ? "none" : available) +
+                "; hint: `keel plugins` lists what was found and why files were refused)");
+  Schema schema = spec.component->options;
+  std::set<std::string> reserved = {"type"};
+  for (const auto& k : kernel_schema) reserved.insert(k.key);
+  spec.options = validate_options(table, section, name, schema, reserved);
+  if (kernel_values) {
+    // The kernel's own keys of this section, validated the same way.
+    std::set<std::string> plugin_keys = {"type"};
+    for (const auto& o : schema) plugin_keys.insert(o.key);
+    *kernel_values = validate_options(table, section, name, kernel_schema, plugin_keys);
+  }
+  return spec;
+}
+
+template <class T>
+T get(const keel_options& o, const char* key) {
+  return std::get<T>(o.values.at(key));
+}
+
+toml::table resolved_table(const ComponentSpec& spec, const keel_options* kernel_values) {
+  toml::table t = to_toml(spec.options);
+  if (kernel_values) {
+    for (auto&& [k, v] : to_toml(*kernel_values)) t.insert(k, v);
+  }
+  t.insert("type", spec.component->name);
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> manifest_plugin_dirs(const Manifest& m) {
+  const toml::table& t = table_or_empty(m.root, "plugins", "plugins");
+  std::vector<std::string> dirs;
+  const toml::node* paths = t.get("paths");
+  for (const auto& [k, v] : t)
+    if (k.str() != "paths")
+      throw Error(where(k.source()) + ": error: unknown key '" + std::string(k.str()) +
+                  "' in [plugins]; hint: the only key is 'paths'");
+  if (!paths) return dirs;
+  const toml::array* a = paths->as_array();
+  if (!a)
+    throw Error(where(paths->source()) + ": error: plugins.paths: expected a list of strings");
+  const fs::path base = fs::path(m.path).parent_path();
+  for (const auto& e : *a) {
+    if (!e.is_string())
+      throw Error(where(e.source()) + ": error: plugins.paths: expected a list of strings");
+    fs::path p = e.as_string()->get();
+    dirs.push_back((p.is_absolute() ? p : base / p).lexically_normal().string());
+  }
+  return dirs;
+}
+
+RunConfig resolve(const Manifest& m, Registry& registry) {
+  RunConfig rc;
+  rc.manifest_path = m.path;
+  for (const auto& [k, v] : m.root) {
+    const std::string key(k.str());
+    if (std::find(kTopLevel.begin(), kTopLevel.end(), key) == kTopLevel.end())
+      throw Error(where(k.source()) + ": error: unknown section '" + key + "'" +
+                  near_hint(key, kTopLevel) + " (hint: see README, \"Manifest\")");
+  }
+
+  rc.plugin_paths = manifest_plugin_dirs(m);
+  registry.discover(plugin_search_path(rc.plugin_paths));
+
+  const keel_options run = validate_options(table_or_empty(m.root, "run", "run"), "run", "run",
+                                            kRunSchema);
+  rc.name = get<std::string>(run, "name");
+  rc.output_dir = get<std::string>(run, "output_dir");
+  if (rc.output_dir.empty()) rc.output_dir = "runs/" + rc.name;
+  rc.seed = static_cast<uint64_t>(get<int64_t>(run, "seed"));
+  rc.threads = get<int64_t>(run, "threads");
+
+  const keel_options train = validate_options(table_or_empty(m.root, "train", "train"), "train",
+                                              "train", kTrainSchema);
+  rc.epochs = get<int64_t>(train, "epochs");
+  rc.max_steps = get<int64_t>(train, "max_steps");
+  rc.log_every = get<int64_t>(train, "log_every");
+  rc.eval_each_epoch = get<bool>(train, "eval_each_epoch");
+  rc.eval_max_batches = get<int64_t>(train, "eval_max_batches");
+  if (rc.epochs == 0 && rc.max_steps == 0) {
+    const toml::node* t = m.root.get("train");
+    throw Error((t ? where(t->source()) : m.path) +
+                ": error: [train] sets neither epochs nor max_steps, so the run would never end; "
+                "hint: set epochs = N or max_steps = N");
+  }
+
+  auto required = [&](const char* key, keel_kind kind) {
+    const toml::node* n = m.root.get(key);
+    if (!n)
+      throw Error(m.path + ": error: the manifest has no [" + key + "] table; hint: add one with type = \"<" +
+                  kind_name(kind) + ">\"");
+    return component(registry, table_or_empty(m.root, key, key), key, kind, {}, nullptr);
+  };
+  auto optional = [&](const char* key, keel_kind kind) -> std::optional<ComponentSpec> {
+    if (!m.root.get(key)) return std::nullopt;
+    return component(registry, table_or_empty(m.root, key, key), key, kind, {}, nullptr);
+  };
+
+  rc.model = required("model", KEEL_KIND_MODEL);
+  const toml::table& data = table_or_empty(m.root, "data", "data");
+  for (const auto& [k, v] : data)
+    if (k.str() != "train" && k.str() != "test")
+      throw Error(where(k.source()) + ": error: unknown table [data." + std::string(k.str()) +
+                  "]" + near_hint(std::string(k.str()), {"train", "test"}) +
+                  " (hint: datasets go in [data.train] and [data.test])");
+  if (!data.get("train"))
+    throw Error(m.path + ": error: the manifest has no [data.train] table; hint: add one with type = \"<dataset>\"");
+  rc.train_data = component(registry, table_or_empty(data, "train", "data.train"), "data.train",
+                            KEEL_KIND_DATASET, {}, nullptr);
+  if (data.get("test"))
+    rc.test_data = component(registry, table_or_empty(data, "test", "data.test"), "data.test",
+                             KEEL_KIND_DATASET, {}, nullptr);
+  rc.optimizer = required("optimizer", KEEL_KIND_OPTIMIZER);
+  rc.loss = required("loss", KEEL_KIND_LOSS);
+  rc.lr_scheduler = optional("lr_scheduler", KEEL_KIND_LR_SCHEDULER);
+  rc.grad_clipper = optional("grad_clipper", KEEL_KIND_GRAD_CLIPPER);
+  rc.mfu = optional("mfu", KEEL_KIND_MFU);
+  rc.profiler = optional("profiler", KEEL_KIND_PROFILER);
+
+  keel_options ckpt;
+  if (m.root.get("checkpoint")) {
+    rc.checkpoint = component(registry, table_or_empty(m.root, "checkpoint", "checkpoint"),
+                              "checkpoint", KEEL_KIND_CHECKPOINT, kCheckpointKernelSchema, &ckpt);
+    rc.checkpoint_every_steps = get<int64_t>(ckpt, "every_steps");
+    rc.checkpoint_keep_last = get<int64_t>(ckpt, "keep_last");
+    rc.checkpoint_at_end = get<bool>(ckpt, "at_end");
+    rc.checkpoint_initial = get<bool>(ckpt, "initial");
+    rc.init_from = get<std::string>(ckpt, "init_from");
+    if (!rc.init_from.empty()) {
+      fs::path p = rc.init_from;
+      if (p.is_relative()) rc.init_from = (fs::path(m.path).parent_path() / p).string();
+    }
+  }
+
+  if (const toml::node* hooks = m.root.get("hooks")) {
+    const toml::array* a = hooks->as_array();
+    if (!a || !a->is_array_of_tables())
+      throw Error(where(hooks->source()) + ": error: hooks must be an array of tables: write "
+                  "each hook as [[hooks]] with type = \"<hook>\"");
+    for (size_t i = 0; i < a->size(); ++i)
+      rc.hooks.push_back(component(registry, *(*a)[i].as_table(),
+                                   "hooks[" + std::to_string(i) + "]", KEEL_KIND_HOOK, {},
+                                   nullptr));
+  } else {
+    // No [[hooks]]: the console logger and the JSONL metrics file (the run directory contract).
+    for (const char* name : {"console", "jsonl"}) {
+      toml::table t;
+      t.insert("type", name);
+      if (registry.find(KEEL_KIND_HOOK, name))
+        rc.hooks.push_back(component(registry, t, "hooks[" + std::to_string(rc.hooks.size()) + "]",
+                                     KEEL_KIND_HOOK, {}, nullptr));
+    }
+  }
+
+  // The resolved manifest.
+  toml::table& r = rc.resolved;
+  toml::table run_t = to_toml(run);
+  run_t.insert_or_assign("output_dir", rc.output_dir);
+  r.insert("run", std::move(run_t));
+  toml::array paths;
+  for (const auto& p : rc.plugin_paths) paths.push_back(p);
+  r.insert("plugins", toml::table{{"paths", std::move(paths)}});
+  r.insert("train", to_toml(train));
+  r.insert("model", resolved_table(rc.model, nullptr));
+  toml::table data_t;
+  data_t.insert("train", resolved_table(rc.train_data, nullptr));
+  if (rc.test_data) data_t.insert("test", resolved_table(*rc.test_data, nullptr));
+  r.insert("data", std::move(data_t));
+  r.insert("optimizer", resolved_table(rc.optimizer, nullptr));
+  r.insert("loss", resolved_table(rc.loss, nullptr));
+  if (rc.lr_scheduler) r.insert("lr_scheduler", resolved_table(*rc.lr_scheduler, nullptr));
+  if (rc.grad_clipper) r.insert("grad_clipper", resolved_table(*rc.grad_clipper, nullptr));
+  if (rc.mfu) r.insert("mfu", resolved_table(*rc.mfu, nullptr));
+  if (rc.profiler) r.insert("profiler", resolved_table(*rc.profiler, nullptr));
+  if (rc.checkpoint) r.insert("checkpoint", resolved_table(*rc.checkpoint, &ckpt));
+  toml::array hooks_t;
+  for (const auto& h : rc.hooks) hooks_t.push_back(resolved_table(h, nullptr));
+  r.insert("hooks", std::move(hooks_t));
+  return rc;
+}
+
+}  // namespace keel

@@ -1,0 +1,177 @@
+// dataset component: fashion_mnist, read from the gzipped IDX files of the original release.
+//
+// Everything is loaded once at construction: images as float [N, 1, 28, 28] (pixels / 255,
+// then (x - 0.2860) / 0.3530 when normalize), labels as int64 [N]. Shuffling uses a generator
+// of its own seeded with seed + epoch * 1000003, so the order depends only on the run's seed
+// and the epoch, never on the global generator.
+#include <ATen/CPUGeneratorImpl.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/plugin.hpp"
+
+namespace {
+
+constexpr int64_t kSide = 28;
+constexpr uint32_t kImagesMagic = 2051, kLabelsMagic = 2049;
+// Every error names the file, what is wrong with it, and how to fix it.
+[[noreturn]] void fail(const std::string& path, const std::string& what, const std::string& hint) {
+  throw std::runtime_error("fashion_mnist: " + path + ": " + what + "; " + hint);
+}
+
+// Reads a whole gzip file (zlib also reads an uncompressed file as is).
+std::vector<uint8_t> read_gz(const std::string& path, const std::string& hint) {
+  errno = 0;
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> f(gzopen(path.c_str(), "rb"), &gzclose);
+  if (!f) fail(path, std::string("cannot open (") + std::strerror(errno) + ")", hint);
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> chunk(1 << 16);
+  int n = 0;
+  while ((n = gzread(f.get(), chunk.data(), static_cast<unsigned>(chunk.size()))) > 0)
+    out.insert(out.end(), chunk.begin(), chunk.begin() + n);
+  int code = Z_OK;
+  std::string msg = gzerror(f.get(), &code);
+  if (msg.rfind(path + ": ", 0) == 0) msg.erase(0, path.size() + 2);  // zlib prefixes the path
+  if (n < 0 || (code != Z_OK && code != Z_STREAM_END))
+    fail(path, "corrupt or truncated gzip data (" + msg + ")", hint);
+  return out;
+}
+
+uint32_t be32(const std::vector<uint8_t>& b, size_t at) {
+  return uint32_t{b[at]} << 24 | uint32_t{b[at + 1]} << 16 | uint32_t{b[at + 2]} << 8 | b[at + 3];
+}
+
+// Reads an IDX file of unsigned bytes, checking its magic number and its length against the
+// extents in its header, which it returns in `dims`.
+std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, size_t ndims,
+                              std::vector<int64_t>& dims, const std::string& hint) {
+  std::vector<uint8_t> b = read_gz(path, hint);
+  const uint64_t header = 4 * (1 + ndims);
+  if (b.size() < header)
+    fail(path, "truncated: " + std::to_string(b.size()) + " bytes, shorter than the IDX header",
+         hint);
+  if (be32(b, 0) != magic)
+    fail(path,
+         "wrong magic number " + std::to_string(be32(b, 0)) + " (expected " +
+             std::to_string(magic) + "), not an IDX file of this kind",
+         hint);
+  uint64_t expected = 1;
+  dims.clear();
+  for (size_t i = 0; i < ndims; ++i) {
+    dims.push_back(be32(b, 4 + 4 * i));
+    if (__builtin_mul_overflow(expected, static_cast<uint64_t>(dims.back()), &expected))
+      fail(path, "the header's extents overflow", hint);
+  }
+  expected += header;
+  if (b.size() != expected)
+    fail(path,
+         (b.size() < expected ? "truncated: " : "trailing data: ") + std::to_string(b.size()) +
+             " bytes where the header implies " + std::to_string(expected),
+         hint);
+  return b;
+}
+
+class FashionMnist : public keel::Dataset {
+ public:
+  explicit FashionMnist(const keel::Context& ctx)
+      : batch_(ctx.get_int("batch_size")),
+        shuffle_(ctx.get_bool("shuffle")),
+        drop_last_(ctx.get_bool("drop_last")),
+        seed_(ctx.seed()) {
+    const std::string dir = ctx.get_string("path"), split = ctx.get_string("split");
+    const std::string stem = dir + "/" + (split == "train" ? "train" : "t10k");
+    std::vector<int64_t> idims, ldims;
+    const std::string ipath = stem + "-images-idx3-ubyte.gz",
+                      lpath = stem + "-labels-idx1-ubyte.gz";
+    const std::string hint = "hint: install dataset-fashion-mnist or set [" + ctx.section() +
+                             "] path to the directory holding the *-ubyte.gz files";
+    std::vector<uint8_t> ibytes = read_idx(ipath, kImagesMagic, 3, idims, hint);
+    std::vector<uint8_t> lbytes = read_idx(lpath, kLabelsMagic, 1, ldims, hint);
+    if (idims[1] != kSide || idims[2] != kSide)
+      fail(ipath,
+           "images are " + std::to_string(idims[1]) + "x" + std::to_string(idims[2]) +
+               ", expected 28x28",
+           hint);
+    if (idims[0] == 0) fail(ipath, "holds no images", hint);
+    if (idims[0] != ldims[0])
+      fail(lpath,
+           std::to_string(ldims[0]) + " labels for " + std::to_string(idims[0]) + " images in " +
+               ipath,
+           hint);
+
+    const int64_t limit = ctx.get_int("limit");
+    n_ = limit > 0 ? std::min(limit, idims[0]) : idims[0];
+    auto u8 = at::TensorOptions().dtype(at::kByte);
+    images_ = at::from_blob(ibytes.data() + 16, {n_, 1, kSide, kSide}, u8).to(at::kFloat).div_(255);
+    if (ctx.get_bool("normalize")) images_.sub_(0.2860).div_(0.3530);
+    labels_ = at::from_blob(lbytes.data() + 8, {n_}, u8).to(at::kLong);
+    if (labels_.max().item<int64_t>() > 9) fail(lpath, "a label is outside 0..9", hint);
+    if (batches_per_epoch() == 0)
+      throw std::runtime_error("fashion_mnist: split '" + split + "' has " + std::to_string(n_) +
+                               " samples, fewer than batch_size " + std::to_string(batch_) +
+                               " with drop_last = true, so an epoch has no batch; hint: lower "
+                               "batch_size, raise limit or set drop_last = false");
+  }
+
+  int64_t size() override { return n_; }
+  int64_t batches_per_epoch() override {
+    return drop_last_ ? n_ / batch_ : (n_ + batch_ - 1) / batch_;
+  }
+
+  void start_epoch(int64_t epoch) override {
+    cursor_ = 0;
+    if (!shuffle_) return;
+    auto gen =
+        at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch) * 1000003u);
+    order_ = at::randperm(n_, gen, at::TensorOptions().dtype(at::kLong));
+  }
+
+  // Batches are views of the loaded data when not shuffling: do not modify them in place.
+  bool next(keel::Batch& out) override {
+    if (shuffle_ && !order_.defined()) start_epoch(0);
+    const int64_t rows = std::min(batch_, n_ - cursor_);
+    if (rows <= 0 || (drop_last_ && rows < batch_)) return false;
+    if (shuffle_) {
+      const at::Tensor idx = order_.slice(0, cursor_, cursor_ + rows);
+      out.inputs = images_.index_select(0, idx);
+      out.targets = labels_.index_select(0, idx);
+    } else {
+      out.inputs = images_.slice(0, cursor_, cursor_ + rows);
+      out.targets = labels_.slice(0, cursor_, cursor_ + rows);
+    }
+    cursor_ += rows;
+    out.samples = out.tokens = rows;
+    return true;
+  }
+
+ private:
+  int64_t batch_;
+  bool shuffle_, drop_last_;
+  uint64_t seed_;
+  int64_t n_ = 0, cursor_ = 0;
+  at::Tensor images_, labels_, order_;
+};
+
+const keel_option_desc kOptions[] = {
+    keel::opt_string("path", "\"/usr/share/datasets/fashion-mnist\"",
+                     "directory holding the four *-ubyte.gz files"),
+    keel::opt_string("split", "\"train\"", "which split to read", "train|test"),
+    keel::opt_int("batch_size", "64", "samples per batch", 1, 1e9),
+    keel::opt_bool("shuffle", "true", "reshuffle every epoch (seeded by the run's seed)"),
+    keel::opt_bool("drop_last", "false", "drop the last, incomplete batch"),
+    keel::opt_bool("normalize", "true", "standardise pixels with mean 0.2860, std 0.3530"),
+    keel::opt_int("limit", "0", "use only the first N samples (0: all)", 0, 1e12),
+};
+const keel_component_desc kComponents[] = {
+    keel::component<FashionMnist>("fashion_mnist", "Fashion-MNIST 28x28 grayscale, 10 classes",
+                                  kOptions),
+};
+
+}  // namespace
+
+KEEL_PLUGIN("keel-fashion-mnist", "0.1.0", "The Fashion-MNIST dataset (IDX files)", kComponents)

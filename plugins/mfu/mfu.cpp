@@ -1,0 +1,32 @@
+// mfu component: model FLOPs utilisation against a fixed hardware peak.
+#include <cmath>
+
+#include "keel/plugin.hpp"
+
+namespace {
+
+class PeakFlops : public keel::Mfu {
+ public:
+  explicit PeakFlops(const keel::Context& ctx) : peak_(ctx.get_float("peak_tflops") * 1e12) {}
+  double compute(double flops_per_sample, double samples_per_second) override {
+    if (flops_per_sample == 0.0 || !std::isfinite(flops_per_sample)) return 0.0;
+    return flops_per_sample * samples_per_second / peak_;
+  }
+
+ private:
+  double peak_;  // FLOP/s of the whole job
+};
+
+const keel_option_desc kPeakFlopsOptions[] = {
+    keel::opt_float("peak_tflops", nullptr,
+                    "peak TFLOP/s of the whole job's hardware (all devices together)", 1e-9,
+                    keel::kInf),
+};
+const keel_component_desc kComponents[] = {
+    keel::component<PeakFlops>("peak_flops", "achieved FLOP/s divided by a given hardware peak",
+                               kPeakFlopsOptions),
+};
+
+}  // namespace
+
+KEEL_PLUGIN("keel-mfu", "0.1.0", "Model FLOPs utilisation", kComponents)

@@ -1,0 +1,148 @@
+// profiler component: records phase timings and writes them as a Chrome trace
+// (chrome://tracing, Perfetto).
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "keel/plugin.hpp"
+
+namespace {
+
+class ChromeTrace : public keel::Profiler {
+ public:
+  explicit ChromeTrace(const keel::Context& ctx)
+      : path_(ctx.get_string("path")),
+        start_step_(ctx.get_int("start_step")),
+        end_step_(ctx.get_int("end_step")),
+        max_events_(static_cast<size_t>(ctx.get_int("max_events"))),
+        host_(&ctx.host()),
+        origin_name_(ctx.section()),
+        origin_(std::chrono::steady_clock::now()) {
+    if (!path_.empty() && path_[0] != '/') path_ = ctx.run_dir() + "/" + path_;
+    events_.reserve(max_events_);
+    open_.reserve(16);
+  }
+
+  void begin(const char* phase, int64_t step) override {
+    if (!recording(step)) return;
+    open_.push_back({intern(phase), step, now_us()});
+  }
+
+  void end(const char* phase, int64_t step) override {
+    if (!recording(step)) return;
+    const double t = now_us();
+    const uint32_t id = intern(phase);
+    // Close the innermost open phase of that name (and anything still open inside it).
+    for (size_t i = open_.size(); i-- > 0;) {
+      if (open_[i].phase != id) continue;
+      if (events_.size() < max_events_) {
+        const Open& o = open_[i];
+        events_.push_back({o.phase, o.step, o.ts, t - o.ts});
+      } else {
+        dropped_++;
+      }
+      open_.resize(i);
+      return;
+    }
+  }
+
+  void flush() override {
+    const std::string tmp = path_ + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr)
+      throw std::runtime_error("cannot open '" + tmp +
+                               "' for writing; check that the directory exists and is writable");
+    std::fputs("{\"traceEvents\":[", f);
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const Event& e = events_[i];
+      std::fprintf(f,
+                   "%s\n{\"name\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":0,"
+                   "\"tid\":0,\"args\":{\"step\":%lld}}",
+                   i == 0 ? "" : ",", escape(names_[e.phase]).c_str(), e.ts, e.dur,
+                   static_cast<long long>(e.step));
+    }
+    std::fputs("\n],\"displayTimeUnit\":\"ms\"}\n", f);
+    const bool ok = std::fflush(f) == 0 && !std::ferror(f);
+    if (std::fclose(f) != 0 || !ok)
+      throw std::runtime_error("writing '" + tmp + "' failed (disk full?)");
+    if (std::rename(tmp.c_str(), path_.c_str()) != 0)
+      throw std::runtime_error("cannot rename '" + tmp + "' to '" + path_ + "'");
+    if (dropped_ > 0)
+      host_->log(KEEL_LOG_WARN, origin_name_.c_str(),
+                 ("dropped " + std::to_string(dropped_) +
+                  " events beyond max_events=" + std::to_string(max_events_) + "; raise it")
+                     .c_str());
+  }
+
+ private:
+  // Phases are interned: a handful of names, so begin/end only compare a few strings.
+  struct Open {
+    uint32_t phase;
+    int64_t step;
+    double ts;
+  };
+  struct Event {
+    uint32_t phase;
+    int64_t step;
+    double ts, dur;
+  };
+
+  bool recording(int64_t step) const {
+    return step >= start_step_ && (end_step_ < 0 || step <= end_step_);
+  }
+  double now_us() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin_)
+        .count();
+  }
+  uint32_t intern(const char* phase) {
+    for (size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == phase) return static_cast<uint32_t>(i);
+    names_.emplace_back(phase);
+    return static_cast<uint32_t>(names_.size() - 1);
+  }
+  static std::string escape(const std::string& s) {
+    std::string out;
+    for (const char ch : s) {
+      const unsigned char c = static_cast<unsigned char>(ch);
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += static_cast<char>(c);
+      } else if (c < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", c);
+        out += buf;
+      } else {
+        out += static_cast<char>(c);
+      }
+    }
+    return out;
+  }
+
+  std::string path_;
+  int64_t start_step_, end_step_;
+  size_t max_events_;
+  size_t dropped_ = 0;
+  const keel_host* host_;
+  std::string origin_name_;
+  std::chrono::steady_clock::time_point origin_;
+  std::vector<std::string> names_;
+  std::vector<Open> open_;
+  std::vector<Event> events_;
+};
+
+const keel_option_desc kChromeTraceOptions[] = {
+    keel::opt_string("path", "\"trace.json\"", "output file (relative paths: inside the run dir)"),
+    keel::opt_int("start_step", "0", "first optimizer step to record", 0, 1e18),
+    keel::opt_int("end_step", "-1", "last optimizer step to record (-1: until the end)", -1, 1e18),
+    keel::opt_int("max_events", "1000000", "events kept at most (memory is reserved up front)", 1,
+                  1e8),
+};
+const keel_component_desc kComponents[] = {
+    keel::component<ChromeTrace>("chrome_trace", "phase timings as a Chrome trace JSON file",
+                                 kChromeTraceOptions),
+};
+
+}  // namespace
+
+KEEL_PLUGIN("keel-profiler", "0.1.0", "Step-phase profiling", kComponents)
