@@ -30,10 +30,10 @@ void merge(toml::table& base, toml::table& overlay) {
 toml::table parse_file(const fs::path& file, std::vector<fs::path>& chain) {
   const fs::path canonical = fs::weakly_canonical(file);
   if (std::find(chain.begin(), chain.end(), canonical) != chain.end())
-    throw Error(file.string() + ": error: `extends` cycle through this file; hint: a manifest "
+    throw Error(file.string() + ": `extends` cycle through this file; hint: a manifest "
                 "may extend a base, but bases cannot extend each other in a loop");
   if (!fs::exists(file))
-    throw Error(file.string() + ": error: manifest not found" +
+    throw Error(file.string() + ": manifest not found" +
                 (chain.empty() ? std::string()
                                : " (extended by " + chain.back().string() + ")") +
                 "; hint: check the path");
@@ -43,13 +43,13 @@ toml::table parse_file(const fs::path& file, std::vector<fs::path>& chain) {
   try {
     table = toml::parse_file(file.string());
   } catch (const toml::parse_error& e) {
-    throw Error(where(e.source()) + ": error: invalid TOML: " + std::string(e.description()));
+    throw Error(where(e.source()) + ": invalid TOML: " + std::string(e.description()));
   }
 
   if (toml::node* ext = table.get("extends")) {
     const auto* base_name = ext->as_string();
     if (!base_name)
-      throw Error(where(ext->source()) + ": error: `extends` must be a string (a path to the "
+      throw Error(where(ext->source()) + ": `extends` must be a string (a path to the "
                   "base manifest, relative to this file)");
     const fs::path base_path = file.parent_path() / base_name->get();
     toml::table base = parse_file(base_path, chain);
@@ -65,7 +65,7 @@ toml::table parse_file(const fs::path& file, std::vector<fs::path>& chain) {
 void apply_override(toml::table& root, const std::string& text) {
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw Error(kSetPrefix + text + ": error: expected KEY=VALUE, e.g. --set optimizer.lr=3e-4");
+    throw Error(kSetPrefix + text + ": expected KEY=VALUE, e.g. --set optimizer.lr=3e-4");
   const std::string dotted = text.substr(0, eq);
   const std::string value_text = text.substr(eq + 1);
   const auto source_name = std::make_shared<const std::string>(kSetPrefix + text);
@@ -87,7 +87,7 @@ void apply_override(toml::table& root, const std::string& text) {
     std::string segment = dotted.substr(start, dot == std::string::npos ? std::string::npos
                                                                         : dot - start);
     if (segment.empty())
-      throw Error(kSetPrefix + text + ": error: empty segment in key '" + dotted + "'");
+      throw Error(kSetPrefix + text + ": empty segment in key '" + dotted + "'");
     long index = -1;
     const auto bracket = segment.find('[');
     if (bracket != std::string::npos && segment.back() == ']') {
@@ -106,16 +106,16 @@ void apply_override(toml::table& root, const std::string& text) {
     if (index >= 0) {
       auto* array = next ? next->as_array() : nullptr;
       if (!array || index >= static_cast<long>(array->size()) || !(*array)[index].is_table())
-        throw Error(kSetPrefix + text + ": error: '" + segment + "[" + std::to_string(index) +
+        throw Error(kSetPrefix + text + ": '" + segment + "[" + std::to_string(index) +
                     "]' is not a table in the manifest; hint: only existing array entries can "
                     "be overridden");
       table = (*array)[index].as_table();
       if (dot == std::string::npos)
-        throw Error(kSetPrefix + text + ": error: cannot replace a whole array entry");
+        throw Error(kSetPrefix + text + ": cannot replace a whole array entry");
     } else {
       if (!next) next = &table->insert(segment, toml::table{}).first->second;
       if (!next->is_table())
-        throw Error(kSetPrefix + text + ": error: '" + segment + "' is a value, not a table");
+        throw Error(kSetPrefix + text + ": '" + segment + "' is a value, not a table");
       table = next->as_table();
     }
     start = dot + 1;

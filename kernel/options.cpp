@@ -29,6 +29,12 @@ std::string fmt(double v) {
 
 bool bounded(const keel_option_desc& o) { return o.min <= o.max; }
 
+// ">= 0" or "in [0, 1]".
+std::string bounds(const keel_option_desc& o) {
+  if (std::isinf(o.max)) return ">= " + fmt(o.min);
+  return "in [" + fmt(o.min) + ", " + fmt(o.max) + "]";
+}
+
 std::string show(const toml::node& n) {
   std::ostringstream s;
   if (n.is_string()) s << '"' << n.as_string()->get() << '"';
@@ -82,7 +88,7 @@ class Checker {
   template <class T>
   T range(const toml::node& n, T v) const {
     if (bounded(o_) && (static_cast<double>(v) < o_.min || static_cast<double>(v) > o_.max))
-      fail(n, "must be in [" + fmt(o_.min) + ", " + fmt(o_.max) + "], got " + fmt(double(v)));
+      fail(n, "must be " + bounds(o_) + ", got " + fmt(double(v)));
     if constexpr (std::is_same_v<T, double>) {
       if (!std::isfinite(v)) fail(n, "must be finite, got " + fmt(v));
     }
@@ -103,7 +109,7 @@ class Checker {
                 (near.empty() ? "" : "; did you mean \"" + near + "\"?"));
   }
   [[noreturn]] void fail(const toml::node& n, const std::string& what) const {
-    throw Error(where(n.source()) + ": error: " + path_ + ": " + what);
+    throw Error(where(n.source()) + ": " + path_ + ": " + what);
   }
 
   std::string path_;
@@ -118,10 +124,7 @@ toml::table parse_default(const keel_option_desc& o) {
 
 std::string describe(const keel_option_desc& o) {
   std::string s = type_name(o.type);
-  if (bounded(o)) {
-    if (std::isinf(o.max)) s += " >= " + fmt(o.min);
-    else s += " in [" + fmt(o.min) + ", " + fmt(o.max) + "]";
-  }
+  if (bounded(o)) s += " " + bounds(o);
   if (o.type == KEEL_OPT_STRING && o.choices) s += std::string(" (one of ") + o.choices + ")";
   return s;
 }
@@ -141,7 +144,7 @@ keel_options validate_options(const toml::table& table, const std::string& secti
       if (key == o.key) desc = &o;
     if (!desc) {
       const std::string near = closest(key, keys);
-      throw Error(where(k.source()) + ": error: unknown key '" + key + "' in [" + section + "]" +
+      throw Error(where(k.source()) + ": unknown key '" + key + "' in [" + section + "]" +
                   (near.empty() ? "" : "; did you mean '" + near + "'?") + " (hint: `keel plugins show " +
                   owner + "` lists every option)");
     }
@@ -150,7 +153,7 @@ keel_options validate_options(const toml::table& table, const std::string& secti
   for (const auto& o : schema) {
     if (out.values.count(o.key)) continue;
     if (!o.default_toml) {
-      throw Error(where(table.source()) + ": error: [" + section + "] needs '" + o.key + "' (" +
+      throw Error(where(table.source()) + ": [" + section + "] needs '" + o.key + "' (" +
                   describe(o) + (o.help ? std::string(": ") + o.help : std::string()) + ")");
     }
     const toml::table parsed = parse_default(o);

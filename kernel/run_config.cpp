@@ -50,7 +50,7 @@ const toml::table& table_or_empty(const toml::table& root, const std::string& ke
   const toml::node* n = root.get(key);
   if (!n) return empty;
   if (!n->is_table())
-    throw Error(where(n->source()) + ": error: [" + where_label + "] must be a table");
+    throw Error(where(n->source()) + ": [" + where_label + "] must be a table");
   return *n->as_table();
 }
 
@@ -66,13 +66,13 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
   std::string available;
   for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
   if (!type || !type->is_string())
-    throw Error(where(type ? type->source() : table.source()) + ": error: [" + section +
+    throw Error(where(type ? type->source() : table.source()) + ": [" + section +
                 "] needs type = \"<" + kind_name(kind) + ">\" (available: " +
                 (available.empty() ? "none found" : available) + ")");
   const std::string name = type->as_string()->get();
   spec.component = registry.find(kind, name);
   if (!spec.component)
-    throw Error(where(type->source()) + ": error: [" + section + "].type: no " + kind_name(kind) +
+    throw Error(where(type->source()) + ": [" + section + "].type: no " + kind_name(kind) +
                 " named '" + name + "'" + near_hint(name, names) + " (available: " +
                 (available.empty() ? "none" : available) +
                 "; hint: `keel plugins` lists what was found and why files were refused)");
@@ -111,16 +111,16 @@ std::vector<std::string> manifest_plugin_dirs(const Manifest& m) {
   const toml::node* paths = t.get("paths");
   for (const auto& [k, v] : t)
     if (k.str() != "paths")
-      throw Error(where(k.source()) + ": error: unknown key '" + std::string(k.str()) +
+      throw Error(where(k.source()) + ": unknown key '" + std::string(k.str()) +
                   "' in [plugins]; hint: the only key is 'paths'");
   if (!paths) return dirs;
   const toml::array* a = paths->as_array();
   if (!a)
-    throw Error(where(paths->source()) + ": error: plugins.paths: expected a list of strings");
+    throw Error(where(paths->source()) + ": plugins.paths: expected a list of strings");
   const fs::path base = fs::path(m.path).parent_path();
   for (const auto& e : *a) {
     if (!e.is_string())
-      throw Error(where(e.source()) + ": error: plugins.paths: expected a list of strings");
+      throw Error(where(e.source()) + ": plugins.paths: expected a list of strings");
     fs::path p = e.as_string()->get();
     dirs.push_back((p.is_absolute() ? p : base / p).lexically_normal().string());
   }
@@ -133,7 +133,7 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   for (const auto& [k, v] : m.root) {
     const std::string key(k.str());
     if (std::find(kTopLevel.begin(), kTopLevel.end(), key) == kTopLevel.end())
-      throw Error(where(k.source()) + ": error: unknown section '" + key + "'" +
+      throw Error(where(k.source()) + ": unknown section '" + key + "'" +
                   near_hint(key, kTopLevel) + " (hint: see README, \"Manifest\")");
   }
 
@@ -158,14 +158,14 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   if (rc.epochs == 0 && rc.max_steps == 0) {
     const toml::node* t = m.root.get("train");
     throw Error((t ? where(t->source()) : m.path) +
-                ": error: [train] sets neither epochs nor max_steps, so the run would never end; "
+                ": [train] sets neither epochs nor max_steps, so the run would never end; "
                 "hint: set epochs = N or max_steps = N");
   }
 
   auto required = [&](const char* key, keel_kind kind) {
     const toml::node* n = m.root.get(key);
     if (!n)
-      throw Error(m.path + ": error: the manifest has no [" + key + "] table; hint: add one with type = \"<" +
+      throw Error(m.path + ": the manifest has no [" + key + "] table; hint: add one with type = \"<" +
                   kind_name(kind) + ">\"");
     return component(registry, table_or_empty(m.root, key, key), key, kind, {}, nullptr);
   };
@@ -178,11 +178,11 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   const toml::table& data = table_or_empty(m.root, "data", "data");
   for (const auto& [k, v] : data)
     if (k.str() != "train" && k.str() != "test")
-      throw Error(where(k.source()) + ": error: unknown table [data." + std::string(k.str()) +
+      throw Error(where(k.source()) + ": unknown table [data." + std::string(k.str()) +
                   "]" + near_hint(std::string(k.str()), {"train", "test"}) +
                   " (hint: datasets go in [data.train] and [data.test])");
   if (!data.get("train"))
-    throw Error(m.path + ": error: the manifest has no [data.train] table; hint: add one with type = \"<dataset>\"");
+    throw Error(m.path + ": the manifest has no [data.train] table; hint: add one with type = \"<dataset>\"");
   rc.train_data = component(registry, table_or_empty(data, "train", "data.train"), "data.train",
                             KEEL_KIND_DATASET, {}, nullptr);
   if (data.get("test"))
@@ -213,7 +213,7 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   if (const toml::node* hooks = m.root.get("hooks")) {
     const toml::array* a = hooks->as_array();
     if (!a || !a->is_array_of_tables())
-      throw Error(where(hooks->source()) + ": error: hooks must be an array of tables: write "
+      throw Error(where(hooks->source()) + ": hooks must be an array of tables: write "
                   "each hook as [[hooks]] with type = \"<hook>\"");
     for (size_t i = 0; i < a->size(); ++i)
       rc.hooks.push_back(component(registry, *(*a)[i].as_table(),

@@ -1,0 +1,67 @@
+// Shared helpers for the kernel tests: temporary directories, manifest files, error capture.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "error.hpp"
+
+namespace keel_test {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "keel-test-XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  fs::path write(const std::string& name, const std::string& text) const {
+    const fs::path p = path / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p;
+  }
+};
+
+inline std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The keel::Error message `f` throws, or "<no error>".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const keel::Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// A small but complete run on the first samples of Fashion-MNIST (fast: a second or two).
+inline std::string small_run(const fs::path& run_dir) {
+  return "[run]\nname = \"t\"\noutput_dir = \"" + run_dir.string() +
+         "\"\nseed = 7\n"
+         "[train]\nepochs = 2\nlog_every = 4\n"
+         "[model]\ntype = \"mlp\"\nhidden = [32]\n"
+         "[data.train]\ntype = \"fashion_mnist\"\nsplit = \"train\"\nbatch_size = 32\nlimit = 256\n"
+         "[data.test]\ntype = \"fashion_mnist\"\nsplit = \"test\"\nbatch_size = 100\nlimit = 200\n"
+         "shuffle = false\n"
+         "[optimizer]\ntype = \"sgd\"\nlr = 0.1\nmomentum = 0.9\n"
+         "[loss]\ntype = \"cross_entropy\"\n";
+}
+
+}  // namespace keel_test
