@@ -13,11 +13,21 @@ namespace {
 
 constexpr const char* kSetPrefix = "--set ";
 
+// A component table whose `type` the overlay changes is replaced whole: options of the
+// base's plugin mean nothing to another plugin.
+bool changes_type(const toml::table& base, const toml::table& overlay) {
+  const toml::node* a = base.get("type");
+  const toml::node* b = overlay.get("type");
+  return a && b && a->is_string() && b->is_string() &&
+         a->as_string()->get() != b->as_string()->get();
+}
+
 // Moves `overlay` into `base`: tables merge key by key, anything else replaces.
 void merge(toml::table& base, toml::table& overlay) {
   for (auto&& [k, v] : overlay) {
     toml::node* existing = base.get(k.str());
-    if (existing && existing->is_table() && v.is_table()) {
+    if (existing && existing->is_table() && v.is_table() &&
+        !changes_type(*existing->as_table(), *v.as_table())) {
       merge(*existing->as_table(), *v.as_table());
       continue;
     }

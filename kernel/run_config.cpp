@@ -212,9 +212,9 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
 
   if (const toml::node* hooks = m.root.get("hooks")) {
     const toml::array* a = hooks->as_array();
-    if (!a || !a->is_array_of_tables())
+    if (!a || (!a->empty() && !a->is_array_of_tables()))
       throw Error(where(hooks->source()) + ": hooks must be an array of tables: write "
-                  "each hook as [[hooks]] with type = \"<hook>\"");
+                  "each hook as [[hooks]] with type = \"<hook>\" (hooks = [] for none)");
     for (size_t i = 0; i < a->size(); ++i)
       rc.hooks.push_back(component(registry, *(*a)[i].as_table(),
                                    "hooks[" + std::to_string(i) + "]", KEEL_KIND_HOOK, {},

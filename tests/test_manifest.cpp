@@ -157,3 +157,22 @@ TEST_CASE("invalid TOML reports the parser's position") {
   CHECK(error_of([&] { keel::load_manifest((d.path / "nope.toml").string(), {}); })
             .find("manifest not found") != std::string::npos);
 }
+
+TEST_CASE("extends: a table whose type changes is replaced, not merged") {
+  TempDir d;
+  d.write("base.toml", keel_test::small_run(d.path / "run"));
+  // The base's mlp options (hidden = [32]) would be invalid for the cnn.
+  const auto p = d.write("m.toml", "extends = \"base.toml\"\n[model]\ntype = \"cnn\"\n");
+  const keel::RunConfig rc = resolve_file(p);
+  CHECK(rc.model.component->name == "cnn");
+  CHECK(std::get<int64_t>(rc.model.options.values.at("hidden")) == 1024);
+}
+
+TEST_CASE("hooks = [] means no hooks; a non-table hook entry is an error") {
+  TempDir d;  // a top-level key must come before the first table in TOML
+  CHECK(resolve_file(d.write("a.toml", "hooks = []\n" + keel_test::small_run(d.path / "run")))
+            .hooks.empty());
+  const std::string err =
+      resolve_error(d, "hooks = [1]\n" + keel_test::small_run(d.path / "run"));
+  CHECK(err.find(":1:9: hooks must be an array of tables") != std::string::npos);
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sets up keel on Debian 12: installs the missing Debian packages, makes sure the system BLAS
+# is OpenBLAS (not the 25x slower reference BLAS), then configures and builds into ./build.
+#   ./setup.sh            install what is missing + build
+#   BUILD_DIR=out ./setup.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+BUILD_DIR=${BUILD_DIR:-build}
+
+PACKAGES=(
+  g++ pkg-config meson ninja-build
+  libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) and c10d's gloo backend
+  libopenblas0-pthread                # the BLAS LibTorch calls: without it, reference BLAS
+  libboost-dev libboost-program-options-dev
+  libtomlplusplus-dev libspdlog-dev doctest-dev zlib1g-dev
+  python3-torch                       # the same LibTorch build, for tests against PyTorch
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# libblas.so.3 must resolve to OpenBLAS.
+arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+blas=$(readlink -f "/usr/lib/$arch/libblas.so.3" || true)
+if [[ "$blas" != *openblas* ]]; then
+  echo "setup: selecting OpenBLAS as libblas.so.3 (was $blas)"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO update-alternatives --set "libblas.so.3-$arch" "/usr/lib/$arch/openblas-pthread/libblas.so.3"
+fi
+
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  meson setup "$BUILD_DIR" --buildtype=release
+fi
+ninja -C "$BUILD_DIR"
+echo "setup: built into $BUILD_DIR (keel: $BUILD_DIR/kernel/keel)"
