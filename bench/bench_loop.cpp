@@ -25,6 +25,7 @@
 //   env: BENCH_STEPS, BENCH_REPEATS (argv wins). MODE: none (default, = keel) | inplace
 //   (LibTorch 1.13's Optimizer::zero_grad(), which zeroes gradients in place; informational).
 #include <ATen/CPUGeneratorImpl.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -35,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <stdexcept>
@@ -313,6 +315,36 @@ RunResult keel_run(const keel::RunConfig& rc, int64_t steps) {
   return {1e3 * secs / static_cast<double>(steps), s.last_loss};
 }
 
+// CPU used by OTHER processes while the benchmark runs (in cores, averaged over the interval):
+// the machine's busy time from /proc/stat minus this process's own CPU time. The ratio is only
+// meaningful when this stays near 0.
+class OtherLoad {
+ public:
+  OtherLoad() { sample(busy0_, wall0_, self0_); }
+  double cores() const {
+    double busy, wall, self;
+    sample(busy, wall, self);
+    if (wall <= wall0_) return 0;
+    return std::max(0.0, (busy - busy0_) - (self - self0_)) / (wall - wall0_);
+  }
+
+ private:
+  static void sample(double& busy, double& wall, double& self) {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    double user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    in >> cpu >> user >> nice >> sys >> idle >> iowait >> irq >> softirq >> steal;
+    const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
+    busy = (user + nice + sys + irq + softirq + steal) / hz;
+    wall = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    self = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+  }
+  double busy0_ = 0, wall0_ = 0, self0_ = 0;
+};
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
@@ -355,7 +387,10 @@ int main(int argc, char** argv) try {
 
   std::vector<double> keel_ms, hand_ms, ratios;
   double max_loss_diff = std::fabs(wk.last_loss - wh.last_loss);
+  const OtherLoad total_other;
+  double worst_other = 0;
   for (int r = 0; r < o.repeats; ++r) {
+    const OtherLoad other;
     RunResult k{}, hr{};
     if (r % 2 == 0) {
       k = keel_run(rc, o.steps);
@@ -368,9 +403,12 @@ int main(int argc, char** argv) try {
     hand_ms.push_back(hr.ms_per_step);
     ratios.push_back(k.ms_per_step / hr.ms_per_step);
     max_loss_diff = std::max(max_loss_diff, std::fabs(k.last_loss - hr.last_loss));
-    std::printf("  round %d%s  keel %.4f ms/step  hand %.4f ms/step  ratio %.4f\n", r + 1,
-                r % 2 ? " (hand first)" : "             ", k.ms_per_step, hr.ms_per_step,
-                ratios.back());
+    const double busy = other.cores();
+    worst_other = std::max(worst_other, busy);
+    std::printf("  round %d%s  keel %.4f ms/step  hand %.4f ms/step  ratio %.4f  other load "
+                "%.2f cores\n",
+                r + 1, r % 2 ? " (hand first)" : "             ", k.ms_per_step, hr.ms_per_step,
+                ratios.back(), busy);
     std::fflush(stdout);
   }
   std::error_code ec;
@@ -384,6 +422,12 @@ int main(int argc, char** argv) try {
   std::printf("  ratio of mins %.4f, median of per-round ratios %.4f, max |last loss keel - "
               "hand| %.3g\n",
               kmin / hmin, median(ratios), max_loss_diff);
+  const double other_avg = total_other.cores();
+  std::printf("  other processes used %.2f cores on average (worst round %.2f)\n", other_avg,
+              worst_other);
+  if (worst_other > 0.1)
+    std::printf("  WARNING: the machine was not idle during the benchmark; the ratio is not "
+                "reliable\n");
   std::printf("bench_loop: keel/hand step-time ratio (median of %d) = %.3f  [keel %.3f ms/step, "
               "hand %.3f ms/step]\n",
               o.repeats, km / hm, km, hm);

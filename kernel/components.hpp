@@ -55,6 +55,23 @@ class Instance {
   std::string label_;
 };
 
+// Size of each instance struct in ABI 1.0: the slots every plugin must provide. Slots
+// appended later are optional; use has_slot() before calling one.
+template <class Abi>
+constexpr size_t required_size() {
+  return sizeof(Abi);
+}
+template <>
+constexpr size_t required_size<keel_loss>() {
+  return offsetof(keel_loss, count_items);
+}
+template <>
+constexpr size_t required_size<keel_hook>() {
+  return offsetof(keel_hook, state_count);
+}
+#define KEEL_HAS_SLOT(instance, type, slot) \
+  (KEEL_HAS_FIELD((instance).operator->(), type, slot) && (instance)->slot != nullptr)
+
 // Runs the component's factory and checks the struct it returns. `Abi` must match the
 // component's kind (keel_model for KEEL_KIND_MODEL, ...).
 template <class Abi>
@@ -70,14 +87,15 @@ Instance<Abi> create_instance(const Component& c, keel_create_context ctx) {
     throw Error("[" + std::string(ctx.section) + "] " + c.label() +
                 ": factory returned no instance");
   auto* vt = static_cast<Abi*>(out);
-  // Instance structs hold only pointers after struct_size (abi.h): every v1 slot must be there.
-  if (vt->struct_size < sizeof(Abi) || !vt->destroy)
+  // Instance structs hold only pointers after struct_size (abi.h): every 1.0 slot must be set.
+  if (vt->struct_size < required_size<Abi>() || !vt->destroy)
     throw Error(c.label() + ": instance struct is " + std::to_string(vt->struct_size) +
-                " bytes, ABI " + std::to_string(KEEL_ABI_MAJOR) + " needs " +
-                std::to_string(sizeof(Abi)) + "; hint: rebuild the plugin against this SDK");
+                " bytes, ABI " + std::to_string(KEEL_ABI_MAJOR) + " needs at least " +
+                std::to_string(required_size<Abi>()) +
+                "; hint: rebuild the plugin against this SDK");
   Instance<Abi> inst(vt, c.label());
   const auto* slots = reinterpret_cast<void* const*>(&vt->destroy);
-  const size_t n = (sizeof(Abi) - offsetof(Abi, destroy)) / sizeof(void*);
+  const size_t n = (required_size<Abi>() - offsetof(Abi, destroy)) / sizeof(void*);
   for (size_t i = 0; i < n; ++i)
     if (!slots[i])
       throw Error(c.label() + ": instance leaves slot " + std::to_string(i) +

@@ -33,6 +33,13 @@ class CrossEntropy : public keel::Loss {
     return F::cross_entropy(output, labels, options_);
   }
 
+  // Targets that count: class indices other than ignore_index, or rows of probabilities.
+  int64_t count_items(const at::Tensor& target) override {
+    if (target.is_floating_point())
+      return target.dim() < 2 ? 1 : target.numel() / std::max<int64_t>(1, target.size(1));
+    return target.ne(options_.ignore_index()).sum().item<int64_t>();
+  }
+
  private:
   static void check(bool ok, const at::Tensor& output, const at::Tensor& target) {
     if (ok) return;

@@ -1,10 +1,11 @@
-// optimizer components: sgd, adam and adamw, wrapping torch::optim over the model's parameters
-// (one parameter group). Hyper-parameters are checked as PyTorch checks them, with a hint.
+// optimizer components: sgd, adam and adamw, wrapping torch::optim over the model's parameters,
+// in the parameter groups the kernel passes (group g overrides lr / weight_decay when given). Hyper-parameters are checked as PyTorch checks them, with a hint.
 //
 // zero_grad sets the gradients to None (undefined), like PyTorch's zero_grad(set_to_none=True),
 // the default since PyTorch 2.0: the next backward allocates them afresh instead of adding into
 // zeros, which gives identical values and saves a memset per parameter. (LibTorch 1.13's own
 // Optimizer::zero_grad() zeroes them in place instead.)
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -18,11 +19,26 @@ void check(bool ok, const std::string& what, const std::string& hint) {
   if (!ok) throw std::invalid_argument(what + "; hint: " + hint);
 }
 
-std::vector<at::Tensor> checked_params(const keel::Context& ctx) {
-  std::vector<at::Tensor> params = ctx.params();
+// torch::optim parameter groups from the context: group g holds the parameters the kernel
+// assigned to it, with `base` options and the group's lr / weight_decay overrides.
+template <class Options>
+std::vector<optim::OptimizerParamGroup> param_groups(const keel::Context& ctx,
+                                                     const Options& base) {
+  const std::vector<at::Tensor> params = ctx.params();
   check(!params.empty(), "the optimizer got an empty parameter list",
         "the model has no trainable parameters (are they all frozen?); check [model]");
-  return params;
+  const std::vector<int> group_of = ctx.param_groups();
+  std::vector<optim::OptimizerParamGroup> groups;
+  for (size_t g = 0; g < ctx.group_count(); ++g) {
+    std::vector<at::Tensor> members;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (group_of[i] == static_cast<int>(g)) members.push_back(params[i]);
+    auto options = std::make_unique<Options>(base);
+    if (!std::isnan(ctx.group_lr(g))) options->lr(ctx.group_lr(g));
+    if (!std::isnan(ctx.group_weight_decay(g))) options->weight_decay(ctx.group_weight_decay(g));
+    groups.emplace_back(std::move(members), std::move(options));
+  }
+  return groups;
 }
 
 class TorchOptimizer : public keel::Optimizer {
@@ -62,7 +78,7 @@ class Sgd : public TorchOptimizer {
                              .dampening(dampening)
                              .nesterov(nesterov)
                              .weight_decay(ctx.get_float("weight_decay"));
-    opt_ = std::make_unique<optim::SGD>(checked_params(ctx), options);
+    opt_ = std::make_unique<optim::SGD>(param_groups(ctx, options), options);
   }
 };
 
@@ -81,7 +97,7 @@ class AdamLike : public TorchOptimizer {
                              .eps(ctx.get_float("eps"))
                              .weight_decay(ctx.get_float("weight_decay"))
                              .amsgrad(ctx.get_bool("amsgrad"));
-    opt_ = std::make_unique<Opt>(checked_params(ctx), options);
+    opt_ = std::make_unique<Opt>(param_groups(ctx, options), options);
   }
 };
 using Adam = AdamLike<optim::Adam, optim::AdamOptions>;

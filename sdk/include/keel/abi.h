@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 0
+#define KEEL_ABI_MINOR 1
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -48,7 +48,9 @@ extern "C" {
 #define KEEL_EXPORT __attribute__((visibility("default")))
 #endif
 
-/* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`. */
+/* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
+ * Fields marked "(1.1)" below were appended in ABI 1.1: check them with this macro (and for
+ * NULL) before use, since a 1.0 plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
 
@@ -219,7 +221,18 @@ typedef struct keel_create_context {
   size_t param_count;
   /* lr_scheduler: optimizer steps the run plans to take (0 when unknown). */
   int64_t total_steps;
+  /* (1.1) optimizer: parameter groups. param_group[i] is the group of params[i] (0 is the
+   * default group); group_lr[g] and group_weight_decay[g] override the optimizer's own lr and
+   * weight_decay for group g when not NaN (group 0 never overrides). */
+  const int32_t* param_group;
+  size_t group_count;
+  const double* group_lr;
+  const double* group_weight_decay;
 } keel_create_context;
+
+/* Every instance struct begins with these three fields and holds nothing but function
+ * pointers after them. Slots of ABI 1.0 are required (never NULL); slots marked (1.1) are
+ * optional: NULL, or beyond a 1.0 plugin's struct_size, means "not provided". */
 
 /* Every instance struct begins with these three fields. `destroy` frees `self` and everything
  * the instance owns; the kernel calls it exactly once. [setup|train] */
@@ -296,6 +309,10 @@ typedef struct keel_loss {
    * number of items averaged over (e.g. targets not equal to ignore_index). [train] */
   keel_status (*compute)(void* self, keel_tensor* output, keel_tensor* target, keel_tensor** loss,
                          int64_t* count, keel_error* err);
+  /* (1.1) Optional: the number of items `compute` will average over for `target`, without
+   * computing the loss (-1: not reported). With it, gradient accumulation normalises each
+   * optimizer step by the item count of all its micro-batches. [train] */
+  int64_t (*count_items)(void* self, keel_tensor* target);
 } keel_loss;
 
 /* grad_clipper ----------------------------------------------------------------------------- */
@@ -346,24 +363,44 @@ typedef struct keel_checkpoint {
 
 /* hook ------------------------------------------------------------------------------------- */
 
-/* The call order, as the kernel runs it:
+/* The call order, as the kernel runs it (train mode; `keel evaluate` sends only the EVAL_*,
+ * METRICS and TRAIN_START/TRAIN_END events):
  *
+ *   CHECKPOINT_LOADED                          when [checkpoint] init_from is set
  *   TRAIN_START
  *   for each epoch:
  *     EPOCH_START
  *     for each optimizer step:
  *       STEP_START
- *       (data, forward, backward, clip, optimizer step)
+ *       for each of the grad_accum micro-batches:
+ *         (fetch) AFTER_DATA                   event.micro_batch = 0, 1, ...
+ *         (forward, loss, backward)
+ *       AFTER_BACKWARD                         gradients complete, not clipped yet
+ *       (clip, non-finite check)
+ *       BEFORE_OPTIMIZER_STEP                  not sent when the step is skipped
+ *       (optimizer step)
  *       STEP_END
- *       METRICS (split "train")              every log_every steps
- *       CHECKPOINT_SAVED                     when a checkpoint was committed
- *       if a stop target is reached: leave both loops
- *     EPOCH_END
- *     EVAL_START, (evaluation), EVAL_END, METRICS (split "test")   when evaluating
+ *       METRICS (split "train")                every log_every steps, and at the last step
+ *       EVAL_START, EVAL_END, METRICS (split "test")
+ *                                              every eval_every_steps, or when requested
+ *       CHECKPOINT_SAVED                       every every_steps, or when requested
+ *       leave both loops                       when a stop target is reached or requested
+ *     EPOCH_END                                when the epoch ran to its end
+ *     EVAL_START, EVAL_END, METRICS (split "test")
+ *                                              after each epoch (eval_each_epoch), and after
+ *                                              the last step if it did not just evaluate
+ *   CHECKPOINT_SAVED                           at the end (at_end), unless just saved
  *   TRAIN_END
+ *   EXCEPTION                                  instead of the rest, when the run fails
  *
- * Hooks are called in manifest order. Any hook may set bits of `requests`; the kernel acts on
- * them after the event (KEEL_REQUEST_STOP ends the run after the current step). */
+ * Hooks are called in ascending `priority` (a kernel key of each [[hooks]] table, default 0),
+ * ties in manifest order. Any hook may set bits of `requests`; the kernel acts on them after
+ * the current step (KEEL_REQUEST_STOP ends the run, _EVAL evaluates, _CHECKPOINT saves). */
+typedef struct keel_metric {
+  const char* key;
+  double value;
+} keel_metric;
+
 typedef enum keel_event_kind {
   KEEL_EVENT_TRAIN_START = 1,
   KEEL_EVENT_TRAIN_END = 2,
@@ -374,10 +411,18 @@ typedef enum keel_event_kind {
   KEEL_EVENT_EVAL_START = 7,
   KEEL_EVENT_EVAL_END = 8,
   KEEL_EVENT_METRICS = 9,
-  KEEL_EVENT_CHECKPOINT_SAVED = 10
+  KEEL_EVENT_CHECKPOINT_SAVED = 10,
+  /* (1.1) */
+  KEEL_EVENT_AFTER_DATA = 11,             /* a micro-batch was fetched (event.micro_batch) */
+  KEEL_EVENT_AFTER_BACKWARD = 12,         /* gradients accumulated, before clipping */
+  KEEL_EVENT_BEFORE_OPTIMIZER_STEP = 13,  /* after clipping, before the update */
+  KEEL_EVENT_CHECKPOINT_LOADED = 14,      /* event.path was loaded (before TRAIN_START) */
+  KEEL_EVENT_EXCEPTION = 15               /* the run is failing: event.message says why */
 } keel_event_kind;
 
-#define KEEL_REQUEST_STOP 1u
+#define KEEL_REQUEST_STOP 1u       /* end the run after the current step */
+#define KEEL_REQUEST_EVAL 2u       /* (1.1) evaluate after the current step */
+#define KEEL_REQUEST_CHECKPOINT 4u /* (1.1) save a checkpoint after the current step */
 
 typedef struct keel_trainer_state {
   uint32_t struct_size;
@@ -389,12 +434,14 @@ typedef struct keel_trainer_state {
   int64_t epochs;    /* planned epochs (0 when unknown) */
   double lr;         /* learning rate of group 0 */
   double loss;       /* loss of the latest step */
+  /* (1.1) */
+  int64_t skipped_steps;             /* optimizer steps skipped for non-finite values */
+  double grad_norm;                  /* pre-clip global grad norm of the latest step (NaN: none) */
+  const keel_metric* train_metrics;  /* latest "train" METRICS record (NULL before the first) */
+  size_t train_metric_count;
+  const keel_metric* eval_metrics;   /* latest evaluation METRICS record (NULL before the first) */
+  size_t eval_metric_count;
 } keel_trainer_state;
-
-typedef struct keel_metric {
-  const char* key;
-  double value;
-} keel_metric;
 
 typedef struct keel_event {
   uint32_t struct_size;
@@ -409,12 +456,22 @@ typedef struct keel_event {
   const char* path;
   /* Out: KEEL_REQUEST_* bits the hook asks for. */
   uint32_t requests;
+  /* (1.1) AFTER_DATA: index of the micro-batch within the optimizer step (0-based). */
+  int64_t micro_batch;
+  /* (1.1) EXCEPTION: the error that ends the run. */
+  const char* message;
 } keel_event;
 
 typedef struct keel_hook {
   KEEL_INSTANCE_HEADER;
   /* Observes one event; an error ends the run. [train] */
   keel_status (*on_event)(void* self, keel_event* event, keel_error* err);
+  /* (1.1) Optional: tensors holding the hook's state (early stopping's best value, ...), saved
+   * with every checkpoint and loaded back into these same tensors, followed by
+   * CHECKPOINT_LOADED. Borrowed handles, valid for the instance's life. [setup|train] */
+  size_t (*state_count)(void* self);
+  keel_status (*state)(void* self, size_t index, const char** name, keel_tensor** tensor,
+                       keel_error* err);
 } keel_hook;
 
 /* ------------------------------------------------------------------------------------------

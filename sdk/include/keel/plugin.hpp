@@ -102,6 +102,22 @@ class Context {
     for (size_t i = 0; i < raw_->param_count; ++i) out.push_back(borrow(raw_->params[i]));
     return out;
   }
+  // Parameter groups (optimizers): the group of each parameter, and each group's overrides
+  // (NaN: keep the optimizer's own value). One group when the kernel or manifest has none.
+  std::vector<int> param_groups() const {
+    std::vector<int> out(raw_->param_count, 0);
+    if (KEEL_HAS_FIELD(raw_, keel_create_context, group_weight_decay) && raw_->param_group)
+      for (size_t i = 0; i < raw_->param_count; ++i) out[i] = raw_->param_group[i];
+    return out;
+  }
+  size_t group_count() const {
+    if (KEEL_HAS_FIELD(raw_, keel_create_context, group_weight_decay) && raw_->group_count > 0)
+      return raw_->group_count;
+    return 1;
+  }
+  double group_lr(size_t g) const { return group_value(raw_->group_lr, g); }
+  double group_weight_decay(size_t g) const { return group_value(raw_->group_weight_decay, g); }
+
   std::vector<std::string> param_names() const {
     std::vector<std::string> out;
     for (size_t i = 0; i < raw_->param_count; ++i) out.emplace_back(raw_->param_names[i]);
@@ -113,6 +129,12 @@ class Context {
   }
 
  private:
+  double group_value(const double* values, size_t g) const {
+    if (!KEEL_HAS_FIELD(raw_, keel_create_context, group_weight_decay) || !values ||
+        g >= raw_->group_count)
+      return std::numeric_limits<double>::quiet_NaN();
+    return values[g];
+  }
   [[noreturn]] static void missing(const char* key, const char* type) {
     throw std::runtime_error(std::string("option '") + key + "' is not declared as " + type +
                              " in this component's schema");
@@ -179,6 +201,9 @@ class Loss {
   // Mean loss; *count receives the number of items it averages over.
   virtual at::Tensor compute(const at::Tensor& output, const at::Tensor& target,
                              int64_t* count) = 0;
+  // Items compute() will average over for `target` (-1: not reported; then gradient
+  // accumulation scales each micro-batch by 1/k instead of by its share of the items).
+  virtual int64_t count_items(const at::Tensor& /*target*/) { return -1; }
 };
 
 class GradClipper {
@@ -220,6 +245,8 @@ class Hook {
   static constexpr keel_kind kKind = KEEL_KIND_HOOK;
   virtual ~Hook() = default;
   virtual void on_event(keel_event& event) = 0;
+  // Tensors saved with checkpoints and loaded back in place (called once after construction).
+  virtual NamedTensors named_state() { return {}; }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -255,7 +282,7 @@ struct Box {
   std::unique_ptr<Base> obj;
   const keel_host* host = nullptr;
   std::string origin;
-  NamedTensors params, state;  // models only: cached so names and handles stay valid
+  NamedTensors params, state;  // models and hooks: cached so names and handles stay valid
 
   static Box* of(void* self) { return static_cast<Box*>(self); }
   // For slots without an error channel: log and carry on.
@@ -398,6 +425,11 @@ inline void fill(BoxOf<Loss>& b) {
                     keel_error* e) noexcept {
     return guard(e, [&] { *loss = give(X::of(s)->obj->compute(borrow(out), borrow(tgt), count)); });
   };
+  b.vt.count_items = [](void* s, keel_tensor* tgt) noexcept {
+    int64_t v = -1;
+    X::quiet(s, [&] { v = X::of(s)->obj->count_items(borrow(tgt)); });
+    return v;
+  };
 }
 
 inline void fill(BoxOf<GradClipper>& b) {
@@ -445,6 +477,15 @@ inline void fill(BoxOf<Hook>& b) {
   using X = BoxOf<Hook>;
   b.vt.on_event = [](void* s, keel_event* ev, keel_error* e) noexcept {
     return guard(e, [&] { X::of(s)->obj->on_event(*ev); });
+  };
+  b.state = b.obj->named_state();
+  b.vt.state_count = [](void* s) noexcept { return X::of(s)->state.size(); };
+  b.vt.state = [](void* s, size_t i, const char** name, keel_tensor** t, keel_error* e) noexcept {
+    return guard(e, [&] {
+      const auto& p = X::of(s)->state.at(i);
+      *name = p.first.c_str();
+      *t = peek(p.second);
+    });
   };
 }
 
