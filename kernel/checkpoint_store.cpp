@@ -36,6 +36,7 @@ std::vector<std::string> CheckpointStore::committed() const {
 }
 
 std::string CheckpointStore::save(const std::vector<keel_named_tensor>& model_state,
+                                  const std::vector<keel_named_tensor>& hook_state,
                                   const CheckpointMeta& meta) {
   const fs::path final_dir = fs::path(root_) / ("step-" + std::to_string(meta.step));
   const fs::path staging = fs::path(root_) / (".step-" + std::to_string(meta.step) + ".tmp");
@@ -45,9 +46,13 @@ std::string CheckpointStore::save(const std::vector<keel_named_tensor>& model_st
   try {
     backend_->call("save", (*backend_)->save, staging.c_str(), "model", model_state.data(),
                    model_state.size());
+    if (!hook_state.empty())
+      backend_->call("save", (*backend_)->save, staging.c_str(), "hooks", hook_state.data(),
+                     hook_state.size());
     std::ofstream state(staging / "trainer_state.toml");
     state << "step = " << meta.step << "\nepoch = " << meta.epoch << "\nsamples = " << meta.samples
-          << "\ntokens = " << meta.tokens << "\n";
+          << "\ntokens = " << meta.tokens << "\nobjects = [\"model\""
+          << (hook_state.empty() ? "" : ", \"hooks\"") << "]\n";
     state.close();
     if (!state) throw Error("cannot write " + (staging / "trainer_state.toml").string());
     if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step
@@ -65,12 +70,20 @@ std::string CheckpointStore::save(const std::vector<keel_named_tensor>& model_st
 }
 
 void CheckpointStore::load(const std::string& dir,
-                           const std::vector<keel_named_tensor>& model_state) const {
+                           const std::vector<keel_named_tensor>& model_state,
+                           const std::vector<keel_named_tensor>& hook_state) const {
   if (!fs::is_directory(dir))
     throw Error("checkpoint.init_from: '" + dir + "' is not a checkpoint directory; hint: point "
                 "it at runs/<name>/checkpoints/step-<N>");
   backend_->call("load", (*backend_)->load, dir.c_str(), "model", model_state.data(),
                  model_state.size());
+  if (hook_state.empty()) return;
+  // Hook state is loaded only when the checkpoint has it (trainer_state.toml lists "hooks").
+  std::ifstream in(fs::path(dir) / "trainer_state.toml");
+  const std::string meta((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (meta.find("\"hooks\"") == std::string::npos) return;
+  backend_->call("load", (*backend_)->load, dir.c_str(), "hooks", hook_state.data(),
+                 hook_state.size());
 }
 
 }  // namespace keel

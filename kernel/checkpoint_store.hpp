@@ -1,7 +1,9 @@
 // The checkpoint commit protocol (owned by the kernel; backends only write files).
 //
-//   <run>/checkpoints/.step-<N>.tmp/   staging: the backend writes model.<ext> here,
-//                                      the kernel writes trainer_state.toml
+//   <run>/checkpoints/.step-<N>.tmp/   staging: the backend writes model.<ext> (and hooks.<ext>
+//                                      when hooks keep state) here, the kernel writes
+//                                      trainer_state.toml (step, epoch, samples, tokens, the
+//                                      objects written)
 //   rename(.step-<N>.tmp, step-<N>)     the commit: a checkpoint directory either exists
 //                                      complete or not at all
 //   prune                              keep_last > 0 removes the oldest committed ones
@@ -31,9 +33,12 @@ class CheckpointStore {
       : root_(std::move(root)), backend_(backend), keep_last_(keep_last) {}
 
   // Stages, commits and prunes; returns the committed directory.
-  std::string save(const std::vector<keel_named_tensor>& model_state, const CheckpointMeta& meta);
-  // Loads the model tensors of the checkpoint in `dir` into `model_state`.
-  void load(const std::string& dir, const std::vector<keel_named_tensor>& model_state) const;
+  std::string save(const std::vector<keel_named_tensor>& model_state,
+                   const std::vector<keel_named_tensor>& hook_state, const CheckpointMeta& meta);
+  // Loads the checkpoint in `dir` into the model's tensors, and into the hooks' tensors when it
+  // holds hook state.
+  void load(const std::string& dir, const std::vector<keel_named_tensor>& model_state,
+            const std::vector<keel_named_tensor>& hook_state) const;
   // Committed checkpoint directories, oldest first.
   std::vector<std::string> committed() const;
 

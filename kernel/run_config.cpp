@@ -1,6 +1,7 @@
 #include "run_config.hpp"
 
 #include <filesystem>
+#include <regex>
 
 #include "error.hpp"
 #include "keel/schema.hpp"
@@ -19,13 +20,35 @@ const Schema kRunSchema = {
     opt_string("output_dir", "\"\"", "run directory (default runs/<name>)"),
     opt_int("seed", "0", "seed for weights, shuffling and dropout", 0, 9.0e15),
     opt_int("threads", "0", "intra-op threads (0: every core); BLAS runs single-threaded", 0, 4096),
+    opt_string("mode", "\"train_and_evaluate\"", "what the run does",
+               "train_and_evaluate|train|evaluate"),
 };
 const Schema kTrainSchema = {
-    opt_int("epochs", "1", "epochs to train (0: until max_steps)", 0, 1e9),
+    opt_int("epochs", "1", "epochs to train (0: no epoch limit)", 0, 1e9),
     opt_int("max_steps", "0", "optimizer steps to train (0: no limit)", 0, 1e15),
+    opt_int("max_samples", "0", "training samples to consume (0: no limit)", 0, 9e15),
+    opt_int("max_tokens", "0", "training tokens to consume (0: no limit)", 0, 9e15),
+    opt_int("grad_accum", "1", "micro-batches per optimizer step", 1, 1e6),
+    opt_string("accum_normalization", "\"auto\"",
+               "auto: by item count when the loss reports one, else mean over micro-batches",
+               "auto|mean|items"),
+    opt_string("precision", "\"fp32\"", "bf16: CPU autocast; fp16: CUDA with loss scaling",
+               "fp32|bf16|fp16"),
+    opt_string("nonfinite", "\"error\"", "on a NaN/Inf loss or gradient norm", "error|skip"),
+    opt_int("max_skips", "10", "skip policy: abort after this many skipped steps", 0, 1e15),
     opt_int("log_every", "50", "steps between training metric records", 1, 1e15),
     opt_bool("eval_each_epoch", "true", "evaluate [data.test] after each epoch"),
+    opt_int("eval_every_steps", "0", "also evaluate every N optimizer steps (0: never)", 0, 1e15),
     opt_int("eval_max_batches", "0", "batches per evaluation (0: the whole split)", 0, 1e15),
+};
+const Schema kHookKernelSchema = {
+    opt_int("priority", "0", "hooks run in ascending priority, ties in manifest order", -1e9, 1e9),
+};
+// One [[optimizer.groups]] table; a value left out keeps the optimizer's own.
+const Schema kGroupSchema = {
+    opt_string("params", nullptr, "regex matched against whole parameter names"),
+    opt_float("lr", "-1.0", "learning rate of the group"),
+    opt_float("weight_decay", "-1.0", "weight decay of the group"),
 };
 const Schema kCheckpointKernelSchema = {
     opt_int("every_steps", "0", "save every N optimizer steps (0: never during training)", 0, 1e15),
@@ -57,7 +80,8 @@ const toml::table& table_or_empty(const toml::table& root, const std::string& ke
 // Resolves one component table: `type` names the plugin component of `kind`.
 ComponentSpec component(const Registry& registry, const toml::table& table,
                         const std::string& section, keel_kind kind,
-                        const Schema& kernel_schema, keel_options* kernel_values) {
+                        const Schema& kernel_schema, keel_options* kernel_values,
+                        const std::set<std::string>& kernel_tables = {}) {
   ComponentSpec spec;
   spec.section = section;
   const toml::node* type = table.get("type");
@@ -77,12 +101,14 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
                 (available.empty() ? "none" : available) +
                 "; hint: `keel plugins` lists what was found and why files were refused)");
   Schema schema = spec.component->options;
-  std::set<std::string> reserved = {"type"};
+  std::set<std::string> reserved = kernel_tables;
+  reserved.insert("type");
   for (const auto& k : kernel_schema) reserved.insert(k.key);
   spec.options = validate_options(table, section, name, schema, reserved);
   if (kernel_values) {
     // The kernel's own keys of this section, validated the same way.
-    std::set<std::string> plugin_keys = {"type"};
+    std::set<std::string> plugin_keys = kernel_tables;
+    plugin_keys.insert("type");
     for (const auto& o : schema) plugin_keys.insert(o.key);
     *kernel_values = validate_options(table, section, name, kernel_schema, plugin_keys);
   }
@@ -92,6 +118,47 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
 template <class T>
 T get(const keel_options& o, const char* key) {
   return std::get<T>(o.values.at(key));
+}
+
+// [[optimizer.groups]]: each a table with `params` (a regex) and optional lr / weight_decay.
+std::vector<ParamGroupSpec> param_groups(const toml::table& optimizer, const std::string& name) {
+  std::vector<ParamGroupSpec> out;
+  const toml::node* groups = optimizer.get("groups");
+  if (!groups) return out;
+  const toml::array* a = groups->as_array();
+  if (!a || !a->is_array_of_tables())
+    throw Error(where(groups->source()) + ": optimizer.groups must be an array of tables: "
+                "write each as [[optimizer.groups]] with params = \"<regex>\"");
+  for (size_t i = 0; i < a->size(); ++i) {
+    const toml::table& t = *(*a)[i].as_table();
+    const std::string section = "optimizer.groups[" + std::to_string(i) + "]";
+    const keel_options o = validate_options(t, section, name, kGroupSchema);
+    ParamGroupSpec g;
+    g.params = get<std::string>(o, "params");
+    for (const char* key : {"lr", "weight_decay"}) {
+      const toml::node* n = t.get(key);
+      if (!n) continue;
+      const double v = get<double>(o, key);
+      if (v < 0) throw Error(where(n->source()) + ": " + section + "." + key + ": must be >= 0");
+      (std::string(key) == "lr" ? g.lr : g.weight_decay) = v;
+    }
+    try {
+      std::regex check(g.params);
+    } catch (const std::regex_error& e) {
+      throw Error(where(t.get("params")->source()) + ": " + section +
+                  ".params: invalid regular expression: " + e.what());
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+template <class E>
+E choose(const keel_options& o, const char* key, std::initializer_list<std::pair<const char*, E>> m) {
+  const std::string v = get<std::string>(o, key);
+  for (const auto& [name, e] : m)
+    if (v == name) return e;
+  throw Error(std::string("internal: unhandled choice ") + key + " = " + v);  // schema-checked
 }
 
 toml::table resolved_table(const ComponentSpec& spec, const keel_options* kernel_values) {
@@ -147,6 +214,9 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   if (rc.output_dir.empty()) rc.output_dir = "runs/" + rc.name;
   rc.seed = static_cast<uint64_t>(get<int64_t>(run, "seed"));
   rc.threads = get<int64_t>(run, "threads");
+  rc.mode = choose<RunMode>(run, "mode", {{"train_and_evaluate", RunMode::kTrainAndEvaluate},
+                                          {"train", RunMode::kTrain},
+                                          {"evaluate", RunMode::kEvaluate}});
 
   const keel_options train = validate_options(table_or_empty(m.root, "train", "train"), "train",
                                               "train", kTrainSchema);
@@ -155,12 +225,30 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   rc.log_every = get<int64_t>(train, "log_every");
   rc.eval_each_epoch = get<bool>(train, "eval_each_epoch");
   rc.eval_max_batches = get<int64_t>(train, "eval_max_batches");
-  if (rc.epochs == 0 && rc.max_steps == 0) {
-    const toml::node* t = m.root.get("train");
-    throw Error((t ? where(t->source()) : m.path) +
-                ": [train] sets neither epochs nor max_steps, so the run would never end; "
-                "hint: set epochs = N or max_steps = N");
-  }
+  rc.eval_every_steps = get<int64_t>(train, "eval_every_steps");
+  rc.max_samples = get<int64_t>(train, "max_samples");
+  rc.max_tokens = get<int64_t>(train, "max_tokens");
+  rc.grad_accum = get<int64_t>(train, "grad_accum");
+  rc.max_skips = get<int64_t>(train, "max_skips");
+  rc.accum_normalization = choose<AccumNorm>(
+      train, "accum_normalization",
+      {{"auto", AccumNorm::kAuto}, {"mean", AccumNorm::kMean}, {"items", AccumNorm::kItems}});
+  rc.precision = choose<Precision>(
+      train, "precision",
+      {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}});
+  rc.nonfinite =
+      choose<NonFinite>(train, "nonfinite", {{"error", NonFinite::kError}, {"skip", NonFinite::kSkip}});
+  const toml::node* train_node = m.root.get("train");
+  const std::string train_where = train_node ? where(train_node->source()) : m.path;
+  if (rc.epochs == 0 && rc.max_steps == 0 && rc.max_samples == 0 && rc.max_tokens == 0)
+    throw Error(train_where +
+                ": [train] sets no stop target (epochs, max_steps, max_samples, max_tokens), so "
+                "the run would never end; hint: set epochs = N or max_steps = N");
+#ifndef KEEL_WITH_CUDA
+  if (rc.precision == Precision::kFp16)
+    throw Error(train_where + ": train.precision = \"fp16\" needs a CUDA build of LibTorch and "
+                "this keel is CPU-only; hint: use precision = \"bf16\" (CPU autocast)");
+#endif
 
   auto required = [&](const char* key, keel_kind kind) {
     const toml::node* n = m.root.get(key);
@@ -188,7 +276,13 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   if (data.get("test"))
     rc.test_data = component(registry, table_or_empty(data, "test", "data.test"), "data.test",
                              KEEL_KIND_DATASET, {}, nullptr);
-  rc.optimizer = required("optimizer", KEEL_KIND_OPTIMIZER);
+  if (!m.root.get("optimizer"))
+    throw Error(m.path + ": the manifest has no [optimizer] table; hint: add one with type = "
+                "\"<optimizer>\"");
+  const toml::table& optimizer_table = table_or_empty(m.root, "optimizer", "optimizer");
+  rc.optimizer = component(registry, optimizer_table, "optimizer", KEEL_KIND_OPTIMIZER, {},
+                           nullptr, {"groups"});
+  rc.param_groups = param_groups(optimizer_table, rc.optimizer.component->name);
   rc.loss = required("loss", KEEL_KIND_LOSS);
   rc.lr_scheduler = optional("lr_scheduler", KEEL_KIND_LR_SCHEDULER);
   rc.grad_clipper = optional("grad_clipper", KEEL_KIND_GRAD_CLIPPER);
@@ -215,10 +309,13 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
     if (!a || (!a->empty() && !a->is_array_of_tables()))
       throw Error(where(hooks->source()) + ": hooks must be an array of tables: write "
                   "each hook as [[hooks]] with type = \"<hook>\" (hooks = [] for none)");
-    for (size_t i = 0; i < a->size(); ++i)
+    for (size_t i = 0; i < a->size(); ++i) {
+      keel_options kernel_keys;
       rc.hooks.push_back(component(registry, *(*a)[i].as_table(),
-                                   "hooks[" + std::to_string(i) + "]", KEEL_KIND_HOOK, {},
-                                   nullptr));
+                                   "hooks[" + std::to_string(i) + "]", KEEL_KIND_HOOK,
+                                   kHookKernelSchema, &kernel_keys));
+      rc.hooks.back().priority = get<int64_t>(kernel_keys, "priority");
+    }
   } else {
     // No [[hooks]]: the console logger and the JSONL metrics file (the run directory contract).
     for (const char* name : {"console", "jsonl"}) {
@@ -244,7 +341,9 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   data_t.insert("train", resolved_table(rc.train_data, nullptr));
   if (rc.test_data) data_t.insert("test", resolved_table(*rc.test_data, nullptr));
   r.insert("data", std::move(data_t));
-  r.insert("optimizer", resolved_table(rc.optimizer, nullptr));
+  toml::table optimizer_t = resolved_table(rc.optimizer, nullptr);
+  if (const toml::node* groups = optimizer_table.get("groups")) optimizer_t.insert("groups", *groups);
+  r.insert("optimizer", std::move(optimizer_t));
   r.insert("loss", resolved_table(rc.loss, nullptr));
   if (rc.lr_scheduler) r.insert("lr_scheduler", resolved_table(*rc.lr_scheduler, nullptr));
   if (rc.grad_clipper) r.insert("grad_clipper", resolved_table(*rc.grad_clipper, nullptr));
@@ -252,7 +351,11 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   if (rc.profiler) r.insert("profiler", resolved_table(*rc.profiler, nullptr));
   if (rc.checkpoint) r.insert("checkpoint", resolved_table(*rc.checkpoint, &ckpt));
   toml::array hooks_t;
-  for (const auto& h : rc.hooks) hooks_t.push_back(resolved_table(h, nullptr));
+  for (const auto& h : rc.hooks) {
+    toml::table t = resolved_table(h, nullptr);
+    t.insert("priority", h.priority);
+    hooks_t.push_back(std::move(t));
+  }
   r.insert("hooks", std::move(hooks_t));
   return rc;
 }

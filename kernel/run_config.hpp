@@ -2,13 +2,15 @@
 // kernel's own schemas and every component's published option schema before step 1.
 //
 // Manifest layout (see README "Manifest"):
-//   [run]          name, output_dir, seed, threads
+//   [run]          name, output_dir, seed, threads, mode
 //   [plugins]      paths
-//   [train]        epochs, max_steps, log_every, eval_each_epoch, eval_max_batches
+//   [train]        stop targets (epochs, max_steps, max_samples, max_tokens), grad_accum,
+//                  precision, nonfinite policy, logging and evaluation cadence
 //   [model] [data.train] [data.test] [optimizer] [lr_scheduler] [loss] [grad_clipper]
 //   [mfu] [profiler] [checkpoint] [[hooks]]   -- each names its plugin with `type`
 #pragma once
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,7 +25,21 @@ struct ComponentSpec {
   std::string section;  // "optimizer", "data.train", "hooks[0]"
   const Component* component = nullptr;
   keel_options options;
+  int64_t priority = 0;  // hooks: ascending order of calls, ties in manifest order
 };
+
+// One [[optimizer.groups]] entry: parameters whose name matches `params` (ECMAScript regex,
+// whole name) join this group; NaN keeps the optimizer's own value.
+struct ParamGroupSpec {
+  std::string params;
+  double lr = NAN;
+  double weight_decay = NAN;
+};
+
+enum class RunMode { kTrainAndEvaluate, kTrain, kEvaluate };
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class NonFinite { kError, kSkip };
+enum class AccumNorm { kAuto, kMean, kItems };
 
 struct RunConfig {
   std::string manifest_path;
@@ -32,14 +48,25 @@ struct RunConfig {
   std::string output_dir;
   uint64_t seed = 0;
   int64_t threads = 0;  // 0: every core
+  RunMode mode = RunMode::kTrainAndEvaluate;
   // [plugins]
   std::vector<std::string> plugin_paths;
   // [train]
+  // Stop targets: whichever is reached first (0: no limit).
   int64_t epochs = 1;
-  int64_t max_steps = 0;  // 0: no limit
+  int64_t max_steps = 0;
+  int64_t max_samples = 0;
+  int64_t max_tokens = 0;
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  AccumNorm accum_normalization = AccumNorm::kAuto;
+  Precision precision = Precision::kFp32;
+  NonFinite nonfinite = NonFinite::kError;
+  int64_t max_skips = 10;
   int64_t log_every = 50;
   bool eval_each_epoch = true;
-  int64_t eval_max_batches = 0;  // 0: the whole split
+  int64_t eval_every_steps = 0;   // 0: only per epoch / at the end
+  int64_t eval_max_batches = 0;   // 0: the whole split
+  std::vector<ParamGroupSpec> param_groups;  // [[optimizer.groups]]
   // [checkpoint] kernel keys
   int64_t checkpoint_every_steps = 0;
   int64_t checkpoint_keep_last = 0;  // 0: keep all

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <dlfcn.h>
 #include <spdlog/spdlog.h>
 
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "checkpoint_store.hpp"
@@ -16,6 +18,7 @@
 #include "error.hpp"
 #include "host.hpp"
 #include "keel/tensor.hpp"
+#include "loss_scaler.hpp"
 
 namespace fs = std::filesystem;
 
@@ -33,6 +36,48 @@ void configure_threads(int64_t threads) {
     f(1);
 }
 
+namespace {
+
+// CPU autocast to bfloat16 for the forward pass and the loss (master weights stay fp32).
+class AutocastBf16 {
+ public:
+  explicit AutocastBf16(bool on) : on_(on) {
+    if (!on_) return;
+    prev_enabled_ = at::autocast::is_cpu_enabled();
+    prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastBf16() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(prev_enabled_);
+    at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+  }
+  AutocastBf16(const AutocastBf16&) = delete;
+  AutocastBf16& operator=(const AutocastBf16&) = delete;
+
+ private:
+  bool on_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+struct MicroBatch {
+  at::Tensor inputs, targets;
+  int64_t samples = 0, tokens = 0;
+};
+
+// Sums over one log_every window.
+struct Window {
+  double loss = 0, grad_norm = 0, data_s = 0;
+  int64_t steps = 0, norms = 0, samples = 0, tokens = 0;
+  Clock::time_point start = Clock::now();
+};
+
+}  // namespace
+
 struct Trainer::State {
   RunConfig cfg;
   fs::path run_dir;
@@ -46,19 +91,27 @@ struct Trainer::State {
   Instance<keel_mfu> mfu;
   Instance<keel_profiler> profiler;
   Instance<keel_checkpoint> checkpoint;
-  std::vector<Instance<keel_hook>> hooks;
+  std::vector<Instance<keel_hook>> hooks;  // in call order (priority, then manifest order)
   std::unique_ptr<CheckpointStore> store;
 
   std::vector<keel_tensor*> param_handles;
   std::vector<const char*> param_names;
-  std::vector<keel_named_tensor> model_state;
+  std::vector<at::Tensor> params;
+  std::vector<keel_named_tensor> model_state, hook_state;
+  std::vector<std::string> hook_state_names;
   std::vector<double> base_lrs;
   double flops_per_sample = 0;
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
+  bool items_normalization = false;
+  bool use_scaler = false;
+  LossScaler scaler;
 
   keel_trainer_state ts{};
-  bool stop_requested = false;
+  std::vector<keel_metric> last_train, last_eval;
+  uint32_t requests = 0;  // KEEL_REQUEST_* bits hooks set during the current step
+  int64_t last_eval_step = -1, last_saved_step = -1;
+  Window window;
 
   keel_create_context context(const ComponentSpec& spec) const {
     keel_create_context c{};
@@ -78,7 +131,7 @@ struct Trainer::State {
     return create_instance<Abi>(*spec.component, context(spec));
   }
 
-  // --- profiler marks (no-ops without a profiler) ---
+  // ---- profiler marks (no-ops without a profiler) ----
   void begin(const char* phase) const {
     if (profiler) profiler->begin(profiler.self(), phase, ts.step);
   }
@@ -86,8 +139,10 @@ struct Trainer::State {
     if (profiler) profiler->end(profiler.self(), phase, ts.step);
   }
 
+  // ---- hooks ----
   void emit(keel_event_kind kind, const char* split = nullptr,
-            const std::vector<keel_metric>* metrics = nullptr, const char* path = nullptr) {
+            const std::vector<keel_metric>* metrics = nullptr, const char* path = nullptr,
+            int64_t micro_batch = 0, const char* message = nullptr) {
     if (hooks.empty()) return;
     begin("hooks");
     for (const auto& h : hooks) {
@@ -99,12 +154,15 @@ struct Trainer::State {
       ev.metrics = metrics ? metrics->data() : nullptr;
       ev.metric_count = metrics ? metrics->size() : 0;
       ev.path = path;
+      ev.micro_batch = micro_batch;
+      ev.message = message;
       h.call("on_event", h->on_event, &ev);
-      if (ev.requests & KEEL_REQUEST_STOP) stop_requested = true;
+      requests |= ev.requests;
     }
     end("hooks");
   }
 
+  // ---- learning rate ----
   void set_lr_for(int64_t step) {
     const double f = scheduler ? scheduler->factor(scheduler.self(), step) : 1.0;
     if (!std::isfinite(f) || f < 0)
@@ -115,19 +173,179 @@ struct Trainer::State {
     ts.lr = base_lrs.empty() ? 0 : base_lrs[0] * f;
   }
 
-  CheckpointMeta meta() const { return {ts.step, ts.epoch, ts.samples, ts.tokens}; }
-
+  // ---- checkpoints ----
   std::string save_checkpoint() {
     begin("checkpoint");
-    const std::string dir = store->save(model_state, meta());
+    const std::string dir =
+        store->save(model_state, hook_state, {ts.step, ts.epoch, ts.samples, ts.tokens});
     end("checkpoint");
+    last_saved_step = ts.step;
     spdlog::info("checkpoint committed: {}", dir);
     emit(KEEL_EVENT_CHECKPOINT_SAVED, nullptr, nullptr, dir.c_str());
     return dir;
   }
 
+  // ---- data ----
+  // Fetches up to grad_accum micro-batches; fewer at the end of an epoch, none when it is over.
+  std::vector<MicroBatch> fetch_micro_batches() {
+    std::vector<MicroBatch> out;
+    const auto t0 = Clock::now();
+    begin("data");
+    for (int64_t i = 0; i < cfg.grad_accum; ++i) {
+      keel_batch b{};
+      int has = 0;
+      train_data.call("next", train_data->next, &b, &has);
+      if (!has) break;
+      out.push_back({adopt(b.inputs), adopt(b.targets), b.samples, b.tokens});
+    }
+    end("data");
+    window.data_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    return out;
+  }
+
+  at::Tensor forward(const at::Tensor& x) const {
+    keel_tensor* out = nullptr;
+    model.call("forward", model->forward, peek(x), &out);
+    return adopt(out);
+  }
+
+  at::Tensor compute_loss(const at::Tensor& out, const at::Tensor& y, int64_t* count) const {
+    keel_tensor* l = nullptr;
+    loss.call("compute", loss->compute, peek(out), peek(y), &l, count);
+    return adopt(l);
+  }
+
+  // Weight of each micro-batch's mean loss in the step's loss: its share of the items when
+  // the loss reports item counts (token-normalised accumulation), else 1/k.
+  std::vector<double> micro_batch_weights(const std::vector<MicroBatch>& mbs) const {
+    std::vector<double> w(mbs.size(), 1.0 / static_cast<double>(mbs.size()));
+    if (!items_normalization) return w;
+    std::vector<int64_t> items;
+    int64_t total = 0;
+    for (const auto& mb : mbs) {
+      items.push_back(loss->count_items(loss.self(), peek(mb.targets)));
+      if (items.back() < 0)
+        throw Error(loss.label() + ": count_items returned " + std::to_string(items.back()) +
+                    " but train.accum_normalization = \"items\" needs item counts; hint: use "
+                    "\"mean\"");
+      total += items.back();
+    }
+    for (size_t i = 0; i < mbs.size(); ++i)
+      w[i] = total > 0 ? static_cast<double>(items[i]) / static_cast<double>(total) : 0.0;
+    return w;
+  }
+
+  // One optimizer step over the given micro-batches. Returns the step's loss.
+  double train_step(const std::vector<MicroBatch>& mbs) {
+    emit(KEEL_EVENT_STEP_START);
+    for (size_t i = 0; i < mbs.size(); ++i)
+      emit(KEEL_EVENT_AFTER_DATA, nullptr, nullptr, nullptr, static_cast<int64_t>(i));
+
+    optimizer->zero_grad(optimizer.self());
+    const std::vector<double> weights = micro_batch_weights(mbs);
+    double step_loss = 0;
+    bool finite = true;
+    for (size_t i = 0; i < mbs.size(); ++i) {
+      at::Tensor micro_loss;
+      {
+        begin("forward");
+        AutocastBf16 autocast(cfg.precision == Precision::kBf16);
+        int64_t count = 0;
+        micro_loss = compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count) * weights[i];
+        end("forward");
+      }
+      const double value = micro_loss.item<double>();
+      finite = finite && std::isfinite(value);
+      step_loss += value;
+      begin("backward");
+      (use_scaler ? scaler.scale_loss(micro_loss) : micro_loss).backward();
+      end("backward");
+    }
+    if (use_scaler) finite = scaler.unscale(params) && finite;
+    emit(KEEL_EVENT_AFTER_BACKWARD);
+
+    double norm = NAN;
+    if (clipper) {
+      begin("clip");
+      clipper.call("clip", clipper->clip, &norm);
+      end("clip");
+      finite = finite && std::isfinite(norm);
+    }
+    ts.grad_norm = norm;
+    if (use_scaler) scaler.update(finite);
+
+    if (finite) {
+      emit(KEEL_EVENT_BEFORE_OPTIMIZER_STEP);
+      begin("optimizer");
+      optimizer.call("step", optimizer->step);
+      end("optimizer");
+    } else if (cfg.nonfinite == NonFinite::kError && !use_scaler) {
+      throw Error("non-finite " + std::string(std::isfinite(step_loss) ? "gradient norm" : "loss") +
+                  " at step " + std::to_string(ts.step + 1) + " (loss " + std::to_string(step_loss) +
+                  ", grad norm " + std::to_string(norm) + "); hint: lower the learning rate, "
+                  "clip gradients, or set train.nonfinite = \"skip\"");
+    } else {
+      ts.skipped_steps += 1;
+      spdlog::warn("step {}: non-finite loss or gradients, optimizer step skipped ({} so far)",
+                   ts.step + 1, ts.skipped_steps);
+      if (!use_scaler && ts.skipped_steps > cfg.max_skips)
+        throw Error("more than train.max_skips = " + std::to_string(cfg.max_skips) +
+                    " steps skipped for non-finite values (latest at step " +
+                    std::to_string(ts.step + 1) + "); hint: lower the learning rate");
+    }
+
+    ts.step += 1;
+    for (const auto& mb : mbs) {
+      ts.samples += mb.samples;
+      ts.tokens += mb.tokens;
+      window.samples += mb.samples;
+      window.tokens += mb.tokens;
+    }
+    ts.loss = step_loss;
+    window.loss += step_loss;
+    window.steps += 1;
+    if (std::isfinite(norm)) {
+      window.grad_norm += norm;
+      window.norms += 1;
+    }
+    emit(KEEL_EVENT_STEP_END);
+    return step_loss;
+  }
+
+  void log_train_metrics() {
+    const double secs = std::chrono::duration<double>(Clock::now() - window.start).count();
+    const double sps = window.samples / std::max(secs, 1e-9);
+    const double steps = std::max<int64_t>(window.steps, 1);
+    last_train = {
+        {"step", double(ts.step)},
+        {"epoch", double(ts.epoch)},
+        {"samples", double(ts.samples)},
+        {"tokens", double(ts.tokens)},
+        {"loss", window.loss / steps},
+        {"loss_last", ts.loss},
+        {"lr", ts.lr},
+        {"samples_per_s", sps},
+        {"tokens_per_s", window.tokens / std::max(secs, 1e-9)},
+        {"step_time_ms", 1e3 * secs / steps},
+        {"data_time_ms", 1e3 * window.data_s / steps},
+    };
+    if (clipper) {
+      last_train.push_back({"grad_norm", window.norms ? window.grad_norm / window.norms : NAN});
+      last_train.push_back({"grad_norm_last", ts.grad_norm});
+    }
+    if (cfg.nonfinite == NonFinite::kSkip || use_scaler)
+      last_train.push_back({"skipped_steps", double(ts.skipped_steps)});
+    if (use_scaler) last_train.push_back({"loss_scale", scaler.scale()});
+    if (mfu) last_train.push_back({"mfu", mfu->compute(mfu.self(), flops_per_sample, sps)});
+    ts.train_metrics = last_train.data();
+    ts.train_metric_count = last_train.size();
+    emit(KEEL_EVENT_METRICS, "train", &last_train);
+    window = Window();
+  }
+
   void evaluate(RunSummary& summary) {
-    if (!test_data) return;
+    if (!test_data || last_eval_step == ts.step) return;
+    last_eval_step = ts.step;
     emit(KEEL_EVENT_EVAL_START, "test");
     begin("eval");
     at::NoGradGuard no_grad;
@@ -142,13 +360,15 @@ struct Trainer::State {
       test_data.call("next", test_data->next, &b, &has);
       if (!has) break;
       const at::Tensor x = adopt(b.inputs), y = adopt(b.targets);
-      keel_tensor* out_h = nullptr;
-      model.call("forward", model->forward, peek(x), &out_h);
-      const at::Tensor out = adopt(out_h);
-      keel_tensor* loss_h = nullptr;
+      at::Tensor out;
       int64_t count = 0;
-      loss.call("compute", loss->compute, peek(out), peek(y), &loss_h, &count);
-      loss_sum += adopt(loss_h).item<double>() * static_cast<double>(count);
+      double batch_loss = 0;
+      {
+        AutocastBf16 autocast(cfg.precision == Precision::kBf16);
+        out = forward(x);
+        batch_loss = compute_loss(out, y, &count).item<double>();
+      }
+      loss_sum += batch_loss * static_cast<double>(count);
       items += count;
       if (classification && out.dim() == 2 && y.dim() == 1 && !y.is_floating_point()) {
         correct += out.argmax(1).eq(y).sum().item<int64_t>();
@@ -160,17 +380,55 @@ struct Trainer::State {
     }
     model->set_training(model.self(), 1);
     end("eval");
-    std::vector<keel_metric> metrics = {{"step", static_cast<double>(ts.step)},
-                                        {"epoch", static_cast<double>(ts.epoch)},
-                                        {"loss", items ? loss_sum / items : NAN}};
-    summary.eval_loss = metrics[2].value;
+    last_eval = {{"step", double(ts.step)},
+                 {"epoch", double(ts.epoch)},
+                 {"loss", items ? loss_sum / items : NAN}};
+    summary.eval_loss = last_eval[2].value;
     if (classification && rows > 0) {
-      metrics.push_back({"accuracy", static_cast<double>(correct) / rows});
-      summary.eval_accuracy = metrics.back().value;
+      last_eval.push_back({"accuracy", static_cast<double>(correct) / rows});
+      summary.eval_accuracy = last_eval.back().value;
     }
-    metrics.push_back({"samples", static_cast<double>(rows)});
+    last_eval.push_back({"samples", static_cast<double>(rows)});
+    ts.eval_metrics = last_eval.data();
+    ts.eval_metric_count = last_eval.size();
     emit(KEEL_EVENT_EVAL_END, "test");
-    emit(KEEL_EVENT_METRICS, "test", &metrics);
+    emit(KEEL_EVENT_METRICS, "test", &last_eval);
+  }
+
+  bool stop_target_reached() const {
+    return (cfg.max_steps > 0 && ts.step >= cfg.max_steps) ||
+           (cfg.max_samples > 0 && ts.samples >= cfg.max_samples) ||
+           (cfg.max_tokens > 0 && ts.tokens >= cfg.max_tokens);
+  }
+
+  bool evaluating() const { return cfg.mode != RunMode::kTrain; }
+
+  // Parameter groups from [[optimizer.groups]]: each parameter joins the first group whose
+  // regex matches its whole name, else group 0 (the optimizer's own settings).
+  void assign_param_groups(std::vector<int32_t>& group, std::vector<double>& lr,
+                           std::vector<double>& wd) const {
+    group.assign(param_names.size(), 0);
+    lr.assign(1, NAN);
+    wd.assign(1, NAN);
+    for (size_t g = 0; g < cfg.param_groups.size(); ++g) {
+      const ParamGroupSpec& spec = cfg.param_groups[g];
+      const std::regex re(spec.params);
+      size_t matched = 0;
+      for (size_t i = 0; i < param_names.size(); ++i)
+        if (group[i] == 0 && std::regex_match(param_names[i], re)) {
+          group[i] = static_cast<int32_t>(g + 1);
+          ++matched;
+        }
+      if (matched == 0) {
+        std::string names;
+        for (const char* n : param_names) names += std::string(names.empty() ? "" : ", ") + n;
+        throw Error("optimizer.groups[" + std::to_string(g) + "].params = \"" + spec.params +
+                    "\" matches no parameter not already in an earlier group (parameters: " +
+                    names + ")");
+      }
+      lr.push_back(spec.lr);
+      wd.push_back(spec.weight_decay);
+    }
   }
 };
 
@@ -192,6 +450,7 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
   configure_threads(config.threads);
   at::manual_seed(config.seed);
 
+  // Model: parameters (for the optimizer and clipper) and state (for checkpoints).
   s.model = s.make<keel_model>(config.model);
   const size_t np = s.model->param_count(s.model.self());
   for (size_t i = 0; i < np; ++i) {
@@ -200,6 +459,7 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
     s.model.call("param", s.model->param, i, &name, &t);
     s.param_names.push_back(name);
     s.param_handles.push_back(t);
+    s.params.push_back(borrow(t));
   }
   const size_t ns = s.model->state_count(s.model.self());
   for (size_t i = 0; i < ns; ++i) {
@@ -210,19 +470,36 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
   s.flops_per_sample = s.model->flops_per_sample(s.model.self());
   if (!std::isfinite(s.flops_per_sample)) s.flops_per_sample = 0;
 
+  // Data, and the run's planned length (for schedules and progress).
   s.train_data = s.make<keel_dataset>(config.train_data);
-  if (config.test_data) s.test_data = s.make<keel_dataset>(*config.test_data);
-  s.steps_per_epoch = s.train_data->batches_per_epoch(s.train_data.self());
-  if (s.steps_per_epoch <= 0)
+  if (config.test_data && s.evaluating()) s.test_data = s.make<keel_dataset>(*config.test_data);
+  const int64_t batches = s.train_data->batches_per_epoch(s.train_data.self());
+  if (batches <= 0)
     throw Error(s.train_data.label() + ": [data.train] yields no batches per epoch; hint: check "
                 "its path, limit and batch_size");
-  s.total_steps = config.epochs > 0 ? config.epochs * s.steps_per_epoch : config.max_steps;
-  if (config.max_steps > 0) s.total_steps = std::min(s.total_steps, config.max_steps);
+  s.steps_per_epoch = (batches + config.grad_accum - 1) / config.grad_accum;
+  std::vector<int64_t> plans;
+  if (config.epochs > 0) plans.push_back(config.epochs * s.steps_per_epoch);
+  if (config.max_steps > 0) plans.push_back(config.max_steps);
+  if (config.max_samples > 0) {
+    const int64_t size = s.train_data->size(s.train_data.self());
+    const double per_step = static_cast<double>(size) / batches * config.grad_accum;
+    plans.push_back(static_cast<int64_t>(std::ceil(config.max_samples / per_step)));
+  }
+  s.total_steps = plans.empty() ? 0 : *std::min_element(plans.begin(), plans.end());
 
+  // Optimizer over the parameter groups.
+  std::vector<int32_t> group;
+  std::vector<double> group_lr, group_wd;
+  s.assign_param_groups(group, group_lr, group_wd);
   keel_create_context octx = s.context(config.optimizer);
   octx.params = s.param_handles.data();
   octx.param_names = s.param_names.data();
   octx.param_count = s.param_handles.size();
+  octx.param_group = group.data();
+  octx.group_count = group_lr.size();
+  octx.group_lr = group_lr.data();
+  octx.group_weight_decay = group_wd.data();
   s.optimizer = create_instance<keel_optimizer>(*config.optimizer.component, octx);
   for (size_t g = 0; g < s.optimizer->group_count(s.optimizer.self()); ++g)
     s.base_lrs.push_back(s.optimizer->get_lr(s.optimizer.self(), g));
@@ -233,6 +510,13 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
     s.scheduler = create_instance<keel_lr_scheduler>(*config.lr_scheduler->component, sctx);
   }
   s.loss = s.make<keel_loss>(config.loss);
+  const bool counts = KEEL_HAS_SLOT(s.loss, keel_loss, count_items);
+  if (config.accum_normalization == AccumNorm::kItems && !counts)
+    throw Error(s.loss.label() + " does not report item counts, which train.accum_normalization "
+                "= \"items\" needs; hint: use \"mean\" or \"auto\"");
+  s.items_normalization = counts && config.accum_normalization != AccumNorm::kMean;
+  s.use_scaler = config.precision == Precision::kFp16;
+
   if (config.grad_clipper) {
     keel_create_context cctx = s.context(*config.grad_clipper);
     cctx.params = s.param_handles.data();
@@ -242,20 +526,42 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
   }
   if (config.mfu) s.mfu = s.make<keel_mfu>(*config.mfu);
   if (config.profiler) s.profiler = s.make<keel_profiler>(*config.profiler);
+
+  // Hooks in call order: ascending priority, ties in manifest order.
+  std::vector<const ComponentSpec*> order;
+  for (const auto& h : config.hooks) order.push_back(&h);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const ComponentSpec* a, const ComponentSpec* b) { return a->priority < b->priority; });
+  for (const ComponentSpec* h : order) {
+    s.hooks.push_back(s.make<keel_hook>(*h));
+    const auto& hook = s.hooks.back();
+    if (!KEEL_HAS_SLOT(hook, keel_hook, state_count) || !KEEL_HAS_SLOT(hook, keel_hook, state))
+      continue;
+    for (size_t i = 0; i < hook->state_count(hook.self()); ++i) {
+      keel_named_tensor nt{};
+      hook.call("state", hook->state, i, &nt.name, &nt.tensor);
+      s.hook_state_names.push_back(h->section + "." + nt.name);
+      s.hook_state.push_back(nt);
+    }
+  }
+  for (size_t i = 0; i < s.hook_state.size(); ++i)
+    s.hook_state[i].name = s.hook_state_names[i].c_str();
+
+  s.ts.struct_size = sizeof(s.ts);
+  s.ts.max_steps = s.total_steps;
+  s.ts.epochs = config.epochs;
+  s.ts.grad_norm = NAN;
+
   if (config.checkpoint) {
     s.checkpoint = s.make<keel_checkpoint>(*config.checkpoint);
     s.store = std::make_unique<CheckpointStore>((s.run_dir / "checkpoints").string(),
                                                 &s.checkpoint, config.checkpoint_keep_last);
     if (!config.init_from.empty()) {
-      s.store->load(config.init_from, s.model_state);
-      spdlog::info("model weights loaded from {}", config.init_from);
+      s.store->load(config.init_from, s.model_state, s.hook_state);
+      spdlog::info("loaded {}", config.init_from);
+      s.emit(KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, config.init_from.c_str());
     }
   }
-  for (const auto& h : config.hooks) s.hooks.push_back(s.make<keel_hook>(h));
-
-  s.ts.struct_size = sizeof(s.ts);
-  s.ts.max_steps = s.total_steps;
-  s.ts.epochs = config.epochs;
 }
 
 Trainer::~Trainer() = default;
@@ -264,128 +570,70 @@ RunSummary Trainer::train() {
   State& s = *s_;
   RunSummary summary;
   summary.run_dir = s.run_dir.string();
-  s.model->set_training(s.model.self(), 1);
-  s.set_lr_for(0);
-  s.emit(KEEL_EVENT_TRAIN_START);
-  if (s.store && s.cfg.checkpoint_initial) s.save_checkpoint();
-
-  // Window of the current log interval.
-  double window_loss = 0, window_norm = 0, window_data_s = 0;
-  int64_t window_steps = 0, window_samples = 0, window_tokens = 0;
-  auto window_start = Clock::now();
-  int64_t last_saved = s.cfg.checkpoint_initial ? 0 : -1;
-  bool done = false, epoch_complete = false;
-
-  for (int64_t epoch = 0; !done; ++epoch) {
-    s.ts.epoch = epoch;
-    s.emit(KEEL_EVENT_EPOCH_START);
-    s.train_data.call("start_epoch", s.train_data->start_epoch, epoch);
-    epoch_complete = false;
-    while (true) {
-      // data
-      const auto t_data = Clock::now();
-      s.begin("data");
-      keel_batch b{};
-      int has = 0;
-      s.train_data.call("next", s.train_data->next, &b, &has);
-      s.end("data");
-      if (!has) {
-        epoch_complete = true;
-        break;
-      }
-      const at::Tensor x = adopt(b.inputs), y = adopt(b.targets);
-      window_data_s += std::chrono::duration<double>(Clock::now() - t_data).count();
-      s.emit(KEEL_EVENT_STEP_START);
-
-      s.optimizer->zero_grad(s.optimizer.self());
-      s.begin("forward");
-      keel_tensor* out_h = nullptr;
-      s.model.call("forward", s.model->forward, peek(x), &out_h);
-      const at::Tensor out = adopt(out_h);
-      keel_tensor* loss_h = nullptr;
-      int64_t count = 0;
-      s.loss.call("compute", s.loss->compute, peek(out), peek(y), &loss_h, &count);
-      const at::Tensor loss = adopt(loss_h);
-      s.end("forward");
-      const double loss_value = loss.item<double>();
-      if (!std::isfinite(loss_value))
-        throw Error("non-finite loss (" + std::to_string(loss_value) + ") at step " +
-                    std::to_string(s.ts.step + 1) + "; hint: lower the learning rate or enable "
-                    "gradient clipping");
-
-      s.begin("backward");
-      loss.backward();
-      s.end("backward");
-
-      double norm = NAN;
-      if (s.clipper) {
-        s.begin("clip");
-        s.clipper.call("clip", s.clipper->clip, &norm);
-        s.end("clip");
-      }
-      s.begin("optimizer");
-      s.optimizer.call("step", s.optimizer->step);
-      s.end("optimizer");
-
-      s.ts.step += 1;
-      s.ts.samples += b.samples;
-      s.ts.tokens += b.tokens;
-      s.ts.loss = loss_value;
-      summary.last_loss = loss_value;
-      window_loss += loss_value;
-      window_norm += std::isfinite(norm) ? norm : 0;
-      window_steps += 1;
-      window_samples += b.samples;
-      window_tokens += b.tokens;
-      s.emit(KEEL_EVENT_STEP_END);
-
-      const bool reached = (s.cfg.max_steps > 0 && s.ts.step >= s.cfg.max_steps) ||
-                           s.stop_requested;
-      if (s.ts.step % s.cfg.log_every == 0 || reached) {
-        const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-        const double sps = window_samples / std::max(secs, 1e-9);
-        std::vector<keel_metric> m = {
-            {"step", double(s.ts.step)},
-            {"epoch", double(s.ts.epoch)},
-            {"samples", double(s.ts.samples)},
-            {"tokens", double(s.ts.tokens)},
-            {"loss", window_loss / window_steps},
-            {"loss_last", loss_value},
-            {"lr", s.ts.lr},
-            {"samples_per_s", sps},
-            {"tokens_per_s", window_tokens / std::max(secs, 1e-9)},
-            {"step_time_ms", 1e3 * secs / window_steps},
-            {"data_time_ms", 1e3 * window_data_s / window_steps},
-        };
-        if (s.clipper) m.push_back({"grad_norm", window_norm / window_steps});
-        if (s.mfu) m.push_back({"mfu", s.mfu->compute(s.mfu.self(), s.flops_per_sample, sps)});
-        s.emit(KEEL_EVENT_METRICS, "train", &m);
-        window_loss = window_norm = window_data_s = 0;
-        window_steps = window_samples = window_tokens = 0;
-        window_start = Clock::now();
-      }
-      if (s.store && s.cfg.checkpoint_every_steps > 0 &&
-          s.ts.step % s.cfg.checkpoint_every_steps == 0) {
-        s.save_checkpoint();
-        last_saved = s.ts.step;
-      }
-      if (reached || s.stop_requested) {
-        done = true;
-        break;
-      }
-      s.set_lr_for(s.ts.step);
+  try {
+    if (s.cfg.mode == RunMode::kEvaluate) {
+      s.emit(KEEL_EVENT_TRAIN_START);
+      s.evaluate(summary);
+      s.emit(KEEL_EVENT_TRAIN_END);
+      return summary;
     }
-    if (epoch_complete) s.emit(KEEL_EVENT_EPOCH_END);
-    if (s.cfg.epochs > 0 && epoch + 1 >= s.cfg.epochs) done = true;
-    // Evaluate after every epoch, and once more when a step target ends the run mid-epoch.
-    if (s.cfg.eval_each_epoch && (epoch_complete || done)) s.evaluate(summary);
-  }
+    s.model->set_training(s.model.self(), 1);
+    s.set_lr_for(0);
+    s.emit(KEEL_EVENT_TRAIN_START);
+    if (s.store && s.cfg.checkpoint_initial) s.save_checkpoint();
+    s.window = Window();
 
-  if (s.store && s.cfg.checkpoint_at_end && last_saved != s.ts.step) s.save_checkpoint();
-  s.emit(KEEL_EVENT_TRAIN_END);
-  if (s.profiler) s.profiler.call("flush", s.profiler->flush);
+    bool done = false;
+    for (int64_t epoch = 0; !done; ++epoch) {
+      s.ts.epoch = epoch;
+      s.emit(KEEL_EVENT_EPOCH_START);
+      s.train_data.call("start_epoch", s.train_data->start_epoch, epoch);
+      bool epoch_complete = false;
+      while (!done) {
+        const std::vector<MicroBatch> mbs = s.fetch_micro_batches();
+        if (mbs.empty()) {
+          epoch_complete = true;
+          break;
+        }
+        summary.last_loss = s.train_step(mbs);
+        const bool last = s.stop_target_reached() || (s.requests & KEEL_REQUEST_STOP);
+        if (s.ts.step % s.cfg.log_every == 0 || last) s.log_train_metrics();
+        if ((s.cfg.eval_every_steps > 0 && s.ts.step % s.cfg.eval_every_steps == 0) ||
+            (s.requests & KEEL_REQUEST_EVAL))
+          s.evaluate(summary);
+        if (s.store && ((s.cfg.checkpoint_every_steps > 0 &&
+                         s.ts.step % s.cfg.checkpoint_every_steps == 0) ||
+                        (s.requests & KEEL_REQUEST_CHECKPOINT)))
+          s.save_checkpoint();
+        done = last || (s.requests & KEEL_REQUEST_STOP);
+        s.requests = 0;
+        if (!done) s.set_lr_for(s.ts.step);
+      }
+      if (epoch_complete) s.emit(KEEL_EVENT_EPOCH_END);
+      if (s.cfg.epochs > 0 && epoch + 1 >= s.cfg.epochs) done = true;
+      // After each epoch, and once more when a step target ends the run mid-epoch.
+      if ((s.cfg.eval_each_epoch && epoch_complete) || done) s.evaluate(summary);
+      if (s.requests & KEEL_REQUEST_STOP) done = true;  // e.g. early stopping on that eval
+      s.requests = 0;
+    }
+
+    if (s.store && s.cfg.checkpoint_at_end && s.last_saved_step != s.ts.step) s.save_checkpoint();
+    s.emit(KEEL_EVENT_TRAIN_END);
+    if (s.profiler) s.profiler.call("flush", s.profiler->flush);
+  } catch (const std::exception& e) {
+    // Tell the hooks why the run ends (their own failures here cannot be reported any better).
+    const std::string message =
+        dynamic_cast<const c10::Error*>(&e) ? static_cast<const c10::Error&>(e).what_without_backtrace()
+                                            : e.what();
+    try {
+      s.emit(KEEL_EVENT_EXCEPTION, nullptr, nullptr, nullptr, 0, message.c_str());
+    } catch (...) {
+    }
+    throw;
+  }
   summary.steps = s.ts.step;
   summary.samples = s.ts.samples;
+  summary.skipped_steps = s.ts.skipped_steps;
   return summary;
 }
 

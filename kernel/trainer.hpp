@@ -13,6 +13,7 @@ namespace keel {
 struct RunSummary {
   int64_t steps = 0;
   int64_t samples = 0;
+  int64_t skipped_steps = 0;
   double last_loss = 0;
   double eval_loss = -1;      // -1: no evaluation ran
   double eval_accuracy = -1;  // -1: not a classification task / no evaluation

@@ -146,7 +146,7 @@ TEST_CASE("missing required table, required option, and a run that would never e
   CHECK(resolve_error(d, keel_test::small_run(d.path / "run") + "[mfu]\ntype = \"peak_flops\"\n")
             .find("[mfu] needs 'peak_tflops'") != std::string::npos);
   CHECK(resolve_error(d, keel_test::small_run(d.path / "run"), {"train.epochs=0"})
-            .find("sets neither epochs nor max_steps") != std::string::npos);
+            .find("sets no stop target") != std::string::npos);
 }
 
 TEST_CASE("invalid TOML reports the parser's position") {
