@@ -18,6 +18,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: keel train MANIFEST [--set KEY=VALUE]...\n"
+    "       keel evaluate MANIFEST [--set KEY=VALUE]...   (weights from [checkpoint] init_from)\n"
     "       keel validate MANIFEST [--set KEY=VALUE]...\n"
     "       keel plugins [show NAME]\n"
     "       keel --version | --help\n";
@@ -116,12 +117,19 @@ int run(int argc, char** argv) {
                 cfg.output_dir.c_str());
     return 0;
   }
-  if (command == "train") {
+  if (command == "train" || command == "evaluate") {
+    RunArgs args = parse_run_args(rest, command.c_str());
+    if (command == "evaluate") args.sets.push_back("run.mode=evaluate");
     keel::Registry registry;  // declared first: libraries outlive every instance
-    const keel::RunConfig cfg = load_config(parse_run_args(rest, "train"), registry);
+    const keel::RunConfig cfg = load_config(args, registry);
     keel::Trainer trainer(cfg);
     const keel::RunSummary s = trainer.train();
-    spdlog::info("done: {} steps, {} samples, run directory {}", s.steps, s.samples, s.run_dir);
+    if (cfg.mode == keel::RunMode::kEvaluate)
+      spdlog::info("done: evaluation loss {:.4f}{}, run directory {}", s.eval_loss,
+                   s.eval_accuracy >= 0 ? fmt::format(", accuracy {:.4f}", s.eval_accuracy) : "",
+                   s.run_dir);
+    else
+      spdlog::info("done: {} steps, {} samples, run directory {}", s.steps, s.samples, s.run_dir);
     return 0;
   }
   throw po::error("unknown command '" + command + "'");

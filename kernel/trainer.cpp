@@ -589,6 +589,7 @@ RunSummary Trainer::train() {
       s.emit(KEEL_EVENT_EPOCH_START);
       s.train_data.call("start_epoch", s.train_data->start_epoch, epoch);
       bool epoch_complete = false;
+      const bool final_epoch = s.cfg.epochs > 0 && epoch + 1 >= s.cfg.epochs;
       while (!done) {
         const std::vector<MicroBatch> mbs = s.fetch_micro_batches();
         if (mbs.empty()) {
@@ -609,8 +610,9 @@ RunSummary Trainer::train() {
         s.requests = 0;
         if (!done) s.set_lr_for(s.ts.step);
       }
+      if (final_epoch && s.window.steps > 0) s.log_train_metrics();  // the last, partial window
       if (epoch_complete) s.emit(KEEL_EVENT_EPOCH_END);
-      if (s.cfg.epochs > 0 && epoch + 1 >= s.cfg.epochs) done = true;
+      if (final_epoch) done = true;
       // After each epoch, and once more when a step target ends the run mid-epoch.
       if ((s.cfg.eval_each_epoch && epoch_complete) || done) s.evaluate(summary);
       if (s.requests & KEEL_REQUEST_STOP) done = true;  // e.g. early stopping on that eval

@@ -1,0 +1,219 @@
+// The loop's semantics: stop targets, gradient accumulation, non-finite policies, evaluation
+// cadence and run modes, bf16, parameter groups, and hook requests.
+#include <ATen/ATen.h>
+
+#include <regex>
+
+#include "components.hpp"
+#include "host.hpp"
+#include "keel/tensor.hpp"
+#include "manifest.hpp"
+#include "registry.hpp"
+#include "run_config.hpp"
+#include "support.hpp"
+#include "trainer.hpp"
+
+using keel_test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  keel::Registry registry;
+  keel::RunConfig config;
+  std::unique_ptr<keel::Trainer> trainer;
+  Run(const fs::path& manifest, const std::vector<std::string>& sets) {
+    config = keel::resolve(keel::load_manifest(manifest.string(), sets), registry);
+    trainer = std::make_unique<keel::Trainer>(config);
+  }
+};
+
+keel::RunSummary train(const TempDir& d, std::vector<std::string> sets,
+                       const std::string& extra = "") {
+  const auto p = d.write("m.toml", keel_test::small_run(d.path / "run") + extra);
+  Run r(p, sets);
+  return r.trainer->train();
+}
+
+std::vector<std::string> records(const TempDir& d, const std::string& split) {
+  std::vector<std::string> out;
+  std::stringstream s(keel_test::read(d.path / "run/metrics.jsonl"));
+  for (std::string l; std::getline(s, l);)
+    if (l.find("\"split\": \"" + split + "\"") != std::string::npos) out.push_back(l);
+  return out;
+}
+
+double field(const std::string& record, const std::string& key) {
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(record, m, std::regex("\"" + key + "\": ([-0-9.eE+]+)")),
+                  key << " missing in " << record);
+  return std::stod(m[1]);
+}
+
+// A tensor of a committed checkpoint of the run in `d`.
+at::Tensor weights_of(const TempDir& d, const std::string& checkpoint, const std::string& name);
+
+const std::string kFixtures = "[plugins]\npaths = [\"" KEEL_FIXTURE_DIR "\"]\n";
+const std::string kFixtureHook = "[[hooks]]\ntype = \"c_event_log\"\n";
+
+}  // namespace
+
+// small_run: 256 samples, batch 32 -> 8 batches an epoch; 2 epochs; log every 4 steps.
+
+TEST_CASE("stop targets: whichever of epochs, steps, samples, tokens comes first") {
+  TempDir d;
+  CHECK(train(d, {}).steps == 16);
+  CHECK(train(d, {"train.max_steps=5"}).steps == 5);
+  CHECK(train(d, {"train.max_samples=100"}).samples == 128);  // 4 batches of 32
+  CHECK(train(d, {"train.max_tokens=64", "train.epochs=0"}).steps == 2);
+  CHECK(train(d, {"train.epochs=0", "train.max_steps=20"}).steps == 20);  // past epoch ends
+}
+
+TEST_CASE("gradient accumulation: k micro-batches per optimizer step") {
+  TempDir d;
+  const keel::RunSummary s = train(d, {"train.grad_accum=3"});
+  // 8 batches an epoch -> steps of 3, 3, 2 micro-batches: 3 steps an epoch.
+  CHECK(s.steps == 6);
+  CHECK(s.samples == 512);
+  const auto r = records(d, "train");
+  REQUIRE(!r.empty());
+  CHECK(field(r.back(), "step") == 6);
+}
+
+TEST_CASE("accumulating k equal micro-batches equals one k-times larger batch") {
+  // Mean normalisation over 4 batches of 8 == one batch of 32 (same samples, same order).
+  TempDir a, b;
+  const std::string ckpt = "[checkpoint]\ntype = \"safetensors\"\n";
+  train(a, {"data.train.batch_size=8", "train.grad_accum=4", "train.max_steps=6"}, ckpt);
+  train(b, {"train.max_steps=6"}, ckpt);
+  const at::Tensor wa = weights_of(a, "step-6", "fc1.weight");
+  const at::Tensor wb = weights_of(b, "step-6", "fc1.weight");
+  CHECK((wa - wb).abs().max().item<double>() < 1e-6);
+}
+
+TEST_CASE("non-finite values: error names the step; skip counts and aborts after max_skips") {
+  TempDir d;
+  const std::string err = keel_test::error_of([&] { train(d, {"optimizer.lr=1e30"}); });
+  CHECK(std::regex_search(err, std::regex("non-finite (loss|gradient norm) at step [0-9]+")));
+  CHECK(err.find("train.nonfinite = \"skip\"") != std::string::npos);
+
+  const std::string skip_err = keel_test::error_of([&] {
+    train(d, {"optimizer.lr=1e30", "train.nonfinite=skip", "train.max_skips=3"});
+  });
+  CHECK(skip_err.find("more than train.max_skips = 3 steps skipped") != std::string::npos);
+}
+
+TEST_CASE("a skipped step leaves the weights untouched and is reported") {
+  TempDir d;
+  // Clipping with the `none` clipper exposes the gradient norm; a NaN input makes it NaN.
+  const std::string extra = "[grad_clipper]\ntype = \"none\"\n[checkpoint]\ntype = \"safetensors\"\n"
+                            "initial = true\n";
+  const keel::RunSummary s = train(d, {"optimizer.lr=1e30", "train.nonfinite=skip",
+                                       "train.max_skips=100", "train.log_every=1"}, extra);
+  CHECK(s.skipped_steps > 0);
+  CHECK(s.skipped_steps < s.steps);
+  const auto r = records(d, "train");
+  CHECK(field(r.back(), "skipped_steps") == static_cast<double>(s.skipped_steps));
+}
+
+TEST_CASE("evaluation cadence and run modes") {
+  TempDir d;
+  train(d, {"train.eval_every_steps=4", "train.eval_each_epoch=false"});
+  auto evals = records(d, "test");
+  REQUIRE(evals.size() == 4);  // steps 4, 8, 12, 16 (the end does not evaluate twice)
+  CHECK(field(evals[0], "step") == 4);
+  CHECK(field(evals[3], "step") == 16);
+
+  train(d, {"train.eval_every_steps=4", "train.eval_max_batches=1"});
+  evals = records(d, "test");
+  CHECK(evals.size() == 4);  // 4, 8 (also epoch end), 12, 16
+  CHECK(field(evals[0], "samples") == 100);  // one batch of the test split
+
+  train(d, {"run.mode=train"});
+  CHECK(records(d, "test").empty());
+  CHECK(records(d, "train").size() == 4);
+
+  const keel::RunSummary e = train(d, {"run.mode=evaluate"});
+  CHECK(e.steps == 0);
+  CHECK(records(d, "train").empty());
+  CHECK(records(d, "test").size() == 1);
+  CHECK(e.eval_accuracy >= 0);
+}
+
+TEST_CASE("bf16 autocast trains, close to but not the same as fp32") {
+  TempDir a, b;
+  const keel::RunSummary fp32 = train(a, {});
+  const keel::RunSummary bf16 = train(b, {"train.precision=bf16"});
+  CHECK(bf16.last_loss != fp32.last_loss);
+  CHECK(bf16.last_loss == doctest::Approx(fp32.last_loss).epsilon(0.1));
+  CHECK(field(records(b, "train").back(), "loss") < field(records(b, "train").front(), "loss"));
+}
+
+TEST_CASE("parameter groups: per-group learning rates") {
+  TempDir d;
+  const std::string extra = "[checkpoint]\ntype = \"safetensors\"\ninitial = true\n"
+                            "[[optimizer.groups]]\nparams = \"fc1\\\\..*\"\nlr = 0.0\n";
+  train(d, {}, extra);
+  // fc1.* trains with lr 0: unchanged; the other layers moved.
+  CHECK((weights_of(d, "step-0", "fc1.weight") - weights_of(d, "step-16", "fc1.weight"))
+            .abs().max().item<double>() == 0.0);
+  CHECK((weights_of(d, "step-0", "fc2.weight") - weights_of(d, "step-16", "fc2.weight"))
+            .abs().max().item<double>() > 0.0);
+
+  const std::string bad = "[[optimizer.groups]]\nparams = \"nothing.*\"\nlr = 0.0\n";
+  CHECK(keel_test::error_of([&] { train(d, {}, bad); })
+            .find("optimizer.groups[0].params = \"nothing.*\" matches no parameter") !=
+        std::string::npos);
+}
+
+TEST_CASE("hooks can request a checkpoint, an evaluation and a stop") {
+  TempDir d;
+  const std::string log = (d.path / "events.log").string();
+  auto hook = [&](int step, int bits) {
+    return kFixtureHook + "path = \"" + log + "\"\nrequest_at_step = " + std::to_string(step) +
+           "\nrequests = " + std::to_string(bits) + "\n";
+  };
+  const std::string extra = kFixtures + "[checkpoint]\ntype = \"safetensors\"\nat_end = false\n" +
+                            hook(3, KEEL_REQUEST_CHECKPOINT) + hook(5, KEEL_REQUEST_EVAL) +
+                            hook(6, KEEL_REQUEST_STOP) + "[[hooks]]\ntype = \"jsonl\"\n";
+  const keel::RunSummary s = train(d, {"train.eval_each_epoch=false"}, extra);
+  CHECK(s.steps == 6);
+  CHECK(fs::exists(d.path / "run/checkpoints/step-3"));
+  const auto evals = records(d, "test");
+  REQUIRE(evals.size() == 2);  // requested at 5, and the final one at 6
+  CHECK(field(evals[0], "step") == 5);
+}
+
+TEST_CASE("a failing run sends EXCEPTION to the hooks") {
+  TempDir d;
+  const std::string log = (d.path / "events.log").string();
+  keel_test::error_of([&] {
+    train(d, {"optimizer.lr=1e30"}, kFixtures + kFixtureHook + "path = \"" + log + "\"\n");
+  });
+  const std::string events = keel_test::read(log);
+  CHECK(events.substr(events.rfind('\n', events.size() - 2) + 1) == "EXCEPTION\n");
+}
+
+namespace {
+at::Tensor weights_of(const TempDir& d, const std::string& checkpoint, const std::string& name) {
+  // Read through the safetensors plugin itself: load into a tensor shaped like the model's.
+  static keel::Registry registry;
+  if (registry.plugins().empty()) registry.discover(keel::plugin_search_path({}));
+  const keel::Component* c = registry.find(KEEL_KIND_CHECKPOINT, "safetensors");
+  REQUIRE(c != nullptr);
+  keel_options none;
+  keel_create_context ctx{};
+  ctx.host = keel::host();
+  ctx.options = &none;
+  ctx.section = "checkpoint";
+  const auto backend = keel::create_instance<keel_checkpoint>(*c, ctx);
+  // small_run's mlp: 784 -> 32 -> 10
+  const std::map<std::string, std::vector<int64_t>> shapes = {
+      {"fc1.weight", {32, 784}}, {"fc2.weight", {10, 32}}};
+  at::Tensor t = at::zeros(shapes.at(name), at::kFloat);
+  const keel_named_tensor into{name.c_str(), keel::peek(t)};
+  const std::string dir = (d.path / "run/checkpoints" / checkpoint).string();
+  backend.call("load", backend->load, dir.c_str(), "model", &into, size_t{1});
+  return t;
+}
+}  // namespace
