@@ -46,7 +46,9 @@ class Norm : public keel::GradClipper {
     const std::vector<at::Tensor> grads = grads_of(params_);
     if (grads.empty()) return 0.0;
     const at::Tensor total = total_norm(grads, norm_type_);
-    const at::Tensor coef = (max_norm_ / (total + 1e-6)).clamp_max(1.0);
+    // Python evaluates `max_norm / t` as t.reciprocal() * max_norm: the same two roundings
+    // make keel's clipping bit-identical to PyTorch's.
+    const at::Tensor coef = ((total + 1e-6).reciprocal() * max_norm_).clamp_max(1.0);
     for (const auto& g : grads) g.mul_(coef);
     return total.item<double>();
   }

@@ -1,0 +1,309 @@
+"""Parity with PyTorch: keel's training loop against a reference loop written with torch.optim,
+torch.optim.lr_scheduler.LambdaLR, torch.nn.functional.cross_entropy and
+torch.nn.utils.clip_grad_norm_. Both start from the same weights (keel's step-0 checkpoint) and
+see the same Fashion-MNIST batches in the same order (shuffle = false); after N optimizer steps
+every parameter of keel's step-N checkpoint must match the Python model to 1e-6 (fp32).
+
+Usage: test_pytorch_parity.py KEEL_BINARY SOURCE_ROOT
+
+Runs with Debian's /usr/bin/python3 (python3-torch 1.13, the LibTorch build keel links). The
+`safetensors` package is not needed: checkpoints are parsed by hand."""
+import os
+
+# One thread everywhere, as keel runs ([run] threads = 1, single-threaded OpenBLAS). OpenBLAS
+# reads this when torch loads it, so it must be set before `import torch`.
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import collections
+import gzip
+import json
+import math
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(1)
+
+KEEL, ROOT = sys.argv[1], sys.argv[2]
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+TOLERANCE = 1e-6
+HIDDEN = [64, 32]
+
+
+# ---- safetensors, by hand: u64 LE header length, JSON header, raw little-endian data ----
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    out = collections.OrderedDict()
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        array = np.frombuffer(data[begin:end], dtype=DTYPES[entry["dtype"]])
+        out[name] = torch.from_numpy(array.copy()).reshape(entry["shape"])
+    return out
+
+
+# ---- Fashion-MNIST, by hand: gzipped IDX files, scaled as the fashion_mnist plugin does ----
+
+_DATA = {}
+
+
+def fashion_mnist(limit):
+    """The first `limit` training images as float [N, 1, 28, 28] (x / 255 - 0.2860) / 0.3530
+    (the same tensor operations, in the same order, as the plugin) and int64 labels."""
+    if "train" not in _DATA:
+        with gzip.open(f"{DATA_DIR}/train-images-idx3-ubyte.gz") as f:
+            raw = f.read()
+        magic, n, rows, cols = struct.unpack(">IIII", raw[:16])
+        assert (magic, rows, cols) == (2051, 28, 28)
+        images = np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(n, 1, rows, cols)
+        with gzip.open(f"{DATA_DIR}/train-labels-idx1-ubyte.gz") as f:
+            raw = f.read()
+        magic, n_labels = struct.unpack(">II", raw[:8])
+        assert magic == 2049 and n_labels == n
+        labels = np.frombuffer(raw, dtype=np.uint8, offset=8)
+        _DATA["train"] = (images, labels)
+    images, labels = _DATA["train"]
+    x = torch.from_numpy(images[:limit].copy()).to(torch.float32).div_(255)
+    x.sub_(0.2860).div_(0.3530)
+    y = torch.from_numpy(labels[:limit].copy()).to(torch.int64)
+    return x, y
+
+
+def batches(x, y, batch_size):
+    """Batches in file order (shuffle = false), over and over: epoch after epoch."""
+    while True:
+        for i in range(0, x.shape[0], batch_size):
+            yield x[i:i + batch_size], y[i:i + batch_size]
+
+
+# ---- the model: keel's mlp (fc1, act1, fc2, act2, ..., fcL) as a plain nn.Module ----
+
+def mlp(hidden, in_features=784, classes=10):
+    widths = [in_features, *hidden, classes]
+    layers = collections.OrderedDict()
+    for i in range(len(widths) - 1):
+        layers[f"fc{i + 1}"] = torch.nn.Linear(widths[i], widths[i + 1])
+        if i + 2 < len(widths):
+            layers[f"act{i + 1}"] = torch.nn.ReLU()
+    return torch.nn.Sequential(layers)
+
+
+# ---- the schedule, written independently from keel's description ----
+
+def warmup_cosine(warmup, total, min_factor=0.0):
+    """Factor for 0-based optimizer step s: linear warmup (s + 1) / warmup over the first
+    `warmup` steps, then half a cosine from 1 down to min_factor at step `total`."""
+    def factor(s):
+        if s < warmup:
+            return (s + 1) / warmup
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        return min_factor + (1 - min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+# ---- running keel ----
+
+def run_keel(tmp, *, steps, limit, batch_size, optimizer, train="", loss="", lr_scheduler="",
+             grad_clipper="", seed=7):
+    run_dir = os.path.join(tmp, "run")
+    manifest = f"""hooks = []
+
+[run]
+output_dir = "{run_dir}"
+seed = {seed}
+threads = 1
+mode = "train"
+
+[train]
+epochs = 0
+max_steps = {steps}
+{train}
+
+[model]
+type = "mlp"
+hidden = {HIDDEN}
+
+[data.train]
+type = "fashion_mnist"
+path = "{DATA_DIR}"
+split = "train"
+shuffle = false
+limit = {limit}
+batch_size = {batch_size}
+
+[optimizer]
+{optimizer}
+
+[loss]
+type = "cross_entropy"
+{loss}
+
+{lr_scheduler}
+
+{grad_clipper}
+
+[checkpoint]
+type = "safetensors"
+initial = true
+at_end = true
+"""
+    path = os.path.join(tmp, "parity.toml")
+    with open(path, "w") as f:
+        f.write(manifest)
+    p = subprocess.run([KEEL, "train", path], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
+    if p.returncode != 0:
+        raise AssertionError(f"keel train failed ({p.returncode}):\n{p.stderr}\n{p.stdout}")
+    ckpt = os.path.join(run_dir, "checkpoints")
+    return (read_safetensors(os.path.join(ckpt, "step-0", "model.safetensors")),
+            read_safetensors(os.path.join(ckpt, f"step-{steps}", "model.safetensors")))
+
+
+def max_abs_diff(a, b):
+    assert list(a) == list(b) or sorted(a) == sorted(b), (list(a), list(b))
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+class Parity(unittest.TestCase):
+    def check(self, name, keel_start, keel_end, model, note=""):
+        ours = {k: v.detach() for k, v in model.state_dict().items()}
+        self.assertEqual(sorted(ours), sorted(keel_end))
+        moved = max_abs_diff(keel_start, keel_end)
+        self.assertGreater(moved, 1e-3, f"{name}: keel's weights barely moved: no training?")
+        diff = max_abs_diff(ours, keel_end)
+        print(f"\n  {name}: max |keel - pytorch| = {diff:.3e} (weights moved up to {moved:.3e}){note}",
+              file=sys.stderr)
+        self.assertLessEqual(diff, TOLERANCE, f"{name}: parameters differ from PyTorch's")
+        return diff
+
+    def start(self, keel_start):
+        model = mlp(HIDDEN)
+        model.load_state_dict(keel_start, strict=True)
+        model.train()
+        return model
+
+    def test_sgd_momentum_norm_clipping(self):
+        # 16 steps per epoch, so the run crosses an epoch boundary. max_norm = 1.5 (not a power of
+        # two) clips most steps but not all. keel computes the clip coefficient as
+        # max_norm / (total + 1e-6) in C++ (one rounding), PyTorch's Python operator as
+        # reciprocal(total + 1e-6) * max_norm (two): up to 1 ulp apart, a few 1e-8 after 24 steps.
+        steps, limit, bs, lr, max_norm = 24, 512, 32, 0.05, 1.5
+        with tempfile.TemporaryDirectory() as tmp:
+            k0, kn = run_keel(
+                tmp, steps=steps, limit=limit, batch_size=bs,
+                optimizer=f'type = "sgd"\nlr = {lr}\nmomentum = 0.9',
+                grad_clipper=f'[grad_clipper]\ntype = "norm"\nmax_norm = {max_norm}')
+        model = self.start(k0)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        data = batches(*fashion_mnist(limit), bs)
+        norms = []
+        for _ in range(steps):
+            x, y = next(data)
+            opt.zero_grad()
+            F.cross_entropy(model(x.reshape(x.shape[0], -1)), y).backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item())
+            opt.step()
+        clipped = sum(n > max_norm for n in norms)
+        self.assertGreater(clipped, 0, f"clipping never active: {norms}")
+        self.check("sgd momentum 0.9 + norm clipping", k0, kn, model,
+                   f"; clipped {clipped} of {steps} steps")
+
+    def test_adamw_cosine_warmup_grad_accum(self):
+        steps, limit, bs, accum, lr, warmup = 20, 1024, 16, 4, 3e-3, 5  # 16 steps/epoch
+        with tempfile.TemporaryDirectory() as tmp:
+            k0, kn = run_keel(
+                tmp, steps=steps, limit=limit, batch_size=bs, train=f"grad_accum = {accum}",
+                optimizer=f'type = "adamw"\nlr = {lr}\nweight_decay = 0.05',
+                lr_scheduler=f'[lr_scheduler]\ntype = "cosine"\nwarmup_steps = {warmup}\n'
+                             f'min_factor = 0.1')
+        model = self.start(k0)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, steps, 0.1))
+        data = batches(*fashion_mnist(limit), bs)
+        for _ in range(steps):
+            opt.zero_grad()
+            for _ in range(accum):
+                x, y = next(data)
+                (F.cross_entropy(model(x.reshape(x.shape[0], -1)), y) / accum).backward()
+            opt.step()
+            sched.step()
+        self.check("adamw + cosine warmup + grad_accum 4", k0, kn, model)
+
+    def test_label_smoothing(self):
+        steps, limit, bs, lr = 20, 640, 32, 1e-3
+        with tempfile.TemporaryDirectory() as tmp:
+            k0, kn = run_keel(
+                tmp, steps=steps, limit=limit, batch_size=bs,
+                optimizer=f'type = "adam"\nlr = {lr}', loss="label_smoothing = 0.1")
+        model = self.start(k0)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        data = batches(*fashion_mnist(limit), bs)
+        for _ in range(steps):
+            x, y = next(data)
+            opt.zero_grad()
+            F.cross_entropy(model(x.reshape(x.shape[0], -1)), y, label_smoothing=0.1).backward()
+            opt.step()
+        self.check("adam + label smoothing 0.1", k0, kn, model)
+
+    def test_token_normalized_accumulation_with_ignored_items(self):
+        steps, limit, bs, accum, lr, ignore = 20, 1024, 16, 4, 0.05, 3
+        with tempfile.TemporaryDirectory() as tmp:
+            k0, kn = run_keel(
+                tmp, steps=steps, limit=limit, batch_size=bs,
+                train=f'grad_accum = {accum}\naccum_normalization = "auto"',
+                optimizer=f'type = "sgd"\nlr = {lr}\nmomentum = 0.9',
+                loss=f"ignore_index = {ignore}")
+
+        def reference(normalize_by_items):
+            model = self.start(k0)
+            opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+            data = batches(*fashion_mnist(limit), bs)
+            counts = set()
+            for _ in range(steps):
+                micro = [next(data) for _ in range(accum)]
+                # Hugging Face's num_items_in_batch: the step's loss is the sum over its
+                # micro-batches of (mean loss over the micro-batch's counted targets) times
+                # (its count / the step's count), i.e. sum of per-target losses / total count.
+                items = [int((y != ignore).sum()) for _, y in micro]
+                total = sum(items)
+                counts.update(items)
+                opt.zero_grad()
+                for (x, y), n in zip(micro, items):
+                    loss = F.cross_entropy(model(x.reshape(x.shape[0], -1)), y,
+                                           ignore_index=ignore)
+                    (loss * (n / total) if normalize_by_items else loss / accum).backward()
+                opt.step()
+            self.assertGreater(len(counts), 1, "micro-batches all hold the same item count")
+            return model
+
+        model = reference(normalize_by_items=True)
+        self.check("token-normalized grad_accum 4, ignore_index 3", k0, kn, model)
+        naive = {k: v.detach() for k, v in reference(normalize_by_items=False).state_dict().items()}
+        naive_diff = max_abs_diff(naive, kn)
+        print(f"  (plain 1/k scaling would differ by {naive_diff:.3e})", file=sys.stderr)
+        self.assertGreater(naive_diff, 100 * TOLERANCE,
+                           "items and 1/k normalization agree: the test cannot tell them apart")
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    result = unittest.main(argv=sys.argv[:1], verbosity=2, exit=False).result
+    print(f"pytorch parity: {time.time() - t0:.1f} s", file=sys.stderr)
+    sys.exit(0 if result.wasSuccessful() else 1)
