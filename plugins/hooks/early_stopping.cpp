@@ -1,0 +1,104 @@
+// Hooks that steer the run. early_stopping: asks the kernel to stop when a metric of one split
+// has not improved for more than `patience` evaluations in a row.
+//
+// Its state (best value, the step it was seen at, evaluations without improvement) lives in
+// tensors published through named_state(): the kernel saves them with every checkpoint and
+// loads them back in place, and the hook always reads the tensors, so a resumed run continues
+// counting where the checkpoint left off.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "keel/plugin.hpp"
+
+namespace {
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+class EarlyStopping : public keel::Hook {
+ public:
+  explicit EarlyStopping(const keel::Context& ctx)
+      : host_(&ctx.host()),
+        origin_(ctx.section()),
+        metric_(ctx.get_string("metric")),
+        split_(ctx.get_string("split")),
+        maximize_(ctx.get_string("mode") == "max"),
+        patience_(ctx.get_int("patience")),
+        min_delta_(ctx.get_float("min_delta")),
+        best_(at::full({}, maximize_ ? -keel::kInf : keel::kInf, at::kDouble)),
+        best_step_(at::full({}, -1, at::kLong)),
+        bad_evals_(at::zeros({}, at::kLong)) {}
+
+  keel::NamedTensors named_state() override {
+    return {{"best", best_}, {"best_step", best_step_}, {"bad_evals", bad_evals_}};
+  }
+
+  void on_event(keel_event& ev) override {
+    if (ev.kind != KEEL_EVENT_METRICS || ev.split == nullptr || split_ != ev.split) return;
+    const double value = lookup(ev);
+    if (improves(value)) {
+      best_.fill_(value);
+      best_step_.fill_(ev.state ? ev.state->step : 0);
+      bad_evals_.fill_(0);
+      return;
+    }
+    const int64_t bad = bad_evals_.item<int64_t>() + 1;
+    bad_evals_.fill_(bad);
+    if (bad <= patience_) return;
+    ev.requests |= KEEL_REQUEST_STOP;
+    const std::string why =
+        "stopping: " + split_ + " " + metric_ + " has not improved on " +
+        number(best_.item<double>()) + " (step " + std::to_string(best_step_.item<int64_t>()) +
+        ") for " + std::to_string(bad) + (bad == 1 ? " evaluation" : " evaluations") +
+        " (patience " + std::to_string(patience_) + ", min_delta " + number(min_delta_) + ")";
+    host_->log(KEEL_LOG_INFO, origin_.c_str(), why.c_str());
+  }
+
+ private:
+  double lookup(const keel_event& ev) const {
+    std::string keys;
+    for (size_t i = 0; i < ev.metric_count; ++i) {
+      if (metric_ == ev.metrics[i].key) return ev.metrics[i].value;
+      keys += (i ? ", " : "") + std::string(ev.metrics[i].key);
+    }
+    throw std::runtime_error("metric '" + metric_ + "' is not in the '" + split_ +
+                             "' record (it has: " + keys + "); hint: set metric to one of these");
+  }
+
+  // A NaN never improves; the first finite value always does (best starts at -+infinity).
+  bool improves(double value) const {
+    const double best = best_.item<double>();
+    return maximize_ ? value > best + min_delta_ : value < best - min_delta_;
+  }
+
+  const keel_host* host_;
+  std::string origin_, metric_, split_;
+  bool maximize_;
+  int64_t patience_;
+  double min_delta_;
+  at::Tensor best_, best_step_, bad_evals_;
+};
+
+const keel_option_desc kEarlyStoppingOptions[] = {
+    keel::opt_string("metric", "\"loss\"", "key of the metric record to watch"),
+    keel::opt_string("split", "\"test\"", "split whose METRICS records are watched"),
+    keel::opt_string("mode", "\"min\"", "whether lower or higher values are better", "min|max"),
+    keel::opt_int("patience", "3", "evaluations without improvement tolerated before stopping", 0,
+                  1e12),
+    keel::opt_float("min_delta", "0.0", "smallest change that counts as an improvement", 0,
+                    keel::kInf),
+};
+const keel_component_desc kComponents[] = {
+    keel::component<EarlyStopping>("early_stopping",
+                                   "stops the run when a metric stops improving",
+                                   kEarlyStoppingOptions),
+};
+
+}  // namespace
+
+KEEL_PLUGIN("keel-hooks", "0.1.0", "Hooks that steer the run: early stopping", kComponents)

@@ -1,0 +1,76 @@
+// What the sinks share: how metric values become text, and the files they write.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "keel/plugin.hpp"
+
+namespace sinks {
+
+// Keys whose values are counts: written as integers.
+inline bool is_integer_key(const char* key) {
+  return std::strcmp(key, "step") == 0 || std::strcmp(key, "epoch") == 0 ||
+         std::strcmp(key, "samples") == 0 || std::strcmp(key, "tokens") == 0;
+}
+
+inline std::string integer(double v) { return std::to_string(std::llround(v)); }
+
+// Console: 4 significant digits, but large values (samples/s, tokens/s) in full.
+inline std::string short_number(double v) {
+  char buf[64];
+  const bool large = std::fabs(v) >= 1e4 && std::fabs(v) < 1e15;
+  std::snprintf(buf, sizeof buf, large ? "%.0f" : "%.4g", v);
+  return buf;
+}
+
+// The shortest of %.15g..%.17g that reads back as the same double.
+inline std::string exact_number(double v) {
+  char buf[64];
+  for (int digits = 15; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+// A finite metric value in a file: counts as integers, the rest exact (round trip).
+inline std::string exact_value(const char* key, double v) {
+  return is_integer_key(key) ? integer(v) : exact_number(v);
+}
+
+// `path` inside the run directory unless it is absolute.
+inline std::string run_path(const keel::Context& ctx, const std::string& path) {
+  return path.empty() || path[0] == '/' ? path : ctx.run_dir() + "/" + path;
+}
+
+// A text file a sink writes; flush() reports a failed write.
+class OutputFile {
+ public:
+  OutputFile(std::string path, bool append) : path_(std::move(path)) {
+    file_ = std::fopen(path_.c_str(), append ? "a" : "w");
+    if (file_ == nullptr)
+      throw std::runtime_error("cannot open '" + path_ +
+                               "' for writing; check that its directory exists and is writable");
+  }
+  ~OutputFile() { std::fclose(file_); }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  void write(const std::string& text) { std::fputs(text.c_str(), file_); }
+  void flush() {
+    if (std::fflush(file_) != 0 || std::ferror(file_))
+      throw std::runtime_error("writing '" + path_ + "' failed; check free space and permissions");
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace sinks

@@ -1,0 +1,144 @@
+// early_stopping (plugins/hooks): the rule on hand-made METRICS events (min_delta, mode,
+// patience, state tensors), then a real run that it stops.
+#include <ATen/ATen.h>
+
+#include "components.hpp"
+#include "host.hpp"
+#include "keel/tensor.hpp"
+#include "manifest.hpp"
+#include "registry.hpp"
+#include "run_config.hpp"
+#include "support.hpp"
+#include "trainer.hpp"
+
+using keel_test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A run whose only hooks are early_stopping (with `options`) and jsonl.
+fs::path manifest(const TempDir& d, const std::string& options) {
+  return d.write("m.toml", keel_test::small_run(d.path / "run") +
+                               "[[hooks]]\ntype = \"early_stopping\"\n" + options +
+                               "\n[[hooks]]\ntype = \"jsonl\"\n");
+}
+
+// The early_stopping hook of that manifest, created on its own.
+struct Stopper {
+  TempDir dir;
+  keel::Registry registry;
+  keel::RunConfig config;
+  keel::Instance<keel_hook> hook;
+
+  explicit Stopper(const std::string& options)
+      : config(keel::resolve(keel::load_manifest(manifest(dir, options).string(), {}), registry)) {
+    const keel::ComponentSpec& spec = config.hooks.at(0);
+    keel_create_context ctx{};
+    ctx.host = keel::host();
+    ctx.options = &spec.options;
+    ctx.section = spec.section.c_str();
+    ctx.run_dir = dir.path.c_str();
+    hook = keel::create_instance<keel_hook>(*spec.component, ctx);
+  }
+
+  // Sends one METRICS record; returns the requests the hook set.
+  uint32_t send(const char* split, std::vector<keel_metric> record, int64_t step = 0) {
+    keel_trainer_state state{};
+    state.struct_size = sizeof state;
+    state.step = step;
+    keel_event ev{};
+    ev.struct_size = sizeof ev;
+    ev.kind = KEEL_EVENT_METRICS;
+    ev.state = &state;
+    ev.split = split;
+    ev.metrics = record.data();
+    ev.metric_count = record.size();
+    hook.call("on_event", hook->on_event, &ev);
+    return ev.requests;
+  }
+  uint32_t loss(double value) { return send("test", {{"step", 0}, {"loss", value}}); }
+
+  // The state tensor `name`, as a checkpoint would save and load it.
+  at::Tensor state(const std::string& name) const {
+    for (size_t i = 0; i < hook->state_count(hook.self()); ++i) {
+      const char* n = nullptr;
+      keel_tensor* t = nullptr;
+      hook.call("state", hook->state, i, &n, &t);
+      if (name == n) return keel::borrow(t);
+    }
+    FAIL("no state tensor " << name);
+    return {};
+  }
+};
+
+// Trains `manifest` with `sets`; returns the steps taken and the evaluations in metrics.jsonl.
+std::pair<int64_t, size_t> train(const fs::path& manifest, const std::vector<std::string>& sets) {
+  keel::Registry registry;
+  keel::Trainer trainer(keel::resolve(keel::load_manifest(manifest.string(), sets), registry));
+  const keel::RunSummary summary = trainer.train();
+  size_t evals = 0;
+  std::stringstream s(keel_test::read(fs::path(summary.run_dir) / "metrics.jsonl"));
+  for (std::string l; std::getline(s, l);) evals += l.find("\"split\": \"test\"") != l.npos;
+  return {summary.steps, evals};
+}
+
+}  // namespace
+
+TEST_CASE("min mode: an improvement must beat the best by more than min_delta") {
+  Stopper s("patience = 1\nmin_delta = 0.1");
+  CHECK(s.loss(1.0) == 0);   // first value: the best
+  CHECK(s.loss(0.95) == 0);  // within min_delta: 1 bad evaluation, tolerated
+  CHECK(s.state("bad_evals").item<int64_t>() == 1);
+  CHECK(s.loss(0.85) == 0);  // 0.85 < 1.0 - 0.1: new best, count reset
+  CHECK(s.state("bad_evals").item<int64_t>() == 0);
+  CHECK(s.state("best").item<double>() == 0.85);
+  CHECK(s.loss(0.80) == 0);
+  CHECK(s.loss(0.79) == KEEL_REQUEST_STOP);  // 2 bad evaluations > patience 1
+}
+
+TEST_CASE("max mode watches another metric; other splits are ignored") {
+  Stopper s("metric = \"accuracy\"\nmode = \"max\"\npatience = 0");
+  CHECK(s.send("test", {{"accuracy", 0.5}}, 10) == 0);
+  CHECK(s.send("train", {{"loss", 1.0}}) == 0);  // not the watched split: no accuracy needed
+  CHECK(s.send("test", {{"accuracy", 0.6}}, 20) == 0);
+  CHECK(s.state("best_step").item<int64_t>() == 20);
+  CHECK(s.send("test", {{"accuracy", 0.6}}, 30) == KEEL_REQUEST_STOP);  // equal is no better
+}
+
+TEST_CASE("a metric the record lacks is an error naming it and the keys there are") {
+  Stopper s("metric = \"acc\"");
+  const std::string err = keel_test::error_of([&] { s.loss(1.0); });
+  CHECK(err.find("metric 'acc' is not in the 'test' record (it has: step, loss); hint: set "
+                 "metric to one of these") != std::string::npos);
+}
+
+TEST_CASE("the state lives in the published tensors: a loaded checkpoint takes effect") {
+  Stopper s("patience = 2");
+  CHECK(s.state("best").dim() == 0);
+  CHECK((s.state("bad_evals").scalar_type() == at::kLong));
+  s.state("best").fill_(0.5);  // as CheckpointStore::load copies saved values in place
+  s.state("bad_evals").fill_(2);
+  CHECK(s.loss(0.6) == KEEL_REQUEST_STOP);  // third bad evaluation in a row
+  CHECK(s.loss(0.4) == 0);                  // improves on the loaded best
+}
+
+// lr 0: the model never changes, so only a run's first evaluation can improve on the best.
+TEST_CASE("a run stops after 1 + patience + 1 evaluations without improvement") {
+  TempDir d;
+  const auto [steps, evals] =
+      train(manifest(d, "patience = 2"), {"train.epochs=30", "optimizer.lr=0"});
+  CHECK(evals == 4);
+  CHECK(steps == 4 * 8);  // 256 samples / batch 32 = 8 steps an epoch
+}
+
+TEST_CASE("a run started from a checkpoint goes on counting from the saved state") {
+  TempDir d;
+  const fs::path p = manifest(d, "patience = 5\n[checkpoint]\ntype = \"safetensors\"");
+  CHECK(train(p, {"optimizer.lr=0"}).second == 2);  // saved at the end: 1 bad evaluation
+  const auto [steps, evals] =
+      train(p, {"train.epochs=30", "optimizer.lr=0", "hooks[0].patience=2",
+                "run.output_dir=" + (d.path / "again").string(),
+                "checkpoint.init_from=" + (d.path / "run/checkpoints/step-16").string()});
+  CHECK(evals == 2);  // 2 and 3 bad evaluations: no new best to start from
+  CHECK(steps == 2 * 8);
+}
