@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/program_options.hpp>
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 
@@ -138,7 +140,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  spdlog::set_pattern("[%T] %v");
+  // On a terminal each log line first clears the line, so it replaces the console hook's
+  // progress bar (which the hook redraws below it) instead of mixing with it.
+  spdlog::set_pattern(isatty(fileno(stdout)) ? "\r\033[K[%T] %v" : "[%T] %v");
   try {
     return run(argc, argv);
   } catch (const po::error& e) {
