@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "json_string.hpp"
 #include "keel/plugin.hpp"
 
 namespace {
@@ -57,9 +58,9 @@ class ChromeTrace : public keel::Profiler {
     for (size_t i = 0; i < events_.size(); ++i) {
       const Event& e = events_[i];
       std::fprintf(f,
-                   "%s\n{\"name\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":0,"
+                   "%s\n{\"name\":%s,\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":0,"
                    "\"tid\":0,\"args\":{\"step\":%lld}}",
-                   i == 0 ? "" : ",", escape(names_[e.phase]).c_str(), e.ts, e.dur,
+                   i == 0 ? "" : ",", keel_plugins::json_string(names_[e.phase]).c_str(), e.ts, e.dur,
                    static_cast<long long>(e.step));
     }
     std::fputs("\n],\"displayTimeUnit\":\"ms\"}\n", f);
@@ -100,23 +101,6 @@ class ChromeTrace : public keel::Profiler {
       if (names_[i] == phase) return static_cast<uint32_t>(i);
     names_.emplace_back(phase);
     return static_cast<uint32_t>(names_.size() - 1);
-  }
-  static std::string escape(const std::string& s) {
-    std::string out;
-    for (const char ch : s) {
-      const unsigned char c = static_cast<unsigned char>(ch);
-      if (c == '"' || c == '\\') {
-        out += '\\';
-        out += static_cast<char>(c);
-      } else if (c < 0x20) {
-        char buf[8];
-        std::snprintf(buf, sizeof buf, "\\u%04x", c);
-        out += buf;
-      } else {
-        out += static_cast<char>(c);
-      }
-    }
-    return out;
   }
 
   std::string path_;

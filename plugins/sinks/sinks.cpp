@@ -1,6 +1,7 @@
 // Metric sinks: hooks that act on KEEL_EVENT_METRICS. This file: the plugin's component table
 // and jsonl; console.cpp and csv.cpp hold the others.
 #include "format.hpp"
+#include "json_string.hpp"
 #include "sinks.hpp"
 
 namespace {
@@ -8,23 +9,7 @@ namespace {
 using sinks::exact_value;
 
 // jsonl: one JSON object per METRICS event: {"split": "train", "step": 100, "loss": 0.51...}.
-std::string json_string(const char* s) {
-  std::string out = "\"";
-  for (; *s; ++s) {
-    const unsigned char c = static_cast<unsigned char>(*s);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
+using keel_plugins::json_string;
 
 class JsonLines : public keel::Hook {
  public:
