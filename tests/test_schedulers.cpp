@@ -140,10 +140,10 @@ TEST_CASE("impossible combinations fail at creation, saying why and what to chan
   CHECK(contains(e, "decay (1001 steps) exceed total_steps (1000)"));
   for (const char* name : {"linear", "cosine"}) {
     CAPTURE(name);
-    e = creation_error(name, "warmup_steps = 2000");
-    CHECK(contains(e, "warmup_steps (2000) is longer than the schedule (1000 steps)"));
-    CHECK(contains(e, "hint: lower warmup_steps or raise total_steps"));
+    // A run shorter than its warmup (a short debug run) only warns.
+    CHECK(creation_error(name, "warmup_steps = 2000") == "<no error>");
     CHECK(contains(creation_error(name, "", 0), "needs the run's length; hint: set total_steps"));
   }
   CHECK(creation_error("wsd", "warmup_steps = 800\ndecay_fraction = 0.2") == "<no error>");
+  CHECK(creation_error("wsd", "warmup_steps = 2000") == "<no error>");
 }

@@ -93,10 +93,11 @@ class Decay : public keel::LrScheduler {
       throw std::runtime_error(
           "this schedule needs the run's length; hint: set total_steps, or give [train] "
           "max_steps or epochs");
+    // Legitimate for short debug runs (--set train.max_steps=20), so a warning, not an error.
     if (warmup_ > total_)
-      throw std::runtime_error("warmup_steps (" + std::to_string(warmup_) +
-                               ") is longer than the schedule (" + std::to_string(total_) +
-                               " steps); hint: lower warmup_steps or raise total_steps");
+      ctx.log(KEEL_LOG_WARN, "warmup_steps (" + std::to_string(warmup_) +
+                                 ") is longer than the schedule (" + std::to_string(total_) +
+                                 " steps): the run ends during warmup");
   }
 
   int64_t warmup_, total_;
@@ -121,12 +122,12 @@ class Wsd : public Decay {
     const int64_t steps = ctx.get_int("decay_steps");
     const int64_t decay =
         steps > 0 ? steps : std::llround(ctx.get_float("decay_fraction") * total_);
-    if (warmup_ + decay > total_)
+    if (warmup_ < total_ && warmup_ + decay > total_)
       throw std::runtime_error(
           "warmup_steps (" + std::to_string(warmup_) + ") + decay (" + std::to_string(decay) +
           " steps) exceed total_steps (" + std::to_string(total_) +
           "); hint: lower warmup_steps, decay_steps or decay_fraction, or train longer");
-    decay_start_ = total_ - decay;
+    decay_start_ = std::max(warmup_, total_ - decay);
   }
 };
 
