@@ -23,8 +23,7 @@ std::string number(double v) {
 class EarlyStopping : public keel::Hook {
  public:
   explicit EarlyStopping(const keel::Context& ctx)
-      : host_(&ctx.host()),
-        origin_(ctx.section()),
+      : log_(ctx),
         metric_(ctx.get_string("metric")),
         split_(ctx.get_string("split")),
         maximize_(ctx.get_string("mode") == "max"),
@@ -56,7 +55,7 @@ class EarlyStopping : public keel::Hook {
         number(best_.item<double>()) + " (step " + std::to_string(best_step_.item<int64_t>()) +
         ") for " + std::to_string(bad) + (bad == 1 ? " evaluation" : " evaluations") +
         " (patience " + std::to_string(patience_) + ", min_delta " + number(min_delta_) + ")";
-    host_->log(KEEL_LOG_INFO, origin_.c_str(), why.c_str());
+    log_(KEEL_LOG_INFO, why);
   }
 
  private:
@@ -76,8 +75,8 @@ class EarlyStopping : public keel::Hook {
     return maximize_ ? value > best + min_delta_ : value < best - min_delta_;
   }
 
-  const keel_host* host_;
-  std::string origin_, metric_, split_;
+  keel::Logger log_;
+  std::string metric_, split_;
   bool maximize_;
   int64_t patience_;
   double min_delta_;

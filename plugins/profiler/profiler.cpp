@@ -17,8 +17,7 @@ class ChromeTrace : public keel::Profiler {
         start_step_(ctx.get_int("start_step")),
         end_step_(ctx.get_int("end_step")),
         max_events_(static_cast<size_t>(ctx.get_int("max_events"))),
-        host_(&ctx.host()),
-        origin_name_(ctx.section()),
+        log_(ctx),
         origin_(std::chrono::steady_clock::now()) {
     if (!path_.empty() && path_[0] != '/') path_ = ctx.run_dir() + "/" + path_;
     events_.reserve(max_events_);
@@ -70,10 +69,9 @@ class ChromeTrace : public keel::Profiler {
     if (std::rename(tmp.c_str(), path_.c_str()) != 0)
       throw std::runtime_error("cannot rename '" + tmp + "' to '" + path_ + "'");
     if (dropped_ > 0)
-      host_->log(KEEL_LOG_WARN, origin_name_.c_str(),
-                 ("dropped " + std::to_string(dropped_) +
-                  " events beyond max_events=" + std::to_string(max_events_) + "; raise it")
-                     .c_str());
+      log_(KEEL_LOG_WARN, "dropped " + std::to_string(dropped_) +
+                              " events beyond max_events=" + std::to_string(max_events_) +
+                              "; raise it");
   }
 
  private:
@@ -107,8 +105,7 @@ class ChromeTrace : public keel::Profiler {
   int64_t start_step_, end_step_;
   size_t max_events_;
   size_t dropped_ = 0;
-  const keel_host* host_;
-  std::string origin_name_;
+  keel::Logger log_;
   std::chrono::steady_clock::time_point origin_;
   std::vector<std::string> names_;
   std::vector<Open> open_;

@@ -71,8 +71,7 @@ bool wants_bar(const std::string& progress) {
 class Console : public keel::Hook {
  public:
   explicit Console(const keel::Context& ctx)
-      : host_(&ctx.host()),
-        origin_(ctx.section()),
+      : log_(ctx),
         every_(ctx.get_int("every")),
         bar_(wants_bar(ctx.get_string("progress"))) {}
 
@@ -110,11 +109,10 @@ class Console : public keel::Hook {
       line += is_integer_key(m.key) && std::isfinite(m.value) ? integer(m.value)
                                                               : short_number(m.value);
     }
-    bar_.above(ev.state, [&] { host_->log(KEEL_LOG_INFO, origin_.c_str(), line.c_str()); });
+    bar_.above(ev.state, [&] { log_(KEEL_LOG_INFO, line); });
   }
 
-  const keel_host* host_;
-  std::string origin_;
+  keel::Logger log_;
   int64_t every_;
   int64_t records_ = 0;
   LiveBar bar_;

@@ -37,8 +37,7 @@ std::string csv_line(const std::vector<std::string>& fields) {
 class Csv : public keel::Hook {
  public:
   explicit Csv(const keel::Context& ctx)
-      : host_(&ctx.host()),
-        origin_(ctx.section()),
+      : log_(ctx),
         template_(run_path(ctx, ctx.get_string("path"))) {
     if (template_.find(kSplitField) == std::string::npos)
       throw std::runtime_error("path '" + template_ + "' has no {split}; hint: each split gets " +
@@ -70,7 +69,7 @@ class Csv : public keel::Hook {
       t.warned = true;
       const std::string msg = "'" + t.file->path() + "' leaves out " + extra +
                               ": its columns are the keys of the split's first record";
-      host_->log(KEEL_LOG_WARN, origin_.c_str(), msg.c_str());
+      log_(KEEL_LOG_WARN, msg);
     }
   }
 
@@ -94,8 +93,8 @@ class Csv : public keel::Hook {
     return t;
   }
 
-  const keel_host* host_;
-  std::string origin_, template_;
+  keel::Logger log_;
+  std::string template_;
   std::map<std::string, Table> tables_;
 };
 

@@ -142,6 +142,20 @@ class Context {
   const keel_create_context* raw_;
 };
 
+// Logs through the host, prefixed with the component's manifest section. Keep one as a member
+// to log after construction.
+class Logger {
+ public:
+  explicit Logger(const Context& ctx) : host_(&ctx.host()), origin_(ctx.section()) {}
+  void operator()(keel_log_level level, const std::string& message) const {
+    host_->log(level, origin_.c_str(), message.c_str());
+  }
+
+ private:
+  const keel_host* host_;
+  std::string origin_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Component base classes. Each maps one-to-one onto the C struct of its kind in abi.h.
 // ---------------------------------------------------------------------------------------------
