@@ -219,7 +219,7 @@ struct Trainer::State {
   // the loss reports item counts (token-normalised accumulation), else 1/k.
   std::vector<double> micro_batch_weights(const std::vector<MicroBatch>& mbs) const {
     std::vector<double> w(mbs.size(), 1.0 / static_cast<double>(mbs.size()));
-    if (!items_normalization) return w;
+    if (!items_normalization || mbs.size() == 1) return w;  // one micro-batch: weight 1
     std::vector<int64_t> items;
     int64_t total = 0;
     for (const auto& mb : mbs) {
@@ -251,7 +251,9 @@ struct Trainer::State {
         begin("forward");
         AutocastBf16 autocast(cfg.precision == Precision::kBf16);
         int64_t count = 0;
-        micro_loss = compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count) * weights[i];
+        micro_loss = compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count);
+        // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
+        if (weights[i] != 1.0) micro_loss = micro_loss * weights[i];
         end("forward");
       }
       const double value = micro_loss.item<double>();
