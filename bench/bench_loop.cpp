@@ -19,11 +19,21 @@
 //
 // Protocol: one warm-up run of each, then R rounds of one keel run and one hand run (the order
 // alternates between rounds). Reports the median and min ms/step of each side and the ratio
-// keel/hand.
+// keel/hand. Each run also records the CPU that other processes used meanwhile; rounds where
+// that exceeds 0.05 cores are left out of the summary when at least 3 clean rounds remain.
 //
 // Usage: bench_loop [--steps N] [--repeats R] [--manifest PATH] [--out DIR] [--hand-zero MODE]
+//                   [--hand-as-keel LIST] [--only keel|hand] [--set KEY=VALUE]...
 //   env: BENCH_STEPS, BENCH_REPEATS (argv wins). MODE: none (default, = keel) | inplace
 //   (LibTorch 1.13's Optimizer::zero_grad(), which zeroes gradients in place; informational).
+//   --hand-as-keel: a comma-separated subset of seq, loss, clip, weights (or all): the hand loop
+//   does that part the way keel does it (seq: the model as the mlp plugin's nn::Sequential;
+//   loss: the cross_entropy plugin's checks and item count; clip: the `norm` clipper's code;
+//   weights: the trainer's micro-batch weighting, i.e. the loss's count_items and loss * 1.0),
+//   to attribute a keel/hand difference to a component (diagnostic).
+//   --set: an extra override for the keel side (after the bench's own), e.g.
+//   --set train.accum_normalization=mean (diagnostic; the hand loop does not follow it).
+//   --only: run one side only (a warm-up and R timed runs), e.g. under `perf record`.
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -63,13 +73,23 @@ struct Options {
   int repeats = 7;
   std::string manifest = KEEL_SOURCE_ROOT "/configs/quickstart.toml";
   std::string out;  // run directory of the keel side; default /tmp/keel-bench-<pid>
-  bool hand_zero_inplace = false;
+  // Diagnostics (see Usage above): variants of the hand loop.
+  struct Variant {
+    bool zero_inplace = false;  // LibTorch's Optimizer::zero_grad() instead of set-to-none
+    bool seq = false;           // the model as keel's mlp builds it: nn::Sequential
+    bool loss = false;          // the loss as keel's cross_entropy computes it
+    bool clip = false;          // the clipping as keel's `norm` clipper does it
+    bool weights = false;       // the trainer's micro-batch weighting (count_items, loss * w)
+  } hand;
+  std::vector<std::string> sets;  // extra keel overrides (--set)
+  std::string only;  // "keel" or "hand": run one side only (for profiling with perf)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "bench_loop: " << why
             << "\nusage: bench_loop [--steps N] [--repeats R] [--manifest PATH] [--out DIR] "
-               "[--hand-zero none|inplace]\n  env: BENCH_STEPS, BENCH_REPEATS\n";
+               "[--hand-zero none|inplace] [--hand-as-keel seq,loss,clip,weights|all] [--only keel|hand] "
+               "[--set KEY=VALUE]...\n  env: BENCH_STEPS, BENCH_REPEATS\n";
   std::exit(2);
 }
 
@@ -102,7 +122,24 @@ Options parse(int argc, char** argv) {
     else if (a == "--hand-zero") {
       const std::string m = value();
       if (m != "none" && m != "inplace") usage("--hand-zero: none or inplace");
-      o.hand_zero_inplace = m == "inplace";
+      o.hand.zero_inplace = m == "inplace";
+    } else if (a == "--hand-as-keel") {
+      std::string list = value() + ",";
+      for (size_t at = 0, comma; (comma = list.find(',', at)) != std::string::npos;
+           at = comma + 1) {
+        const std::string item = list.substr(at, comma - at);
+        if (item == "seq") o.hand.seq = true;
+        else if (item == "loss") o.hand.loss = true;
+        else if (item == "clip") o.hand.clip = true;
+        else if (item == "weights") o.hand.weights = true;
+        else if (item == "all") o.hand.seq = o.hand.loss = o.hand.clip = o.hand.weights = true;
+        else usage("--hand-as-keel: a comma-separated list of seq, loss, clip, weights, all");
+      }
+    } else if (a == "--set") {
+      o.sets.push_back(value());
+    } else if (a == "--only") {
+      o.only = value();
+      if (o.only != "keel" && o.only != "hand") usage("--only: keel or hand");
     } else if (a == "-h" || a == "--help") usage("help");
     else usage("unknown argument '" + a + "'");
   }
@@ -246,73 +283,59 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// As keel's mlp plugin: nn::Sequential of named Linear and ReLU modules (same creation order,
+// so the same initial weights), with its input check.
+torch::nn::Sequential sequential_mlp(const std::vector<int64_t>& hidden) {
+  std::vector<int64_t> w = hidden;
+  w.insert(w.begin(), 28 * 28);
+  w.push_back(10);
+  torch::nn::Sequential seq;
+  for (size_t i = 0; i + 1 < w.size(); ++i) {
+    seq->push_back("fc" + std::to_string(i + 1), torch::nn::Linear(w[i], w[i + 1]));
+    if (i + 2 < w.size()) seq->push_back("act" + std::to_string(i + 1), torch::nn::ReLU());
+  }
+  return seq;
+}
+
+torch::Tensor sequential_forward(torch::nn::Sequential& seq, const torch::Tensor& input) {
+  if (input.dim() < 1 || input.numel() != input.size(0) * 28 * 28)
+    throw std::runtime_error("bench: bad input shape");
+  return seq->forward(input.reshape({input.size(0), 28 * 28}));
+}
+
+// As keel's cross_entropy plugin (class-index targets).
+torch::Tensor keel_style_loss(const torch::Tensor& output, const torch::Tensor& target,
+                              int64_t* count) {
+  namespace F = torch::nn::functional;
+  static const auto options =
+      F::CrossEntropyFuncOptions().ignore_index(-100).label_smoothing(0.0).reduction(torch::kMean);
+  std::vector<int64_t> expected = output.sizes().vec();
+  if (!expected.empty()) expected.erase(expected.begin() + (expected.size() > 1 ? 1 : 0));
+  if (target.sizes() != at::IntArrayRef(expected)) throw std::runtime_error("bench: bad target");
+  const torch::Tensor labels = target.to(at::kLong);
+  *count = labels.ne(options.ignore_index()).sum().item<int64_t>();
+  return F::cross_entropy(output, labels, options);
+}
+
+// As keel's `norm` clipper (norm_type 2).
+double keel_style_clip(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad().detach());
+  if (grads.empty()) return 0.0;
+  std::vector<torch::Tensor> norms;
+  for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, 2.0));
+  const torch::Tensor total = at::linalg_vector_norm(at::stack(norms), 2.0);
+  const torch::Tensor coef = ((total + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
+  for (const auto& g : grads) g.mul_(coef);
+  return total.item<double>();
+}
+
 double cosine_factor(int64_t step, int64_t warmup, int64_t total) {
   if (step < warmup) return static_cast<double>(step + 1) / static_cast<double>(warmup);
   const int64_t span = std::max<int64_t>(1, total - warmup);
   const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
   return 0.5 * (1.0 + std::cos(M_PI * progress));
-}
-
-struct RunResult {
-  double ms_per_step;
-  double last_loss;
-};
-
-RunResult hand_run(const Data& d, const Hyper& h, int64_t steps, bool zero_inplace) {
-  torch::manual_seed(h.seed);
-  Mlp model(h.hidden);
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(h.lr)
-                                                   .betas(std::make_tuple(h.beta1, h.beta2))
-                                                   .eps(h.eps)
-                                                   .weight_decay(h.weight_decay)
-                                                   .amsgrad(false));
-  std::vector<torch::Tensor> params = model->parameters();
-  auto& group_opts = opt.param_groups()[0].options();
-  const int64_t n = d.images.size(0);
-  double last_loss = NAN;
-
-  const auto t0 = Clock::now();
-  model->train();
-  int64_t step = 0;
-  group_opts.set_lr(h.lr * cosine_factor(0, h.warmup, steps));
-  for (int64_t epoch = 0; step < steps; ++epoch) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(h.seed + static_cast<uint64_t>(epoch) *
-                                                                     1000003u);
-    const torch::Tensor order = torch::randperm(n, gen, torch::TensorOptions(torch::kLong));
-    for (int64_t cursor = 0; cursor < n && step < steps; cursor += h.batch) {
-      const torch::Tensor idx = order.slice(0, cursor, std::min(cursor + h.batch, n));
-      const torch::Tensor x = d.images.index_select(0, idx);
-      const torch::Tensor y = d.labels.index_select(0, idx);
-
-      if (zero_inplace)
-        opt.zero_grad();
-      else
-        for (auto& p : params) p.mutable_grad() = torch::Tensor();
-      const torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-      last_loss = loss.item<double>();
-      loss.backward();
-      torch::nn::utils::clip_grad_norm_(params, h.max_norm);
-      opt.step();
-      ++step;
-      if (step < steps) group_opts.set_lr(h.lr * cosine_factor(step, h.warmup, steps));
-    }
-  }
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  return {1e3 * secs / static_cast<double>(steps), last_loss};
-}
-
-// ---------------------------------------------------------------------------------------------
-// keel side.
-
-RunResult keel_run(const keel::RunConfig& rc, int64_t steps) {
-  keel::Trainer trainer(rc);  // loads both splits and creates every component: not timed
-  const auto t0 = Clock::now();
-  const keel::RunSummary s = trainer.train();
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (s.steps != steps)
-    throw std::runtime_error("bench: keel ran " + std::to_string(s.steps) + " steps, expected " +
-                             std::to_string(steps));
-  return {1e3 * secs / static_cast<double>(steps), s.last_loss};
 }
 
 // CPU used by OTHER processes while the benchmark runs (in cores, averaged over the interval):
@@ -345,6 +368,89 @@ class OtherLoad {
   double busy0_ = 0, wall0_ = 0, self0_ = 0;
 };
 
+struct RunResult {
+  double ms_per_step;
+  double last_loss;
+  double other_load;  // cores used by other processes during the timed region
+};
+
+RunResult hand_run(const Data& d, const Hyper& h, int64_t steps, const Options::Variant& v) {
+  torch::manual_seed(h.seed);
+  Mlp model{nullptr};
+  torch::nn::Sequential seq{nullptr};
+  if (v.seq)
+    seq = sequential_mlp(h.hidden);
+  else
+    model = Mlp(h.hidden);
+  torch::nn::Module& module = v.seq ? static_cast<torch::nn::Module&>(*seq) : *model;
+  torch::optim::AdamW opt(module.parameters(), torch::optim::AdamWOptions(h.lr)
+                                                   .betas(std::make_tuple(h.beta1, h.beta2))
+                                                   .eps(h.eps)
+                                                   .weight_decay(h.weight_decay)
+                                                   .amsgrad(false));
+  std::vector<torch::Tensor> params = module.parameters();
+  auto& group_opts = opt.param_groups()[0].options();
+  const int64_t n = d.images.size(0);
+  double last_loss = NAN;
+
+  const OtherLoad other;
+  const auto t0 = Clock::now();
+  module.train();
+  int64_t step = 0;
+  group_opts.set_lr(h.lr * cosine_factor(0, h.warmup, steps));
+  for (int64_t epoch = 0; step < steps; ++epoch) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(h.seed + static_cast<uint64_t>(epoch) *
+                                                                     1000003u);
+    const torch::Tensor order = torch::randperm(n, gen, torch::TensorOptions(torch::kLong));
+    for (int64_t cursor = 0; cursor < n && step < steps; cursor += h.batch) {
+      const torch::Tensor idx = order.slice(0, cursor, std::min(cursor + h.batch, n));
+      const torch::Tensor x = d.images.index_select(0, idx);
+      const torch::Tensor y = d.labels.index_select(0, idx);
+
+      if (v.zero_inplace)
+        opt.zero_grad();
+      else
+        for (auto& p : params) p.mutable_grad() = torch::Tensor();
+      const torch::Tensor out = v.seq ? sequential_forward(seq, x) : model->forward(x);
+      int64_t count = 0;
+      torch::Tensor loss = v.loss ? keel_style_loss(out, y, &count)
+                                  : torch::nn::functional::cross_entropy(out, y);
+      if (v.weights) {
+        // keel's Trainer: weight = items / total items of the step's micro-batches (1 here).
+        const int64_t items = y.ne(-100).sum().item<int64_t>();
+        loss = loss * (items > 0 ? static_cast<double>(items) / items : 0.0);
+      }
+      last_loss = loss.item<double>();
+      loss.backward();
+      if (v.clip)
+        keel_style_clip(params, h.max_norm);
+      else
+        torch::nn::utils::clip_grad_norm_(params, h.max_norm);
+      opt.step();
+      ++step;
+      if (step < steps) group_opts.set_lr(h.lr * cosine_factor(step, h.warmup, steps));
+    }
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  return {1e3 * secs / static_cast<double>(steps), last_loss, other.cores()};
+}
+
+// ---------------------------------------------------------------------------------------------
+// keel side.
+
+RunResult keel_run(const keel::RunConfig& rc, int64_t steps) {
+  keel::Trainer trainer(rc);  // loads both splits and creates every component: not timed
+  const OtherLoad other;
+  const auto t0 = Clock::now();
+  const keel::RunSummary s = trainer.train();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double busy = other.cores();
+  if (s.steps != steps)
+    throw std::runtime_error("bench: keel ran " + std::to_string(s.steps) + " steps, expected " +
+                             std::to_string(steps));
+  return {1e3 * secs / static_cast<double>(steps), s.last_loss, busy};
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
@@ -357,80 +463,117 @@ int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
   keel::configure_threads(0);  // both sides: every core for LibTorch, single-threaded BLAS
 
-  const std::vector<std::string> overrides = {
+  std::vector<std::string> overrides = {
       "train.epochs=0",
       "train.max_steps=" + std::to_string(o.steps),
       "train.eval_each_epoch=false",
       "train.log_every=1000000000000",
       "checkpoint.at_end=false",  // the [checkpoint] table stays, but nothing is ever saved
       "hooks=[]",                 // no console / jsonl hooks
+      "run.mode=\"train\"",       // no evaluation (not even the final one when max_steps ends it)
       "run.output_dir=\"" + o.out + "\"",
   };
+  overrides.insert(overrides.end(), o.sets.begin(), o.sets.end());
   keel::Registry registry;  // outlives every Trainer: the plugins stay loaded
   const keel::RunConfig rc = keel::resolve(keel::load_manifest(o.manifest, overrides), registry);
-  if (!rc.hooks.empty() || rc.profiler || rc.mfu || rc.eval_each_epoch || rc.checkpoint_at_end ||
-      rc.checkpoint_every_steps != 0 || rc.checkpoint_initial)
+  if (!rc.hooks.empty() || rc.profiler || rc.mfu || rc.eval_each_epoch ||
+      rc.mode != keel::RunMode::kTrain || rc.eval_every_steps != 0 || rc.checkpoint_at_end ||
+      rc.checkpoint_every_steps != 0 || rc.checkpoint_initial || rc.grad_accum != 1 ||
+      rc.precision != keel::Precision::kFp32)
     throw std::runtime_error("bench: the keel run would do more than train steps");
   const Hyper h = hyper_from(rc);
   const Data data = load_train(h.data_path);
 
   std::printf("bench_loop: %s, %lld steps/run, %d rounds, batch %lld, %d intra-op threads, "
-              "hand zero_grad: %s\n",
+              "hand zero_grad: %s%s%s%s\n",
               o.manifest.c_str(), static_cast<long long>(o.steps), o.repeats,
               static_cast<long long>(h.batch), at::get_num_threads(),
-              o.hand_zero_inplace ? "in place" : "set to none");
+              o.hand.zero_inplace ? "in place" : "set to none",
+              o.hand.seq ? ", hand model: keel's Sequential" : "",
+              o.hand.loss ? ", hand loss: keel's" : "", o.hand.clip ? ", hand clip: keel's" : "");
+
+  std::printf("  keel overrides:");
+  for (const auto& v : overrides) std::printf(" %s", v.c_str());
+  std::printf("\n");
+
+  if (!o.only.empty()) {
+    // Profiling aid: R runs of one side, no comparison.
+    std::vector<double> ms;
+    for (int r = 0; r < o.repeats + 1; ++r) {
+      const RunResult x = o.only == "keel" ? keel_run(rc, o.steps)
+                                           : hand_run(data, h, o.steps, o.hand);
+      std::printf("  %s run %d  %.4f ms/step  other load %.2f cores\n", o.only.c_str(), r,
+                  x.ms_per_step, x.other_load);
+      if (r > 0) ms.push_back(x.ms_per_step);
+    }
+    std::error_code ec;
+    fs::remove_all(o.out, ec);
+    std::printf("bench_loop: %s only, median of %d = %.4f ms/step\n", o.only.c_str(), o.repeats,
+                median(ms));
+    return 0;
+  }
 
   const RunResult wk = keel_run(rc, o.steps);
-  const RunResult wh = hand_run(data, h, o.steps, o.hand_zero_inplace);
+  const RunResult wh = hand_run(data, h, o.steps, o.hand);
   std::printf("  warm-up   keel %.4f ms/step  hand %.4f ms/step  (last loss keel %.6f, hand %.6f)\n",
               wk.ms_per_step, wh.ms_per_step, wk.last_loss, wh.last_loss);
 
-  std::vector<double> keel_ms, hand_ms, ratios;
+  // Rounds where other processes used more than this many cores (in either run) are reported
+  // but left out of the summary, as long as at least 3 clean rounds remain.
+  constexpr double kIdle = 0.05;
+  struct Round {
+    RunResult keel, hand;
+    bool clean() const { return keel.other_load <= kIdle && hand.other_load <= kIdle; }
+  };
+  std::vector<Round> rounds;
   double max_loss_diff = std::fabs(wk.last_loss - wh.last_loss);
-  const OtherLoad total_other;
-  double worst_other = 0;
   for (int r = 0; r < o.repeats; ++r) {
-    const OtherLoad other;
-    RunResult k{}, hr{};
+    Round x{};
     if (r % 2 == 0) {
-      k = keel_run(rc, o.steps);
-      hr = hand_run(data, h, o.steps, o.hand_zero_inplace);
+      x.keel = keel_run(rc, o.steps);
+      x.hand = hand_run(data, h, o.steps, o.hand);
     } else {
-      hr = hand_run(data, h, o.steps, o.hand_zero_inplace);
-      k = keel_run(rc, o.steps);
+      x.hand = hand_run(data, h, o.steps, o.hand);
+      x.keel = keel_run(rc, o.steps);
     }
-    keel_ms.push_back(k.ms_per_step);
-    hand_ms.push_back(hr.ms_per_step);
-    ratios.push_back(k.ms_per_step / hr.ms_per_step);
-    max_loss_diff = std::max(max_loss_diff, std::fabs(k.last_loss - hr.last_loss));
-    const double busy = other.cores();
-    worst_other = std::max(worst_other, busy);
+    rounds.push_back(x);
+    max_loss_diff = std::max(max_loss_diff, std::fabs(x.keel.last_loss - x.hand.last_loss));
     std::printf("  round %d%s  keel %.4f ms/step  hand %.4f ms/step  ratio %.4f  other load "
-                "%.2f cores\n",
-                r + 1, r % 2 ? " (hand first)" : "             ", k.ms_per_step, hr.ms_per_step,
-                ratios.back(), busy);
+                "%.2f/%.2f cores%s\n",
+                r + 1, r % 2 ? " (hand first)" : "             ", x.keel.ms_per_step,
+                x.hand.ms_per_step, x.keel.ms_per_step / x.hand.ms_per_step, x.keel.other_load,
+                x.hand.other_load, x.clean() ? "" : "  (busy)");
     std::fflush(stdout);
   }
   std::error_code ec;
   fs::remove_all(o.out, ec);
 
+  const size_t clean = std::count_if(rounds.begin(), rounds.end(),
+                                     [](const Round& x) { return x.clean(); });
+  const bool only_clean = clean >= 3;
+  std::vector<double> keel_ms, hand_ms, ratios;
+  for (const Round& x : rounds) {
+    if (only_clean && !x.clean()) continue;
+    keel_ms.push_back(x.keel.ms_per_step);
+    hand_ms.push_back(x.hand.ms_per_step);
+    ratios.push_back(x.keel.ms_per_step / x.hand.ms_per_step);
+  }
   const double km = median(keel_ms), hm = median(hand_ms);
   const double kmin = *std::min_element(keel_ms.begin(), keel_ms.end());
   const double hmin = *std::min_element(hand_ms.begin(), hand_ms.end());
+  std::printf("  %zu of %zu rounds ran on an idle machine (other load <= %.2f cores)%s\n", clean,
+              rounds.size(), kIdle, only_clean && clean < rounds.size() ? "; summary over those" : "");
+  if (!only_clean)
+    std::printf("  WARNING: fewer than 3 rounds ran on an idle machine: the summary uses every "
+                "round and is NOT reliable; rerun when the machine is idle\n");
   std::printf("  keel ms/step: median %.4f  min %.4f\n", km, kmin);
   std::printf("  hand ms/step: median %.4f  min %.4f\n", hm, hmin);
   std::printf("  ratio of mins %.4f, median of per-round ratios %.4f, max |last loss keel - "
               "hand| %.3g\n",
               kmin / hmin, median(ratios), max_loss_diff);
-  const double other_avg = total_other.cores();
-  std::printf("  other processes used %.2f cores on average (worst round %.2f)\n", other_avg,
-              worst_other);
-  if (worst_other > 0.1)
-    std::printf("  WARNING: the machine was not idle during the benchmark; the ratio is not "
-                "reliable\n");
-  std::printf("bench_loop: keel/hand step-time ratio (median of %d) = %.3f  [keel %.3f ms/step, "
-              "hand %.3f ms/step]\n",
-              o.repeats, km / hm, km, hm);
+  std::printf("bench_loop: keel/hand step-time ratio (median of %zu) = %.3f  [keel %.3f ms/step, "
+              "hand %.3f ms/step]%s\n",
+              keel_ms.size(), km / hm, km, hm, only_clean ? "" : "  (machine busy: unreliable)");
   return 0;
 } catch (const std::exception& e) {
   std::cerr << "bench_loop: " << e.what() << "\n";
