@@ -22,6 +22,8 @@ const Schema kRunSchema = {
     opt_int("threads", "0", "intra-op threads (0: every core); BLAS runs single-threaded", 0, 4096),
     opt_string("mode", "\"train_and_evaluate\"", "what the run does",
                "train_and_evaluate|train|evaluate"),
+    opt_bool("malloc_tuning", "true",
+             "keep large freed blocks in the heap (fewer page faults per step)"),
 };
 const Schema kTrainSchema = {
     opt_int("epochs", "1", "epochs to train (0: no epoch limit)", 0, 1e9),
@@ -214,6 +216,7 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   if (rc.output_dir.empty()) rc.output_dir = "runs/" + rc.name;
   rc.seed = static_cast<uint64_t>(get<int64_t>(run, "seed"));
   rc.threads = get<int64_t>(run, "threads");
+  rc.malloc_tuning = get<bool>(run, "malloc_tuning");
   rc.mode = choose<RunMode>(run, "mode", {{"train_and_evaluate", RunMode::kTrainAndEvaluate},
                                           {"train", RunMode::kTrain},
                                           {"evaluate", RunMode::kEvaluate}});
@@ -276,6 +279,9 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   if (data.get("test"))
     rc.test_data = component(registry, table_or_empty(data, "test", "data.test"), "data.test",
                              KEEL_KIND_DATASET, {}, nullptr);
+  else if (rc.mode == RunMode::kEvaluate)
+    throw Error(m.path + ": run.mode = \"evaluate\" needs a [data.test] table to evaluate on; "
+                "hint: add one with type = \"<dataset>\"");
   if (!m.root.get("optimizer"))
     throw Error(m.path + ": the manifest has no [optimizer] table; hint: add one with type = "
                 "\"<optimizer>\"");

@@ -49,6 +49,7 @@ struct RunConfig {
   uint64_t seed = 0;
   int64_t threads = 0;  // 0: every core
   RunMode mode = RunMode::kTrainAndEvaluate;
+  bool malloc_tuning = true;
   // [plugins]
   std::vector<std::string> plugin_paths;
   // [train]

@@ -40,4 +40,8 @@ class Trainer {
 // single-threaded BLAS, so that the two pools never oversubscribe the cores.
 void configure_threads(int64_t threads);
 
+// Keeps large freed blocks in glibc's heap (no mmap/munmap and page faults for every step's
+// temporaries); see trainer.cpp for the measurement. [run] malloc_tuning = false turns it off.
+void configure_allocator();
+
 }  // namespace keel

@@ -1,5 +1,6 @@
 """CLI behaviour on good and bad input: one clear error line, a non-zero exit, no abort and
 no stack trace. Usage: test_cli.py KEEL_BINARY SOURCE_ROOT"""
+import json
 import os
 import subprocess
 import sys
@@ -87,6 +88,26 @@ class GoodInput(unittest.TestCase):
         rc, _, err = keel("plugins", "show", "adamww")
         self.assertEqual(rc, 1)
         self.assertIn("did you mean 'adamw'?", err)
+
+    def test_train_then_evaluate_the_checkpoint(self):
+        with tempfile.TemporaryDirectory() as d:
+            common = [f"{ROOT}/configs/quickstart.toml", "--set", "data.train.limit=2048",
+                      "--set", "data.test.limit=1000", "--set", "lr_scheduler.warmup_steps=5"]
+            rc, _, err = keel("train", *common, "--set", "train.max_steps=40",
+                              "--set", f"run.output_dir={d}/train")
+            self.assertEqual(rc, 0, err)
+            with open(f"{d}/train/metrics.jsonl") as f:
+                final = [json.loads(line) for line in f][-1]
+            self.assertEqual(final["split"], "test")
+            rc, out, err = keel("evaluate", *common, "--set", f"run.output_dir={d}/eval",
+                                "--set", f"checkpoint.init_from={d}/train/checkpoints/step-40")
+            self.assertEqual(rc, 0, err)
+            with open(f"{d}/eval/metrics.jsonl") as f:
+                records = [json.loads(line) for line in f]
+            self.assertEqual([r["split"] for r in records], ["test"])
+            self.assertEqual(records[0]["accuracy"], final["accuracy"])
+            self.assertAlmostEqual(records[0]["loss"], final["loss"], places=6)
+            self.assertFalse(os.path.exists(f"{d}/eval/checkpoints/step-0"))
 
     def test_version(self):
         rc, out, _ = keel("--version")
