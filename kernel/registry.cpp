@@ -188,8 +188,13 @@ std::vector<std::string> plugin_search_path(const std::vector<std::string>& mani
     while (std::getline(s, item, ':'))
       if (!item.empty()) dirs.push_back(item);
   }
-  dirs.push_back(KEEL_BUILD_PLUGIN_DIR);
-  dirs.push_back(KEEL_INSTALL_PLUGIN_DIR);
+  // A keel running from its build tree uses the plugins built beside it; an installed keel
+  // uses the installed ones (never a build tree that happens to still exist).
+  std::error_code ec;
+  const std::string exe = fs::read_symlink("/proc/self/exe", ec).string();
+  const std::string build_root = KEEL_BUILD_ROOT;
+  const bool in_build_tree = !ec && exe.rfind(build_root + "/", 0) == 0;
+  dirs.push_back(in_build_tree ? KEEL_BUILD_PLUGIN_DIR : KEEL_INSTALL_PLUGIN_DIR);
   // The same directory twice (build dir == install dir) would only yield duplicates.
   std::vector<std::string> unique;
   for (const auto& d : dirs) {

@@ -66,8 +66,9 @@ class Registry {
   std::vector<Refusal> refusals_;
 };
 
-// The default search path: KEEL_PLUGIN_PATH (colon-separated), then the build and install
-// plugin directories compiled into the kernel. `manifest_dirs` come first.
+// The default search path: `manifest_dirs`, then KEEL_PLUGIN_PATH (colon-separated), then the
+// build tree's plugins/ when this executable runs from the build tree, else the install
+// directory.
 std::vector<std::string> plugin_search_path(const std::vector<std::string>& manifest_dirs);
 
 // The kernel's own fingerprint values.

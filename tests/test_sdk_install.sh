@@ -13,6 +13,8 @@ prefix=$(meson introspect "$build" --buildoptions |
          /usr/bin/python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
 pc=$(dirname "$(find "$stage" -name keel-sdk.pc)")
 keel="$stage$prefix/bin/keel"
+# The staged keel looks for its plugins under the real prefix: point it at the staged ones.
+installed_plugins=$(dirname "$(find "$stage" -name 'libkeel-models.so')")
 
 mkdir "$stage/third_party"
 # shellcheck disable=SC2046
@@ -20,7 +22,7 @@ g++ -std=c++17 -O1 -fPIC -shared -fvisibility=hidden "$src/tests/sdk/halving.cpp
     -o "$stage/third_party/libhalving.so" \
     $(PKG_CONFIG_PATH="$pc" pkg-config --define-variable=prefix="$stage$prefix" --cflags --libs keel-sdk)
 
-out=$(KEEL_PLUGIN_PATH="$stage/third_party" "$keel" plugins show halving)
+out=$(KEEL_PLUGIN_PATH="$stage/third_party:$installed_plugins" "$keel" plugins show halving)
 echo "$out"
 grep -q "lr_scheduler halving  (plugin my-schedules 1.0.0" <<<"$out"
 grep -q "every .*integer in \[1, 1e+12\] .*default 1000" <<<"$out"
@@ -31,9 +33,9 @@ extends = "$src/configs/quickstart.toml"
 type = "halving"
 every = 500
 TOML
-KEEL_PLUGIN_PATH="$stage/third_party" "$keel" validate "$stage/m.toml"
+KEEL_PLUGIN_PATH="$stage/third_party:$installed_plugins" "$keel" validate "$stage/m.toml"
 # and a typo in its option is caught like any first-party one
-if KEEL_PLUGIN_PATH="$stage/third_party" "$keel" validate "$stage/m.toml" --set lr_scheduler.evry=3 2>"$stage/err"; then
+if KEEL_PLUGIN_PATH="$stage/third_party:$installed_plugins" "$keel" validate "$stage/m.toml" --set lr_scheduler.evry=3 2>"$stage/err"; then
   echo "expected a validation error"; exit 1
 fi
 grep -q "unknown key 'evry' in \[lr_scheduler\]; did you mean 'every'?" "$stage/err"
