@@ -112,21 +112,24 @@ const keel_option_desc kSgdOptions[] = {
     keel::opt_bool("nesterov", "false", "Nesterov momentum (needs momentum > 0, dampening 0)"),
     keel::opt_float("weight_decay", "0.0", "L2 penalty added to the gradient", 0, keel::kInf),
 };
+// Adam and AdamW share every option but the weight-decay default and meaning.
+constexpr keel_option_desc kAdamLr = keel::opt_float("lr", "0.001", "learning rate", 0, keel::kInf);
+constexpr keel_option_desc kBeta1 =
+    keel::opt_float("beta1", "0.9", "decay of the first-moment average, in [0, 1)", 0, 1);
+constexpr keel_option_desc kBeta2 =
+    keel::opt_float("beta2", "0.999", "decay of the second-moment average, in [0, 1)", 0, 1);
+constexpr keel_option_desc kEps =
+    keel::opt_float("eps", "1e-8", "term added to the denominator", 0, keel::kInf);
+constexpr keel_option_desc kAmsgrad = keel::opt_bool("amsgrad", "false", "use the AMSGrad variant");
 const keel_option_desc kAdamOptions[] = {
-    keel::opt_float("lr", "0.001", "learning rate", 0, keel::kInf),
-    keel::opt_float("beta1", "0.9", "decay of the first-moment average, in [0, 1)", 0, 1),
-    keel::opt_float("beta2", "0.999", "decay of the second-moment average, in [0, 1)", 0, 1),
-    keel::opt_float("eps", "1e-8", "term added to the denominator", 0, keel::kInf),
+    kAdamLr, kBeta1, kBeta2, kEps,
     keel::opt_float("weight_decay", "0.0", "L2 penalty added to the gradient", 0, keel::kInf),
-    keel::opt_bool("amsgrad", "false", "use the AMSGrad variant"),
+    kAmsgrad,
 };
 const keel_option_desc kAdamWOptions[] = {
-    keel::opt_float("lr", "0.001", "learning rate", 0, keel::kInf),
-    keel::opt_float("beta1", "0.9", "decay of the first-moment average, in [0, 1)", 0, 1),
-    keel::opt_float("beta2", "0.999", "decay of the second-moment average, in [0, 1)", 0, 1),
-    keel::opt_float("eps", "1e-8", "term added to the denominator", 0, keel::kInf),
+    kAdamLr, kBeta1, kBeta2, kEps,
     keel::opt_float("weight_decay", "0.01", "decoupled weight decay", 0, keel::kInf),
-    keel::opt_bool("amsgrad", "false", "use the AMSGrad variant"),
+    kAmsgrad,
 };
 
 const keel_component_desc kComponents[] = {
