@@ -244,7 +244,8 @@ typedef struct keel_create_context {
 /* model ------------------------------------------------------------------------------------ */
 typedef struct keel_model {
   KEEL_INSTANCE_HEADER;
-  /* Computes the output for a batch of inputs; `output` is new. [train] */
+  /* Computes the output for a batch of inputs; `output` is new. `input` must not be modified
+   * in place: it may be a view of the dataset's own storage. [train] */
   keel_status (*forward)(void* self, keel_tensor* input, keel_tensor** output, keel_error* err);
   /* Switches between training (1) and evaluation (0) behaviour (dropout, batch norm). [train] */
   void (*set_training)(void* self, int training);
