@@ -4,7 +4,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <toml++/toml.h>
+
 #include "error.hpp"
+#include "manifest.hpp"
 
 namespace fs = std::filesystem;
 
@@ -79,9 +82,17 @@ void CheckpointStore::load(const std::string& dir,
                  model_state.size());
   if (hook_state.empty()) return;
   // Hook state is loaded only when the checkpoint has it (trainer_state.toml lists "hooks").
-  std::ifstream in(fs::path(dir) / "trainer_state.toml");
-  const std::string meta((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (meta.find("\"hooks\"") == std::string::npos) return;
+  const fs::path meta = fs::path(dir) / "trainer_state.toml";
+  bool has_hooks = false;
+  try {
+    const toml::table state = toml::parse_file(meta.string());
+    if (const toml::array* objects = state["objects"].as_array())
+      for (const auto& o : *objects) has_hooks = has_hooks || o.value<std::string>() == "hooks";
+  } catch (const toml::parse_error& e) {
+    throw Error(where(e.source()) + ": invalid checkpoint metadata: " +
+                std::string(e.description()));
+  }
+  if (!has_hooks) return;
   backend_->call("load", (*backend_)->load, dir.c_str(), "hooks", hook_state.data(),
                  hook_state.size());
 }

@@ -54,7 +54,8 @@ keel::RunConfig load_config(const RunArgs& a, keel::Registry& registry) {
 
 int cmd_plugins(const std::vector<std::string>& args) {
   keel::Registry registry;
-  registry.discover(keel::plugin_search_path({}));
+  const std::vector<std::string> searched = keel::plugin_search_path({});
+  registry.discover(searched);
   if (!args.empty() && args[0] == "show") {
     if (args.size() != 2) throw po::error("usage: keel plugins show NAME");
     bool found = false;
@@ -93,7 +94,7 @@ int cmd_plugins(const std::vector<std::string>& args) {
   for (const auto& r : registry.refusals())
     std::printf("  %s: %s\n", r.path.c_str(), r.reason.c_str());
   std::printf("\nsearched: ");
-  for (const auto& d : keel::plugin_search_path({})) std::printf("%s  ", d.c_str());
+  for (const auto& d : searched) std::printf("%s  ", d.c_str());
   std::printf("\n");
   return 0;
 }

@@ -253,12 +253,15 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
                 "this keel is CPU-only; hint: use precision = \"bf16\" (CPU autocast)");
 #endif
 
-  auto required = [&](const char* key, keel_kind kind) {
+  // `kernel_tables`: keys of the table that belong to the kernel ([[optimizer.groups]]).
+  auto required = [&](const char* key, keel_kind kind,
+                      const std::set<std::string>& kernel_tables = {}) {
     const toml::node* n = m.root.get(key);
     if (!n)
       throw Error(m.path + ": the manifest has no [" + key + "] table; hint: add one with type = \"<" +
                   kind_name(kind) + ">\"");
-    return component(registry, table_or_empty(m.root, key, key), key, kind, {}, nullptr);
+    return component(registry, table_or_empty(m.root, key, key), key, kind, {}, nullptr,
+                     kernel_tables);
   };
   auto optional = [&](const char* key, keel_kind kind) -> std::optional<ComponentSpec> {
     if (!m.root.get(key)) return std::nullopt;
@@ -282,12 +285,8 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   else if (rc.mode == RunMode::kEvaluate)
     throw Error(m.path + ": run.mode = \"evaluate\" needs a [data.test] table to evaluate on; "
                 "hint: add one with type = \"<dataset>\"");
-  if (!m.root.get("optimizer"))
-    throw Error(m.path + ": the manifest has no [optimizer] table; hint: add one with type = "
-                "\"<optimizer>\"");
+  rc.optimizer = required("optimizer", KEEL_KIND_OPTIMIZER, {"groups"});
   const toml::table& optimizer_table = table_or_empty(m.root, "optimizer", "optimizer");
-  rc.optimizer = component(registry, optimizer_table, "optimizer", KEEL_KIND_OPTIMIZER, {},
-                           nullptr, {"groups"});
   rc.param_groups = param_groups(optimizer_table, rc.optimizer.component->name);
   rc.loss = required("loss", KEEL_KIND_LOSS);
   rc.lr_scheduler = optional("lr_scheduler", KEEL_KIND_LR_SCHEDULER);
