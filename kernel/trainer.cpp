@@ -113,7 +113,6 @@ struct Trainer::State {
   std::vector<std::string> hook_state_names;
   std::vector<double> base_lrs;
   double flops_per_sample = 0;
-  int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
   bool items_normalization = false;
   bool use_scaler = false;
@@ -135,6 +134,15 @@ struct Trainer::State {
     c.rank = 0;
     c.world_size = 1;
     c.run_dir = run_dir.c_str();
+    return c;
+  }
+
+  // The context of a component that works on the model's parameters (optimizer, clipper).
+  keel_create_context param_context(const ComponentSpec& spec) const {
+    keel_create_context c = context(spec);
+    c.params = param_handles.data();
+    c.param_names = param_names.data();
+    c.param_count = param_handles.size();
     return c;
   }
 
@@ -492,9 +500,9 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
   if (batches <= 0)
     throw Error(s.train_data.label() + ": [data.train] yields no batches per epoch; hint: check "
                 "its path, limit and batch_size");
-  s.steps_per_epoch = (batches + config.grad_accum - 1) / config.grad_accum;
+  const int64_t steps_per_epoch = (batches + config.grad_accum - 1) / config.grad_accum;
   std::vector<int64_t> plans;
-  if (config.epochs > 0) plans.push_back(config.epochs * s.steps_per_epoch);
+  if (config.epochs > 0) plans.push_back(config.epochs * steps_per_epoch);
   if (config.max_steps > 0) plans.push_back(config.max_steps);
   if (config.max_samples > 0) {
     const int64_t size = s.train_data->size(s.train_data.self());
@@ -507,10 +515,7 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
   std::vector<int32_t> group;
   std::vector<double> group_lr, group_wd;
   s.assign_param_groups(group, group_lr, group_wd);
-  keel_create_context octx = s.context(config.optimizer);
-  octx.params = s.param_handles.data();
-  octx.param_names = s.param_names.data();
-  octx.param_count = s.param_handles.size();
+  keel_create_context octx = s.param_context(config.optimizer);
   octx.param_group = group.data();
   octx.group_count = group_lr.size();
   octx.group_lr = group_lr.data();
@@ -533,11 +538,8 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
   s.use_scaler = config.precision == Precision::kFp16;
 
   if (config.grad_clipper) {
-    keel_create_context cctx = s.context(*config.grad_clipper);
-    cctx.params = s.param_handles.data();
-    cctx.param_names = s.param_names.data();
-    cctx.param_count = s.param_handles.size();
-    s.clipper = create_instance<keel_grad_clipper>(*config.grad_clipper->component, cctx);
+    s.clipper = create_instance<keel_grad_clipper>(*config.grad_clipper->component,
+                                                   s.param_context(*config.grad_clipper));
   }
   if (config.mfu) s.mfu = s.make<keel_mfu>(*config.mfu);
   if (config.profiler) s.profiler = s.make<keel_profiler>(*config.profiler);
