@@ -13,6 +13,7 @@ PACKAGES=(
   libopenblas0-pthread                # the BLAS LibTorch calls: without it, reference BLAS
   libboost-dev libboost-program-options-dev
   libtomlplusplus-dev libspdlog-dev doctest-dev zlib1g-dev
+  nlohmann-json3-dev                  # JSON: metrics.jsonl, Chrome traces, safetensors headers
   python3-torch                       # the same LibTorch build, for tests against PyTorch
   dataset-fashion-mnist
 )

@@ -439,6 +439,7 @@ RunResult hand_run(const Data& d, const Hyper& h, int64_t steps, const Options::
 // keel side.
 
 RunResult keel_run(const keel::RunConfig& rc, int64_t steps) {
+  at::manual_seed(rc.seed);  // as keel::apply_process_settings does (threads are set in main)
   keel::Trainer trainer(rc);  // loads both splits and creates every component: not timed
   const OtherLoad other;
   const auto t0 = Clock::now();

@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-
-#include <toml++/toml.h>
+#include <sstream>
 
 #include "error.hpp"
-#include "manifest.hpp"
 
 namespace fs = std::filesystem;
 
@@ -52,10 +50,11 @@ std::string CheckpointStore::save(const std::vector<keel_named_tensor>& model_st
     if (!hook_state.empty())
       backend_->call("save", (*backend_)->save, staging.c_str(), "hooks", hook_state.data(),
                      hook_state.size());
+    CheckpointMeta saved = meta;
+    saved.objects = {"model"};
+    if (!hook_state.empty()) saved.objects.push_back("hooks");
     std::ofstream state(staging / "trainer_state.toml");
-    state << "step = " << meta.step << "\nepoch = " << meta.epoch << "\nsamples = " << meta.samples
-          << "\ntokens = " << meta.tokens << "\nobjects = [\"model\""
-          << (hook_state.empty() ? "" : ", \"hooks\"") << "]\n";
+    state << write_checkpoint_meta(saved);
     state.close();
     if (!state) throw Error("cannot write " + (staging / "trainer_state.toml").string());
     if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step
@@ -72,29 +71,34 @@ std::string CheckpointStore::save(const std::vector<keel_named_tensor>& model_st
   return final_dir.string();
 }
 
-void CheckpointStore::load(const std::string& dir,
-                           const std::vector<keel_named_tensor>& model_state,
-                           const std::vector<keel_named_tensor>& hook_state) const {
+CheckpointMeta CheckpointStore::load(const std::string& dir,
+                                    const std::vector<keel_named_tensor>& model_state,
+                                    const std::vector<keel_named_tensor>& hook_state) const {
   if (!fs::is_directory(dir))
     throw Error("checkpoint.init_from: '" + dir + "' is not a checkpoint directory; hint: point "
                 "it at runs/<name>/checkpoints/step-<N>");
+  // trainer_state.toml first: a corrupt one fails before any tensor is touched.
+  const fs::path meta_path = fs::path(dir) / "trainer_state.toml";
+  CheckpointMeta meta;
+  if (fs::exists(meta_path)) {
+    std::ifstream in(meta_path, std::ios::binary);
+    if (!in) throw Error(meta_path.string() + ": cannot read checkpoint metadata");
+    std::stringstream text;
+    text << in.rdbuf();
+    meta = read_checkpoint_meta(text.str(), meta_path.string());
+  } else if (!hook_state.empty()) {
+    throw Error(meta_path.string() + ": missing; hint: init_from needs a checkpoint directory "
+                "committed by keel (runs/<name>/checkpoints/step-<N>)");
+  }
   backend_->call("load", (*backend_)->load, dir.c_str(), "model", model_state.data(),
                  model_state.size());
-  if (hook_state.empty()) return;
   // Hook state is loaded only when the checkpoint has it (trainer_state.toml lists "hooks").
-  const fs::path meta = fs::path(dir) / "trainer_state.toml";
-  bool has_hooks = false;
-  try {
-    const toml::table state = toml::parse_file(meta.string());
-    if (const toml::array* objects = state["objects"].as_array())
-      for (const auto& o : *objects) has_hooks = has_hooks || o.value<std::string>() == "hooks";
-  } catch (const toml::parse_error& e) {
-    throw Error(where(e.source()) + ": invalid checkpoint metadata: " +
-                std::string(e.description()));
-  }
-  if (!has_hooks) return;
+  if (hook_state.empty() ||
+      std::find(meta.objects.begin(), meta.objects.end(), "hooks") == meta.objects.end())
+    return meta;
   backend_->call("load", (*backend_)->load, dir.c_str(), "hooks", hook_state.data(),
                  hook_state.size());
+  return meta;
 }
 
 }  // namespace keel

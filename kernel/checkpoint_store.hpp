@@ -15,29 +15,25 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_meta.hpp"
 #include "components.hpp"
 #include "keel/abi.h"
 
 namespace keel {
-
-struct CheckpointMeta {
-  int64_t step = 0;
-  int64_t epoch = 0;
-  int64_t samples = 0;
-  int64_t tokens = 0;
-};
 
 class CheckpointStore {
  public:
   CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend, int64_t keep_last)
       : root_(std::move(root)), backend_(backend), keep_last_(keep_last) {}
 
-  // Stages, commits and prunes; returns the committed directory.
+  // Stages, commits and prunes; returns the committed directory. meta.objects is ignored: the
+  // kernel lists what it saved ("model", and "hooks" when hook_state is not empty).
   std::string save(const std::vector<keel_named_tensor>& model_state,
                    const std::vector<keel_named_tensor>& hook_state, const CheckpointMeta& meta);
   // Loads the checkpoint in `dir` into the model's tensors, and into the hooks' tensors when it
-  // holds hook state.
-  void load(const std::string& dir, const std::vector<keel_named_tensor>& model_state,
+  // holds hook state; returns its trainer_state.toml (all zero and no objects when the
+  // directory has none: a model-only directory loads when no hook keeps state).
+  CheckpointMeta load(const std::string& dir, const std::vector<keel_named_tensor>& model_state,
             const std::vector<keel_named_tensor>& hook_state) const;
   // Committed checkpoint directories, oldest first.
   std::vector<std::string> committed() const;

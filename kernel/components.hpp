@@ -6,10 +6,13 @@
 // plugin's `destroy` exactly once.
 #pragma once
 
+#include <iterator>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "error.hpp"
+#include "host.hpp"
 #include "keel/abi.h"
 #include "registry.hpp"
 
@@ -34,23 +37,56 @@ class Instance {
   explicit operator bool() const { return vt_ != nullptr; }
   Abi* operator->() const { return vt_; }
   void* self() const { return vt_->self; }
+  // "[optimizer] optimizer 'adamw' (plugin keel-optimizers)", the prefix of its errors.
   const std::string& label() const { return label_; }
 
-  // Calls a slot that reports errors: slot(self, args..., &err). Throws keel::Error on KEEL_ERR.
+  // Calls a slot that reports errors: slot(self, args..., &err). Throws keel::Error on KEEL_ERR
+  // (or on a report_error during the call), as "<label>: <what> failed: <message>".
   template <class... Slot, class... Args>
   void call(const char* what, keel_status (*slot)(void*, Slot...), Args&&... args) const {
     keel_error err;
     err.message[0] = '\0';
-    if (slot(vt_->self, std::forward<Args>(args)..., &err) != KEEL_OK)
-      throw Error(label_ + ": " + what + " failed: " + err.message);
+    const keel_status st = slot(vt_->self, std::forward<Args>(args)..., &err);
+    err.message[KEEL_ERROR_CAPACITY - 1] = '\0';  // bounded, whatever the plugin wrote
+    const std::string reported = take_reported_error();
+    if (st != KEEL_OK) {
+      if (err.message[0] == '\0' && reported.empty())
+        throw Error(label_ + ": " + what + " failed without a message (the plugin returned "
+                    "KEEL_ERR and left keel_error empty)");
+      throw Error(label_ + ": " + what + " failed: " + (err.message[0] ? err.message : reported));
+    }
+    if (!reported.empty()) throw Error(label_ + ": " + what + " failed: " + reported);
   }
+
+  // Calls a slot without an error channel (it returns a value or nothing) and throws when the
+  // plugin reported an error through keel_host.report_error during the call.
+  template <class R, class... Slot, class... Args>
+  R get(const char* what, R (*slot)(void*, Slot...), Args&&... args) const {
+    if constexpr (std::is_void_v<R>) {
+      slot(vt_->self, std::forward<Args>(args)...);
+      check_reported(what);
+    } else {
+      R r = slot(vt_->self, std::forward<Args>(args)...);
+      check_reported(what);
+      return r;
+    }
+  }
+
+  // An error about what the plugin did: "<label>: <what>".
+  Error error(const std::string& what) const { return Error(label_ + ": " + what); }
 
   void reset() {
     if (vt_) vt_->destroy(vt_->self);
     vt_ = nullptr;
+    take_reported_error();
   }
 
  private:
+  void check_reported(const char* what) const {
+    const std::string reported = take_reported_error();
+    if (!reported.empty()) throw Error(label_ + ": " + what + " failed: " + reported);
+  }
+
   Abi* vt_ = nullptr;
   std::string label_;
 };
@@ -69,6 +105,28 @@ template <>
 constexpr size_t required_size<keel_hook>() {
   return offsetof(keel_hook, state_count);
 }
+// Names of the required slots of each kind, in struct order from `destroy` (for messages);
+// the static_assert in create_instance keeps them in step with abi.h.
+template <class Abi>
+struct SlotNames;
+#define KEEL_SLOT_NAMES(ABI, ...)                                     \
+  template <>                                                         \
+  struct SlotNames<ABI> {                                             \
+    static constexpr const char* names[] = {"destroy", __VA_ARGS__}; \
+  }
+KEEL_SLOT_NAMES(keel_model, "forward", "set_training", "param_count", "param", "state_count",
+                "state", "flops_per_sample");
+KEEL_SLOT_NAMES(keel_dataset, "size", "batches_per_epoch", "start_epoch", "next");
+KEEL_SLOT_NAMES(keel_optimizer, "step", "zero_grad", "group_count", "get_lr", "set_lr");
+KEEL_SLOT_NAMES(keel_lr_scheduler, "factor");
+KEEL_SLOT_NAMES(keel_loss, "compute");
+KEEL_SLOT_NAMES(keel_grad_clipper, "clip");
+KEEL_SLOT_NAMES(keel_mfu, "compute");
+KEEL_SLOT_NAMES(keel_profiler, "begin", "end", "flush");
+KEEL_SLOT_NAMES(keel_checkpoint, "save", "load");
+KEEL_SLOT_NAMES(keel_hook, "on_event");
+#undef KEEL_SLOT_NAMES
+
 #define KEEL_HAS_SLOT(instance, type, slot) \
   (KEEL_HAS_FIELD((instance).operator->(), type, slot) && (instance)->slot != nullptr)
 
@@ -80,26 +138,37 @@ Instance<Abi> create_instance(const Component& c, keel_create_context ctx) {
   err.message[0] = '\0';
   void* out = nullptr;
   ctx.struct_size = sizeof(keel_create_context);
-  if (c.create(&ctx, &out, &err) != KEEL_OK)
-    throw Error("[" + std::string(ctx.section) + "] " + c.label() + ": creation failed: " +
-                err.message);
-  if (!out)
-    throw Error("[" + std::string(ctx.section) + "] " + c.label() +
-                ": factory returned no instance");
+  const std::string label = "[" + std::string(ctx.section) + "] " + c.label();
+  const keel_status st = c.create(&ctx, &out, &err);
+  err.message[KEEL_ERROR_CAPACITY - 1] = '\0';
+  const std::string reported = take_reported_error();
+  if (st != KEEL_OK)
+    throw Error(label + ": creation failed" +
+                (err.message[0] ? std::string(": ") + err.message
+                 : reported.empty()
+                     ? std::string(" without a message (the factory returned KEEL_ERR and "
+                                   "left keel_error empty)")
+                     : ": " + reported));
+  if (!out) throw Error(label + ": creation failed: the factory returned KEEL_OK but no instance");
   auto* vt = static_cast<Abi*>(out);
   // Instance structs hold only pointers after struct_size (abi.h): every 1.0 slot must be set.
+  // A struct we cannot use is not destroyed either: its destroy slot may be missing too.
   if (vt->struct_size < required_size<Abi>() || !vt->destroy)
-    throw Error(c.label() + ": instance struct is " + std::to_string(vt->struct_size) +
-                " bytes, ABI " + std::to_string(KEEL_ABI_MAJOR) + " needs at least " +
+    throw Error(label + ": creation failed: instance struct is " + std::to_string(vt->struct_size) +
+                " bytes" + (vt->destroy ? "" : " with no destroy slot") + ", ABI " +
+                std::to_string(KEEL_ABI_MAJOR) + " needs at least " +
                 std::to_string(required_size<Abi>()) +
                 "; hint: rebuild the plugin against this SDK");
-  Instance<Abi> inst(vt, c.label());
+  Instance<Abi> inst(vt, label);
+  if (!reported.empty()) throw Error(label + ": creation failed: " + reported);
   const auto* slots = reinterpret_cast<void* const*>(&vt->destroy);
-  const size_t n = (required_size<Abi>() - offsetof(Abi, destroy)) / sizeof(void*);
+  constexpr size_t n = (required_size<Abi>() - offsetof(Abi, destroy)) / sizeof(void*);
+  static_assert(n == std::size(SlotNames<Abi>::names), "SlotNames out of step with abi.h");
   for (size_t i = 0; i < n; ++i)
     if (!slots[i])
-      throw Error(c.label() + ": instance leaves slot " + std::to_string(i) +
-                  " empty; every v1 slot of a " + kind_name(c.kind) + " is required");
+      throw Error(label + ": creation failed: the instance's slot '" +
+                  SlotNames<Abi>::names[i] + "' is NULL; every 1.0 slot of the " +
+                  kind_name(c.kind) + " struct is required");
   return inst;
 }
 

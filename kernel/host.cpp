@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
+
 #include "keel/tensor.hpp"
 #include "options.hpp"
 #include "registry.hpp"
@@ -131,7 +133,23 @@ void log(keel_log_level level, const char* origin, const char* message) {
   }
 }
 
+thread_local std::string reported_error;
+thread_local bool reported = false;
+
+void report_error(const char* message) {
+  if (reported) return;  // the first report of a slot call counts
+  reported = true;
+  reported_error = message ? std::string(message, strnlen(message, KEEL_ERROR_CAPACITY - 1)) : "";
+  if (reported_error.empty()) reported_error = "(no message)";
+}
+
 }  // namespace
+
+std::string take_reported_error() {
+  if (!reported) return "";
+  reported = false;
+  return std::move(reported_error);
+}
 
 const keel_host* host() {
   static const keel_host table = {
@@ -140,7 +158,7 @@ const keel_host* host() {
       tensor_cpu_data,     tensor_contiguous_cpu, tensor_from_buffer, tensor_retain,
       tensor_release,      option_bool,         option_int,          option_float,
       option_string,       option_list_size,    option_list_int,     option_list_float,
-      log,
+      log,                 report_error,
   };
   return &table;
 }

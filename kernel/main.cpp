@@ -1,15 +1,26 @@
-// keel command line: train, validate, plugins, plugins show, --version.
+// keel command line: train, evaluate, validate, plugins [show NAME], options [TABLE],
+// --version, --help (Boost.Program_options).
+//
+// Exit status: 0 success; 1 bad input or a failed run ("keel: error: ..."); 2 command-line
+// usage (an unknown command or flag, a missing argument, a bad --log-level); 70 (EX_SOFTWARE)
+// an internal error, i.e. a bug in keel ("keel: internal error: ...").
 #include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/program_options.hpp>
-#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <iostream>
+#include <new>
+#include <sstream>
+#include <unistd.h>
 
 #include "error.hpp"
+#include "log.hpp"
 #include "manifest.hpp"
+#include "options.hpp"
 #include "registry.hpp"
 #include "run_config.hpp"
 #include "trainer.hpp"
@@ -18,49 +29,451 @@ namespace po = boost::program_options;
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: keel train MANIFEST [--set KEY=VALUE]...\n"
-    "       keel evaluate MANIFEST [--set KEY=VALUE]...   (weights from [checkpoint] init_from)\n"
-    "       keel validate MANIFEST [--set KEY=VALUE]...\n"
-    "       keel plugins [show NAME]\n"
-    "       keel --version | --help\n";
+constexpr int kExitError = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitInternal = 70;  // EX_SOFTWARE (sysexits.h)
 
-struct RunArgs {
-  std::string manifest;
-  std::vector<std::string> sets;
+// What keel is doing, for the internal-error message ("while training configs/x.toml").
+std::string g_activity = "while starting";
+
+// A command-line usage error: printed as "keel: error: <message>" plus one usage line; exit 2.
+class UsageError : public std::runtime_error {
+ public:
+  UsageError(const std::string& message, std::string usage)
+      : std::runtime_error(message), usage(std::move(usage)) {}
+  std::string usage;
 };
 
-RunArgs parse_run_args(const std::vector<std::string>& args, const char* command) {
-  po::options_description opts("options");
-  opts.add_options()("set", po::value<std::vector<std::string>>()->composing(),
-                     "override a manifest key: --set optimizer.lr=3e-4")(
-      "manifest", po::value<std::string>(), "manifest file");
+struct CommandInfo {
+  const char* name;
+  const char* args;     // after the name, in usage lines
+  const char* summary;  // one line
+};
+
+const CommandInfo kCommands[] = {
+    {"train", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
+     "train the run a manifest describes"},
+    {"evaluate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
+     "evaluate [data.test] with the weights of [checkpoint] init_from"},
+    {"validate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
+     "everything train checks (options, plugins, data), without training"},
+    {"plugins", "[show NAME] [--log-level LEVEL]",
+     "the plugins found and refused, or every option of one component or plugin"},
+    {"options", "[TABLE] [--log-level LEVEL]",
+     "every key of the kernel's own tables ([run], [train], ...), or of one"},
+    {"help", "[COMMAND]", "this help, or a command's"},
+};
+
+const CommandInfo* find_command(const std::string& name) {
+  for (const auto& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+std::string usage_line(const std::string& command) {
+  if (const CommandInfo* c = find_command(command))
+    return std::string("keel ") + c->name + " " + c->args + "  (`keel " + c->name +
+           " --help` for more)";
+  return "keel COMMAND [ARGS] [FLAGS], COMMAND one of train, evaluate, validate, plugins, "
+         "options  (`keel --help` for more)";
+}
+
+// One line: newlines and tabs of a message (a plugin's, LibTorch's) become spaces.
+std::string one_line(const std::string& s) {
+  std::string out;
+  bool space = false;
+  for (char c : s) {
+    if (c == '\n' || c == '\r' || c == '\t') {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty()) out += ' ';
+    space = false;
+    out += c;
+  }
+  return out;
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string near = keel::closest(word, candidates);
+  return near.empty() ? "" : "did you mean '" + near + "'? ";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flags
+
+constexpr unsigned kHelpWidth = 100;
+
+void add_set_flag(po::options_description& d) {
+  d.add_options()("set",
+                  po::value<std::vector<std::string>>()->value_name("KEY=VALUE")->composing(),
+                  "override a manifest key (repeatable): --set optimizer.lr=3e-4, --set "
+                  "hooks[1].path=m.jsonl; VALUE is parsed as TOML, else taken as a string");
+}
+
+void add_log_level_flag(po::options_description& d) {
+  d.add_options()("log-level", po::value<std::string>()->value_name("LEVEL"),
+                  "console log level: trace, debug, info, warn, error or off (default: "
+                  "$KEEL_LOG_LEVEL, else info); run.log in the run directory always gets debug "
+                  "detail");
+}
+
+po::options_description global_flags() {
+  po::options_description d("flags", kHelpWidth);
+  add_set_flag(d);
+  add_log_level_flag(d);
+  d.add_options()("help,h", "show this help; `keel COMMAND --help` shows a command's")(
+      "version", "print keel's version, its plugin ABI and LibTorch version");
+  return d;
+}
+
+po::options_description command_flags(const std::string& command) {
+  po::options_description d("flags", kHelpWidth);
+  if (command == "train" || command == "evaluate" || command == "validate") add_set_flag(d);
+  add_log_level_flag(d);
+  d.add_options()("help,h", "show this help");
+  return d;
+}
+
+std::vector<std::string> flag_names(const po::options_description& d) {
+  std::vector<std::string> names;
+  for (const auto& o : d.options()) {
+    names.push_back("--" + o->long_name());
+    const std::string s = o->canonical_display_name(po::command_line_style::allow_dash_for_short);
+    if (s.size() == 2 && s[0] == '-') names.push_back(s);
+  }
+  return names;
+}
+
+// The program_options parse of one command's arguments; every po::error becomes a UsageError
+// naming the flag.
+po::variables_map parse_flags(const std::vector<std::string>& args, const std::string& command,
+                              const po::options_description& visible,
+                              std::vector<std::string>& positional) {
+  po::options_description all;
+  all.add(visible);
+  all.add_options()("positional", po::value<std::vector<std::string>>());
   po::positional_options_description pos;
-  pos.add("manifest", 1);
+  pos.add("positional", -1);
+  const std::string usage = usage_line(command);
+  const std::string keel_command = command.empty() ? "keel" : "keel " + command;
+  const std::string help = "`" + keel_command + " --help` lists every flag";
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(opts).positional(pos).run(), vm);
-  RunArgs r;
-  if (!vm.count("manifest"))
-    throw po::error(std::string("`keel ") + command + "` needs a MANIFEST (a .toml file)");
-  r.manifest = vm["manifest"].as<std::string>();
-  if (vm.count("set")) r.sets = vm["set"].as<std::vector<std::string>>();
-  return r;
+  try {
+    po::store(po::command_line_parser(args)
+                  .options(all)
+                  .positional(pos)
+                  .style(po::command_line_style::default_style &
+                         ~po::command_line_style::allow_guessing)
+                  .run(),
+              vm);
+    po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    const std::string flag = e.get_option_name();
+    std::string hint = did_you_mean(flag, flag_names(visible));
+    if (flag.size() == 2 && flag[0] == '-') {  // -s: the long flag starting with s, if one
+      std::vector<std::string> longs;
+      for (const auto& c : flag_names(visible))
+        if (c.size() > 3 && c[2] == flag[1]) longs.push_back(c);
+      hint = longs.size() == 1 ? "did you mean '" + longs[0] + "'? " : "";
+    }
+    if (hint.empty() && flag == "--set") hint = "--set applies to train, evaluate and validate ";
+    if (hint.empty() && flag == "--version") hint = "use `keel --version` ";
+    throw UsageError(flag + ": unknown flag" +
+                         (command.empty() ? std::string() : " for `keel " + command + "`") +
+                         "; hint: " + (hint.empty() ? help : hint + "(" + help + ")"),
+                     usage);
+  } catch (const po::invalid_command_line_syntax& e) {
+    const std::string flag = e.get_option_name();
+    if (e.kind() == po::invalid_syntax::missing_parameter)
+      throw UsageError(flag + ": needs a value; hint: " +
+                           (flag == "--set" ? std::string("--set KEY=VALUE, e.g. --set optimizer.lr=3e-4")
+                                            : flag + " LEVEL, LEVEL one of " +
+                                                  keel::log_level_names()),
+                       usage);
+    if (e.kind() == po::invalid_syntax::extra_parameter)
+      throw UsageError(flag + ": takes no value; hint: " + help, usage);
+    throw UsageError(flag + ": malformed flag; hint: " + help, usage);
+  } catch (const po::multiple_occurrences& e) {
+    throw UsageError(e.get_option_name() + ": given more than once; hint: give it once", usage);
+  } catch (const po::error& e) {
+    throw UsageError(keel_command + ": " + e.what() + "; hint: " + help, usage);
+  }
+  if (vm.count("positional")) positional = vm["positional"].as<std::vector<std::string>>();
+  return vm;
 }
 
-keel::RunConfig load_config(const RunArgs& a, keel::Registry& registry) {
-  const keel::Manifest m = keel::load_manifest(a.manifest, a.sets);
-  return keel::resolve(m, registry);
+// Console level: --log-level, else $KEEL_LOG_LEVEL, else info.
+spdlog::level::level_enum console_level(const std::optional<std::string>& flag,
+                                        const std::string& command) {
+  const std::vector<std::string> names = {"trace", "debug", "info", "warn", "error", "off"};
+  std::string where, value;
+  if (flag) {
+    where = "--log-level " + *flag;
+    value = *flag;
+  } else if (const char* env = std::getenv("KEEL_LOG_LEVEL"); env && *env) {
+    where = std::string("KEEL_LOG_LEVEL=") + env;
+    value = env;
+  } else {
+    return spdlog::level::info;
+  }
+  if (const auto level = keel::parse_log_level(value)) return *level;
+  throw UsageError(where + ": not a log level; hint: " + did_you_mean(value, names) +
+                       "use one of " + keel::log_level_names(),
+                   usage_line(command));
 }
 
-int cmd_plugins(const std::vector<std::string>& args) {
+// ---------------------------------------------------------------------------------------------
+// Help
+
+void print_main_help() {
+  std::printf("keel %s: a C++ training runtime on LibTorch, built from plugins\n\n", KEEL_VERSION);
+  std::printf("usage: keel COMMAND [ARGS] [FLAGS]\n\ncommands:\n");
+  for (const auto& c : kCommands) {
+    const std::string head = std::string(c.name) + " " +
+                             std::string(c.args).substr(0, std::string(c.args).find(" [-"));
+    std::printf("  %-22s %s\n", head.c_str(), c.summary);
+  }
+  std::ostringstream flags;
+  flags << global_flags();
+  std::printf("\n%s", flags.str().c_str());
+  std::printf(
+      "\nenvironment:\n"
+      "  KEEL_LOG_LEVEL         default of --log-level\n"
+      "  KEEL_PLUGIN_PATH       colon-separated directories searched for plugins first\n"
+      "\nexit status: 0 success; 1 bad input or a failed run; 2 command-line usage; 70 an "
+      "internal error (a bug in keel)\n");
+}
+
+void print_command_help(const std::string& command) {
+  const CommandInfo* c = find_command(command);
+  std::printf("usage: keel %s %s\n%s\n", c->name, c->args, c->summary);
+  if (command == "train" || command == "evaluate" || command == "validate")
+    std::printf("MANIFEST: a TOML file (README, \"Manifest\"); `keel options` and `keel plugins "
+                "show NAME` list the keys of each table\n");
+  if (command == "evaluate")
+    std::printf("(the same as train with --set run.mode=evaluate)\n");
+  if (command == "options")
+    std::printf("TABLE: run, train, checkpoint, hooks, optimizer.groups, plugins (all when "
+                "left out)\n");
+  if (command == "plugins")
+    std::printf("NAME: a component (adamw, mlp, ...) or a plugin (keel-optimizers, ...)\n");
+  if (command == "help") return;
+  std::ostringstream flags;
+  flags << command_flags(command);
+  std::printf("\n%s", flags.str().c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands
+
+struct Parsed {
+  std::vector<std::string> positional;
+  std::vector<std::string> sets;
+  std::optional<std::string> log_level;
+  bool help = false;
+};
+
+Parsed parse_command(const std::string& command, const std::vector<std::string>& args) {
+  Parsed p;
+  const po::variables_map vm = parse_flags(args, command, command_flags(command), p.positional);
+  if (vm.count("set")) p.sets = vm["set"].as<std::vector<std::string>>();
+  if (vm.count("log-level")) p.log_level = vm["log-level"].as<std::string>();
+  p.help = vm.count("help") > 0;
+  return p;
+}
+
+void start_logging(const Parsed& p, const std::string& command,
+                   const std::optional<std::string>& global_level,
+                   const std::vector<std::string>& argv) {
+  keel::init_logging(console_level(p.log_level ? p.log_level : global_level, command));
+  std::string line;
+  for (const auto& a : argv) line += (line.empty() ? "" : " ") + a;
+  spdlog::debug("keel {} (plugin ABI {}.{}, LibTorch {}), pid {}", KEEL_VERSION, KEEL_ABI_MAJOR,
+                KEEL_ABI_MINOR, keel::kernel_torch_version(), getpid());
+  spdlog::debug("command line: {}", line);
+}
+
+void log_registry(const keel::Registry& registry) {
+  spdlog::debug("plugins: {} components found", registry.components().size());
+  for (const auto& c : registry.components())
+    spdlog::debug("  {} {} ({} {}, {})", keel::kind_name(c->kind), c->name,
+                  c->plugin->descriptor->name, c->plugin->descriptor->version,
+                  c->plugin->path);
+  for (const auto& r : registry.refusals())
+    spdlog::debug("  refused {}: {}", r.path, r.reason);
+}
+
+int cmd_run(const std::string& command, const Parsed& p) {
+  if (p.positional.empty()) {
+    for (const auto& set : p.sets)
+      if (set.find('=') == std::string::npos)  // `keel train --set m.toml`
+        throw UsageError("--set " + set + ": --set took '" + set + "' as its KEY=VALUE, and "
+                         "`keel " + command + "` has no MANIFEST; hint: keel " + command +
+                         " MANIFEST --set KEY=VALUE",
+                         usage_line(command));
+    throw UsageError("keel " + command + ": needs a MANIFEST (a .toml file); hint: keel " +
+                         command + " configs/quickstart.toml",
+                     usage_line(command));
+  }
+  if (p.positional.size() > 1)
+    throw UsageError(p.positional[1] + ": unexpected argument (`keel " + command +
+                         "` takes one MANIFEST); hint: overrides go after --set, e.g. --set "
+                         "optimizer.lr=3e-4",
+                     usage_line(command));
+  const std::string& manifest = p.positional[0];
+  if (manifest.empty())
+    throw UsageError("keel " + command + ": MANIFEST is an empty string; hint: name a .toml "
+                     "file, e.g. keel " + command + " configs/quickstart.toml",
+                     usage_line(command));
+  std::vector<std::string> sets = p.sets;
+  if (command == "evaluate") sets.push_back("run.mode=evaluate");
+  const char* verb = command == "train" ? "training" : command == "evaluate" ? "evaluating"
+                                                                               : "validating";
+  g_activity = std::string("while ") + verb + " " + manifest;
+
+  keel::Registry registry;  // declared first: libraries outlive every instance
+  const keel::Manifest m = keel::load_manifest(manifest, sets);
+  spdlog::debug("manifest {} read ({} --set override{})", manifest, sets.size(),
+                sets.size() == 1 ? "" : "s");
+  const keel::RunConfig cfg = keel::resolve(m, registry);
+  log_registry(registry);
+  spdlog::debug("run '{}' -> {}", cfg.name, cfg.output_dir);
+
+  if (command == "validate") {
+    keel::check_run(cfg);
+    std::printf("%s: ok (run '%s' -> %s)\n", cfg.manifest_path.c_str(), cfg.name.c_str(),
+                cfg.output_dir.c_str());
+    return 0;
+  }
+  keel::apply_process_settings(cfg);
+  keel::Trainer trainer(cfg);
+  keel::RunSummary s;
+  try {
+    s = trainer.train();
+  } catch (const std::exception& e) {
+    // run.log ends with why the run ended (main prints it on stderr itself).
+    const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+    keel::run_log_only(spdlog::level::err,
+                       "run failed: " + one_line(c10 ? c10->what_without_backtrace() : e.what()));
+    throw;
+  }
+  if (cfg.mode == keel::RunMode::kEvaluate)
+    spdlog::info("done: evaluation loss {:.4f}{}, run directory {}", s.eval_loss,
+                 s.eval_accuracy >= 0 ? fmt::format(", accuracy {:.4f}", s.eval_accuracy) : "",
+                 s.run_dir);
+  else
+    spdlog::info("done: {} steps, {} samples, run directory {}", s.steps, s.samples, s.run_dir);
+  return 0;
+}
+
+void print_options(const std::string& title, const std::string& description,
+                   const keel::Schema& schema) {
+  std::printf("%s  (kernel)\n  %s\n", title.c_str(), description.c_str());
+  if (schema.empty()) std::printf("  (no keys)\n");
+  for (const auto& o : schema)
+    std::printf("  %-16s %-34s default %-12s %s\n", o.key, keel::describe(o).c_str(),
+                o.default_toml ? o.default_toml : "(required)", o.help ? o.help : "");
+}
+
+// Component sections: their keys are the options of the plugin their `type` names.
+const std::vector<std::pair<std::string, keel_kind>> kComponentSections = {
+    {"model", KEEL_KIND_MODEL},
+    {"data", KEEL_KIND_DATASET},
+    {"data.train", KEEL_KIND_DATASET},
+    {"data.test", KEEL_KIND_DATASET},
+    {"optimizer", KEEL_KIND_OPTIMIZER},
+    {"lr_scheduler", KEEL_KIND_LR_SCHEDULER},
+    {"loss", KEEL_KIND_LOSS},
+    {"grad_clipper", KEEL_KIND_GRAD_CLIPPER},
+    {"mfu", KEEL_KIND_MFU},
+    {"profiler", KEEL_KIND_PROFILER},
+    {"checkpoint", KEEL_KIND_CHECKPOINT},
+    {"hooks", KEEL_KIND_HOOK},
+};
+
+std::string components_of_kind(keel_kind kind) {
+  keel::Registry registry;
+  registry.discover(keel::plugin_search_path({}));
+  std::string names;
+  for (const keel::Component* c : registry.of_kind(kind))
+    names += (names.empty() ? "" : ", ") + c->name;
+  return names.empty() ? "none found" : names;
+}
+
+// "[train]" or "[[hooks]]" -> "train" / "hooks".
+std::string table_name(std::string s) {
+  while (!s.empty() && s.front() == '[') s.erase(0, 1);
+  while (!s.empty() && s.back() == ']') s.pop_back();
+  return s;
+}
+
+int cmd_options(const Parsed& p) {
+  if (p.positional.size() > 1)
+    throw UsageError(p.positional[1] + ": unexpected argument (`keel options` takes one "
+                                       "TABLE); hint: keel options train",
+                     usage_line("options"));
+  g_activity = "while listing the kernel's options";
+  const std::string want = p.positional.empty() ? "" : table_name(p.positional[0]);
+  bool found = false;
+  bool plugins_table = false;
+  for (const auto& t : keel::kernel_tables()) {
+    if (std::string(t.name) == "plugins") plugins_table = true;
+    if (!want.empty() && want != t.name) continue;
+    found = true;
+    const std::string name = t.name;
+    const std::string title = (name == "hooks" || name == "optimizer.groups")
+                                  ? "[[" + name + "]]" : "[" + name + "]";
+    print_options(title, t.description, *t.schema);
+    if (name == "checkpoint" || name == "hooks")
+      std::printf("  (beside these, the options of the plugin `type` names: `keel plugins "
+                  "show %s`)\n", name == "checkpoint" ? "safetensors" : "console");
+    std::printf("\n");
+  }
+  if (!plugins_table && (want.empty() || want == "plugins")) {
+    found = true;
+    std::printf("[plugins]  (kernel)\n  where plugins are searched first\n");
+    std::printf("  %-16s %-34s default %-12s %s\n\n", "paths", "list of strings", "[]",
+                "directories (relative to the manifest) searched before KEEL_PLUGIN_PATH");
+  }
+  if (found) return 0;
+  for (const auto& [section, kind] : kComponentSections)
+    if (want == section)
+      throw keel::Error(
+          "keel options " + want + ": [" + want + "] takes the options of the plugin its " +
+          "`type` names, not kernel keys; hint: `keel plugins show NAME` lists them (" +
+          keel::kind_name(kind) + "s found: " + components_of_kind(kind) + ")");
+  std::vector<std::string> names;
+  for (const auto& t : keel::kernel_tables()) names.emplace_back(t.name);
+  if (!plugins_table) names.emplace_back("plugins");
+  std::string all;
+  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  throw keel::Error("keel options " + p.positional[0] + ": no kernel table named '" + want +
+                    "'; hint: " + did_you_mean(want, names) + "tables: " + all +
+                    " (`keel options` lists them all)");
+}
+
+int cmd_plugins(const Parsed& p) {
+  g_activity = "while listing plugins";
+  const std::vector<std::string>& args = p.positional;
   keel::Registry registry;
   const std::vector<std::string> searched = keel::plugin_search_path({});
   registry.discover(searched);
+  log_registry(registry);
   if (!args.empty() && args[0] == "show") {
-    if (args.size() != 2) throw po::error("usage: keel plugins show NAME");
+    if (args.size() == 1)
+      throw UsageError("keel plugins show: needs a NAME (a component or plugin); hint: keel "
+                       "plugins show adamw",
+                       usage_line("plugins"));
+    if (args.size() > 2)
+      throw UsageError(args[2] + ": unexpected argument (`keel plugins show` takes one NAME); "
+                                 "hint: keel plugins show adamw",
+                       usage_line("plugins"));
+    const std::string& name = args[1];
+    g_activity = "while showing plugin " + name;
     bool found = false;
     for (const auto& c : registry.components()) {
-      if (c->name != args[1] && c->plugin->descriptor->name != args[1]) continue;
+      if (c->name != name && c->plugin->descriptor->name != name) continue;
       found = true;
       std::printf("%s %s  (plugin %s %s, %s)\n  %s\n", keel::kind_name(c->kind), c->name.c_str(),
                   c->plugin->descriptor->name, c->plugin->descriptor->version,
@@ -71,17 +484,36 @@ int cmd_plugins(const std::vector<std::string>& args) {
                     o.default_toml ? o.default_toml : "(required)", o.help ? o.help : "");
       std::printf("\n");
     }
-    if (!found) {
-      std::vector<std::string> names;
-      for (const auto& c : registry.components()) names.push_back(c->name);
-      const std::string near = keel::closest(args[1], names);
-      throw keel::Error("no plugin or component named '" + args[1] + "'" +
-                        (near.empty() ? "" : "; did you mean '" + near + "'?") +
-                        " (hint: `keel plugins` lists everything found)");
+    if (found) return 0;
+    const std::string table = table_name(name);
+    for (const auto& t : keel::kernel_tables())
+      if (table == t.name)
+        throw keel::Error("keel plugins show " + name + ": no plugin or component named '" +
+                          name + "'; hint: [" + table + "] is a kernel table: `keel options " +
+                          table + "` lists its keys");
+    if (table == "plugins")
+      throw keel::Error("keel plugins show " + name + ": no plugin or component named '" + name +
+                        "'; hint: [plugins] is a kernel table: `keel options plugins` lists "
+                        "its keys");
+    for (const auto& [section, kind] : kComponentSections)
+      if (table == section)
+        throw keel::Error("keel plugins show " + name + ": no plugin or component named '" +
+                          name + "'; hint: [" + section + "] names its " + keel::kind_name(kind) +
+                          " with `type`: `keel plugins show TYPE` (" + keel::kind_name(kind) +
+                          "s found: " + components_of_kind(kind) + ")");
+    std::vector<std::string> names;
+    for (const auto& c : registry.components()) {
+      names.push_back(c->name);
+      names.emplace_back(c->plugin->descriptor->name);
     }
-    return 0;
+    throw keel::Error("keel plugins show " + name + ": no plugin or component named '" + name +
+                      "'; hint: " + did_you_mean(name, names) +
+                      "(`keel plugins` lists everything found)");
   }
-  if (!args.empty()) throw po::error("unknown argument '" + args[0] + "' to `keel plugins`");
+  if (!args.empty())
+    throw UsageError(args[0] + ": unexpected argument to `keel plugins`; hint: " +
+                         did_you_mean(args[0], {"show"}) + "keel plugins, or keel plugins show NAME",
+                     usage_line("plugins"));
   std::printf("%-13s %-16s %-18s %-8s %-5s %s\n", "KIND", "NAME", "PLUGIN", "VERSION", "ABI",
               "PATH");
   for (const auto& c : registry.components()) {
@@ -99,62 +531,149 @@ int cmd_plugins(const std::vector<std::string>& args) {
   return 0;
 }
 
+std::vector<std::string> command_names() {
+  std::vector<std::string> names;
+  for (const auto& c : kCommands) names.emplace_back(c.name);
+  return names;
+}
+
+[[noreturn]] void unknown_command(const std::string& command) {
+  std::string list;
+  for (const auto& c : kCommands) list += (list.empty() ? "" : ", ") + std::string(c.name);
+  throw UsageError("'" + command + "': unknown command; hint: " +
+                       did_you_mean(command, command_names()) + "commands: " + list,
+                   usage_line(""));
+}
+
 int run(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::cout << kUsage;
-    return args.empty() ? 2 : 0;
+  const std::vector<std::string> argv_all(argv, argv + argc);
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  g_activity = "while parsing the command line";
+
+  // The flags before the command are keel's own (--help, --version, --log-level); everything
+  // after it, flags included, belongs to the command's own parse.
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.size() < 2 || a[0] != '-') break;
+    if (a == "--log-level") ++i;  // its value
   }
-  if (args[0] == "--version") {
+  const std::vector<std::string> global_args(args.begin(), args.begin() + std::min(i, args.size()));
+  const std::string command = i < args.size() ? args[i] : "";
+  const std::vector<std::string> rest(args.begin() + std::min(i + 1, args.size()), args.end());
+
+  // (--set is listed by `keel --help` but belongs to the commands.)
+  po::options_description global("flags", kHelpWidth);
+  add_log_level_flag(global);
+  global.add_options()("help,h", "")("version", "");
+  for (const auto& a : global_args)
+    if (a == "--set" || a.rfind("--set=", 0) == 0)
+      throw UsageError("--set: goes after the command and its MANIFEST; hint: keel train "
+                       "MANIFEST --set KEY=VALUE",
+                       usage_line("train"));
+  std::vector<std::string> stray;
+  const po::variables_map gvm = parse_flags(global_args, "", global, stray);
+  if (!stray.empty())
+    throw UsageError(stray[0] + ": unexpected argument before the command; hint: keel COMMAND "
+                     "[ARGS] [FLAGS]",
+                     usage_line(""));
+  const bool help = gvm.count("help") > 0;
+  const bool version = gvm.count("version") > 0;
+  std::optional<std::string> global_level;
+  if (gvm.count("log-level")) global_level = gvm["log-level"].as<std::string>();
+
+  if (version) {
     std::printf("keel %s (plugin ABI %d.%d, LibTorch %s)\n", KEEL_VERSION, KEEL_ABI_MAJOR,
                 KEEL_ABI_MINOR, keel::kernel_torch_version());
     return 0;
   }
-  const std::string command = args[0];
-  const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (command == "plugins") return cmd_plugins(rest);
-  if (command == "validate") {
-    keel::Registry registry;
-    const keel::RunConfig cfg = load_config(parse_run_args(rest, "validate"), registry);
-    std::printf("%s: ok (run '%s' -> %s)\n", cfg.manifest_path.c_str(), cfg.name.c_str(),
-                cfg.output_dir.c_str());
+  if (help && command.empty()) {
+    print_main_help();
     return 0;
   }
-  if (command == "train" || command == "evaluate") {
-    RunArgs args = parse_run_args(rest, command.c_str());
-    if (command == "evaluate") args.sets.push_back("run.mode=evaluate");
-    keel::Registry registry;  // declared first: libraries outlive every instance
-    const keel::RunConfig cfg = load_config(args, registry);
-    keel::Trainer trainer(cfg);
-    const keel::RunSummary s = trainer.train();
-    if (cfg.mode == keel::RunMode::kEvaluate)
-      spdlog::info("done: evaluation loss {:.4f}{}, run directory {}", s.eval_loss,
-                   s.eval_accuracy >= 0 ? fmt::format(", accuracy {:.4f}", s.eval_accuracy) : "",
-                   s.run_dir);
-    else
-      spdlog::info("done: {} steps, {} samples, run directory {}", s.steps, s.samples, s.run_dir);
+  if (command.empty())
+    throw UsageError("no command given; hint: keel train MANIFEST, e.g. keel train "
+                     "configs/quickstart.toml (`keel --help` lists the commands)",
+                     usage_line(""));
+  if (command == "help") {
+    if (rest.empty()) {
+      print_main_help();
+      return 0;
+    }
+    if (!find_command(rest[0])) unknown_command(rest[0]);
+    print_command_help(rest[0]);
     return 0;
   }
-  throw po::error("unknown command '" + command + "'");
+  if (!find_command(command)) unknown_command(command);
+
+  const Parsed p = parse_command(command, rest);
+  if (help || p.help) {
+    print_command_help(command);
+    return 0;
+  }
+  start_logging(p, command, global_level, argv_all);
+  if (command == "plugins") return cmd_plugins(p);
+  if (command == "options") return cmd_options(p);
+  return cmd_run(command, p);
+}
+
+[[noreturn]] void internal_error(const std::string& what) {
+  std::fprintf(stderr,
+               "keel: internal error: %s: %s; this is a bug in keel, please report it with the "
+               "command line\n",
+               g_activity.c_str(), one_line(what).c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  // No cleanup that could wait on a lock the failing thread holds: exit now.
+  std::_Exit(kExitInternal);
+}
+
+// An exception escaping a thread, or thrown through noexcept: report it like main does,
+// without abort() and its core dump.
+[[noreturn]] void on_terminate() {
+  std::string what = "std::terminate called without an active exception";
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const keel::Error& x) {
+      what = std::string("uncaught keel::Error: ") + x.what();
+    } catch (const c10::Error& x) {
+      what = x.what_without_backtrace();
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+      what = "an exception of unknown type";
+    }
+  }
+  internal_error(what);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // On a terminal each log line first clears the line, so it replaces the console hook's
-  // progress bar (which the hook redraws below it) instead of mixing with it.
-  spdlog::set_pattern(isatty(fileno(stdout)) ? "\r\033[K[%T] %v" : "[%T] %v");
+  std::set_terminate(on_terminate);
+  int status = 0;
   try {
-    return run(argc, argv);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "keel: error: %s\n%s", e.what(), kUsage);
-    return 2;
+    status = run(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", one_line(e.what()).c_str(),
+                 e.usage.c_str());
+    status = kExitUsage;
   } catch (const keel::Error& e) {
-    std::fprintf(stderr, "keel: error: %s\n", e.what());
+    std::fprintf(stderr, "keel: error: %s\n", one_line(e.what()).c_str());
+    status = kExitError;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "keel: error: out of memory %s; hint: lower batch_size or the model "
+                 "size, or free memory\n", g_activity.c_str());
+    status = kExitError;
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "keel: error: LibTorch: %s\n", e.what_without_backtrace());
+    internal_error(std::string("LibTorch: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "keel: error: %s\n", e.what());
+    internal_error(e.what());
+  } catch (...) {
+    internal_error("an exception of unknown type");
   }
-  return 1;
+  keel::detach_run_log();
+  std::fflush(stdout);
+  return status;
 }

@@ -1,6 +1,7 @@
 #include "options.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "error.hpp"
@@ -17,6 +18,7 @@ const char* type_name(keel_option_type t) {
     case KEEL_OPT_STRING: return "string";
     case KEEL_OPT_INT_LIST: return "list of integers";
     case KEEL_OPT_FLOAT_LIST: return "list of floats";
+    case KEEL_OPT_PATH: return "path";
   }
   return "?";
 }
@@ -46,7 +48,9 @@ std::string show(const toml::node& n) {
 
 class Checker {
  public:
-  Checker(std::string key_path, const keel_option_desc& o) : path_(std::move(key_path)), o_(o) {}
+  // `docs`: "`keel plugins show adamw`", named in hints ("" for none).
+  Checker(std::string key_path, const keel_option_desc& o, std::string docs = "")
+      : path_(std::move(key_path)), o_(o), docs_(std::move(docs)) {}
 
   KeelOptionValue convert(const toml::node& n) const {
     switch (o_.type) {
@@ -62,6 +66,9 @@ class Checker {
       case KEEL_OPT_STRING:
         if (auto* s = n.as_string()) return choice(n, s->get());
         break;
+      case KEEL_OPT_PATH:
+        if (auto* s = n.as_string()) return absolute_path(n, s->get());
+        break;
       case KEEL_OPT_INT_LIST:
       case KEEL_OPT_FLOAT_LIST: {
         auto* a = n.as_array();
@@ -74,25 +81,42 @@ class Checker {
           } else if (o_.type == KEEL_OPT_FLOAT_LIST && e.is_number()) {
             floats.push_back(range(e, *e.value<double>()));
           } else {
-            fail(e, std::string("expected ") + describe(o_) + ", got element " + show(e));
+            fail(e, std::string("expected ") + describe(o_) + ", got element " + show(e),
+                 example());
           }
         }
         if (o_.type == KEEL_OPT_INT_LIST) return ints;
         return floats;
       }
     }
-    fail(n, std::string("expected ") + describe(o_) + ", got " + show(n));
+    fail(n, std::string("expected ") + describe(o_) + ", got " + show(n), example());
   }
 
  private:
   template <class T>
   T range(const toml::node& n, T v) const {
     if (bounded(o_) && (static_cast<double>(v) < o_.min || static_cast<double>(v) > o_.max))
-      fail(n, "must be " + bounds(o_) + ", got " + fmt(double(v)));
+      fail(n, "must be " + bounds(o_) + ", got " + fmt(double(v)),
+           "use a value " + bounds(o_) + (o_.help ? std::string(" (") + o_.help + ")" : ""));
     if constexpr (std::is_same_v<T, double>) {
-      if (!std::isfinite(v)) fail(n, "must be finite, got " + fmt(v));
+      if (!std::isfinite(v)) fail(n, "must be finite, got " + fmt(v), example());
     }
     return v;
+  }
+  // Relative to the directory of the manifest file that set it; to the working directory for
+  // --set values and defaults.
+  static std::string absolute_path(const toml::node& n, const std::string& v) {
+    namespace fs = std::filesystem;
+    if (v.empty()) return v;
+    fs::path p = v;
+    if (p.is_relative()) {
+      const std::string file = n.source().path ? *n.source().path : std::string();
+      const bool from_file = !file.empty() && file.rfind("--set ", 0) != 0 && file[0] != '<';
+      p = (from_file ? fs::path(file).parent_path() : fs::path()) / p;
+    }
+    std::error_code ec;
+    const fs::path abs = fs::absolute(p, ec);
+    return (ec ? p : abs).lexically_normal().string();
   }
   std::string choice(const toml::node& n, const std::string& v) const {
     if (!o_.choices) return v;
@@ -105,15 +129,24 @@ class Checker {
       options.push_back(item);
     }
     std::string near = closest(v, options);
-    fail(n, "expected one of " + all + ", got \"" + v + "\"" +
-                (near.empty() ? "" : "; did you mean \"" + near + "\"?"));
+    fail(n, "expected one of " + all + ", got \"" + v + "\"",
+         near.empty() ? "use one of " + all : "did you mean \"" + near + "\"?");
   }
-  [[noreturn]] void fail(const toml::node& n, const std::string& what) const {
-    throw Error(where(n.source()) + ": " + path_ + ": " + what);
+  // "e.g. lr = 0.001 (the default)", plus where the option is documented.
+  std::string example() const {
+    const std::string key = path_.substr(path_.rfind('.') + 1);
+    std::string h = o_.default_toml ? "e.g. " + key + " = " + o_.default_toml + " (the default)"
+                                    : "write " + key + " as " + type_name(o_.type);
+    return docs_.empty() ? h : h + "; " + docs_ + " describes it";
+  }
+  [[noreturn]] void fail(const toml::node& n, const std::string& what,
+                         const std::string& hint) const {
+    throw Error(where(n.source()) + ": " + path_ + ": " + what + "; hint: " + hint);
   }
 
   std::string path_;
   const keel_option_desc& o_;
+  std::string docs_;
 };
 
 toml::table parse_default(const keel_option_desc& o) {
@@ -130,11 +163,13 @@ std::string describe(const keel_option_desc& o) {
 }
 
 keel_options validate_options(const toml::table& table, const std::string& section,
-                              const std::string& owner, const Schema& schema,
+                              const std::string& show_command, const Schema& schema,
                               const std::set<std::string>& reserved) {
   keel_options out;
-  std::vector<std::string> keys;
+  std::vector<std::string> keys;  // every valid key of the table, for "did you mean"
   for (const auto& o : schema) keys.emplace_back(o.key);
+  for (const auto& r : reserved) keys.push_back(r);
+  const std::string docs = "`" + show_command + "`";
 
   for (const auto& [k, v] : table) {
     const std::string key(k.str());
@@ -144,17 +179,19 @@ keel_options validate_options(const toml::table& table, const std::string& secti
       if (key == o.key) desc = &o;
     if (!desc) {
       const std::string near = closest(key, keys);
-      throw Error(where(k.source()) + ": unknown key '" + key + "' in [" + section + "]" +
-                  (near.empty() ? "" : "; did you mean '" + near + "'?") + " (hint: `keel plugins show " +
-                  owner + "` lists every option)");
+      throw Error(where(k.source()) + ": unknown key '" + key + "' in [" + section + "]; hint: " +
+                  (near.empty() ? "" : "did you mean '" + near + "'? ") + docs +
+                  " lists every option");
     }
-    out.values[key] = Checker(section + "." + key, *desc).convert(v);
+    out.values[key] = Checker(section + "." + key, *desc, docs).convert(v);
   }
   for (const auto& o : schema) {
     if (out.values.count(o.key)) continue;
     if (!o.default_toml) {
       throw Error(where(table.source()) + ": [" + section + "] needs '" + o.key + "' (" +
-                  describe(o) + (o.help ? std::string(": ") + o.help : std::string()) + ")");
+                  describe(o) + (o.help ? std::string(": ") + o.help : std::string()) +
+                  "); hint: add " + o.key + " = <" + type_name(o.type) + "> to [" + section +
+                  "]");
     }
     const toml::table parsed = parse_default(o);
     out.values[o.key] = Checker(section + "." + o.key, o).convert(*parsed.get("v"));
@@ -165,7 +202,7 @@ keel_options validate_options(const toml::table& table, const std::string& secti
 std::string check_schema(const Schema& schema) {
   for (const auto& o : schema) {
     if (!o.key || !*o.key) return "an option has no key";
-    if (o.type < KEEL_OPT_BOOL || o.type > KEEL_OPT_FLOAT_LIST)
+    if (o.type < KEEL_OPT_BOOL || o.type > KEEL_OPT_PATH)
       return std::string("option '") + o.key + "' has unknown type " + std::to_string(o.type);
     if (!o.default_toml) continue;
     try {
@@ -181,7 +218,9 @@ std::string check_schema(const Schema& schema) {
 
 toml::table to_toml(const keel_options& options) {
   toml::table t;
-  for (const auto& [k, v] : options.values) {
+  for (const auto& kv : options.values) {
+    const std::string& k = kv.first;  // a structured binding cannot be captured in C++17
+    const KeelOptionValue& v = kv.second;
     std::visit(
         [&](const auto& x) {
           using T = std::decay_t<decltype(x)>;

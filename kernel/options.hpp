@@ -27,10 +27,12 @@ using Schema = std::vector<keel_option_desc>;
 
 // Checks every key of `table` against `schema` (keys in `reserved` are skipped: they belong to
 // the kernel, like `type`), fills in defaults, and returns the typed values. `section` is the
-// dotted manifest section used in messages ("optimizer"); `owner` names the schema's owner for
-// hints ("adamw"). Throws keel::Error with file:line:col on the first problem.
+// dotted manifest section used in messages ("optimizer"); `show_command` is the command that
+// documents the schema, named in hints ("keel plugins show adamw", "keel options train").
+// PATH values are made absolute (see KEEL_OPT_PATH). Throws keel::Error with file:line:col on
+// the first problem.
 keel_options validate_options(const toml::table& table, const std::string& section,
-                              const std::string& owner, const Schema& schema,
+                              const std::string& show_command, const Schema& schema,
                               const std::set<std::string>& reserved = {});
 
 // Checks that every default in `schema` is valid for its own option; returns "" when all are,

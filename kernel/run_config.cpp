@@ -12,7 +12,9 @@ namespace keel {
 namespace {
 
 using keel::opt_bool;
+using keel::opt_float;
 using keel::opt_int;
+using keel::opt_path;
 using keel::opt_string;
 
 const Schema kRunSchema = {
@@ -49,24 +51,27 @@ const Schema kHookKernelSchema = {
 // One [[optimizer.groups]] table; a value left out keeps the optimizer's own.
 const Schema kGroupSchema = {
     opt_string("params", nullptr, "regex matched against whole parameter names"),
-    opt_float("lr", "-1.0", "learning rate of the group"),
-    opt_float("weight_decay", "-1.0", "weight decay of the group"),
+    opt_float("lr", "-1.0", "learning rate of the group (left out: the optimizer's own)"),
+    opt_float("weight_decay", "-1.0",
+              "weight decay of the group (left out: the optimizer's own)"),
 };
 const Schema kCheckpointKernelSchema = {
     opt_int("every_steps", "0", "save every N optimizer steps (0: never during training)", 0, 1e15),
     opt_int("keep_last", "0", "keep only the newest N checkpoints (0: keep all)", 0, 1e9),
     opt_bool("at_end", "true", "save when training ends"),
     opt_bool("initial", "false", "save step-0 before the first step"),
-    opt_string("init_from", "\"\"", "checkpoint directory whose model weights start the run"),
+    opt_path("init_from", "\"\"",
+             "checkpoint directory whose model weights and hook state start the run"),
 };
 
 const std::vector<std::string> kTopLevel = {"run", "plugins", "train", "model", "data",
                                             "optimizer", "lr_scheduler", "loss", "grad_clipper",
                                             "mfu", "profiler", "checkpoint", "hooks", "extends"};
 
+// "did you mean 'x'? " (with a trailing space), or "".
 std::string near_hint(const std::string& word, const std::vector<std::string>& candidates) {
   const std::string n = closest(word, candidates);
-  return n.empty() ? "" : "; did you mean '" + n + "'?";
+  return n.empty() ? "" : "did you mean '" + n + "'? ";
 }
 
 const toml::table& table_or_empty(const toml::table& root, const std::string& key,
@@ -75,7 +80,8 @@ const toml::table& table_or_empty(const toml::table& root, const std::string& ke
   const toml::node* n = root.get(key);
   if (!n) return empty;
   if (!n->is_table())
-    throw Error(where(n->source()) + ": [" + where_label + "] must be a table");
+    throw Error(where(n->source()) + ": [" + where_label + "] must be a table; hint: write it "
+                "as a [" + where_label + "] header followed by its keys");
   return *n->as_table();
 }
 
@@ -94,27 +100,53 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
   if (!type || !type->is_string())
     throw Error(where(type ? type->source() : table.source()) + ": [" + section +
                 "] needs type = \"<" + kind_name(kind) + ">\" (available: " +
-                (available.empty() ? "none found" : available) + ")");
+                (available.empty() ? "none found" : available) +
+                "); hint: `keel plugins` lists every component found");
   const std::string name = type->as_string()->get();
   spec.component = registry.find(kind, name);
   if (!spec.component)
     throw Error(where(type->source()) + ": [" + section + "].type: no " + kind_name(kind) +
-                " named '" + name + "'" + near_hint(name, names) + " (available: " +
-                (available.empty() ? "none" : available) +
-                "; hint: `keel plugins` lists what was found and why files were refused)");
+                " named '" + name + "' (available: " + (available.empty() ? "none" : available) +
+                "); hint: " + near_hint(name, names) +
+                "`keel plugins` lists what was found and why files were refused");
   Schema schema = spec.component->options;
   std::set<std::string> reserved = kernel_tables;
   reserved.insert("type");
   for (const auto& k : kernel_schema) reserved.insert(k.key);
-  spec.options = validate_options(table, section, name, schema, reserved);
+  // Sections with kernel keys are documented by two commands.
+  const std::string docs =
+      "keel plugins show " + name +
+      (kernel_schema.empty() ? "" : "` and `keel options " + section.substr(0, section.find('[')));
+  spec.options = validate_options(table, section, docs, schema, reserved);
   if (kernel_values) {
     // The kernel's own keys of this section, validated the same way.
     std::set<std::string> plugin_keys = kernel_tables;
     plugin_keys.insert("type");
     for (const auto& o : schema) plugin_keys.insert(o.key);
-    *kernel_values = validate_options(table, section, name, kernel_schema, plugin_keys);
+    *kernel_values = validate_options(table, section, docs, kernel_schema, plugin_keys);
   }
   return spec;
+}
+
+// What std::regex_error's code means, in words (its what() is implementation text).
+std::string regex_problem(std::regex_constants::error_type code) {
+  namespace rc = std::regex_constants;
+  switch (code) {
+    case rc::error_collate: return "invalid collating element name";
+    case rc::error_ctype: return "invalid character class name";
+    case rc::error_escape: return "invalid escape or trailing backslash";
+    case rc::error_backref: return "invalid back reference";
+    case rc::error_brack: return "unmatched [ or ]";
+    case rc::error_paren: return "unmatched ( or )";
+    case rc::error_brace: return "unmatched { or }";
+    case rc::error_badbrace: return "invalid range in { }";
+    case rc::error_range: return "invalid character range";
+    case rc::error_space: return "out of memory";
+    case rc::error_badrepeat: return "*, +, ? or { } repeats nothing";
+    case rc::error_complexity: return "too complex";
+    case rc::error_stack: return "too complex (stack)";
+    default: return "invalid";
+  }
 }
 
 template <class T>
@@ -129,26 +161,31 @@ std::vector<ParamGroupSpec> param_groups(const toml::table& optimizer, const std
   if (!groups) return out;
   const toml::array* a = groups->as_array();
   if (!a || !a->is_array_of_tables())
-    throw Error(where(groups->source()) + ": optimizer.groups must be an array of tables: "
+    throw Error(where(groups->source()) + ": optimizer.groups must be an array of tables; hint: "
                 "write each as [[optimizer.groups]] with params = \"<regex>\"");
   for (size_t i = 0; i < a->size(); ++i) {
     const toml::table& t = *(*a)[i].as_table();
     const std::string section = "optimizer.groups[" + std::to_string(i) + "]";
-    const keel_options o = validate_options(t, section, name, kGroupSchema);
+    const keel_options o = validate_options(t, section, "keel options optimizer.groups", kGroupSchema);
     ParamGroupSpec g;
     g.params = get<std::string>(o, "params");
+    g.where = where(t.get("params")->source());
     for (const char* key : {"lr", "weight_decay"}) {
       const toml::node* n = t.get(key);
       if (!n) continue;
       const double v = get<double>(o, key);
-      if (v < 0) throw Error(where(n->source()) + ": " + section + "." + key + ": must be >= 0");
+      if (v < 0)
+        throw Error(where(n->source()) + ": " + section + "." + key + ": must be >= 0, got " +
+                    std::to_string(v) + "; hint: leave it out to keep the optimizer's own value");
       (std::string(key) == "lr" ? g.lr : g.weight_decay) = v;
     }
     try {
       std::regex check(g.params);
     } catch (const std::regex_error& e) {
       throw Error(where(t.get("params")->source()) + ": " + section +
-                  ".params: invalid regular expression: " + e.what());
+                  ".params: invalid regular expression (" + regex_problem(e.code()) +
+                  "); hint: params is an ECMAScript regular expression matched against whole "
+                  "parameter names, e.g. \"fc1\\\\..*\"");
     }
     out.push_back(std::move(g));
   }
@@ -174,6 +211,20 @@ toml::table resolved_table(const ComponentSpec& spec, const keel_options* kernel
 
 }  // namespace
 
+const std::vector<KernelTable>& kernel_tables() {
+  static const std::vector<KernelTable> tables = {
+      {"run", "the run: name, run directory, seed, threads, mode", &kRunSchema},
+      {"train", "the loop: stop targets, accumulation, precision, logging, evaluation",
+       &kTrainSchema},
+      {"checkpoint", "kernel keys of [checkpoint] (beside the backend's own options)",
+       &kCheckpointKernelSchema},
+      {"hooks", "kernel keys of each [[hooks]] table (beside the hook's own options)",
+       &kHookKernelSchema},
+      {"optimizer.groups", "each [[optimizer.groups]] table: parameter groups", &kGroupSchema},
+  };
+  return tables;
+}
+
 std::vector<std::string> manifest_plugin_dirs(const Manifest& m) {
   const toml::table& t = table_or_empty(m.root, "plugins", "plugins");
   std::vector<std::string> dirs;
@@ -185,13 +236,15 @@ std::vector<std::string> manifest_plugin_dirs(const Manifest& m) {
   if (!paths) return dirs;
   const toml::array* a = paths->as_array();
   if (!a)
-    throw Error(where(paths->source()) + ": plugins.paths: expected a list of strings");
+    throw Error(where(paths->source()) + ": plugins.paths: expected a list of strings; hint: "
+                "e.g. paths = [\"my_plugins\"] (relative to this manifest)");
   const fs::path base = fs::path(m.path).parent_path();
   for (const auto& e : *a) {
     if (!e.is_string())
-      throw Error(where(e.source()) + ": plugins.paths: expected a list of strings");
+      throw Error(where(e.source()) + ": plugins.paths: expected a list of strings; hint: "
+                  "e.g. paths = [\"my_plugins\"] (relative to this manifest)");
     fs::path p = e.as_string()->get();
-    dirs.push_back((p.is_absolute() ? p : base / p).lexically_normal().string());
+    dirs.push_back(fs::absolute(p.is_absolute() ? p : base / p).lexically_normal().string());
   }
   return dirs;
 }
@@ -202,18 +255,22 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   for (const auto& [k, v] : m.root) {
     const std::string key(k.str());
     if (std::find(kTopLevel.begin(), kTopLevel.end(), key) == kTopLevel.end())
-      throw Error(where(k.source()) + ": unknown section '" + key + "'" +
-                  near_hint(key, kTopLevel) + " (hint: see README, \"Manifest\")");
+      throw Error(where(k.source()) + ": unknown section '" + key + "'; hint: " +
+                  near_hint(key, kTopLevel) + "a manifest holds run, plugins, train, model, "
+                  "data, optimizer, lr_scheduler, loss, grad_clipper, mfu, profiler, checkpoint, "
+                  "hooks (README, \"Manifest\")");
   }
 
   rc.plugin_paths = manifest_plugin_dirs(m);
   registry.discover(plugin_search_path(rc.plugin_paths));
 
-  const keel_options run = validate_options(table_or_empty(m.root, "run", "run"), "run", "run",
-                                            kRunSchema);
+  const keel_options run = validate_options(table_or_empty(m.root, "run", "run"), "run",
+                                            "keel options run", kRunSchema);
   rc.name = get<std::string>(run, "name");
   rc.output_dir = get<std::string>(run, "output_dir");
   if (rc.output_dir.empty()) rc.output_dir = "runs/" + rc.name;
+  // Absolute, so that manifest.resolved.toml reruns the run from any working directory.
+  rc.output_dir = fs::absolute(rc.output_dir).lexically_normal().string();
   rc.seed = static_cast<uint64_t>(get<int64_t>(run, "seed"));
   rc.threads = get<int64_t>(run, "threads");
   rc.malloc_tuning = get<bool>(run, "malloc_tuning");
@@ -222,7 +279,7 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
                                           {"evaluate", RunMode::kEvaluate}});
 
   const keel_options train = validate_options(table_or_empty(m.root, "train", "train"), "train",
-                                              "train", kTrainSchema);
+                                              "keel options train", kTrainSchema);
   rc.epochs = get<int64_t>(train, "epochs");
   rc.max_steps = get<int64_t>(train, "max_steps");
   rc.log_every = get<int64_t>(train, "log_every");
@@ -241,15 +298,19 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
       {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}});
   rc.nonfinite =
       choose<NonFinite>(train, "nonfinite", {{"error", NonFinite::kError}, {"skip", NonFinite::kSkip}});
-  const toml::node* train_node = m.root.get("train");
-  const std::string train_where = train_node ? where(train_node->source()) : m.path;
+  // Where a [train] key was set (the file that set it, or --set), else [train] or the file.
+  const auto train_where = [&](const char* key) {
+    const toml::table* t = m.root.get("train") ? m.root.get("train")->as_table() : nullptr;
+    if (t && t->get(key)) return where(t->get(key)->source()) + ": train." + key;
+    return (t ? where(t->source()) : m.path) + ": [train]";
+  };
   if (rc.epochs == 0 && rc.max_steps == 0 && rc.max_samples == 0 && rc.max_tokens == 0)
-    throw Error(train_where +
-                ": [train] sets no stop target (epochs, max_steps, max_samples, max_tokens), so "
-                "the run would never end; hint: set epochs = N or max_steps = N");
+    throw Error(train_where("epochs") +
+                ": no stop target is set (epochs, max_steps, max_samples and max_tokens are all "
+                "0), so the run would never end; hint: set epochs = N or max_steps = N");
 #ifndef KEEL_WITH_CUDA
   if (rc.precision == Precision::kFp16)
-    throw Error(train_where + ": train.precision = \"fp16\" needs a CUDA build of LibTorch and "
+    throw Error(train_where("precision") + ": \"fp16\" needs a CUDA build of LibTorch and "
                 "this keel is CPU-only; hint: use precision = \"bf16\" (CPU autocast)");
 #endif
 
@@ -273,8 +334,8 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   for (const auto& [k, v] : data)
     if (k.str() != "train" && k.str() != "test")
       throw Error(where(k.source()) + ": unknown table [data." + std::string(k.str()) +
-                  "]" + near_hint(std::string(k.str()), {"train", "test"}) +
-                  " (hint: datasets go in [data.train] and [data.test])");
+                  "]; hint: " + near_hint(std::string(k.str()), {"train", "test"}) +
+                  "datasets go in [data.train] and [data.test]");
   if (!data.get("train"))
     throw Error(m.path + ": the manifest has no [data.train] table; hint: add one with type = \"<dataset>\"");
   rc.train_data = component(registry, table_or_empty(data, "train", "data.train"), "data.train",
@@ -302,17 +363,13 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
     rc.checkpoint_keep_last = get<int64_t>(ckpt, "keep_last");
     rc.checkpoint_at_end = get<bool>(ckpt, "at_end");
     rc.checkpoint_initial = get<bool>(ckpt, "initial");
-    rc.init_from = get<std::string>(ckpt, "init_from");
-    if (!rc.init_from.empty()) {
-      fs::path p = rc.init_from;
-      if (p.is_relative()) rc.init_from = (fs::path(m.path).parent_path() / p).string();
-    }
+    rc.init_from = get<std::string>(ckpt, "init_from");  // a PATH: already absolute
   }
 
   if (const toml::node* hooks = m.root.get("hooks")) {
     const toml::array* a = hooks->as_array();
     if (!a || (!a->empty() && !a->is_array_of_tables()))
-      throw Error(where(hooks->source()) + ": hooks must be an array of tables: write "
+      throw Error(where(hooks->source()) + ": hooks must be an array of tables; hint: write "
                   "each hook as [[hooks]] with type = \"<hook>\" (hooks = [] for none)");
     for (size_t i = 0; i < a->size(); ++i) {
       keel_options kernel_keys;

@@ -32,6 +32,7 @@ struct ComponentSpec {
 // whole name) join this group; NaN keeps the optimizer's own value.
 struct ParamGroupSpec {
   std::string params;
+  std::string where;  // file:line:col (or --set argument) of `params`
   double lr = NAN;
   double weight_decay = NAN;
 };
@@ -82,6 +83,16 @@ struct RunConfig {
   // Everything above as TOML, defaults filled in: written to manifest.resolved.toml.
   toml::table resolved;
 };
+
+// The kernel's own manifest tables and their keys, documented like a plugin's option schema
+// (`keel options`): "run", "train", "checkpoint" (the kernel keys of [checkpoint]), "hooks"
+// (kernel keys of each [[hooks]] table), "optimizer.groups". ([plugins] has one key, `paths`.)
+struct KernelTable {
+  const char* name;
+  const char* description;
+  const Schema* schema;
+};
+const std::vector<KernelTable>& kernel_tables();
 
 // Validates the manifest; loads plugins from [plugins] paths plus the default search path into
 // `registry` first. Throws keel::Error (file:line:col, dotted key, hint) on the first problem.

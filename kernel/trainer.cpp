@@ -8,10 +8,13 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "checkpoint_store.hpp"
@@ -19,6 +22,7 @@
 #include "error.hpp"
 #include "host.hpp"
 #include "keel/tensor.hpp"
+#include "log.hpp"
 #include "loss_scaler.hpp"
 
 namespace fs = std::filesystem;
@@ -48,7 +52,65 @@ void configure_allocator() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+void apply_process_settings(const RunConfig& config) {
+  configure_threads(config.threads);
+  if (config.malloc_tuning) configure_allocator();
+  at::manual_seed(config.seed);
+}
+
 namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+std::string num(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
+
+// LibTorch errors raised while the kernel works on what a plugin returned: rethrown as
+// keel::Error naming the component and the step, never as raw LibTorch text alone.
+template <class F>
+auto naming(const std::string& who, const char* what, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    throw Error(who + ": " + what + " failed: " + e.what_without_backtrace());
+  }
+}
+
+// The entries of a run directory before a run touched it, so that a run failing before step 1
+// (and `keel validate`) removes exactly what it added.
+class RunDirSnapshot {
+ public:
+  explicit RunDirSnapshot(fs::path dir) : dir_(std::move(dir)) {
+    std::error_code ec;
+    existed_ = fs::exists(dir_, ec);
+    if (existed_)
+      for (const auto& e : fs::directory_iterator(dir_, ec)) before_.insert(e.path().filename());
+  }
+  // Removes what was added; returns what could not be removed ("" when everything went).
+  std::string remove_added() const {
+    std::error_code ec;
+    if (!existed_) {
+      fs::remove_all(dir_, ec);
+      return fs::exists(dir_) ? dir_.string() : "";
+    }
+    std::string left;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      if (before_.count(e.path().filename())) continue;
+      std::error_code rec;
+      fs::remove_all(e.path(), rec);
+      if (rec) left += (left.empty() ? "" : ", ") + e.path().string();
+    }
+    return left;
+  }
+
+ private:
+  fs::path dir_;
+  bool existed_ = false;
+  std::set<fs::path> before_;
+};
 
 // CPU autocast to bfloat16 for the forward pass and the loss (master weights stay fp32).
 class AutocastBf16 {
@@ -93,6 +155,11 @@ struct Window {
 struct Trainer::State {
   RunConfig cfg;
   fs::path run_dir;
+  bool run_log_attached = false;
+  std::string scratch_dir;  // validate_only: the components' run directory, removed at the end
+
+  void setup(const RunConfig& config, bool validate_only);
+  ~State();
 
   Instance<keel_model> model;
   Instance<keel_dataset> train_data, test_data;
@@ -153,10 +220,10 @@ struct Trainer::State {
 
   // ---- profiler marks (no-ops without a profiler) ----
   void begin(const char* phase) const {
-    if (profiler) profiler->begin(profiler.self(), phase, ts.step);
+    if (profiler) profiler.get("begin", profiler->begin, phase, ts.step);
   }
   void end(const char* phase) const {
-    if (profiler) profiler->end(profiler.self(), phase, ts.step);
+    if (profiler) profiler.get("end", profiler->end, phase, ts.step);
   }
 
   // ---- hooks ----
@@ -177,6 +244,10 @@ struct Trainer::State {
       ev.micro_batch = micro_batch;
       ev.message = message;
       h.call("on_event", h->on_event, &ev);
+      constexpr uint32_t kKnown = KEEL_REQUEST_STOP | KEEL_REQUEST_EVAL | KEEL_REQUEST_CHECKPOINT;
+      if (ev.requests & ~kKnown)
+        throw h.error(fmt::format("on_event set unknown request bits 0x{:x} (known: STOP 0x1, "
+                                  "EVAL 0x2, CHECKPOINT 0x4)", ev.requests & ~kKnown));
       requests |= ev.requests;
     }
     end("hooks");
@@ -184,12 +255,12 @@ struct Trainer::State {
 
   // ---- learning rate ----
   void set_lr_for(int64_t step) {
-    const double f = scheduler ? scheduler->factor(scheduler.self(), step) : 1.0;
+    const double f = scheduler ? scheduler.get("factor", scheduler->factor, step) : 1.0;
     if (!std::isfinite(f) || f < 0)
-      throw Error(scheduler.label() + ": factor(" + std::to_string(step) + ") returned " +
-                  std::to_string(f) + "; a schedule must return a finite value >= 0");
+      throw scheduler.error("factor(" + std::to_string(step) + ") returned " + num(f) +
+                            "; a schedule must return a finite value >= 0");
     for (size_t g = 0; g < base_lrs.size(); ++g)
-      optimizer->set_lr(optimizer.self(), g, base_lrs[g] * f);
+      optimizer.get("set_lr", optimizer->set_lr, g, base_lrs[g] * f);
     ts.lr = base_lrs.empty() ? 0 : base_lrs[0] * f;
   }
 
@@ -216,23 +287,65 @@ struct Trainer::State {
       int has = 0;
       train_data.call("next", train_data->next, &b, &has);
       if (!has) break;
-      out.push_back({adopt(b.inputs), adopt(b.targets), b.samples, b.tokens});
+      out.push_back(checked_batch(train_data, b));
     }
     end("data");
     window.data_s += std::chrono::duration<double>(Clock::now() - t0).count();
     return out;
   }
 
+  // A batch from a dataset's `next`, checked: both tensors, samples > 0, tokens >= 0, and the
+  // same first (batch) dimension.
+  static MicroBatch checked_batch(const Instance<keel_dataset>& data, const keel_batch& b) {
+    MicroBatch mb{adopt(b.inputs), adopt(b.targets), b.samples, b.tokens};
+    if (!mb.inputs.defined() || !mb.targets.defined())
+      throw data.error(std::string("next returned a batch without ") +
+                       (mb.inputs.defined() ? "targets" : "inputs") + " (a NULL tensor)");
+    if (b.samples <= 0 || b.tokens < 0)
+      throw data.error("next returned a batch with samples = " + std::to_string(b.samples) +
+                       " and tokens = " + std::to_string(b.tokens) +
+                       "; a batch holds samples >= 1 and tokens >= 0");
+    if (mb.inputs.dim() == 0 || mb.targets.dim() == 0 ||
+        mb.inputs.size(0) != mb.targets.size(0))
+      throw data.error("next returned inputs " + shape_of(mb.inputs) + " and targets " +
+                       shape_of(mb.targets) +
+                       " whose first dimension differs; the first dimension is the batch");
+    return mb;
+  }
+
   at::Tensor forward(const at::Tensor& x) const {
     keel_tensor* out = nullptr;
     model.call("forward", model->forward, peek(x), &out);
-    return adopt(out);
+    at::Tensor y = adopt(out);
+    if (!y.defined()) throw model.error("forward returned no tensor (NULL output)");
+    if (y.dim() == 0 || y.size(0) != x.size(0))
+      throw model.error("forward returned shape " + shape_of(y) + " for inputs " + shape_of(x) +
+                        "; its first dimension must be the batch (" +
+                        std::to_string(x.size(0)) + ")");
+    return y;
   }
 
-  at::Tensor compute_loss(const at::Tensor& out, const at::Tensor& y, int64_t* count) const {
+  // `training`: the loss must carry a gradient (under autograd).
+  at::Tensor compute_loss(const at::Tensor& out, const at::Tensor& y, int64_t* count,
+                          bool training) const {
     keel_tensor* l = nullptr;
+    *count = -1;
     loss.call("compute", loss->compute, peek(out), peek(y), &l, count);
-    return adopt(l);
+    at::Tensor v = adopt(l);
+    if (!v.defined()) throw loss.error("compute returned no loss tensor (NULL)");
+    if (v.dim() != 0)
+      throw loss.error("compute returned a tensor of shape " + shape_of(v) +
+                       "; expected a scalar loss (a 0-dim tensor, the mean over the batch)");
+    if (!v.is_floating_point())
+      throw loss.error(std::string("compute returned a loss of dtype ") +
+                       c10::toString(v.scalar_type()) + "; a loss must be a floating-point tensor");
+    if (training && !v.requires_grad())
+      throw loss.error("compute returned a loss that does not require grad, so backward cannot "
+                       "reach the model (was it detached, or computed under no_grad?)");
+    if (*count < 0)
+      throw loss.error("compute reported count = " + std::to_string(*count) +
+                       "; it must set the number of items it averaged over (>= 0)");
+    return v;
   }
 
   // Weight of each micro-batch's mean loss in the step's loss: its share of the items when
@@ -243,11 +356,14 @@ struct Trainer::State {
     std::vector<int64_t> items;
     int64_t total = 0;
     for (const auto& mb : mbs) {
-      items.push_back(loss->count_items(loss.self(), peek(mb.targets)));
-      if (items.back() < 0)
-        throw Error(loss.label() + ": count_items returned " + std::to_string(items.back()) +
-                    " but train.accum_normalization = \"items\" needs item counts; hint: use "
-                    "\"mean\"");
+      items.push_back(loss.get("count_items", loss->count_items, peek(mb.targets)));
+      if (items.back() < 0) {
+        // "auto": a loss that reports no count for these targets gets the mean (1/k).
+        if (cfg.accum_normalization == AccumNorm::kAuto) return w;
+        throw loss.error("count_items returned " + std::to_string(items.back()) +
+                         " but train.accum_normalization = \"items\" needs item counts; "
+                         "hint: use \"mean\" or \"auto\"");
+      }
       total += items.back();
     }
     for (size_t i = 0; i < mbs.size(); ++i)
@@ -261,7 +377,7 @@ struct Trainer::State {
     for (size_t i = 0; i < mbs.size(); ++i)
       emit(KEEL_EVENT_AFTER_DATA, nullptr, nullptr, nullptr, static_cast<int64_t>(i));
 
-    optimizer->zero_grad(optimizer.self());
+    optimizer.get("zero_grad", optimizer->zero_grad);
     const std::vector<double> weights = micro_batch_weights(mbs);
     double step_loss = 0;
     bool finite = true;
@@ -271,7 +387,7 @@ struct Trainer::State {
         begin("forward");
         AutocastBf16 autocast(cfg.precision == Precision::kBf16);
         int64_t count = 0;
-        micro_loss = compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count);
+        micro_loss = compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count, true);
         // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
         if (weights[i] != 1.0) micro_loss = micro_loss * weights[i];
         end("forward");
@@ -280,7 +396,10 @@ struct Trainer::State {
       finite = finite && std::isfinite(value);
       step_loss += value;
       begin("backward");
-      (use_scaler ? scaler.scale_loss(micro_loss) : micro_loss).backward();
+      // Backward runs the autograd functions of the model's and the loss's operations.
+      naming(model.label() + " / " + loss.label(), "backward", [&] {
+        (use_scaler ? scaler.scale_loss(micro_loss) : micro_loss).backward();
+      });
       end("backward");
     }
     if (use_scaler) finite = scaler.unscale(params) && finite;
@@ -291,6 +410,9 @@ struct Trainer::State {
       begin("clip");
       clipper.call("clip", clipper->clip, &norm);
       end("clip");
+      if (norm < 0)  // NaN passes on to the non-finite policy: the gradients may hold NaN
+        throw clipper.error("clip reported a negative gradient norm (" + num(norm) +
+                            "); the norm before clipping is >= 0");
       finite = finite && std::isfinite(norm);
     }
     ts.grad_norm = norm;
@@ -303,8 +425,8 @@ struct Trainer::State {
       end("optimizer");
     } else if (cfg.nonfinite == NonFinite::kError && !use_scaler) {
       throw Error("non-finite " + std::string(std::isfinite(step_loss) ? "gradient norm" : "loss") +
-                  " at step " + std::to_string(ts.step + 1) + " (loss " + std::to_string(step_loss) +
-                  ", grad norm " + std::to_string(norm) + "); hint: lower the learning rate, "
+                  " at step " + std::to_string(ts.step + 1) + " (loss " + num(step_loss) +
+                  ", grad norm " + num(norm) + "); hint: lower the learning rate, "
                   "clip gradients, or set train.nonfinite = \"skip\"");
     } else {
       ts.skipped_steps += 1;
@@ -358,7 +480,13 @@ struct Trainer::State {
     if (cfg.nonfinite == NonFinite::kSkip || use_scaler)
       last_train.push_back({"skipped_steps", double(ts.skipped_steps)});
     if (use_scaler) last_train.push_back({"loss_scale", scaler.scale()});
-    if (mfu) last_train.push_back({"mfu", mfu->compute(mfu.self(), flops_per_sample, sps)});
+    if (mfu) {
+      const double v = mfu.get("compute", mfu->compute, flops_per_sample, sps);
+      if (!std::isfinite(v) || v < 0)
+        throw mfu.error("compute returned " + num(v) +
+                        "; an mfu must be a finite value >= 0 (a fraction of the peak)");
+      last_train.push_back({"mfu", v});
+    }
     ts.train_metrics = last_train.data();
     ts.train_metric_count = last_train.size();
     emit(KEEL_EVENT_METRICS, "train", &last_train);
@@ -371,7 +499,7 @@ struct Trainer::State {
     emit(KEEL_EVENT_EVAL_START, "test");
     begin("eval");
     at::NoGradGuard no_grad;
-    model->set_training(model.self(), 0);
+    model.get("set_training", model->set_training, 0);
     test_data.call("start_epoch", test_data->start_epoch, int64_t{0});
     double loss_sum = 0;
     int64_t items = 0, correct = 0, rows = 0, batches = 0;
@@ -381,18 +509,20 @@ struct Trainer::State {
       int has = 0;
       test_data.call("next", test_data->next, &b, &has);
       if (!has) break;
-      const at::Tensor x = adopt(b.inputs), y = adopt(b.targets);
+      const MicroBatch mb = checked_batch(test_data, b);
+      const at::Tensor &x = mb.inputs, &y = mb.targets;
       at::Tensor out;
       int64_t count = 0;
       double batch_loss = 0;
       {
         AutocastBf16 autocast(cfg.precision == Precision::kBf16);
         out = forward(x);
-        batch_loss = compute_loss(out, y, &count).item<double>();
+        batch_loss = compute_loss(out, y, &count, false).item<double>();
       }
       loss_sum += batch_loss * static_cast<double>(count);
       items += count;
-      if (classification && out.dim() == 2 && y.dim() == 1 && !y.is_floating_point()) {
+      if (classification && out.dim() == 2 && y.dim() == 1 && !y.is_floating_point() &&
+          out.size(0) == y.size(0)) {
         correct += out.argmax(1).eq(y).sum().item<int64_t>();
         rows += y.size(0);
       } else {
@@ -400,7 +530,7 @@ struct Trainer::State {
       }
       ++batches;
     }
-    model->set_training(model.self(), 1);
+    model.get("set_training", model->set_training, 1);
     end("eval");
     last_eval = {{"step", double(ts.step)},
                  {"epoch", double(ts.epoch)},
@@ -444,9 +574,9 @@ struct Trainer::State {
       if (matched == 0) {
         std::string names;
         for (const char* n : param_names) names += std::string(names.empty() ? "" : ", ") + n;
-        throw Error("optimizer.groups[" + std::to_string(g) + "].params = \"" + spec.params +
-                    "\" matches no parameter not already in an earlier group (parameters: " +
-                    names + ")");
+        throw Error(spec.where + ": optimizer.groups[" + std::to_string(g) + "].params = \"" +
+                    spec.params + "\" matches no parameter not already in an earlier group "
+                    "(parameters: " + names + "); hint: the regex must match whole names");
       }
       lr.push_back(spec.lr);
       wd.push_back(spec.weight_decay);
@@ -454,58 +584,96 @@ struct Trainer::State {
   }
 };
 
-Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
-  State& s = *s_;
+// Assembles the run: every component created and checked, in dependency order.
+void Trainer::State::setup(const RunConfig& config, bool validate_only) {
+  State& s = *this;
   s.cfg = config;
-  s.run_dir = config.output_dir;
+  const fs::path out = config.output_dir;
+  const std::string hint = "; hint: set [run] output_dir to a writable directory";
   std::error_code ec;
-  fs::create_directories(s.run_dir / "checkpoints", ec);
-  if (ec)
-    throw Error("cannot create run directory " + s.run_dir.string() + ": " + ec.message() +
-                "; hint: set [run] output_dir to a writable place");
+  fs::create_directories(validate_only ? out : out / "checkpoints", ec);
+  if (ec || !fs::is_directory(out))
+    throw Error("run directory " + out.string() + ": cannot create it (" +
+                (ec ? ec.message() : "a file of that name exists") + ")" + hint);
   {
-    std::ofstream resolved(s.run_dir / "manifest.resolved.toml");
-    resolved << "# Resolved from " << config.manifest_path
-             << " (extends, --set and defaults applied)\n"
-             << config.resolved << "\n";
+    const fs::path probe = out / ".keel-write-check";
+    std::ofstream(probe) << "keel\n";
+    const bool written = fs::file_size(probe, ec) == 5;
+    fs::remove(probe, ec);
+    if (!written) throw Error("run directory " + out.string() + ": cannot write to it" + hint);
   }
-  configure_threads(config.threads);
-  if (config.malloc_tuning) configure_allocator();
-  at::manual_seed(config.seed);
+  if (validate_only) {
+    // Components create their files (metrics.jsonl, ...) in a scratch directory, so that
+    // validating never touches a run directory's files.
+    std::string tmpl = (fs::temp_directory_path() / "keel-validate-XXXXXX").string();
+    if (!mkdtemp(tmpl.data()))
+      throw Error("cannot create a scratch directory in " + fs::temp_directory_path().string() +
+                  ": " + std::strerror(errno) + "; hint: set TMPDIR to a writable directory");
+    s.scratch_dir = tmpl;
+    s.run_dir = tmpl;
+  } else {
+    s.run_dir = out;
+  }
 
   // Model: parameters (for the optimizer and clipper) and state (for checkpoints).
   s.model = s.make<keel_model>(config.model);
-  const size_t np = s.model->param_count(s.model.self());
+  const size_t np = s.model.get("param_count", s.model->param_count);
+  if (np == 0)
+    throw s.model.error("param_count returned 0: the model has no trainable parameters");
+  std::set<std::string> seen;
   for (size_t i = 0; i < np; ++i) {
     const char* name = nullptr;
     keel_tensor* t = nullptr;
     s.model.call("param", s.model->param, i, &name, &t);
+    const std::string what = "param(" + std::to_string(i) + ")";
+    if (!name || !*name || !t)
+      throw s.model.error(what + " returned a NULL " + (t ? "or empty name" : "tensor"));
+    const std::string n(name, strnlen(name, 1024));
+    if (!seen.insert(n).second)
+      throw s.model.error("duplicate parameter name '" + n + "' (param " + std::to_string(i) +
+                          "); every parameter needs its own name");
+    const at::Tensor p = borrow(t);
+    if (!p.is_floating_point() || !p.requires_grad())
+      throw s.model.error(what + " '" + n + "' is not a floating-point tensor that requires "
+                          "grad; parameters are the tensors the optimizer trains");
     s.param_names.push_back(name);
     s.param_handles.push_back(t);
-    s.params.push_back(borrow(t));
+    s.params.push_back(p);
   }
-  const size_t ns = s.model->state_count(s.model.self());
+  const size_t ns = s.model.get("state_count", s.model->state_count);
+  seen.clear();
   for (size_t i = 0; i < ns; ++i) {
     keel_named_tensor nt{};
     s.model.call("state", s.model->state, i, &nt.name, &nt.tensor);
+    if (!nt.name || !*nt.name || !nt.tensor)
+      throw s.model.error("state(" + std::to_string(i) + ") returned a NULL " +
+                          (nt.tensor ? "or empty name" : "tensor"));
+    if (!seen.insert(nt.name).second)
+      throw s.model.error("duplicate state name '" + std::string(nt.name) + "'");
     s.model_state.push_back(nt);
   }
-  s.flops_per_sample = s.model->flops_per_sample(s.model.self());
-  if (!std::isfinite(s.flops_per_sample)) s.flops_per_sample = 0;
+  s.flops_per_sample = s.model.get("flops_per_sample", s.model->flops_per_sample);
+  if (!std::isfinite(s.flops_per_sample) || s.flops_per_sample < 0)
+    throw s.model.error("flops_per_sample returned " + num(s.flops_per_sample) +
+                        "; it must be >= 0 (0: unknown)");
 
   // Data, and the run's planned length (for schedules and progress).
   s.train_data = s.make<keel_dataset>(config.train_data);
   if (config.test_data && s.evaluating()) s.test_data = s.make<keel_dataset>(*config.test_data);
-  const int64_t batches = s.train_data->batches_per_epoch(s.train_data.self());
+  const int64_t batches = s.train_data.get("batches_per_epoch", s.train_data->batches_per_epoch);
   if (batches <= 0)
-    throw Error(s.train_data.label() + ": [data.train] yields no batches per epoch; hint: check "
-                "its path, limit and batch_size");
+    throw s.train_data.error("batches_per_epoch returned " + std::to_string(batches) +
+                             ": the training split yields no batches; hint: check its path, "
+                             "limit and batch_size");
   const int64_t steps_per_epoch = (batches + config.grad_accum - 1) / config.grad_accum;
   std::vector<int64_t> plans;
   if (config.epochs > 0) plans.push_back(config.epochs * steps_per_epoch);
   if (config.max_steps > 0) plans.push_back(config.max_steps);
   if (config.max_samples > 0) {
-    const int64_t size = s.train_data->size(s.train_data.self());
+    const int64_t size = s.train_data.get("size", s.train_data->size);
+    if (size <= 0)
+      throw s.train_data.error("size returned " + std::to_string(size) +
+                               "; train.max_samples needs the samples per epoch");
     const double per_step = static_cast<double>(size) / batches * config.grad_accum;
     plans.push_back(static_cast<int64_t>(std::ceil(config.max_samples / per_step)));
   }
@@ -521,8 +689,18 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
   octx.group_lr = group_lr.data();
   octx.group_weight_decay = group_wd.data();
   s.optimizer = create_instance<keel_optimizer>(*config.optimizer.component, octx);
-  for (size_t g = 0; g < s.optimizer->group_count(s.optimizer.self()); ++g)
-    s.base_lrs.push_back(s.optimizer->get_lr(s.optimizer.self(), g));
+  const size_t groups = s.optimizer.get("group_count", s.optimizer->group_count);
+  if (groups == 0 || groups > s.params.size())
+    throw s.optimizer.error("group_count returned " + std::to_string(groups) + " for " +
+                            std::to_string(s.params.size()) +
+                            " parameters; an optimizer has between 1 and one group per parameter");
+  for (size_t g = 0; g < groups; ++g) {
+    const double lr = s.optimizer.get("get_lr", s.optimizer->get_lr, g);
+    if (!std::isfinite(lr) || lr < 0)
+      throw s.optimizer.error("get_lr(" + std::to_string(g) + ") returned " + num(lr) +
+                              "; a learning rate is finite and >= 0");
+    s.base_lrs.push_back(lr);
+  }
 
   if (config.lr_scheduler) {
     keel_create_context sctx = s.context(*config.lr_scheduler);
@@ -532,8 +710,8 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
   s.loss = s.make<keel_loss>(config.loss);
   const bool counts = KEEL_HAS_SLOT(s.loss, keel_loss, count_items);
   if (config.accum_normalization == AccumNorm::kItems && !counts)
-    throw Error(s.loss.label() + " does not report item counts, which train.accum_normalization "
-                "= \"items\" needs; hint: use \"mean\" or \"auto\"");
+    throw s.loss.error("does not report item counts (no count_items), which "
+                       "train.accum_normalization = \"items\" needs; hint: use \"mean\" or \"auto\"");
   s.items_normalization = counts && config.accum_normalization != AccumNorm::kMean;
   s.use_scaler = config.precision == Precision::kFp16;
 
@@ -554,9 +732,13 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
     const auto& hook = s.hooks.back();
     if (!KEEL_HAS_SLOT(hook, keel_hook, state_count) || !KEEL_HAS_SLOT(hook, keel_hook, state))
       continue;
-    for (size_t i = 0; i < hook->state_count(hook.self()); ++i) {
+    const size_t n = hook.get("state_count", hook->state_count);
+    for (size_t i = 0; i < n; ++i) {
       keel_named_tensor nt{};
       hook.call("state", hook->state, i, &nt.name, &nt.tensor);
+      if (!nt.name || !*nt.name || !nt.tensor)
+        throw hook.error("state(" + std::to_string(i) + ") returned a NULL " +
+                         (nt.tensor ? "or empty name" : "tensor"));
       s.hook_state_names.push_back(h->section + "." + nt.name);
       s.hook_state.push_back(nt);
     }
@@ -576,9 +758,65 @@ Trainer::Trainer(const RunConfig& config) : s_(std::make_unique<State>()) {
     if (!config.init_from.empty()) {
       s.store->load(config.init_from, s.model_state, s.hook_state);
       spdlog::info("loaded {}", config.init_from);
-      s.emit(KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, config.init_from.c_str());
+      if (!validate_only)
+        s.emit(KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, config.init_from.c_str());
     }
   }
+  if (validate_only) return;
+
+  // Written last, so that a run failing before step 1 leaves them untouched.
+  const fs::path resolved_path = s.run_dir / "manifest.resolved.toml";
+  std::ofstream resolved(resolved_path);
+  resolved << "# Resolved from " << config.manifest_path
+           << " (extends, --set and defaults applied)\n"
+           << config.resolved << "\n";
+  resolved.close();
+  if (!resolved) throw Error("cannot write " + resolved_path.string() + hint);
+  attach_run_log((s.run_dir / "run.log").string());  // with what was logged until now
+  s.run_log_attached = true;
+}
+
+Trainer::State::~State() {
+  // Instances go first (in reverse order of creation), so that files they hold are closed.
+  hooks.clear();
+  store.reset();
+  checkpoint.reset();
+  profiler.reset();
+  mfu.reset();
+  clipper.reset();
+  loss.reset();
+  scheduler.reset();
+  optimizer.reset();
+  test_data.reset();
+  train_data.reset();
+  model.reset();
+  if (run_log_attached) detach_run_log();
+  std::error_code ec;
+  if (!scratch_dir.empty()) fs::remove_all(scratch_dir, ec);
+}
+
+Trainer::Trainer(const RunConfig& config, bool validate_only) : s_(std::make_unique<State>()) {
+  const RunDirSnapshot before(config.output_dir);
+  try {
+    s_->setup(config, validate_only);
+  } catch (const Error& e) {
+    s_.reset();  // closes every file the components opened
+    const std::string left = before.remove_added();
+    if (left.empty()) throw;
+    throw Error(std::string(e.what()) + " (left behind: " + left + ")");
+  } catch (...) {
+    s_.reset();
+    before.remove_added();
+    throw;
+  }
+}
+
+void check_run(const RunConfig& config) {
+  const RunDirSnapshot before(config.output_dir);
+  { Trainer trainer(config, /*validate_only=*/true); }
+  const std::string left = before.remove_added();
+  if (!left.empty())
+    throw Error("validation left files behind in the run directory: " + left);
 }
 
 Trainer::~Trainer() = default;
@@ -597,7 +835,7 @@ RunSummary Trainer::train() {
       s.emit(KEEL_EVENT_TRAIN_END);
       return summary;
     }
-    s.model->set_training(s.model.self(), 1);
+    s.model.get("set_training", s.model->set_training, 1);
     s.set_lr_for(0);
     s.emit(KEEL_EVENT_TRAIN_START);
     if (s.store && s.cfg.checkpoint_initial) s.save_checkpoint();
@@ -627,15 +865,30 @@ RunSummary Trainer::train() {
                         (s.requests & KEEL_REQUEST_CHECKPOINT)))
           s.save_checkpoint();
         done = last || (s.requests & KEEL_REQUEST_STOP);
+        // A stop requested by the evaluation or the checkpoint: record the steps since the
+        // last record (a stop requested by then was recorded above).
+        if (done && s.window.steps > 0) s.log_train_metrics();
         s.requests = 0;
         if (!done) s.set_lr_for(s.ts.step);
       }
       if (final_epoch && s.window.steps > 0) s.log_train_metrics();  // the last, partial window
       if (epoch_complete) s.emit(KEEL_EVENT_EPOCH_END);
       if (final_epoch) done = true;
-      // After each epoch, and once more when a step target ends the run mid-epoch.
-      if ((s.cfg.eval_each_epoch && epoch_complete) || done) s.evaluate(summary);
-      if (s.requests & KEEL_REQUEST_STOP) done = true;  // e.g. early stopping on that eval
+      // What the epoch-end events request: a stop ends the run (after its evaluation, with a
+      // record of the steps since the last one), a checkpoint is saved.
+      const auto stop_if_requested = [&] {
+        if (s.requests & KEEL_REQUEST_STOP) done = true;
+        if (done && s.window.steps > 0) s.log_train_metrics();
+      };
+      // After each epoch, when the run ends, and on request.
+      if ((s.cfg.eval_each_epoch && epoch_complete) || done ||
+          (s.requests & (KEEL_REQUEST_EVAL | KEEL_REQUEST_STOP)))
+        s.evaluate(summary);
+      stop_if_requested();  // e.g. early stopping on that evaluation
+      if (s.store && (s.requests & KEEL_REQUEST_CHECKPOINT) && s.last_saved_step != s.ts.step) {
+        s.save_checkpoint();
+        stop_if_requested();  // a stop requested by that CHECKPOINT_SAVED
+      }
       s.requests = 0;
     }
 

@@ -22,9 +22,14 @@ struct RunSummary {
 
 class Trainer {
  public:
-  // Creates the run directory, writes manifest.resolved.toml, seeds, and creates every
-  // component. Throws keel::Error naming the component on failure.
-  explicit Trainer(const RunConfig& config);
+  // Creates the run directory (and checks that it can be written), creates and checks every
+  // component (loading [checkpoint] init_from), then writes manifest.resolved.toml and starts
+  // run.log. Throws keel::Error naming the component on failure; then every file and directory
+  // it added to the run directory is removed again (the directory too, when it created it).
+  // `validate_only` (check_run): components get a scratch run directory instead, removed with
+  // the Trainer, and nothing is written to the run directory.
+  // Process-wide settings are not touched here: see apply_process_settings.
+  explicit Trainer(const RunConfig& config, bool validate_only = false);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -35,6 +40,17 @@ class Trainer {
   struct State;
   std::unique_ptr<State> s_;
 };
+
+// Everything `keel train` does before step 1, without training (`keel validate`): checks that
+// the run directory can be created and written, creates every component with its options
+// (datasets read their data, init_from is loaded into the model), destroys them again, and
+// removes every file and directory it added. Throws keel::Error on the first problem.
+void check_run(const RunConfig& config);
+
+// The process-wide settings of a run, applied once at start-up by the program that runs it
+// (keel's main, a test, an embedding program): LibTorch and BLAS threads, glibc allocator
+// tuning ([run] malloc_tuning), and the seed of LibTorch's default generator.
+void apply_process_settings(const RunConfig& config);
 
 // Applies the run's thread policy: `threads` LibTorch intra-op threads (0: every core) and a
 // single-threaded BLAS, so that the two pools never oversubscribe the cores.

@@ -74,7 +74,9 @@ struct Stopper {
 // Trains `manifest` with `sets`; returns the steps taken and the evaluations in metrics.jsonl.
 std::pair<int64_t, size_t> train(const fs::path& manifest, const std::vector<std::string>& sets) {
   keel::Registry registry;
-  keel::Trainer trainer(keel::resolve(keel::load_manifest(manifest.string(), sets), registry));
+  const keel::RunConfig rc = keel::resolve(keel::load_manifest(manifest.string(), sets), registry);
+  keel::apply_process_settings(rc);
+  keel::Trainer trainer(rc);
   const keel::RunSummary summary = trainer.train();
   size_t evals = 0;
   std::stringstream s(keel_test::read(fs::path(summary.run_dir) / "metrics.jsonl"));
@@ -129,6 +131,34 @@ TEST_CASE("a run stops after 1 + patience + 1 evaluations without improvement") 
       train(manifest(d, "patience = 2"), {"train.epochs=30", "optimizer.lr=0"});
   CHECK(evals == 4);
   CHECK(steps == 4 * 8);  // 256 samples / batch 32 = 8 steps an epoch
+}
+
+// The bug: a stop requested by an end-of-epoch evaluation of a non-final epoch ended the run
+// without a record of the steps since the last log_every record.
+TEST_CASE("a run stopped at an end-of-epoch evaluation records its last steps") {
+  TempDir d;
+  // lr 0, patience 0: the evaluation after epoch 2 (step 16) is the first bad one and stops the
+  // run of 30 epochs. log_every 3 does not divide 16: records at 3, 6, ..., 15 and one at 16.
+  const auto [steps, evals] =
+      train(manifest(d, "patience = 0"),
+            {"train.epochs=30", "train.log_every=3", "optimizer.lr=0"});
+  CHECK(evals == 2);
+  REQUIRE(steps == 16);
+  std::vector<std::string> records;  // metrics.jsonl, in order
+  std::stringstream s(keel_test::read(d.path / "run/metrics.jsonl"));
+  for (std::string l; std::getline(s, l);) records.push_back(l);
+  std::vector<std::string> train_steps;
+  for (const std::string& r : records)
+    if (r.find("\"split\": \"train\"") != r.npos)
+      train_steps.push_back(r.substr(r.find("\"step\": "), r.find(',', r.find("\"step\": ")) -
+                                                              r.find("\"step\": ")));
+  CHECK(train_steps == std::vector<std::string>{"\"step\": 3", "\"step\": 6", "\"step\": 9",
+                                                "\"step\": 12", "\"step\": 15",
+                                                "\"step\": 16"});
+  // The last record is that of steps 16 (of epoch 1), after the evaluation that stopped the run.
+  REQUIRE(records.size() >= 2);
+  CHECK(records.back().rfind("{\"split\": \"train\", \"step\": 16, \"epoch\": 1,", 0) == 0);
+  CHECK(records[records.size() - 2].rfind("{\"split\": \"test\", \"step\": 16,", 0) == 0);
 }
 
 TEST_CASE("a run started from a checkpoint goes on counting from the saved state") {

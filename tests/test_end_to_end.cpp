@@ -18,6 +18,7 @@ namespace {
 keel::RunSummary train(const fs::path& manifest, std::vector<std::string> sets = {}) {
   keel::Registry registry;
   const keel::RunConfig rc = keel::resolve(keel::load_manifest(manifest.string(), sets), registry);
+  keel::apply_process_settings(rc);
   keel::Trainer trainer(rc);
   return trainer.train();
 }
@@ -44,6 +45,20 @@ std::string strip_timing(const std::string& record) {
 }
 
 const char* kCheckpoint = "[checkpoint]\ntype = \"safetensors\"\nevery_steps = 8\nkeep_last = 2\n";
+
+// Runs in `dir` as the working directory until it goes out of scope.
+struct WorkingDirectory {
+  fs::path previous = fs::current_path();
+  explicit WorkingDirectory(const fs::path& dir) { fs::current_path(dir); }
+  ~WorkingDirectory() { fs::current_path(previous); }
+};
+
+std::vector<std::string> all_records(const fs::path& jsonl) {
+  std::vector<std::string> out;
+  std::stringstream s(keel_test::read(jsonl));
+  for (std::string l; std::getline(s, l);) out.push_back(strip_timing(l));
+  return out;
+}
 
 }  // namespace
 
@@ -119,4 +134,80 @@ TEST_CASE("init_from loads a committed checkpoint: evaluation matches the saved 
   const keel::RunSummary again = train(q, {"optimizer.lr=0", "train.epochs=1"});
   CHECK(again.eval_loss == doctest::Approx(trained.eval_loss).epsilon(1e-6));
   CHECK(again.eval_accuracy == trained.eval_accuracy);
+}
+
+TEST_CASE("manifest.resolved.toml reruns the run from another working directory") {
+  // Every path of the manifest is relative: the data directory and the plugin directory
+  // (symlinks next to the manifest), init_from, the C hook's log file (a KEEL_OPT_PATH, like
+  // the data path) and output_dir (relative to the working directory).
+  TempDir d;
+  const fs::path w1 = d.path / "w1", w2 = d.path / "w2";
+  fs::create_directories(w1);
+  fs::create_directories(w2);
+  fs::create_directory_symlink("/usr/share/datasets/fashion-mnist", w1 / "data");
+  fs::create_directory_symlink(KEEL_FIXTURE_DIR, w1 / "fixtures");
+  train(d.write("base.toml", keel_test::small_run(d.path / "base") + kCheckpoint),
+        {"train.epochs=1"});
+  REQUIRE(fs::exists(d.path / "base/checkpoints/step-8"));
+  d.write("w1/m.toml",
+          "[plugins]\npaths = [\"fixtures\"]\n"
+          "[run]\nname = \"rel\"\noutput_dir = \"out\"\nseed = 7\n"
+          "[train]\nepochs = 2\nlog_every = 3\n"
+          "[model]\ntype = \"mlp\"\nhidden = [32]\n"
+          "[data.train]\ntype = \"fashion_mnist\"\npath = \"data\"\nsplit = \"train\"\n"
+          "batch_size = 32\nlimit = 256\n"
+          "[data.test]\ntype = \"fashion_mnist\"\npath = \"data\"\nsplit = \"test\"\n"
+          "batch_size = 100\nlimit = 200\nshuffle = false\n"
+          "[optimizer]\ntype = \"adamw\"\nlr = 1e-3\n"
+          "[loss]\ntype = \"cross_entropy\"\n"
+          "[checkpoint]\ntype = \"safetensors\"\ninit_from = \"../base/checkpoints/step-8\"\n"
+          "[[hooks]]\ntype = \"jsonl\"\n"
+          "[[hooks]]\ntype = \"c_event_log\"\npath = \"events.log\"\n");
+  {
+    WorkingDirectory in(w1);
+    train("m.toml");
+  }
+  const fs::path first = w1 / "out", resolved_path = first / "manifest.resolved.toml";
+  REQUIRE(fs::exists(resolved_path));
+
+  // Every path in the resolved manifest is absolute and names what the relative one named.
+  const toml::table resolved = toml::parse_file(resolved_path.string());
+  const auto path_of = [&](const toml::node_view<const toml::node>& v) {
+    const std::string p = v.value<std::string>().value_or("");
+    INFO("'" << p << "'");
+    CHECK(fs::path(p).is_absolute());
+    return fs::path(p);
+  };
+  CHECK(path_of(resolved["run"]["output_dir"]) == first);
+  CHECK(fs::equivalent(path_of(resolved["plugins"]["paths"][0]), KEEL_FIXTURE_DIR));
+  CHECK(fs::equivalent(path_of(resolved["data"]["train"]["path"]), w1 / "data"));
+  CHECK(fs::equivalent(path_of(resolved["data"]["test"]["path"]), w1 / "data"));
+  CHECK(fs::equivalent(path_of(resolved["checkpoint"]["init_from"]),
+                       d.path / "base/checkpoints/step-8"));
+  CHECK(path_of(resolved["hooks"][1]["path"]) == w1 / "events.log");
+
+  // Rerun it as is from another working directory, into a new run directory.
+  {
+    WorkingDirectory in(w2);
+    train(resolved_path, {"run.output_dir=rerun"});
+  }
+  const fs::path second = w2 / "rerun";
+  REQUIRE(fs::exists(second / "metrics.jsonl"));
+  const auto a = all_records(first / "metrics.jsonl"), b = all_records(second / "metrics.jsonl");
+  CHECK(a.size() == 8);  // 16 steps: train records at 3, 6, ..., 15 and 16; 2 evaluations
+  CHECK(a == b);
+  // The hook wrote to the same absolute file both times, after loading the checkpoint.
+  CHECK(!fs::exists(w2 / "events.log"));
+  const std::string events = keel_test::read(w1 / "events.log");
+  size_t loaded = 0;
+  for (size_t at = events.find("CHECKPOINT_LOADED"); at != std::string::npos;
+       at = events.find("CHECKPOINT_LOADED", at + 1))
+    ++loaded;
+  CHECK(loaded == 2);
+
+  // The rerun resolved to the same manifest but for its run directory.
+  toml::table again = toml::parse_file((second / "manifest.resolved.toml").string());
+  CHECK(again["run"]["output_dir"].value<std::string>() == second.string());
+  again["run"].as_table()->insert_or_assign("output_dir", first.string());
+  CHECK(again == resolved);
 }

@@ -24,6 +24,7 @@ struct Run {
   std::unique_ptr<keel::Trainer> trainer;
   Run(const fs::path& manifest, const std::vector<std::string>& sets) {
     config = keel::resolve(keel::load_manifest(manifest.string(), sets), registry);
+    keel::apply_process_settings(config);
     trainer = std::make_unique<keel::Trainer>(config);
   }
 };
@@ -103,17 +104,78 @@ TEST_CASE("non-finite values: error names the step; skip counts and aborts after
   CHECK(skip_err.find("more than train.max_skips = 3 steps skipped") != std::string::npos);
 }
 
-TEST_CASE("a skipped step leaves the weights untouched and is reported") {
-  TempDir d;
-  // Clipping with the `none` clipper exposes the gradient norm; a NaN input makes it NaN.
-  const std::string extra = "[grad_clipper]\ntype = \"none\"\n[checkpoint]\ntype = \"safetensors\"\n"
-                            "initial = true\n";
-  const keel::RunSummary s = train(d, {"optimizer.lr=1e30", "train.nonfinite=skip",
-                                       "train.max_skips=100", "train.log_every=1"}, extra);
-  CHECK(s.skipped_steps > 0);
-  CHECK(s.skipped_steps < s.steps);
-  const auto r = records(d, "train");
-  CHECK(field(r.back(), "skipped_steps") == static_cast<double>(s.skipped_steps));
+namespace {
+
+// A run on the C fixture's synthetic dataset (tests/fixtures/c_hook.c): one epoch of 16 batches
+// of 16 random samples, AdamW, a checkpoint after every step (and step-0), one skip allowed.
+std::string synthetic_run(const fs::path& run_dir, const std::string& data_options) {
+  return kFixtures + "[run]\noutput_dir = \"" + run_dir.string() + "\"\nseed = 7\n" +
+         "[train]\nepochs = 1\nlog_every = 1\nnonfinite = \"skip\"\nmax_skips = 1\n"
+         "[model]\ntype = \"mlp\"\nhidden = [32]\n"
+         "[data.train]\ntype = \"c_synthetic\"\nbatches = 16\nbatch_size = 16\n" +
+         data_options +
+         "[optimizer]\ntype = \"adamw\"\nlr = 0.01\n"
+         "[loss]\ntype = \"cross_entropy\"\n"
+         "[checkpoint]\ntype = \"safetensors\"\nevery_steps = 1\ninitial = true\n"
+         "[[hooks]]\ntype = \"jsonl\"\n";
+}
+
+// Every tensor of two committed checkpoints of the runs in `a` and `b` is bit-equal: the files
+// are byte-equal (the safetensors backend writes the tensors in the model's fixed order and a
+// constant header, so equal bytes <=> every tensor equal), and each parameter compares equal.
+void check_same_model(const TempDir& a, const std::string& ca, const TempDir& b,
+                      const std::string& cb) {
+  INFO("run A " << ca << " vs run B " << cb);
+  const auto file = [](const TempDir& d, const std::string& c) {
+    return d.path / "run/checkpoints" / c / "model.safetensors";
+  };
+  REQUIRE(fs::exists(file(a, ca)));
+  REQUIRE(fs::exists(file(b, cb)));
+  CHECK(keel_test::read(file(a, ca)) == keel_test::read(file(b, cb)));
+  for (const char* name : {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}) {
+    INFO(name);
+    CHECK(at::equal(weights_of(a, ca, name), weights_of(b, cb, name)));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a skipped step leaves the weights and the optimizer state untouched") {
+  // Run A: batch 3 (0-based) holds a NaN, so step 4's loss is NaN and the step is skipped.
+  // Run B: the same data without batch 3. After the skip, A's step k + 1 sees B's step k's
+  // batch. Had the skipped step touched AdamW (its moments, its step count used for bias
+  // correction, the decoupled weight decay) or left NaN gradients behind, A's later weights
+  // would differ from B's; so A's step k + 1 must equal B's step k bit for bit, for every k.
+  TempDir a, b;
+  const auto pa = a.write("m.toml", synthetic_run(a.path / "run", "nan_batch = 3\n"));
+  const auto pb = b.write("m.toml", synthetic_run(b.path / "run", "skip_batch = 3\n"));
+  const keel::RunSummary sa = Run(pa, {}).trainer->train();
+  const keel::RunSummary sb = Run(pb, {}).trainer->train();
+  CHECK(sa.steps == 16);
+  CHECK(sa.skipped_steps == 1);
+  CHECK(sb.steps == 15);
+  CHECK(sb.skipped_steps == 0);
+
+  // The skipped step is reported: skipped_steps is 0 up to step 3 and 1 from step 4 on.
+  const auto r = records(a, "train");
+  REQUIRE(r.size() == 16);
+  CHECK(field(r[2], "skipped_steps") == 0);
+  CHECK(field(r[3], "skipped_steps") == 1);
+  CHECK(field(r.back(), "skipped_steps") == 1);
+
+  // Directly: every tensor right after the skipped step 4 equals right before it, while the
+  // steps around it do change the weights.
+  check_same_model(a, "step-3", a, "step-4");
+  CHECK(!at::equal(weights_of(a, "step-2", "fc1.weight"), weights_of(a, "step-3", "fc1.weight")));
+  CHECK(!at::equal(weights_of(a, "step-4", "fc1.weight"), weights_of(a, "step-5", "fc1.weight")));
+
+  // Indirectly, the optimizer state: B's step k equals A's step k for k <= 3, and A's step k + 1
+  // for k > 3 (A's step 4 is the skipped one).
+  for (int k = 0; k <= 15; ++k)
+    check_same_model(a, "step-" + std::to_string(k <= 3 ? k : k + 1), b,
+                     "step-" + std::to_string(k));
+  // Not vacuous: checkpoints of A and B of the same step number after the skip differ.
+  CHECK(!at::equal(weights_of(a, "step-10", "fc1.weight"), weights_of(b, "step-10", "fc1.weight")));
 }
 
 TEST_CASE("evaluation cadence and run modes") {
@@ -207,9 +269,9 @@ at::Tensor weights_of(const TempDir& d, const std::string& checkpoint, const std
   ctx.options = &none;
   ctx.section = "checkpoint";
   const auto backend = keel::create_instance<keel_checkpoint>(*c, ctx);
-  // small_run's mlp: 784 -> 32 -> 10
+  // the mlp of small_run and synthetic_run: 784 -> 32 -> 10
   const std::map<std::string, std::vector<int64_t>> shapes = {
-      {"fc1.weight", {32, 784}}, {"fc2.weight", {10, 32}}};
+      {"fc1.weight", {32, 784}}, {"fc1.bias", {32}}, {"fc2.weight", {10, 32}}, {"fc2.bias", {10}}};
   at::Tensor t = at::zeros(shapes.at(name), at::kFloat);
   const keel_named_tensor into{name.c_str(), keel::peek(t)};
   const std::string dir = (d.path / "run/checkpoints" / checkpoint).string();

@@ -1,5 +1,8 @@
 // Manifest parsing (extends, --set) and every validation error: each names file:line:col or
 // the --set argument, the dotted key, and a hint.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "manifest.hpp"
 #include "registry.hpp"
 #include "run_config.hpp"
@@ -78,9 +81,11 @@ TEST_CASE("--set overrides any key with the same checks") {
   CHECK(rc.name == "renamed");  // unquoted text is taken as a string
 
   CHECK(error_of([&] { resolve_file(p, {"optimizer.lr=-1"}); }) ==
-        "--set optimizer.lr=-1: optimizer.lr: must be >= 0, got -1");
+        "--set optimizer.lr=-1: optimizer.lr: must be >= 0, got -1; hint: use a value >= 0 "
+        "(learning rate)");
   CHECK(error_of([&] { resolve_file(p, {"optimizer.lr=fast"}); }) ==
-        "--set optimizer.lr=fast: optimizer.lr: expected float >= 0, got \"fast\"");
+        "--set optimizer.lr=fast: optimizer.lr: expected float >= 0, got \"fast\"; hint: e.g. "
+        "lr = 0.01 (the default); `keel plugins show sgd` describes it");
   CHECK(error_of([&] { resolve_file(p, {"optimizer"}); }).find("expected KEY=VALUE") !=
         std::string::npos);
 }
@@ -90,17 +95,17 @@ TEST_CASE("unknown key: file:line:col and the closest valid key") {
   const std::string err = resolve_error(
       d, keel_test::small_run(d.path / "run") + "[grad_clipper]\ntype = \"norm\"\nmax_nrom = 1.0\n");
   CHECK(err == (d.path / "m.toml").string() +
-                   ":30:1: unknown key 'max_nrom' in [grad_clipper]; did you mean "
-                   "'max_norm'? (hint: `keel plugins show norm` lists every option)");
+                   ":30:1: unknown key 'max_nrom' in [grad_clipper]; hint: did you mean "
+                   "'max_norm'? `keel plugins show norm` lists every option");
 }
 
 TEST_CASE("unknown section and unknown [data.*] table") {
   TempDir d;
   CHECK(resolve_error(d, keel_test::small_run(d.path / "run") + "[optimiser]\nlr = 1\n")
-            .find(":28:2: unknown section 'optimiser'; did you mean 'optimizer'?") !=
+            .find(":28:2: unknown section 'optimiser'; hint: did you mean 'optimizer'?") !=
         std::string::npos);
   CHECK(resolve_error(d, keel_test::small_run(d.path / "run") + "[data.tset]\ntype = \"x\"\n")
-            .find("unknown table [data.tset]; did you mean 'test'?") != std::string::npos);
+            .find("unknown table [data.tset]; hint: did you mean 'test'?") != std::string::npos);
 }
 
 TEST_CASE("wrong type names the dotted key and what was expected") {
@@ -109,7 +114,8 @@ TEST_CASE("wrong type names the dotted key and what was expected") {
   text.replace(text.find("hidden = [32]"), 13, "hidden = 32");
   CHECK(resolve_error(d, text) == (d.path / "m.toml").string() +
                                       ":10:10: model.hidden: expected list of integers in "
-                                      "[1, 1e+09], got 32");
+                                      "[1, 1e+09], got 32; hint: e.g. hidden = [256, 128] (the "
+                                      "default); `keel plugins show mlp` describes it");
   text = keel_test::small_run(d.path / "run");
   text.replace(text.find("epochs = 2"), 10, "epochs = \"two\"");
   CHECK(resolve_error(d, text).find(":6:10: train.epochs: expected integer in [0, 1e+09], "
@@ -125,7 +131,7 @@ TEST_CASE("out-of-range value and a string outside its choices") {
   text = keel_test::small_run(d.path / "run");
   text.replace(text.find("split = \"test\""), 14, "split = \"tset\"");
   CHECK(resolve_error(d, text).find("data.test.split: expected one of train|test, got \"tset\"; "
-                                    "did you mean \"test\"?") != std::string::npos);
+                                    "hint: did you mean \"test\"?") != std::string::npos);
 }
 
 TEST_CASE("unknown component type lists what is available") {
@@ -133,8 +139,9 @@ TEST_CASE("unknown component type lists what is available") {
   std::string text = keel_test::small_run(d.path / "run");
   text.replace(text.find("type = \"sgd\""), 12, "type = \"sdg\"");
   const std::string err = resolve_error(d, text);
-  CHECK(err.find(":23:8: [optimizer].type: no optimizer named 'sdg'; did you mean 'sgd'?") !=
+  CHECK(err.find(":23:8: [optimizer].type: no optimizer named 'sdg' (available: ") !=
         std::string::npos);
+  CHECK(err.find("; hint: did you mean 'sgd'? `keel plugins` lists") != std::string::npos);
   CHECK(err.find("available: ") != std::string::npos);
 }
 
@@ -146,7 +153,8 @@ TEST_CASE("missing required table, required option, and a run that would never e
   CHECK(resolve_error(d, keel_test::small_run(d.path / "run") + "[mfu]\ntype = \"peak_flops\"\n")
             .find("[mfu] needs 'peak_tflops'") != std::string::npos);
   CHECK(resolve_error(d, keel_test::small_run(d.path / "run"), {"train.epochs=0"})
-            .find("sets no stop target") != std::string::npos);
+            .find("--set train.epochs=0: train.epochs: no stop target is set") !=
+        std::string::npos);
 }
 
 TEST_CASE("invalid TOML reports the parser's position") {
@@ -175,4 +183,151 @@ TEST_CASE("hooks = [] means no hooks; a non-table hook entry is an error") {
   const std::string err =
       resolve_error(d, "hooks = [1]\n" + keel_test::small_run(d.path / "run"));
   CHECK(err.find(":1:9: hooks must be an array of tables") != std::string::npos);
+}
+
+TEST_CASE("every --set error names the argument and the key, with a hint") {
+  TempDir d;
+  const auto p = d.write("m.toml", keel_test::small_run(d.path / "run") +
+                                       "[[hooks]]\ntype = \"console\"\n[[hooks]]\ntype = \"jsonl\"\n");
+  // {argument, what the message must also say}
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"hooks[x].path=a", "'x' in 'hooks[x]' is not an index"},
+      {"hooks[-1].path=a", "negative index"},
+      {"hooks[2].path=a", "index 2 is out of range: hooks holds 2 entries: hooks[0] (type "
+                          "console), hooks[1] (type jsonl)"},
+      {"hooks[99999999999999999999999].path=a", "out of range"},
+      {"hooks[].path=a", "empty index"},
+      {"hooks[1.path=a", "'[' without a closing ']'"},
+      {"hooks]=1", "']' without an opening '['"},
+      {"hooks[0][1].x=1", "one index per name"},
+      {"run[0].name=x", "'run' is a table, not an array"},
+      {"optimizer.lr.x=1", "'optimizer.lr' is a value (0.1), not a table"},
+      {"hooks.type=csv", "'hooks' is an array, not a table"},
+      {"=3", "the key before '=' is empty"},
+      {"optimizer", "expected KEY=VALUE"},
+      {"optimizer.lr=", "the value after '=' is empty"},
+      {"optimizer.lr=  ", "the value after '=' is empty"},
+      {"a..b=1", "empty name between dots"},
+      {".a=1", "empty name between dots"},
+      {"a.=1", "the key ends with '.'"},
+      {"a b=1", "' ' cannot appear in a key"},
+      {"hooks[0]=x", "cannot replace the whole entry 'hooks[0]'"},
+      {"optimizer=sgd", "'optimizer' is a table; a value cannot replace it"},
+      {"hooks=1", "'hooks' is an array of tables"},
+      {"model.hidden=[1,2", "is not valid TOML"},
+      {"run.name=\"abc", "is not valid TOML"},
+      {"model.hidden[3]=1", "model.hidden holds 1 entry: model.hidden[0] = 32"},
+      {"model.hidden[0].x=1", "'model.hidden[0]' is a value (32), not a table"},
+      {"optimizer.groups[0].params=x", "'optimizer.groups' is not in the manifest"},
+      {"extends=base.toml", "`extends` cannot be set with --set"},
+  };
+  for (const auto& [arg, what] : cases) {
+    CAPTURE(arg);
+    const std::string err = error_of([&] { keel::load_manifest(p.string(), {arg}); });
+    CHECK(err.rfind("--set " + arg + ": ", 0) == 0);
+    CHECK(err.find(what) != std::string::npos);
+    CHECK(err.find("; hint: ") != std::string::npos);
+    CHECK(err.find("<manifest>") == std::string::npos);
+    CHECK(err.find("stol") == std::string::npos);
+  }
+  // The key is named when there is one.
+  CHECK(error_of([&] { keel::load_manifest(p.string(), {"hooks[x].path=a"}); })
+            .find("key 'hooks[x].path'") != std::string::npos);
+}
+
+TEST_CASE("--set: tables it creates and values it sets name the argument in later errors") {
+  TempDir d;
+  const auto p = d.write("m.toml", keel_test::small_run(d.path / "run"));
+  // A new table: its errors (missing type, missing option) name the --set argument.
+  CHECK(error_of([&] { resolve_file(p, {"mfu.type=peak_flops"}); })
+            .rfind("--set mfu.type=peak_flops: [mfu] needs 'peak_tflops'", 0) == 0);
+  CHECK(error_of([&] { resolve_file(p, {"mfu.peak_tflops=1.0"}); })
+            .rfind("--set mfu.peak_tflops=1.0: [mfu] needs type", 0) == 0);
+  CHECK(error_of([&] { resolve_file(p, {"optimiser.lr=1"}); })
+            .rfind("--set optimiser.lr=1: unknown section 'optimiser'", 0) == 0);
+}
+
+TEST_CASE("--set: array elements, whole arrays and inline tables") {
+  TempDir d;
+  const auto p = d.write("m.toml", keel_test::small_run(d.path / "run") +
+                                       "[[hooks]]\ntype = \"console\"\n[[hooks]]\ntype = \"jsonl\"\n");
+  CHECK(std::get<std::vector<int64_t>>(
+            resolve_file(p, {"model.hidden[0]=64"}).model.options.values.at("hidden")) ==
+        std::vector<int64_t>{64});
+  CHECK(std::get<std::vector<int64_t>>(
+            resolve_file(p, {"model.hidden=[8, 4]"}).model.options.values.at("hidden")) ==
+        std::vector<int64_t>{8, 4});
+  CHECK(resolve_file(p, {"hooks=[]"}).hooks.empty());
+  CHECK(resolve_file(p, {"hooks[1].type=csv"}).hooks[1].component->name == "csv");
+  CHECK(resolve_file(p, {"lr_scheduler={type = \"constant\"}"}).lr_scheduler->component->name ==
+        "constant");
+  CHECK(resolve_file(p, {" optimizer.lr = 0.5 "}).optimizer.options.values.at("lr") ==
+        KeelOptionValue(0.5));
+  CHECK(resolve_file(p, {"run.name=a=b"}).name == "a=b");  // the first '=' splits
+  CHECK(resolve_file(p, {"run.name=\"\""}).name.empty());
+}
+
+TEST_CASE("only regular files are read: directory, FIFO, device, missing") {
+  TempDir d;
+  std::filesystem::create_directories(d.path / "dir");
+  REQUIRE(mkfifo((d.path / "fifo").c_str(), 0600) == 0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {(d.path / "dir").string(), "is a directory, not a manifest file"},
+      {(d.path / "fifo").string(), "is a FIFO (named pipe), not a manifest file"},
+      {"/dev/null", "is a character device, not a manifest file"},
+      {(d.path / "missing.toml").string(), "manifest not found"},
+      {(d.path / "m.toml" / "x.toml").string(), "manifest not found"},
+  };
+  d.write("m.toml", "");
+  for (const auto& [path, what] : cases) {
+    CAPTURE(path);
+    // As the manifest: the message starts with the path.
+    const std::string err = error_of([&] { keel::load_manifest(path, {}); });
+    CHECK(err.rfind(path + ": " + what, 0) == 0);
+    CHECK(err.find("; hint: ") != std::string::npos);
+    // As an extends target: file:line:col of the `extends` key, then the path.
+    const auto m = d.write("ext.toml", "# base\nextends = \"" + path + "\"\n");
+    const std::string e2 = error_of([&] { keel::load_manifest(m.string(), {}); });
+    CHECK(e2.rfind(m.string() + ":2:1: extends = \"" + path + "\": " + path, 0) == 0);
+    CHECK(e2.find("; hint: ") != std::string::npos);
+  }
+  CHECK(error_of([&] { keel::load_manifest("", {}); }).find("the manifest path is empty") !=
+        std::string::npos);
+}
+
+TEST_CASE("an unreadable manifest is named") {
+  if (geteuid() == 0) {
+    MESSAGE("skipped: running as root, which reads any file (tests/test_bad_input.py checks "
+            "this case as user nobody)");
+    return;
+  }
+  TempDir d;
+  const auto p = d.write("m.toml", "[run]\n");
+  std::filesystem::permissions(p, std::filesystem::perms::none);
+  CHECK(error_of([&] { keel::load_manifest(p.string(), {}); })
+            .rfind(p.string() + ": cannot be read: Permission denied", 0) == 0);
+}
+
+TEST_CASE("extends errors name file:line:col") {
+  TempDir d;
+  const auto p1 = d.write("a.toml", "extends = 3\n");
+  CHECK(error_of([&] { keel::load_manifest(p1.string(), {}); })
+            .rfind(p1.string() + ":1:11: `extends` must be a string", 0) == 0);
+  const auto p2 = d.write("b.toml", "extends = \"\"\n");
+  CHECK(error_of([&] { keel::load_manifest(p2.string(), {}); })
+            .rfind(p2.string() + ":1:11: `extends` is empty", 0) == 0);
+  d.write("c.toml", "# c\nextends = \"e.toml\"\n");
+  const auto p3 = d.write("e.toml", "extends = \"c.toml\"\n");
+  const std::string err = error_of([&] { keel::load_manifest(p3.string(), {}); });
+  CHECK(err.rfind((d.path / "c.toml").string() + ":2:1: extends = \"e.toml\" makes an `extends` "
+                  "cycle (" + p3.string() + " -> " + (d.path / "c.toml").string() + " -> " +
+                  (d.path / "e.toml").string() + ")", 0) == 0);
+  const auto p4 = d.write("f.toml", "extends = \"f.toml\"\n");
+  CHECK(error_of([&] { keel::load_manifest(p4.string(), {}); }).find("cycle") !=
+        std::string::npos);
+  // A syntax error in a base names the base's position.
+  d.write("bad.toml", "[run]\nname = \n");
+  const auto p5 = d.write("g.toml", "extends = \"bad.toml\"\n");
+  CHECK(error_of([&] { keel::load_manifest(p5.string(), {}); })
+            .rfind((d.path / "bad.toml").string() + ":2:", 0) == 0);
 }

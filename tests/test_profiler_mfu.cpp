@@ -27,6 +27,7 @@ TEST_CASE("chrome_trace records the phases of steps start_step..end_step") {
                                        "end_step = 5\n");
   keel::Registry registry;
   const keel::RunConfig rc = keel::resolve(keel::load_manifest(p.string(), {}), registry);
+  keel::apply_process_settings(rc);
   keel::Trainer(rc).train();
   const std::string trace = keel_test::read(d.path / "run/trace.json");
   REQUIRE(trace.rfind("{\"traceEvents\":[", 0) == 0);
@@ -47,6 +48,7 @@ TEST_CASE("peak_flops reports MFU from the model's FLOPs per sample") {
                                        "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 0.001\n");
   keel::Registry registry;
   const keel::RunConfig rc = keel::resolve(keel::load_manifest(p.string(), {}), registry);
+  keel::apply_process_settings(rc);
   keel::Trainer(rc).train();
   std::stringstream s(keel_test::read(d.path / "run/metrics.jsonl"));
   int records = 0;

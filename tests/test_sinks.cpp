@@ -22,7 +22,9 @@ namespace {
 fs::path train(const TempDir& d, const std::string& hooks) {
   const fs::path p = d.write("m.toml", keel_test::small_run(d.path / "run") + hooks);
   keel::Registry registry;
-  keel::Trainer trainer(keel::resolve(keel::load_manifest(p.string(), {}), registry));
+  const keel::RunConfig rc = keel::resolve(keel::load_manifest(p.string(), {}), registry);
+  keel::apply_process_settings(rc);
+  keel::Trainer trainer(rc);
   trainer.train();
   return d.path / "run";
 }

@@ -5,6 +5,7 @@
 // of its own seeded with seed + epoch * 1000003, so the order depends only on the run's seed
 // and the epoch, never on the global generator.
 #include <ATen/CPUGeneratorImpl.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -26,6 +27,19 @@ constexpr uint32_t kImagesMagic = 2051, kLabelsMagic = 2049;
 
 // Reads a whole gzip file (zlib also reads an uncompressed file as is).
 std::vector<uint8_t> read_gz(const std::string& path, const std::string& hint) {
+  // Only regular files: opening a FIFO would block, a directory or device is a mistake.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    fail(path, std::string("cannot open (") + std::strerror(errno) + ")", hint);
+  if (!S_ISREG(st.st_mode))
+    fail(path,
+         std::string("is ") +
+             (S_ISDIR(st.st_mode)    ? "a directory"
+              : S_ISFIFO(st.st_mode) ? "a FIFO"
+              : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                           : "not a regular file") +
+             ", not a regular file",
+         hint);
   errno = 0;
   std::unique_ptr<gzFile_s, int (*)(gzFile)> f(gzopen(path.c_str(), "rb"), &gzclose);
   if (!f) fail(path, std::string("cannot open (") + std::strerror(errno) + ")", hint);
@@ -158,7 +172,7 @@ class FashionMnist : public keel::Dataset {
 };
 
 const keel_option_desc kOptions[] = {
-    keel::opt_string("path", "\"/usr/share/datasets/fashion-mnist\"",
+    keel::opt_path("path", "\"/usr/share/datasets/fashion-mnist\"",
                      "directory holding the four *-ubyte.gz files"),
     keel::opt_string("split", "\"train\"", "which split to read", "train|test"),
     keel::opt_int("batch_size", "64", "samples per batch", 1, 1e9),

@@ -1,11 +1,13 @@
 // profiler component: records phase timings and writes them as a Chrome trace
 // (chrome://tracing, Perfetto).
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "json_string.hpp"
+#include <nlohmann/json.hpp>
+
 #include "keel/plugin.hpp"
 
 namespace {
@@ -53,14 +55,19 @@ class ChromeTrace : public keel::Profiler {
     if (f == nullptr)
       throw std::runtime_error("cannot open '" + tmp +
                                "' for writing; check that the directory exists and is writable");
+    // One event per line: {"traceEvents":[\n{event},\n{event}\n],"displayTimeUnit":"ms"}.
     std::fputs("{\"traceEvents\":[", f);
     for (size_t i = 0; i < events_.size(); ++i) {
       const Event& e = events_[i];
-      std::fprintf(f,
-                   "%s\n{\"name\":%s,\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":0,"
-                   "\"tid\":0,\"args\":{\"step\":%lld}}",
-                   i == 0 ? "" : ",", keel_plugins::json_string(names_[e.phase]).c_str(), e.ts, e.dur,
-                   static_cast<long long>(e.step));
+      const nlohmann::ordered_json event = {{"name", names_[e.phase]},
+                                            {"ph", "X"},
+                                            {"ts", microseconds(e.ts)},
+                                            {"dur", microseconds(e.dur)},
+                                            {"pid", 0},
+                                            {"tid", 0},
+                                            {"args", {{"step", e.step}}}};
+      std::fputs(i == 0 ? "\n" : ",\n", f);
+      std::fputs(event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), f);
     }
     std::fputs("\n],\"displayTimeUnit\":\"ms\"}\n", f);
     const bool ok = std::fflush(f) == 0 && !std::ferror(f);
@@ -86,6 +93,9 @@ class ChromeTrace : public keel::Profiler {
     int64_t step;
     double ts, dur;
   };
+
+  // Rounded to the nanosecond (the clock's resolution), so the trace shows no float noise.
+  static double microseconds(double us) { return std::round(us * 1000.0) / 1000.0; }
 
   bool recording(int64_t step) const {
     return step >= start_step_ && (end_step_ < 0 || step <= end_step_);

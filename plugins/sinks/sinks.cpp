@@ -1,15 +1,23 @@
 // Metric sinks: hooks that act on KEEL_EVENT_METRICS. This file: the plugin's component table
 // and jsonl; console.cpp and csv.cpp hold the others.
+#include <nlohmann/json.hpp>
+
 #include "format.hpp"
-#include "json_string.hpp"
 #include "sinks.hpp"
 
 namespace {
 
 using sinks::exact_value;
 
+// A string as a JSON literal (nlohmann's escaping; bytes that are not UTF-8 become U+FFFD).
+std::string json_string(const char* s) {
+  return nlohmann::json(s ? s : "").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // jsonl: one JSON object per METRICS event: {"split": "train", "step": 100, "loss": 0.51...}.
-using keel_plugins::json_string;
+// Values are written like the csv sink writes them (counts as integers, the rest as the
+// shortest text that reads back as the same double); NaN and infinities, which JSON cannot
+// hold, as null.
 
 class JsonLines : public keel::Hook {
  public:
@@ -19,7 +27,7 @@ class JsonLines : public keel::Hook {
   void on_event(keel_event& ev) override {
     if (ev.kind == KEEL_EVENT_TRAIN_END) file_.flush();
     if (ev.kind != KEEL_EVENT_METRICS) return;
-    std::string line = "{\"split\": " + json_string(ev.split ? ev.split : "");
+    std::string line = "{\"split\": " + json_string(ev.split);
     for (size_t i = 0; i < ev.metric_count; ++i) {
       const keel_metric& m = ev.metrics[i];
       line += ", " + json_string(m.key) + ": ";

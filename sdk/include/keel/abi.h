@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 1
+#define KEEL_ABI_MINOR 2
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -49,8 +49,8 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" below were appended in ABI 1.1: check them with this macro (and for
- * NULL) before use, since a 1.0 plugin or kernel does not have them. */
+ * Fields marked "(1.1)" or "(1.2)" below were appended in that minor version: check them with
+ * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
 
@@ -63,7 +63,9 @@ typedef enum keel_status { KEEL_OK = 0, KEEL_ERR = 1 } keel_status;
 #define KEEL_ERROR_CAPACITY 1024
 
 /* Caller-owned buffer for one error message. The caller zeroes `message[0]` before a call;
- * the callee writes at most KEEL_ERROR_CAPACITY bytes, NUL-terminated, and only on KEEL_ERR. */
+ * the callee writes at most KEEL_ERROR_CAPACITY bytes, NUL-terminated, and only on KEEL_ERR.
+ * The kernel reads at most KEEL_ERROR_CAPACITY - 1 bytes (it terminates the buffer itself), and
+ * reports a KEEL_ERR with an empty message as "failed without a message". */
 typedef struct keel_error {
   char message[KEEL_ERROR_CAPACITY];
 } keel_error;
@@ -156,6 +158,14 @@ typedef struct keel_host {
 
   /* Writes one line to the run's log, prefixed with `origin` (normally the component). */
   void (*log)(keel_log_level level, const char* origin, const char* message);
+
+  /* (1.2) Reports that the slot now running failed, for slots that have no keel_error (e.g.
+   * set_training, zero_grad, set_lr, profiler marks, and slots returning a value). The kernel
+   * ends the run with `message` once the slot returns, naming the component; the slot should
+   * return at once (any value). Only the first report per slot call counts. Call it only
+   * from inside a slot, on the thread that called the slot. `message` is read up to
+   * KEEL_ERROR_CAPACITY - 1 bytes. [train|setup] */
+  void (*report_error)(const char* message);
 } keel_host;
 
 /* ------------------------------------------------------------------------------------------
@@ -168,7 +178,11 @@ typedef enum keel_option_type {
   KEEL_OPT_FLOAT = 3, /* an integer literal is accepted too */
   KEEL_OPT_STRING = 4,
   KEEL_OPT_INT_LIST = 5,
-  KEEL_OPT_FLOAT_LIST = 6
+  KEEL_OPT_FLOAT_LIST = 6,
+  /* (1.2) A filesystem path, read with option_string. The kernel makes a relative path
+   * absolute before the factory runs: relative to the directory of the manifest file that sets
+   * it, or to the working directory when it comes from --set or the default. */
+  KEEL_OPT_PATH = 7
 } keel_option_type;
 
 typedef struct keel_option_desc {
@@ -249,7 +263,10 @@ typedef struct keel_model {
   keel_status (*forward)(void* self, keel_tensor* input, keel_tensor** output, keel_error* err);
   /* Switches between training (1) and evaluation (0) behaviour (dropout, batch norm). [train] */
   void (*set_training)(void* self, int training);
-  /* Trainable parameters, in a fixed order; handles are borrowed for the instance's life. */
+  /* Trainable parameters, in a fixed order; handles are borrowed for the instance's life.
+   * At least one; each with a unique, non-empty name, a floating-point dtype and requires_grad
+   * set (the kernel refuses anything else before step 1). The host functions cannot create
+   * such tensors, so models are written against LibTorch (the C++ SDK). [setup] */
   size_t (*param_count)(void* self);
   keel_status (*param)(void* self, size_t index, const char** name, keel_tensor** tensor,
                        keel_error* err);
@@ -278,7 +295,8 @@ typedef struct keel_dataset {
   /* Rewinds to the first batch of epoch `epoch` (0-based; reshuffles when shuffling). [train] */
   keel_status (*start_epoch)(void* self, int64_t epoch, keel_error* err);
   /* Fills `out` with the next batch and sets *has_batch = 1, or sets *has_batch = 0 at the
-   * end of the epoch. [train] */
+   * end of the epoch. A batch has both tensors, the same first (batch) dimension in both,
+   * samples >= 1 and tokens >= 0 (checked by the kernel). [train] */
   keel_status (*next)(void* self, keel_batch* out, int* has_batch, keel_error* err);
 } keel_dataset;
 
@@ -306,8 +324,9 @@ typedef struct keel_lr_scheduler {
 /* loss ------------------------------------------------------------------------------------- */
 typedef struct keel_loss {
   KEEL_INSTANCE_HEADER;
-  /* Mean loss over the items of a batch; `loss` (a 0-dim tensor) is new. `count` receives the
-   * number of items averaged over (e.g. targets not equal to ignore_index). [train] */
+  /* Mean loss over the items of a batch; `loss` (a 0-dim floating-point tensor that requires
+   * grad in training) is new. `count` receives the number of items averaged over (>= 0, e.g.
+   * targets not equal to ignore_index). The kernel checks all of this. [train] */
   keel_status (*compute)(void* self, keel_tensor* output, keel_tensor* target, keel_tensor** loss,
                          int64_t* count, keel_error* err);
   /* (1.1) Optional: the number of items `compute` will average over for `target`, without
@@ -369,34 +388,57 @@ typedef struct keel_checkpoint {
  *
  *   CHECKPOINT_LOADED                          when [checkpoint] init_from is set
  *   TRAIN_START
+ *   CHECKPOINT_SAVED                           step 0, when [checkpoint] initial = true
  *   for each epoch:
  *     EPOCH_START
  *     for each optimizer step:
+ *       (fetch up to grad_accum micro-batches; none left: the epoch is complete, leave the
+ *        step loop)
  *       STEP_START
- *       for each of the grad_accum micro-batches:
- *         (fetch) AFTER_DATA                   event.micro_batch = 0, 1, ...
- *         (forward, loss, backward)
+ *       AFTER_DATA, once per micro-batch       event.micro_batch = 0, 1, ... (all fetched)
+ *       for each micro-batch: (forward, loss, backward)
  *       AFTER_BACKWARD                         gradients complete, not clipped yet
  *       (clip, non-finite check)
  *       BEFORE_OPTIMIZER_STEP                  not sent when the step is skipped
  *       (optimizer step)
  *       STEP_END
- *       METRICS (split "train")                every log_every steps, and at the last step
+ *       METRICS (split "train")                every log_every steps, and at a step that
+ *                                              reaches max_steps/max_samples/max_tokens or
+ *                                              after which a stop was requested
  *       EVAL_START, EVAL_END, METRICS (split "test")
  *                                              every eval_every_steps, or when requested
  *       CHECKPOINT_SAVED                       every every_steps, or when requested
- *       leave both loops                       when a stop target is reached or requested
- *     EPOCH_END                                when the epoch ran to its end
+ *       METRICS (split "train")                when the evaluation or checkpoint events
+ *                                              requested a stop and steps ran since the last
+ *                                              record
+ *       (max_steps/max_samples/max_tokens reached, or a stop requested: leave the step loop;
+ *        the rest of this epoch's events follow, then the run ends)
+ *     METRICS (split "train")                  final epoch (`epochs`) only: the last, partial
+ *                                              log window, when steps ran since the last record
+ *     EPOCH_END                                when the epoch is complete (so not when the step
+ *                                              loop was left for a stop, even at its last batch)
  *     EVAL_START, EVAL_END, METRICS (split "test")
- *                                              after each epoch (eval_each_epoch), and after
- *                                              the last step if it did not just evaluate
+ *                                              after a complete epoch (eval_each_epoch), when
+ *                                              the run ends (final epoch, the step loop left
+ *                                              for a stop, or a stop requested by the events
+ *                                              above), or when the events above requested an
+ *                                              evaluation; unless that step was just evaluated
+ *     METRICS (split "train")                  when the run ends and steps ran since the last
+ *                                              record (the stop may come from the evaluation)
+ *     CHECKPOINT_SAVED                         when requested by the events above, unless just
+ *                                              saved
+ *     METRICS (split "train")                  when that CHECKPOINT_SAVED requested a stop and
+ *                                              steps ran since the last record
+ *     (after the final epoch, or when a stop was requested, the epoch loop ends)
  *   CHECKPOINT_SAVED                           at the end (at_end), unless just saved
  *   TRAIN_END
  *   EXCEPTION                                  instead of the rest, when the run fails
  *
  * Hooks are called in ascending `priority` (a kernel key of each [[hooks]] table, default 0),
  * ties in manifest order. Any hook may set bits of `requests`; the kernel acts on them after
- * the current step (KEEL_REQUEST_STOP ends the run, _EVAL evaluates, _CHECKPOINT saves). */
+ * the current step, or after the epoch-end events when set during those (KEEL_REQUEST_STOP
+ * ends the run, _EVAL evaluates, _CHECKPOINT saves); other bits are an error. Requests set
+ * during the final events (the at_end checkpoint, TRAIN_END) are ignored. */
 typedef struct keel_metric {
   const char* key;
   double value;

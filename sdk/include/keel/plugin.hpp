@@ -16,8 +16,9 @@
 //
 // Everything the kernel calls goes through trampolines that catch every exception and turn it
 // into KEEL_ERR plus a message, so no exception crosses the C boundary. Slots without an error
-// channel (set_training, zero_grad, set_lr, profiler marks, ...) log an exception through the
-// host instead; lr_scheduler.factor and mfu.compute return NaN, which the kernel rejects.
+// channel (set_training, zero_grad, set_lr, profiler marks, factor, ...) report an exception
+// through keel_host.report_error (ABI 1.2; the kernel then ends the run naming the component),
+// or, with an older kernel, log it through the host.
 #pragma once
 
 #include <torch/version.h>
@@ -217,6 +218,8 @@ class Loss {
                              int64_t* count) = 0;
   // Items compute() will average over for `target` (-1: not reported; then gradient
   // accumulation scales each micro-batch by 1/k instead of by its share of the items).
+  // Override it to offer item-normalised accumulation; a loss that does not override it
+  // leaves keel_loss.count_items NULL.
   virtual int64_t count_items(const at::Tensor& /*target*/) { return -1; }
 };
 
@@ -306,7 +309,10 @@ struct Box {
     err.message[0] = '\0';
     if (guard(&err, body) != KEEL_OK) {
       Box* b = of(self);
-      b->host->log(KEEL_LOG_ERROR, b->origin.c_str(), err.message);
+      if (KEEL_HAS_FIELD(b->host, keel_host, report_error) && b->host->report_error)
+        b->host->report_error(err.message);
+      else
+        b->host->log(KEEL_LOG_ERROR, b->origin.c_str(), err.message);
     }
   }
   static void destroy(void* self) noexcept { delete of(self); }
@@ -516,6 +522,12 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
     box->vt.self = box.get();
     box->vt.destroy = &BoxOf<B>::destroy;
     fill(*box);
+    if constexpr (std::is_same<B, Loss>::value) {
+      // count_items is optional (abi.h): offer it only when T overrides Loss::count_items, so
+      // that "auto" accumulation falls back to the mean for losses that count nothing.
+      if (std::is_same<decltype(&T::count_items), int64_t (Loss::*)(const at::Tensor&)>::value)
+        box->vt.count_items = nullptr;
+    }
     *out = &box.release()->vt;
   });
 }

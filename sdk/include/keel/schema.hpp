@@ -24,6 +24,10 @@ constexpr keel_option_desc opt_string(const char* key, const char* def, const ch
                                       const char* choices = nullptr) {
   return {key, KEEL_OPT_STRING, def, help, kNoMin, kNoMax, choices};
 }
+// (ABI 1.2) A filesystem path: the kernel hands the factory an absolute path (abi.h).
+constexpr keel_option_desc opt_path(const char* key, const char* def, const char* help) {
+  return {key, KEEL_OPT_PATH, def, help, kNoMin, kNoMax, nullptr};
+}
 constexpr keel_option_desc opt_int_list(const char* key, const char* def, const char* help,
                                         double min = kNoMin, double max = kNoMax) {
   return {key, KEEL_OPT_INT_LIST, def, help, min, max, nullptr};

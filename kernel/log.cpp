@@ -1,0 +1,162 @@
+#include "log.hpp"
+
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "error.hpp"
+
+namespace keel {
+namespace {
+
+constexpr const char* kFilePattern = "[%Y-%m-%d %T.%e] [%l] %v";
+// Messages kept while no run log is attached (the oldest are dropped beyond this).
+constexpr size_t kMaxPending = 10000;
+
+// The run-log sink: writes to run.log while one is attached, else keeps the messages in memory
+// so that the start of the run (command line, manifest, plugins) still reaches run.log.
+class RunLogSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  RunLogSink() : formatter_(std::make_unique<spdlog::pattern_formatter>(kFilePattern)) {}
+  ~RunLogSink() override { close(); }
+
+  void attach(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::FILE* f = std::fopen(path.c_str(), "we");  // "e": O_CLOEXEC
+    if (!f)
+      throw Error(path + ": cannot write the run log: " + std::strerror(errno) +
+                  "; hint: set [run] output_dir to a writable directory");
+    close();
+    file_ = f;
+    path_ = path;
+    for (const auto& m : pending_) write(m);
+    pending_.clear();
+    std::fflush(file_);
+  }
+  void detach() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    close();
+  }
+  std::string path() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return path_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    if (file_) return write(msg);
+    if (pending_.size() >= kMaxPending) pending_.pop_front();
+    pending_.emplace_back(msg);
+  }
+  void flush_() override {
+    if (file_) std::fflush(file_);
+  }
+  // The file keeps its own pattern; the logger's set_pattern (console) does not apply here.
+  void set_pattern_(const std::string&) override {}
+  void set_formatter_(std::unique_ptr<spdlog::formatter>) override {}
+
+ private:
+  void write(const spdlog::details::log_msg& msg) {
+    spdlog::memory_buf_t buf;
+    formatter_->format(msg, buf);
+    std::fwrite(buf.data(), 1, buf.size(), file_);
+  }
+  void close() {
+    if (file_) std::fclose(file_);
+    file_ = nullptr;
+    path_.clear();
+  }
+
+  std::unique_ptr<spdlog::formatter> formatter_;
+  std::FILE* file_ = nullptr;
+  std::string path_;
+  std::deque<spdlog::details::log_msg_buffer> pending_;
+};
+
+struct Logging {
+  std::shared_ptr<spdlog::sinks::sink> console;
+  std::shared_ptr<RunLogSink> run_log;
+  std::shared_ptr<spdlog::logger> logger;
+};
+
+std::mutex g_mutex;
+std::unique_ptr<Logging> g_logging;  // guarded by g_mutex
+
+Logging& setup(std::optional<spdlog::level::level_enum> console_level) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_logging) {
+    auto l = std::make_unique<Logging>();
+    l->console = std::make_shared<spdlog::sinks::stdout_sink_mt>();
+    // On a terminal each line first clears the line, so it replaces the console hook's progress
+    // bar (which the hook redraws below it) instead of mixing with it.
+    l->console->set_pattern(isatty(fileno(stdout)) ? "\r\033[K[%T] %v" : "[%T] %v");
+    l->run_log = std::make_shared<RunLogSink>();
+    l->logger = std::make_shared<spdlog::logger>(
+        "keel", spdlog::sinks_init_list{l->console, l->run_log});
+    l->logger->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(l->logger);
+    g_logging = std::move(l);
+    if (!console_level) console_level = spdlog::level::info;
+  }
+  Logging& l = *g_logging;
+  if (console_level) {
+    l.console->set_level(*console_level);
+    // run.log: debug detail, and trace too when the console asks for it.
+    l.run_log->set_level(std::min(*console_level, spdlog::level::debug));
+    l.logger->set_level(std::min(*console_level, spdlog::level::debug));
+  }
+  return l;
+}
+
+}  // namespace
+
+std::optional<spdlog::level::level_enum> parse_log_level(const std::string& name) {
+  using spdlog::level::level_enum;
+  static const std::pair<const char*, level_enum> kLevels[] = {
+      {"trace", level_enum::trace}, {"debug", level_enum::debug}, {"info", level_enum::info},
+      {"warn", level_enum::warn},   {"warning", level_enum::warn}, {"error", level_enum::err},
+      {"off", level_enum::off},
+  };
+  for (const auto& [n, level] : kLevels)
+    if (name == n) return level;
+  return std::nullopt;
+}
+
+const char* log_level_names() { return "trace, debug, info, warn, error, off"; }
+
+void init_logging(spdlog::level::level_enum console_level) { setup(console_level); }
+
+void attach_run_log(const std::string& path) {
+  setup(std::nullopt).run_log->attach(path);
+  spdlog::debug("run log: {}", path);
+}
+
+void detach_run_log() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_logging) g_logging->run_log->detach();
+}
+
+std::string run_log_path() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_logging ? g_logging->run_log->path() : std::string();
+}
+
+void run_log_only(spdlog::level::level_enum level, const std::string& message) {
+  Logging& l = setup(std::nullopt);
+  if (!l.run_log->should_log(level)) return;
+  spdlog::details::log_msg msg(l.logger->name(), level, message);
+  l.run_log->log(msg);
+  l.run_log->flush();
+}
+
+}  // namespace keel

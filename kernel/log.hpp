@@ -1,0 +1,47 @@
+// Logging: the console (stdout) at the level chosen with --log-level / KEEL_LOG_LEVEL, and
+// run.log in the run directory, which holds everything the console shows plus debug detail.
+//
+// Both are sinks of spdlog's default logger, so spdlog::info(...) anywhere in the kernel (and
+// a plugin's keel_host::log) reaches both. Messages logged before a run log is attached (the
+// command line, manifest and plugin discovery) are kept in memory and written at the top of
+// run.log when it is attached.
+#pragma once
+
+#include <spdlog/common.h>
+
+#include <optional>
+#include <string>
+
+namespace keel {
+
+// "trace", "debug", "info", "warn", "error", "off"; nullopt for anything else.
+std::optional<spdlog::level::level_enum> parse_log_level(const std::string& name);
+
+// The valid level names, for messages: "trace, debug, info, warn, error, off".
+const char* log_level_names();
+
+// Sets up the default logger: a console sink on stdout at `console_level` (pattern
+// "[%T] message"; on a terminal each line first clears the line with "\r\033[K", so it
+// replaces the console hook's progress bar instead of mixing with it) and the run-log sink.
+// Calling it again changes the console level and keeps any attached run log.
+void init_logging(spdlog::level::level_enum console_level);
+
+// Starts writing run.log at `path` (created or truncated): every message at debug level or
+// above (trace too when the console is at trace), starting with those logged since
+// init_logging or the last detach_run_log. Replaces a run log already attached. Calls
+// init_logging(info) first when nothing set up logging (tests, embedding programs). Throws
+// keel::Error naming the path when the file cannot be opened.
+void attach_run_log(const std::string& path);
+
+// Flushes and closes the run log (nothing happens when none is attached). Call it before
+// removing a run directory: later messages are kept in memory again.
+void detach_run_log();
+
+// The path of the attached run log, "" when none is attached.
+std::string run_log_path();
+
+// Writes one message to the run log only, not to the console (main records there the error a
+// run ended with, which it prints itself on stderr). Kept in memory when none is attached.
+void run_log_only(spdlog::level::level_enum level, const std::string& message);
+
+}  // namespace keel

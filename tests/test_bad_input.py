@@ -1,0 +1,603 @@
+"""The bad-input catalogue: manifests, extends, --set, command-line flags, files and data that
+keel must refuse cleanly. Each case runs through `keel validate` and `keel train` (flag cases:
+what applies) and must give
+
+- exactly one stderr line starting with `keel: error: ` (plus, for usage errors, one `usage:`
+  line), naming the place: file:line:col, the --set argument, the flag, or the path;
+- exit status 1, or 2 for command-line usage; no signal, no hang;
+- no backtrace ("Exception raised from"), no "terminate called", no "internal error", no raw
+  C++ exception text (stol, basic_string, map::at, std::...);
+- nothing left behind: the case's directory (which holds its output_dir) lists exactly what it
+  held before, and the run directory does not exist afterwards (or, when it existed before,
+  holds exactly what it held).
+
+Usage: test_bad_input.py KEEL_BINARY SOURCE_ROOT [unittest args]
+Environment: KEEL_TEST_JOBS (parallel keel processes, default: the number of cores), KEEL_CASES
+(a regular expression: run only the cases whose name it matches)."""
+import collections
+import concurrent.futures
+import gzip
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
+
+KEEL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+QUICKSTART = os.path.join(ROOT, "configs", "quickstart.toml")
+FASHION = "/usr/share/datasets/fashion-mnist"
+TIMEOUT_S = 60
+FORBIDDEN = ("Exception raised from", "terminate called", "internal error", "stol",
+             "basic_string", "map::at", "std::", "what():", "Aborted", "Segmentation fault",
+             "core dumped", "<manifest>", ":0:0")
+
+# The case's manifest extends small.toml: the quickstart with small data limits, one epoch and
+# the run directory inside the case's directory.
+SMALL = """extends = "{quickstart}"
+[run]
+output_dir = "{d}/run"
+[train]
+epochs = 1
+[data.train]
+limit = 256
+[data.test]
+limit = 100
+"""
+
+# A whole manifest without extends, for the cases that leave a table out.
+TABLES = {
+    "run": '[run]\nname = "t"\noutput_dir = "{d}/run"\n',
+    "train": "[train]\nepochs = 1\n",
+    "model": '[model]\ntype = "mlp"\nhidden = [32]\n',
+    "data.train": '[data.train]\ntype = "fashion_mnist"\nlimit = 256\n',
+    "data.test": '[data.test]\ntype = "fashion_mnist"\nsplit = "test"\nlimit = 100\n',
+    "optimizer": '[optimizer]\ntype = "sgd"\nlr = 0.1\n',
+    "loss": '[loss]\ntype = "cross_entropy"\n',
+}
+
+
+def standalone(without=(), extra=""):
+    return "".join(t for k, t in TABLES.items() if k not in without) + extra
+
+
+class Case(NamedTuple):
+    name: str
+    kind: str  # manifests, extends, set, flags, files, data
+    text: Optional[str] = None  # case.toml (extends small.toml unless standalone)
+    sets: Tuple[str, ...] = ()  # --set arguments
+    where: str = ""  # the place the error line names ({m}: case.toml, {d}: the case dir)
+    phrases: Tuple[str, ...] = ()  # more text the line must hold
+    status: int = 1
+    argv: Optional[Tuple[str, ...]] = None  # the whole command line ({cmd}, {m}, {d})
+    commands: Tuple[str, ...] = ("validate", "train")
+    setup: Optional[Callable[[str], None]] = None  # prepares files in the case directory
+    standalone: bool = False  # text is the whole manifest
+    env: Optional[Dict[str, str]] = None
+    as_nobody: bool = False  # run as an unprivileged user (permission cases)
+    keep_run_dir: bool = False  # the run directory exists before, holding keep.txt
+
+
+def S(name, setting, where_extra=(), **kw):
+    """A --set case: the line must name the --set argument."""
+    return Case(name, "set", sets=(setting,), where=f"--set {setting}", phrases=where_extra, **kw)
+
+
+def M(name, text, where, *phrases, **kw):
+    return Case(name, "manifests", text=text, where=where, phrases=phrases, **kw)
+
+
+def E(name, text, where, *phrases, **kw):
+    return Case(name, "extends", text=text, where=where, phrases=phrases, **kw)
+
+
+def F(name, argv, where, *phrases, status=2, commands=("validate", "train"), **kw):
+    return Case(name, "flags", argv=argv, where=where, phrases=phrases, status=status,
+                commands=commands, **kw)
+
+
+def X(name, argv, where, *phrases, **kw):
+    return Case(name, "files", argv=argv, where=where, phrases=phrases, **kw)
+
+
+def D(name, sets, where, *phrases, **kw):
+    return Case(name, "data", sets=sets, where=where, phrases=phrases, **kw)
+
+
+# Setup helpers (run in the case directory).
+def mkfifo(name):
+    return lambda d: os.mkfifo(os.path.join(d, name))
+
+
+def mkdir(name):
+    return lambda d: os.makedirs(os.path.join(d, name))
+
+
+def write(name, text):
+    def f(d):
+        p = os.path.join(d, name)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as fh:
+            fh.write(text.replace("{d}", d))
+    return f
+
+
+def sparse(name, size):
+    def f(d):
+        with open(os.path.join(d, name), "wb") as fh:
+            fh.truncate(size)
+    return f
+
+
+def symlink_loop(name):
+    return lambda d: os.symlink(name, os.path.join(d, name))
+
+
+def unreadable(name, text):
+    def f(d):
+        write(name, text)(d)
+        os.chmod(os.path.join(d, name), 0)
+        os.chmod(d, 0o755)  # the unprivileged user may enter the case directory
+    return f
+
+
+def fashion_copy(name, damage):
+    """A copy of the Fashion-MNIST directory in `name` whose train images file is damaged."""
+    def f(d):
+        dst = os.path.join(d, name)
+        os.makedirs(dst)
+        for fn in os.listdir(FASHION):
+            if fn != "train-images-idx3-ubyte.gz":
+                os.symlink(os.path.join(FASHION, fn), os.path.join(dst, fn))
+        damage(os.path.join(dst, "train-images-idx3-ubyte.gz"))
+    return f
+
+
+def truncated_gzip(path):
+    with gzip.open(os.path.join(FASHION, "train-images-idx3-ubyte.gz"), "rb") as src:
+        head = src.read(16 + 28 * 28 * 10)  # the header promises 60000 images: 10 follow
+    with gzip.open(path, "wb") as dst:
+        dst.write(head)
+
+
+def not_gzip(path):
+    with open(path, "wb") as fh:
+        fh.write(b"this is not gzip data, just text\n" * 4)
+
+
+def both(*fs):
+    def f(d):
+        for g in fs:
+            g(d)
+    return f
+
+
+Q = "{m}"
+CMD = "{cmd}"
+
+CASES = [
+    # manifests: TOML syntax -------------------------------------------------------------------
+    M("toml_missing_value", "[run]\nname = \n", "{m}:2:", "invalid TOML"),
+    M("toml_unclosed_string", '[run]\nname = "abc\n', "{m}:2:", "invalid TOML"),
+    M("toml_duplicate_table", "[train]\nepochs = 1\n[train]\nlog_every = 1\n", "{m}:3:",
+      "invalid TOML", "once"),
+    M("toml_duplicate_key", "[train]\nepochs = 1\nepochs = 2\n", "{m}:3:", "invalid TOML"),
+    M("toml_unclosed_array", "[model]\nhidden = [1, 2\n", "{m}:", "invalid TOML"),
+    M("toml_bare_string", "[run]\nname = quick\n", "{m}:2:", "invalid TOML", "quoted"),
+    M("toml_binary_garbage", "[run]\nname = \"\x01\x02\"\n", "{m}:2:", "invalid TOML"),
+    M("toml_unclosed_header", "[optimizer\nlr = 1\n", "{m}:1:", "invalid TOML"),
+    # manifests: unknown sections and keys
+    M("unknown_section", "[optimiser]\nlr = 1.0\n", "{m}:", "unknown section 'optimiser'",
+      "did you mean 'optimizer'"),
+    M("unknown_top_level_key", "epochs = 3\n", "{m}:1:1", "unknown section 'epochs'"),
+    M("unknown_data_table", '[data.tset]\ntype = "fashion_mnist"\n', "{m}:", "[data.tset]",
+      "did you mean 'test'"),
+    M("unknown_key_optimizer", "[optimizer]\nlrr = 1\n", "{m}:2:1", "unknown key 'lrr'",
+      "did you mean 'lr'"),
+    M("unknown_key_run", "[run]\nseeed = 1\n", "{m}:2:1", "unknown key 'seeed'",
+      "did you mean 'seed'", "keel options run"),
+    M("unknown_key_train", "[train]\nepoch = 3\n", "{m}:2:1", "unknown key 'epoch'",
+      "did you mean 'epochs'", "keel options train"),
+    M("unknown_key_checkpoint", "[checkpoint]\nevery_step = 5\n", "{m}:2:1",
+      "unknown key 'every_step'", "every_steps"),
+    M("unknown_key_hook", '[[hooks]]\ntype = "console"\nevry = 2\n', "{m}:3:1",
+      "unknown key 'evry'", "hooks[0]"),
+    M("unknown_key_plugins", '[plugins]\npath = ["x"]\n', "{m}:2:1", "unknown key 'path'",
+      "paths"),
+    M("unknown_key_dataset", "[data.train]\nlimt = 5\n", "{m}:2:1", "unknown key 'limt'",
+      "did you mean 'limit'", "keel plugins show fashion_mnist"),
+    # manifests: wrong types
+    M("type_epochs_string", '[train]\nepochs = "two"\n', "{m}:2:10", "train.epochs",
+      "expected integer"),
+    M("type_hidden_integer", "[model]\nhidden = 32\n", "{m}:2:10", "model.hidden",
+      "expected list of integers"),
+    M("type_hidden_element", '[model]\nhidden = [256, "x"]\n', "{m}:2:", "model.hidden",
+      "element"),
+    M("type_lr_bool", "[optimizer]\nlr = true\n", "{m}:2:6", "optimizer.lr", "expected float"),
+    M("type_shuffle_string", '[data.test]\nshuffle = "no"\n', "{m}:2:11", "data.test.shuffle",
+      "expected bool"),
+    M("type_section_is_value", "train = 5\n", "{m}:1:", "[train] must be a table"),
+    M("type_name_integer", "[run]\nname = 7\n", "{m}:2:8", "run.name", "expected string"),
+    M("type_priority_string", '[[hooks]]\ntype = "console"\npriority = "high"\n', "{m}:3:",
+      "hooks[0].priority"),
+    # manifests: out-of-range values
+    M("range_lr_negative", "[optimizer]\nlr = -1.0\n", "{m}:2:6", "optimizer.lr", "must be"),
+    M("range_batch_size_zero", "[data.train]\nbatch_size = 0\n", "{m}:2:", "data.train.batch_size",
+      "must be"),
+    M("range_threads", "[run]\nthreads = 100000\n", "{m}:2:", "run.threads", "must be"),
+    M("range_seed_negative", "[run]\nseed = -1\n", "{m}:2:", "run.seed", "must be"),
+    M("range_lr_nan", "[optimizer]\nlr = nan\n", "{m}:2:", "optimizer.lr", "finite"),
+    M("range_max_norm_inf", "[grad_clipper]\nmax_norm = inf\n", "{m}:2:", "grad_clipper.max_norm"),
+    M("range_warmup_negative", "[lr_scheduler]\nwarmup_steps = -5\n", "{m}:2:",
+      "lr_scheduler.warmup_steps", "must be"),
+    M("choice_split", '[data.test]\nsplit = "tset"\n', "{m}:2:", "data.test.split",
+      'did you mean "test"'),
+    M("choice_mode", '[run]\nmode = "training"\n', "{m}:2:", "run.mode", "train_and_evaluate"),
+    M("choice_precision", '[train]\nprecision = "fp8"\n', "{m}:2:", "train.precision"),
+    M("fp16_needs_cuda", '[train]\nprecision = "fp16"\n', "{m}:", "fp16", "bf16"),
+    M("no_stop_target", "[train]\nepochs = 0\n", "{m}:", "no stop target"),
+    # manifests: unknown type names
+    M("unknown_optimizer", '[optimizer]\ntype = "nadam"\n', "{m}:2:8", "no optimizer named 'nadam'",
+      "available: "),
+    M("unknown_model", '[model]\ntype = "mpl"\n', "{m}:2:8", "no model named 'mpl'",
+      "did you mean 'mlp'"),
+    M("unknown_hook", '[[hooks]]\ntype = "consol"\n', "{m}:2:8", "no hook named 'consol'",
+      "did you mean 'console'"),
+    M("unknown_dataset", '[data.train]\ntype = "mnist"\n', "{m}:2:8", "no dataset named 'mnist'"),
+    M("type_not_a_string", "[loss]\ntype = 3\n", "{m}:2:8", "[loss] needs type"),
+    M("type_missing", "[mfu]\npeak_tflops = 1.0\n", "{m}:", "[mfu] needs type"),
+    M("required_option_missing", '[mfu]\ntype = "peak_flops"\n', "{m}:", "[mfu] needs 'peak_tflops'"),
+    # manifests: missing required tables
+    M("missing_loss", standalone(["loss"]), "{m}", "no [loss] table", standalone=True),
+    M("missing_model", standalone(["model"]), "{m}", "no [model] table", standalone=True),
+    M("missing_data_train", standalone(["data.train"]), "{m}", "no [data.train] table",
+      standalone=True),
+    M("missing_optimizer", standalone(["optimizer"]), "{m}", "no [optimizer] table",
+      standalone=True),
+    M("evaluate_without_test_data", standalone(["data.test"]).replace(
+        '[run]\n', '[run]\nmode = "evaluate"\n'), "{m}", "[data.test]", standalone=True),
+    M("empty_manifest", "", "{m}", "no [model] table", standalone=True),
+    # manifests: bad hooks arrays
+    M("hooks_integer", "hooks = 1\n", "{m}:1:", "hooks must be an array of tables"),
+    M("hooks_strings", 'hooks = ["console"]\n', "{m}:1:", "hooks must be an array of tables"),
+    M("hooks_table", '[hooks]\ntype = "console"\n', "{m}:", "hooks must be an array of tables"),
+    M("hooks_mixed", 'hooks = [{type = "console"}, 1]\n', "{m}:1:",
+      "hooks must be an array of tables"),
+    # manifests: bad [[optimizer.groups]]
+    M("groups_bad_regex", '[[optimizer.groups]]\nparams = "fc1[("\n', "{m}:2:",
+      "optimizer.groups[0].params", "regular expression"),
+    M("groups_missing_params", "[[optimizer.groups]]\nlr = 0.1\n", "{m}:",
+      "needs 'params'"),
+    M("groups_negative_lr", '[[optimizer.groups]]\nparams = ".*"\nlr = -1.0\n', "{m}:3:",
+      "optimizer.groups[0].lr"),
+    M("groups_not_tables", "[optimizer]\ngroups = [1, 2]\n", "{m}:2:",
+      "optimizer.groups must be an array of tables"),
+    M("groups_unknown_key", '[[optimizer.groups]]\nparams = ".*"\nlrr = 1.0\n', "{m}:3:1",
+      "unknown key 'lrr'", "keel options optimizer.groups"),
+    M("groups_match_nothing", '[[optimizer.groups]]\nparams = "nothing"\n', "optimizer.groups[0]",
+      "matches no parameter"),
+    M("plugins_paths_string", '[plugins]\npaths = "x"\n', "{m}:2:", "plugins.paths"),
+    M("plugins_paths_integers", "[plugins]\npaths = [1]\n", "{m}:2:", "plugins.paths"),
+    # extends ----------------------------------------------------------------------------------
+    E("extends_missing", 'extends = "nope.toml"\n', "{m}:1:1", "{d}/nope.toml", "not found",
+      standalone=True),
+    E("extends_directory", 'extends = "sub"\n', "{m}:1:1", "{d}/sub", "is a directory",
+      standalone=True, setup=mkdir("sub")),
+    E("extends_fifo", 'extends = "pipe.toml"\n', "{m}:1:1", "{d}/pipe.toml", "FIFO",
+      standalone=True, setup=mkfifo("pipe.toml")),
+    E("extends_device", 'extends = "/dev/null"\n', "{m}:1:1", "/dev/null", "character device",
+      standalone=True),
+    E("extends_not_string", "extends = 3\n", "{m}:1:11", "must be a string", standalone=True),
+    E("extends_array", 'extends = ["small.toml"]\n', "{m}:1:11", "must be a string",
+      standalone=True),
+    E("extends_empty", 'extends = ""\n', "{m}:1:11", "empty", standalone=True),
+    E("extends_itself", 'extends = "case.toml"\n', "{m}:1:1", "cycle", standalone=True),
+    E("extends_cycle", 'extends = "a.toml"\n', "{d}/a.toml:2:1", "cycle",
+      standalone=True, setup=write("a.toml", '# a\nextends = "case.toml"\n')),
+    E("extends_base_invalid_toml", 'extends = "bad.toml"\n', "{d}/bad.toml:2:", "invalid TOML",
+      standalone=True, setup=write("bad.toml", "[run]\nname = \n")),
+    E("extends_base_unknown_key", 'extends = "base.toml"\n', "{d}/base.toml:3:1",
+      "unknown key 'sed'", standalone=True,
+      setup=write("base.toml", 'extends = "small.toml"\n[run]\nsed = 1\n')),
+    E("extends_inside_table", '[run]\nextends = "small.toml"\n', "{m}:2:1",
+      "unknown key 'extends' in [run]"),
+    E("extends_unreadable", 'extends = "secret.toml"\n', "{m}:1:1", "{d}/secret.toml",
+      "Permission denied", standalone=True, as_nobody=True,
+      setup=unreadable("secret.toml", "[run]\n")),
+    E("extends_parent_is_file", 'extends = "small.toml/x.toml"\n', "{m}:1:1", "not found",
+      standalone=True),
+    # --set ------------------------------------------------------------------------------------
+    S("set_index_not_a_number", "hooks[x].path=a", ("not an index", "hooks[0] (type console)")),
+    S("set_index_negative", "hooks[-1].path=a", ("negative", "hooks[1]")),
+    S("set_index_out_of_range", "hooks[7].path=a", ("out of range", "2 entries")),
+    S("set_index_overflow", "hooks[99999999999999999999999].path=a", ("out of range",)),
+    S("set_index_empty", "hooks[].path=a", ("empty index",)),
+    S("set_bracket_unclosed", "hooks[1.path=a", ("without a closing ']'",)),
+    S("set_bracket_unopened", "hooks]=1", ("without an opening '['",)),
+    S("set_index_on_table", "run[0].name=x", ("not an array", "run.name")),
+    S("set_index_on_value", "optimizer.lr[0]=1", ("not an array",)),
+    S("set_through_value", "optimizer.lr.x=1", ("is a value (0.001)", "--set optimizer.lr=")),
+    S("set_through_array", "hooks.type=csv", ("is an array", "hooks[0].type")),
+    S("set_empty_key", "=3", ("key before '=' is empty",)),
+    S("set_no_equals", "optimizer", ("expected KEY=VALUE",)),
+    S("set_empty_value", "optimizer.lr=", ("value after '=' is empty", "'optimizer.lr=\"\"'")),
+    S("set_double_dot", "a..b=1", ("empty name",)),
+    S("set_leading_dot", ".a=1", ("empty name",)),
+    S("set_trailing_dot", "a.=1", ("ends with '.'",)),
+    S("set_space_in_key", "op timizer.lr=1", ("cannot appear in a key",)),
+    S("set_nested_index", "hooks[0][1].x=1", ("one index",)),
+    S("set_whole_array_entry", "hooks[0]=x", ("whole entry", "hooks[0].type")),
+    S("set_table_to_value", "optimizer=adamw", ("is a table", "optimizer.type")),
+    S("set_tables_to_value", "hooks=3", ("array of tables", "hooks=[]")),
+    S("set_invalid_toml_array", "model.hidden=[1,2", ("not valid TOML", "quote")),
+    S("set_unclosed_quote", 'run.name="abc', ("not valid TOML",)),
+    S("set_missing_array", "optimizer.groups[0].params=x", ("not in the manifest",)),
+    S("set_value_index_out_of_range", "model.hidden[5]=1", ("out of range", "model.hidden[1] = 128")),
+    S("set_extends", "extends=x", ("cannot be set",)),
+    S("set_unknown_section", "optimiser.lr=1", ("unknown section 'optimiser'", "optimizer")),
+    S("set_unknown_key", "data.train.nope=1", ("unknown key 'nope' in [data.train]",)),
+    S("set_wrong_type", "optimizer.lr=fast", ("optimizer.lr", "expected float")),
+    S("set_out_of_range", "train.epochs=-3", ("train.epochs", "must be in")),
+    S("set_new_section_needs_option", "mfu.type=peak_flops", ("[mfu] needs 'peak_tflops'",)),
+    S("set_unknown_type", "optimizer.type=nadam", ("no optimizer named 'nadam'",)),
+    S("set_hook_unknown_type", "hooks[1].type=jsnol", ("no hook named 'jsnol'", "jsonl")),
+    # command-line flags -------------------------------------------------------------------------
+    F("unknown_command", ("trian", Q), "'trian'", "unknown command", "did you mean 'train'",
+      commands=("-",)),
+    F("unknown_flag", (CMD, Q, "--sett", "x=1"), "--sett", "did you mean '--set'"),
+    F("unknown_global_flag", ("--verison",), "--verison", "did you mean '--version'",
+      commands=("-",)),
+    F("set_without_value", (CMD, Q, "--set"), "--set", "needs a value"),
+    F("set_before_command", ("--set", "run.seed=1", CMD, Q), "--set", "after the command"),
+    F("manifest_argument_missing", (CMD,), "needs a MANIFEST"),
+    F("manifest_argument_empty", (CMD, ""), "MANIFEST is an empty string"),
+    F("two_manifests", (CMD, Q, Q), "{m}", "unexpected argument"),
+    F("log_level_bad", (CMD, Q, "--log-level", "loud"), "--log-level loud",
+      "trace, debug, info, warn, error, off"),
+    F("log_level_typo", (CMD, Q, "--log-level=debgu"), "--log-level debgu", "did you mean 'debug'"),
+    F("log_level_missing_value", (CMD, Q, "--log-level"), "--log-level", "needs a value"),
+    F("log_level_twice", (CMD, Q, "--log-level", "info", "--log-level", "warn"), "--log-level",
+      "more than once"),
+    F("log_level_env_bad", (CMD, Q), "KEEL_LOG_LEVEL=loud", "trace, debug",
+      env={"KEEL_LOG_LEVEL": "loud"}),
+    F("help_with_value", (CMD, Q, "--help=yes"), "--help", "takes no value"),
+    F("no_command", (), "no command given", commands=("-",)),
+    F("help_unknown_command", ("help", "trian"), "'trian'", "did you mean 'train'",
+      commands=("-",)),
+    F("plugins_show_without_name", ("plugins", "show"), "keel plugins show", "needs a NAME",
+      commands=("-",)),
+    F("plugins_bad_argument", ("plugins", "shwo"), "shwo", "did you mean 'show'",
+      commands=("-",)),
+    F("plugins_with_set", ("plugins", "--set", "a=1"), "--set", "train, evaluate and validate",
+      commands=("-",)),
+    F("plugins_show_unknown", ("plugins", "show", "adamww"), "adamww", "did you mean 'adamw'",
+      status=1, commands=("-",)),
+    F("plugins_show_kernel_table", ("plugins", "show", "train"), "train", "keel options train",
+      status=1, commands=("-",)),
+    F("options_unknown_table", ("options", "trian"), "trian", "did you mean 'train'",
+      status=1, commands=("-",)),
+    F("options_component_table", ("options", "optimizer"), "optimizer", "keel plugins show",
+      status=1, commands=("-",)),
+    F("options_two_tables", ("options", "run", "train"), "train", "unexpected argument",
+      commands=("-",)),
+    # files --------------------------------------------------------------------------------------
+    X("manifest_missing", (CMD, "{d}/nope.toml"), "{d}/nope.toml", "not found"),
+    X("manifest_directory", (CMD, "{d}/sub"), "{d}/sub", "is a directory", setup=mkdir("sub")),
+    X("manifest_fifo", (CMD, "{d}/pipe.toml"), "{d}/pipe.toml", "FIFO", setup=mkfifo("pipe.toml")),
+    X("manifest_dev_null", (CMD, "/dev/null"), "/dev/null", "character device"),
+    X("manifest_dev_zero", (CMD, "/dev/zero"), "/dev/zero", "character device"),
+    X("manifest_parent_is_file", (CMD, "{d}/small.toml/x.toml"), "{d}/small.toml/x.toml",
+      "not found"),
+    X("manifest_symlink_loop", (CMD, "{d}/loop.toml"), "{d}/loop.toml", "cannot be read",
+      setup=symlink_loop("loop.toml")),
+    X("manifest_too_large", (CMD, "{d}/big.toml"), "{d}/big.toml", "too large",
+      setup=sparse("big.toml", 64 << 20)),
+    X("manifest_unreadable", (CMD, "{d}/secret.toml"), "{d}/secret.toml", "Permission denied",
+      as_nobody=True, setup=unreadable("secret.toml", "[run]\n")),
+    X("output_dir_is_a_file", (CMD, Q, "--set", "run.output_dir={d}/file"), "{d}/file",
+      setup=write("file", "not a directory\n")),
+    X("output_dir_under_a_file", (CMD, Q, "--set", "run.output_dir={d}/file/run"),
+      "{d}/file/run", setup=write("file", "not a directory\n")),
+    X("init_from_missing", (CMD, Q, "--set", "checkpoint.init_from={d}/nope"), "{d}/nope"),
+    X("init_from_not_a_checkpoint", (CMD, Q, "--set", "checkpoint.init_from={d}/ckpt"),
+      "{d}/ckpt", setup=mkdir("ckpt")),
+    # data ---------------------------------------------------------------------------------------
+    D("data_path_missing", ("data.train.path={d}/nope",), "{d}/nope", "[data.train]"),
+    D("data_path_empty_directory", ("data.train.path={d}/empty",),
+      "{d}/empty/train-images-idx3-ubyte.gz", "[data.train]", setup=mkdir("empty")),
+    D("data_path_is_a_file", ("data.train.path={d}/small.toml",), "{d}/small.toml",
+      "[data.train]"),
+    D("data_path_is_a_fifo", ("data.train.path={d}/pipe",), "{d}/pipe", "[data.train]",
+      setup=mkfifo("pipe")),
+    D("data_file_is_a_fifo", ("data.train.path={d}/fm",), "{d}/fm/train-images-idx3-ubyte.gz",
+      "FIFO", setup=fashion_copy("fm", os.mkfifo)),
+    D("data_file_is_a_directory", ("data.train.path={d}/fm",),
+      "{d}/fm/train-images-idx3-ubyte.gz", "directory", setup=fashion_copy("fm", os.mkdir)),
+    D("data_file_not_gzip", ("data.train.path={d}/fm",), "{d}/fm/train-images-idx3-ubyte.gz",
+      setup=fashion_copy("fm", not_gzip)),
+    D("data_file_truncated", ("data.train.path={d}/fm",), "{d}/fm/train-images-idx3-ubyte.gz",
+      "truncated", setup=fashion_copy("fm", truncated_gzip)),
+    D("data_test_path_missing", ("data.test.path={d}/nope",), "{d}/nope", "[data.test]"),
+    D("data_no_batches", ("data.train.batch_size=512", "data.train.drop_last=true"),
+      "[data.train]", "no batch"),
+    D("data_error_keeps_existing_run_dir", ("data.train.path={d}/nope",), "{d}/nope",
+      keep_run_dir=True),
+]
+
+
+def shift_lines(c: Case) -> str:
+    """`where` with its {m}:LINE counted in keel's file: case.toml is the case's text below an
+    `extends = "small.toml"` line (unless standalone), and `where` counts from the text."""
+    if c.text is None or c.standalone:
+        return c.where
+    return re.sub(r"\{m\}:(\d+)", lambda mo: "{m}:%d" % (int(mo.group(1)) + 1), c.where)
+
+
+class Result(NamedTuple):
+    case: Case
+    command: str
+    argv: Tuple[str, ...]
+    d: str
+    returncode: Optional[int]  # None: timed out
+    stdout: str
+    stderr: str
+    before: Tuple[str, ...]
+    after: Tuple[str, ...]
+    run_dir_before: Optional[Tuple[str, ...]]
+    run_dir_after: Optional[Tuple[str, ...]]
+    skipped: str = ""
+
+
+def listing(d):
+    out = []
+    for dirpath, dirnames, filenames in os.walk(d):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            try:
+                size = os.lstat(p).st_size if stat.S_ISREG(os.lstat(p).st_mode) else -1
+            except OSError:
+                size = -2
+            out.append(f"{os.path.relpath(p, d)} {size}")
+    return tuple(sorted(out))
+
+
+def run_one(case: Case, command: str) -> Result:
+    d = tempfile.mkdtemp(prefix=f"keel-bad-{case.name}-")
+    try:
+        return _run_in(case, command, d)
+    finally:
+        for dirpath, dirnames, _ in os.walk(d):
+            for n in dirnames:
+                os.chmod(os.path.join(dirpath, n), 0o700)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _run_in(case: Case, command: str, d: str) -> Result:
+    m = os.path.join(d, "case.toml")
+    with open(os.path.join(d, "small.toml"), "w") as f:
+        f.write(SMALL.format(quickstart=QUICKSTART, d=d))
+    text = case.text if case.text is not None else ""
+    if not case.standalone:
+        text = 'extends = "small.toml"\n' + text
+    with open(m, "w") as f:
+        f.write(text.replace("{d}", d))
+    if case.setup:
+        case.setup(d)
+    run_dir = os.path.join(d, "run")
+    if case.keep_run_dir:
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "keep.txt"), "w") as f:
+            f.write("keep me\n")
+
+    def fill(s):
+        return s.replace("{cmd}", command).replace("{m}", m).replace("{d}", d)
+
+    if case.argv is not None:
+        argv = tuple(fill(a) for a in case.argv)
+    else:
+        argv = (command, m) + tuple(x for s in case.sets for x in ("--set", fill(s)))
+    prefix = []
+    skipped = ""
+    if case.as_nobody:
+        if os.geteuid() == 0:
+            # Root reads any file: run keel as nobody so that permissions apply.
+            if shutil.which("setpriv") is None:
+                skipped = "running as root and setpriv is missing"
+            prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            os.chmod(d, 0o755)
+    env = dict(os.environ)
+    env.pop("KEEL_LOG_LEVEL", None)
+    env.update(case.env or {})
+    before = listing(d)
+    run_before = listing(run_dir) if os.path.isdir(run_dir) else None
+    if skipped:
+        return Result(case, command, argv, d, 0, "", "", before, before, run_before, run_before,
+                      skipped)
+    try:
+        p = subprocess.run(prefix + [KEEL, *argv], capture_output=True, text=True, cwd=d, env=env,
+                           timeout=TIMEOUT_S, errors="replace")
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = None, str(e.stdout or ""), str(e.stderr or "")
+    return Result(case, command, argv, d, rc, out, err, before, listing(d), run_before,
+                  listing(run_dir) if os.path.isdir(run_dir) else None)
+
+
+class Catalogue(unittest.TestCase):
+    results = []
+
+    @classmethod
+    def setUpClass(cls):
+        jobs = int(os.environ.get("KEEL_TEST_JOBS", os.cpu_count() or 1))
+        only = re.compile(os.environ.get("KEEL_CASES", ""))
+        work = [(c, cmd) for c in CASES for cmd in c.commands if only.search(c.name)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            cls.results = list(pool.map(lambda w: run_one(*w), work))
+        kinds = collections.Counter(c.kind for c in CASES)
+        print(f"\nbad-input catalogue: {len(CASES)} cases ("
+              + ", ".join(f"{k} {kinds[k]}" for k in
+                          ("manifests", "extends", "set", "flags", "files", "data"))
+              + f"), {len(work)} keel runs", file=sys.stderr)
+
+    def test_names_are_unique(self):
+        names = [c.name for c in CASES]
+        self.assertEqual(len(names), len(set(names)))
+        self.assertGreaterEqual(len(CASES), 60)
+
+    def test_catalogue(self):
+        for r in self.results:
+            with self.subTest(case=r.case.name, command=r.command):
+                if r.skipped:
+                    self.skipTest(r.skipped)
+                self.check(r)
+
+    def test_hints(self):
+        """The error line ends with `; hint: <what to do>` (the project's format)."""
+        for r in self.results:
+            with self.subTest(case=r.case.name, command=r.command):
+                if r.skipped:
+                    self.skipTest(r.skipped)
+                errors = [l for l in r.stderr.splitlines() if l.startswith("keel: error: ")]
+                if len(errors) != 1:
+                    self.skipTest("no single error line (test_catalogue reports it)")
+                self.assertRegex(errors[0], r"; hint: \S", f"\n  keel {' '.join(r.argv)}")
+
+    def check(self, r: Result):
+        c = r.case
+        context = (f"\n  keel {' '.join(r.argv)}\n  exit {r.returncode}\n  stderr: {r.stderr!r}"
+                   f"\n  stdout tail: {r.stdout[-600:]!r}")
+        self.assertIsNotNone(r.returncode, "keel hung (killed after %d s)%s" % (TIMEOUT_S, context))
+        if r.returncode < 0:
+            self.fail(f"killed by signal {signal.Signals(-r.returncode).name}{context}")
+        self.assertEqual(r.returncode, c.status, "exit status" + context)
+        lines = r.stderr.splitlines()
+        errors = [l for l in lines if l.startswith("keel: error: ")]
+        self.assertEqual(len(errors), 1, "one `keel: error: ` line" + context)
+        others = [l for l in lines if not l.startswith("keel: error: ")]
+        if c.status == 2:
+            self.assertTrue(all(l.startswith("usage: ") for l in others) and len(others) <= 1,
+                            "a usage error: the error line and at most one usage line" + context)
+        else:
+            self.assertEqual(others, [], "nothing but the error line on stderr" + context)
+        line = errors[0]
+        fill = lambda s: s.replace("{m}", os.path.join(r.d, "case.toml")).replace("{d}", r.d)
+        self.assertIn(fill(shift_lines(c)), line, "names the place" + context)
+        for phrase in c.phrases:
+            self.assertIn(fill(phrase), line, context)
+        for bad in FORBIDDEN:
+            self.assertNotIn(bad, r.stderr, context)
+            self.assertNotIn(bad, r.stdout, context)
+        self.assertEqual(r.after, r.before, "nothing left behind in the case directory" + context)
+        if c.keep_run_dir:
+            self.assertEqual(r.run_dir_after, r.run_dir_before,
+                             "the existing run directory holds what it held" + context)
+        else:
+            self.assertIsNone(r.run_dir_after, "no run directory left behind" + context)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1] + sys.argv[3:], verbosity=2)

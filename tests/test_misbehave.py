@@ -1,0 +1,289 @@
+"""Plugins that break the contract: each case swaps one misbehaving component (from the fixtures
+in tests/fixtures/misbehave/: the plain C plugin misbehave-c and the C++ SDK plugin
+misbehave-cpp) into a short quickstart run and checks that keel fails cleanly: exit status 1,
+no signal, exactly one stderr line `keel: error: [<section>] <kind> '<name>' (plugin <plugin>):
+...` that names the call and says what was wrong, and no backtrace, std::terminate or internal
+error.
+
+Usage: test_misbehave.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_FIXTURE_DIR [unittest args]"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from typing import NamedTuple, Tuple
+
+KEEL, ROOT, FIXTURES = (os.path.abspath(a) for a in sys.argv[1:4])
+C, CPP = "misbehave-c", "misbehave-cpp"
+
+# The manifest section each component kind is swapped into, and the kind's name in messages.
+KIND_OF_SECTION = {
+    "model": "model", "data.train": "dataset", "optimizer": "optimizer",
+    "lr_scheduler": "lr_scheduler", "loss": "loss", "grad_clipper": "grad_clipper",
+    "mfu": "mfu", "checkpoint": "checkpoint", "hooks[0]": "hook",
+}
+
+
+class Case(NamedTuple):
+    name: str
+    plugin: str             # C or CPP
+    section: str            # manifest section the component goes in
+    type: str               # component name
+    fault: str              # value of its `fault` option
+    call: str               # the call the error line names (after the label)
+    phrases: Tuple[str, ...]  # what was wrong: each must appear in the line
+    extra: str = ""         # more manifest text
+    names: bool = True      # the line names section, component, plugin and call
+
+
+CASES = [
+    # loss ------------------------------------------------------------------------------------
+    Case("loss_null_tensor", C, "loss", "mbc_loss", "null_loss", "compute",
+         ("compute returned no loss tensor",)),
+    Case("loss_integer_dtype", C, "loss", "mbc_loss", "integer", "compute", ("floating-point",)),
+    Case("loss_not_requiring_grad_c", C, "loss", "mbc_loss", "detached", "compute",
+         ("does not require grad",)),
+    Case("loss_empty_error_message", C, "loss", "mbc_loss", "empty_error", "compute",
+         ("failed without a message",)),
+    Case("loss_struct_size_too_small", C, "loss", "mbc_loss", "struct_small", "creation",
+         ("instance struct is",)),
+    Case("loss_not_scalar", CPP, "loss", "mbx_loss", "non_scalar", "compute",
+         ("expected a scalar loss",)),
+    Case("loss_detached", CPP, "loss", "mbx_loss", "detached", "compute",
+         ("does not require grad",)),
+    Case("loss_throws", CPP, "loss", "mbx_loss", "compute_throw", "compute",
+         ("deliberate failure in compute",)),
+    # Already handled by the loop's non-finite check, which names no component.
+    Case("loss_nan_nonfinite_error", CPP, "loss", "mbx_loss", "nan", "", ("non-finite loss",),
+         extra="[train]\nnonfinite = \"error\"\n", names=False),
+    # model -----------------------------------------------------------------------------------
+    Case("model_factory_ok_without_instance", C, "model", "mbc_model", "factory_null",
+         "creation", ("no instance",)),
+    Case("model_no_parameters", C, "model", "mbc_model", "param_count_zero", "param_count",
+         ("no trainable parameters",)),
+    Case("model_param_null_name", C, "model", "mbc_model", "param_null_name", "param",
+         ("param", "NULL")),
+    Case("model_param_null_tensor", C, "model", "mbc_model", "param_null_tensor", "param",
+         ("param", "NULL")),
+    Case("model_param_empty_error_message", C, "model", "mbc_model", "param_empty_error",
+         "param", ("failed without a message",)),
+    Case("model_param_not_requiring_grad", C, "model", "mbc_model", "param_no_grad", "param",
+         ("requires grad",)),
+    Case("model_forward_null", CPP, "model", "mbx_model", "forward_null", "forward",
+         ("forward returned no tensor",)),
+    Case("model_output_batch_dim", CPP, "model", "mbx_model", "batch_dim", "forward",
+         ("first dimension",)),
+    Case("model_duplicate_param_names", CPP, "model", "mbx_model", "duplicate_names", "param",
+         ("duplicate parameter name", "linear.weight")),
+    Case("model_constructor_throws", CPP, "model", "mbx_model", "ctor_throw", "creation",
+         ("deliberate failure in constructor",)),
+    Case("model_forward_throws", CPP, "model", "mbx_model", "forward_throw", "forward",
+         ("deliberate failure in forward",)),
+    Case("model_set_training_throws", CPP, "model", "mbx_model", "set_training_throw",
+         "set_training", ("deliberate failure in set_training",)),
+    Case("model_forward_c10_error", CPP, "model", "mbx_model", "c10_error", "forward",
+         ("cannot be multiplied",)),
+    Case("model_forward_bad_alloc", CPP, "model", "mbx_model", "bad_alloc", "forward",
+         ("bad_alloc",)),
+    # dataset ---------------------------------------------------------------------------------
+    Case("data_batch_without_inputs", C, "data.train", "mbc_data", "null_inputs", "next",
+         ("without inputs",)),
+    Case("data_batch_without_targets", C, "data.train", "mbc_data", "null_targets", "next",
+         ("without targets",)),
+    Case("data_batch_zero_samples", C, "data.train", "mbc_data", "zero_samples", "next",
+         ("samples",)),
+    Case("data_inputs_targets_first_dim", C, "data.train", "mbc_data", "mismatched", "next",
+         ("first dimension",)),
+    Case("data_no_batches_per_epoch", C, "data.train", "mbc_data", "no_batches",
+         "batches_per_epoch", ("no batches",)),
+    Case("data_empty_error_message", C, "data.train", "mbc_data", "next_empty_error", "next",
+         ("failed without a message",)),
+    # optimizer -------------------------------------------------------------------------------
+    Case("optimizer_group_count_zero", C, "optimizer", "mbc_optimizer", "group_count_zero",
+         "group_count", ("group_count",)),
+    Case("optimizer_get_lr_nan", C, "optimizer", "mbc_optimizer", "get_lr_nan", "get_lr",
+         ("get_lr",)),
+    Case("optimizer_required_slot_null", C, "optimizer", "mbc_optimizer", "slot_null",
+         "creation", ("slot 'zero_grad' is NULL",)),
+    Case("optimizer_zero_grad_throws", CPP, "optimizer", "mbx_optimizer", "zero_grad_throw",
+         "zero_grad", ("deliberate failure in zero_grad",)),
+    Case("optimizer_step_throws", CPP, "optimizer", "mbx_optimizer", "step_throw", "step",
+         ("deliberate failure in step",)),
+    Case("optimizer_set_lr_throws", CPP, "optimizer", "mbx_optimizer", "set_lr_throw", "set_lr",
+         ("deliberate failure in set_lr",)),
+    # lr_scheduler ----------------------------------------------------------------------------
+    Case("scheduler_factor_nan", C, "lr_scheduler", "mbc_scheduler", "factor_nan", "factor",
+         ("factor", "nan")),
+    Case("scheduler_factor_negative", C, "lr_scheduler", "mbc_scheduler", "factor_negative",
+         "factor", ("factor", "-0.5")),
+    Case("scheduler_factory_empty_error_message", C, "lr_scheduler", "mbc_scheduler",
+         "factory_empty_error", "creation", ("failed without a message",)),
+    Case("scheduler_factor_throws", CPP, "lr_scheduler", "mbx_scheduler", "factor_throw",
+         "factor", ("deliberate failure in factor",)),
+    # grad_clipper ----------------------------------------------------------------------------
+    Case("clipper_negative_norm", C, "grad_clipper", "mbc_clipper", "negative", "clip",
+         ("clip", "-1")),
+    # NaN goes to the non-finite policy (the gradients may hold NaN), which names no component.
+    Case("clipper_nan_norm", C, "grad_clipper", "mbc_clipper", "nan", "",
+         ("non-finite gradient norm", "grad norm nan"), names=False),
+    # mfu -------------------------------------------------------------------------------------
+    Case("mfu_nan", C, "mfu", "mbc_mfu", "nan", "compute", ("mfu", "returned", "nan")),
+    Case("mfu_negative", C, "mfu", "mbc_mfu", "negative", "compute", ("mfu", "returned", "-0.5")),
+    Case("mfu_infinite", C, "mfu", "mbc_mfu", "inf", "compute", ("mfu", "returned", "inf")),
+    Case("mfu_throws", CPP, "mfu", "mbx_mfu", "compute_throw", "compute",
+         ("deliberate failure in mfu compute",)),
+    # hooks -----------------------------------------------------------------------------------
+    Case("hook_on_event_fails", C, "hooks[0]", "mbc_hook", "fail", "on_event",
+         ("deliberate hook failure at STEP_END of step 1",)),
+    Case("hook_empty_error_message", C, "hooks[0]", "mbc_hook", "empty_error", "on_event",
+         ("failed without a message",)),
+    Case("hook_unknown_request_bits", C, "hooks[0]", "mbc_hook", "unknown_bits", "on_event",
+         ("unknown request bits",)),
+    Case("hook_on_event_throws", CPP, "hooks[0]", "mbx_hook", "on_event_throw", "on_event",
+         ("deliberate failure in on_event",)),
+    # checkpoint ------------------------------------------------------------------------------
+    Case("checkpoint_save_fails", C, "checkpoint", "mbc_checkpoint", "save_fail", "save",
+         ("deliberate failure after writing part of the checkpoint",)),
+]
+
+STEPS = 3
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def base_manifest(d):
+    """A short quickstart run that loads plugins from the misbehave fixtures' directory only
+    (besides keel's own)."""
+    path = os.path.join(d, "base.toml")
+    write(path, f'''extends = "{ROOT}/configs/quickstart.toml"
+[plugins]
+paths = ["{FIXTURES}"]
+[run]
+threads = 1
+[train]
+max_steps = {STEPS}
+log_every = 1
+[data.train]
+limit = 256
+[data.test]
+limit = 100
+[lr_scheduler]
+warmup_steps = 1
+''')
+    return path
+
+
+def component_table(section, type_, fault):
+    header = "[[hooks]]" if section == "hooks[0]" else f"[{section}]"
+    return f'{header}\ntype = "{type_}"\nfault = "{fault}"\n'
+
+
+def keel(*args):
+    p = subprocess.run([KEEL, *args], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+class Misbehaviour(unittest.TestCase):
+    """One test per entry of CASES (added below)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.base = base_manifest(cls.tmp.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def run_case(self, case: Case):
+        d = os.path.join(self.tmp.name, case.name)
+        os.mkdir(d)
+        manifest = os.path.join(d, "m.toml")
+        write(manifest, f'extends = "{self.base}"\n' +
+              component_table(case.section, case.type, case.fault) + case.extra)
+        rc, out, err = keel("train", manifest, "--set", f"run.output_dir={d}/run")
+        report = f"\n--- case {case.name}: exit {rc}\n--- stderr:\n{err}--- stdout (tail):\n" + \
+                 "\n".join(out.splitlines()[-5:])
+        self.assertEqual(rc, 1, "expected exit status 1" + report)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, "expected exactly one stderr line" + report)
+        line = lines[0]
+        self.assertTrue(line.startswith("keel: error: "), report)
+        if case.names:
+            label = (f"keel: error: [{case.section}] {KIND_OF_SECTION[case.section]} "
+                     f"'{case.type}' (plugin {case.plugin}): ")
+            self.assertTrue(line.startswith(label), f"the line must start with {label!r}" + report)
+            self.assertRegex(line[len(label):], rf"\b{case.call}\b",
+                             f"the line must name the call {case.call!r}" + report)
+        for phrase in case.phrases:
+            self.assertIn(phrase, line, report)
+        for bad in ("Exception raised from", "terminate called", "internal error"):
+            self.assertNotIn(bad, err + out, report)
+        return d
+
+    def check_checkpoint_save_fails(self, d):
+        # The commit protocol: nothing half-written survives a failing backend.
+        ckpt = os.path.join(d, "run", "checkpoints")
+        names = os.listdir(ckpt) if os.path.isdir(ckpt) else []
+        left = [n for n in names if n.startswith(("step-", ".step-"))]
+        self.assertEqual(left, [], f"a failed save left {left} in {ckpt}")
+
+
+def make_test(case):
+    def test(self):
+        d = self.run_case(case)
+        extra = getattr(self, "check_" + case.name, None)
+        if extra:
+            extra(d)
+    test.__doc__ = f"{case.plugin} [{case.section}] {case.type} fault={case.fault}"
+    return test
+
+
+for _case in CASES:
+    setattr(Misbehaviour, "test_" + _case.name, make_test(_case))
+
+
+class WellBehaved(unittest.TestCase):
+    """The same components with fault = "none" train: the failures above come from the faults."""
+
+    def train(self, tables):
+        with tempfile.TemporaryDirectory() as d:
+            base = base_manifest(d)
+            m = os.path.join(d, "m.toml")
+            write(m, f'extends = "{base}"\n' + tables)
+            rc, out, err = keel("train", m, "--set", f"run.output_dir={d}/run")
+            self.assertEqual((rc, err), (0, ""), out)
+            with open(f"{d}/run/metrics.jsonl") as f:
+                records = [json.loads(line) for line in f]
+            train = [r for r in records if r["split"] == "train"]
+            self.assertEqual(train[-1]["step"], STEPS)
+            self.assertTrue(all(math.isfinite(r["loss"]) for r in train), train)
+            return records, sorted(os.listdir(f"{d}/run/checkpoints"))
+
+    def test_c_data_clipper_mfu_hook_checkpoint_with_cpp_model_loss_optimizer(self):
+        tables = "".join(component_table(s, t, "none") for s, t in [
+            ("model", "mbx_model"), ("data.train", "mbc_data"), ("loss", "mbx_loss"),
+            ("optimizer", "mbx_optimizer"), ("lr_scheduler", "mbc_scheduler"),
+            ("grad_clipper", "mbc_clipper"), ("mfu", "mbc_mfu"), ("checkpoint", "mbc_checkpoint"),
+            ("hooks[0]", "mbc_hook"), ("hooks[0]", "mbx_hook")])
+        records, ckpts = self.train(tables + '[[hooks]]\ntype = "jsonl"\n')
+        self.assertEqual([r for r in records if r["split"] == "train"][-1]["mfu"], 0.5)
+        self.assertEqual(ckpts, [f"step-{STEPS}"])
+
+    def test_c_optimizer_cpp_scheduler_mfu(self):
+        tables = "".join(component_table(s, t, "none") for s, t in [
+            ("model", "mbx_model"), ("loss", "mbx_loss"), ("optimizer", "mbc_optimizer"),
+            ("lr_scheduler", "mbx_scheduler"), ("mfu", "mbx_mfu")])
+        self.train(tables)
+
+
+if __name__ == "__main__":
+    print(f"test_misbehave: {len(CASES)} misbehaviour cases "
+          f"({sum(c.plugin == C for c in CASES)} {C}, {sum(c.plugin == CPP for c in CASES)} {CPP})")
+    sys.stdout.flush()
+    unittest.main(argv=sys.argv[:1] + sys.argv[4:], verbosity=2)  # e.g. -k hook
