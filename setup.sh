@@ -16,6 +16,7 @@ PACKAGES=(
   nlohmann-json3-dev                  # JSON: metrics.jsonl, Chrome traces, safetensors headers
   python3-torch                       # the same LibTorch build, for tests against PyTorch
   dataset-fashion-mnist
+  clang-14 libclang-rt-14-dev         # .ci/run: the libFuzzer targets (tests/fuzz)
 )
 
 missing=()

@@ -1,7 +1,7 @@
 // trainer_state.toml, the kernel's metadata file in every committed checkpoint directory:
 //
 //   step = 32          # optimizer steps taken
-//   epoch = 3          # epochs completed
+//   epoch = 3          # the epoch (0-based) it was saved in
 //   samples = 1024
 //   tokens = 1024
 //   objects = ["model", "hooks"]   # the files the backend wrote (<stem>.<ext>)

@@ -9,7 +9,9 @@
 //   prune                              keep_last > 0 removes the oldest committed ones
 //
 // A failure while staging removes the staging directory and reports the error; committed
-// checkpoints are never touched by a failed save.
+// checkpoints are never touched by a failed save, except that saving a step that already has
+// a committed directory (a rerun in the same run directory) removes the old one before the
+// rename.
 #pragma once
 
 #include <string>

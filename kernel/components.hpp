@@ -1,7 +1,8 @@
 // Kernel-side handles to plugin instances.
 //
 // Instance<Abi> owns one instance created by a plugin factory: it checks the instance struct
-// (struct_size covers every v1 slot of the kind and no slot is NULL) once at creation, turns a
+// (struct_size covers every required 1.0 slot of the kind and none of them is NULL; a refused
+// struct is not destroyed) once at creation, turns a
 // KEEL_ERR from any slot into keel::Error prefixed with the component's label, and calls the
 // plugin's `destroy` exactly once.
 #pragma once
@@ -92,7 +93,7 @@ class Instance {
 };
 
 // Size of each instance struct in ABI 1.0: the slots every plugin must provide. Slots
-// appended later are optional; use has_slot() before calling one.
+// appended later are optional; use KEEL_HAS_SLOT before calling one.
 template <class Abi>
 constexpr size_t required_size() {
   return sizeof(Abi);

@@ -2,7 +2,7 @@
 // kernel's own schemas and every component's published option schema before step 1.
 //
 // Manifest layout (see README "Manifest"):
-//   [run]          name, output_dir, seed, threads, mode
+//   [run]          name, output_dir, seed, threads, mode, malloc_tuning
 //   [plugins]      paths
 //   [train]        stop targets (epochs, max_steps, max_samples, max_tokens), grad_accum,
 //                  precision, nonfinite policy, logging and evaluation cadence

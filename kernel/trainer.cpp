@@ -83,18 +83,23 @@ auto naming(const std::string& who, const char* what, F&& body) -> decltype(body
 // (and `keel validate`) removes exactly what it added.
 class RunDirSnapshot {
  public:
-  explicit RunDirSnapshot(fs::path dir) : dir_(std::move(dir)) {
+  explicit RunDirSnapshot(fs::path dir) : dir_(fs::absolute(dir).lexically_normal()) {
     std::error_code ec;
     existed_ = fs::exists(dir_, ec);
     if (existed_)
       for (const auto& e : fs::directory_iterator(dir_, ec)) before_.insert(e.path().filename());
+    // The outermost directory that creating dir_ will add (dir_ itself, or a missing parent).
+    created_root_ = dir_;
+    while (created_root_.has_parent_path() && created_root_.parent_path() != created_root_ &&
+           !fs::exists(created_root_.parent_path(), ec))
+      created_root_ = created_root_.parent_path();
   }
   // Removes what was added; returns what could not be removed ("" when everything went).
   std::string remove_added() const {
     std::error_code ec;
     if (!existed_) {
-      fs::remove_all(dir_, ec);
-      return fs::exists(dir_) ? dir_.string() : "";
+      fs::remove_all(created_root_, ec);
+      return fs::exists(created_root_) ? created_root_.string() : "";
     }
     std::string left;
     for (const auto& e : fs::directory_iterator(dir_, ec)) {
@@ -107,7 +112,7 @@ class RunDirSnapshot {
   }
 
  private:
-  fs::path dir_;
+  fs::path dir_, created_root_;
   bool existed_ = false;
   std::set<fs::path> before_;
 };
@@ -502,7 +507,7 @@ struct Trainer::State {
     model.get("set_training", model->set_training, 0);
     test_data.call("start_epoch", test_data->start_epoch, int64_t{0});
     double loss_sum = 0;
-    int64_t items = 0, correct = 0, rows = 0, batches = 0;
+    int64_t items = 0, correct = 0, rows = 0, samples = 0, batches = 0;
     bool classification = true;
     while (cfg.eval_max_batches == 0 || batches < cfg.eval_max_batches) {
       keel_batch b{};
@@ -521,6 +526,7 @@ struct Trainer::State {
       }
       loss_sum += batch_loss * static_cast<double>(count);
       items += count;
+      samples += mb.samples;
       if (classification && out.dim() == 2 && y.dim() == 1 && !y.is_floating_point() &&
           out.size(0) == y.size(0)) {
         correct += out.argmax(1).eq(y).sum().item<int64_t>();
@@ -540,7 +546,7 @@ struct Trainer::State {
       last_eval.push_back({"accuracy", static_cast<double>(correct) / rows});
       summary.eval_accuracy = last_eval.back().value;
     }
-    last_eval.push_back({"samples", static_cast<double>(rows)});
+    last_eval.push_back({"samples", static_cast<double>(samples)});
     ts.eval_metrics = last_eval.data();
     ts.eval_metric_count = last_eval.size();
     emit(KEEL_EVENT_EVAL_END, "test");

@@ -25,9 +25,10 @@ class Trainer {
   // Creates the run directory (and checks that it can be written), creates and checks every
   // component (loading [checkpoint] init_from), then writes manifest.resolved.toml and starts
   // run.log. Throws keel::Error naming the component on failure; then every file and directory
-  // it added to the run directory is removed again (the directory too, when it created it).
-  // `validate_only` (check_run): components get a scratch run directory instead, removed with
-  // the Trainer, and nothing is written to the run directory.
+  // it added to the run directory is removed again (the directory and missing parents too,
+  // when it created them). `validate_only` (check_run): components get a scratch run
+  // directory instead, removed with the Trainer, and nothing is left in the run directory
+  // (created when missing, probed with a file that is removed again).
   // Process-wide settings are not touched here: see apply_process_settings.
   explicit Trainer(const RunConfig& config, bool validate_only = false);
   ~Trainer();
@@ -44,7 +45,8 @@ class Trainer {
 // Everything `keel train` does before step 1, without training (`keel validate`): checks that
 // the run directory can be created and written, creates every component with its options
 // (datasets read their data, init_from is loaded into the model), destroys them again, and
-// removes every file and directory it added. Throws keel::Error on the first problem.
+// removes every file and directory it added (missing parents of output_dir included). Throws
+// keel::Error on the first problem.
 void check_run(const RunConfig& config);
 
 // The process-wide settings of a run, applied once at start-up by the program that runs it

@@ -38,7 +38,7 @@ KEEL_PLUGIN_PATH="$stage/third_party:$installed_plugins" "$keel" validate "$stag
 if KEEL_PLUGIN_PATH="$stage/third_party:$installed_plugins" "$keel" validate "$stage/m.toml" --set lr_scheduler.evry=3 2>"$stage/err"; then
   echo "expected a validation error"; exit 1
 fi
-grep -q "unknown key 'evry' in \[lr_scheduler\]; did you mean 'every'?" "$stage/err"
+grep -q "unknown key 'evry' in \[lr_scheduler\]; hint: did you mean 'every'?" "$stage/err"
 echo "ok: a plugin built against the installed SDK loads and validates"
 
 # Losses built the same way train with gradient accumulation. my_cross_entropy does not

@@ -145,8 +145,9 @@ typedef struct keel_host {
 
   /* Option accessors. Options were validated against the component's schema before the
    * factory runs, and every declared key has a value (its default when the manifest left it
-   * out), so these fail (return 0) only on a key the schema does not declare or a type
-   * mismatch. Strings are valid until the factory returns: copy what you keep. [setup] */
+   * out), so these fail only on a key the schema does not declare, a type mismatch or a
+   * list index out of range (return 0; option_string returns NULL and option_list_size -1).
+   * Strings are valid until the factory returns: copy what you keep. [setup] */
   int (*option_bool)(const keel_options* o, const char* key, int* out);
   int (*option_int)(const keel_options* o, const char* key, int64_t* out);
   int (*option_float)(const keel_options* o, const char* key, double* out);
@@ -249,7 +250,8 @@ typedef struct keel_create_context {
  * optional: NULL, or beyond a 1.0 plugin's struct_size, means "not provided". */
 
 /* Every instance struct begins with these three fields. `destroy` frees `self` and everything
- * the instance owns; the kernel calls it exactly once. [setup|train] */
+ * the instance owns; the kernel calls it exactly once for every instance it accepts (not for a
+ * struct it refuses as too small or without `destroy`). [setup|train] */
 #define KEEL_INSTANCE_HEADER \
   uint32_t struct_size;      \
   void* self;                \
@@ -317,7 +319,7 @@ typedef struct keel_optimizer {
 typedef struct keel_lr_scheduler {
   KEEL_INSTANCE_HEADER;
   /* Multiplier of each group's base learning rate for optimizer step `step` (0-based). A pure
-   * function of its arguments, so resuming at a step restores the schedule. [train] */
+   * function of its arguments. [train] */
   double (*factor)(void* self, int64_t step);
 } keel_lr_scheduler;
 
@@ -331,15 +333,17 @@ typedef struct keel_loss {
                          int64_t* count, keel_error* err);
   /* (1.1) Optional: the number of items `compute` will average over for `target`, without
    * computing the loss (-1: not reported). With it, gradient accumulation normalises each
-   * optimizer step by the item count of all its micro-batches. [train] */
+   * optimizer step by the item count of all its micro-batches (unless [train]
+   * accum_normalization = "mean"; with "auto", a -1 falls back to the mean). [train] */
   int64_t (*count_items)(void* self, keel_tensor* target);
 } keel_loss;
 
 /* grad_clipper ----------------------------------------------------------------------------- */
 typedef struct keel_grad_clipper {
   KEEL_INSTANCE_HEADER;
-  /* Clips the gradients of the parameters given at creation; writes the global L2 norm of
-   * the gradients before clipping to *total_norm. [train] */
+  /* Clips the gradients of the parameters given at creation; writes the global norm of the
+   * gradients before clipping to *total_norm (L2 unless the clipper is configured otherwise;
+   * NaN/Inf go to the non-finite policy, a negative norm is an error). [train] */
   keel_status (*clip)(void* self, double* total_norm, keel_error* err);
 } keel_grad_clipper;
 
@@ -354,11 +358,12 @@ typedef struct keel_mfu {
 /* profiler --------------------------------------------------------------------------------- */
 typedef struct keel_profiler {
   KEEL_INSTANCE_HEADER;
-  /* Marks the start and end of a phase ("data", "forward", "backward", "optimizer", "hooks",
-   * "eval", "checkpoint") of optimizer step `step`. Must be cheap. [train] */
+  /* Marks the start and end of a phase ("data", "forward", "backward", "clip", "optimizer",
+   * "hooks", "eval", "checkpoint") of optimizer step `step`. Must be cheap. [train] */
   void (*begin)(void* self, const char* phase, int64_t step);
   void (*end)(void* self, const char* phase, int64_t step);
-  /* Writes what was recorded; called once, at train end. [train] */
+  /* Writes what was recorded; called once, after TRAIN_END of a training run that did not
+   * fail (not in evaluate mode). [train] */
   keel_status (*flush)(void* self, keel_error* err);
 } keel_profiler;
 
@@ -383,8 +388,8 @@ typedef struct keel_checkpoint {
 
 /* hook ------------------------------------------------------------------------------------- */
 
-/* The call order, as the kernel runs it (train mode; `keel evaluate` sends only the EVAL_*,
- * METRICS and TRAIN_START/TRAIN_END events):
+/* The call order, as the kernel runs it (train mode; `keel evaluate` sends CHECKPOINT_LOADED
+ * (with init_from), TRAIN_START, EVAL_START, EVAL_END, METRICS and TRAIN_END, or EXCEPTION):
  *
  *   CHECKPOINT_LOADED                          when [checkpoint] init_from is set
  *   TRAIN_START
@@ -438,7 +443,9 @@ typedef struct keel_checkpoint {
  * ties in manifest order. Any hook may set bits of `requests`; the kernel acts on them after
  * the current step, or after the epoch-end events when set during those (KEEL_REQUEST_STOP
  * ends the run, _EVAL evaluates, _CHECKPOINT saves); other bits are an error. Requests set
- * during the final events (the at_end checkpoint, TRAIN_END) are ignored. */
+ * during the final events (the at_end checkpoint, TRAIN_END) are ignored, and so are EVAL and
+ * CHECKPOINT requests set during a CHECKPOINT_SAVED event or the METRICS record after it
+ * (STOP is honoured there). */
 typedef struct keel_metric {
   const char* key;
   double value;
@@ -469,7 +476,7 @@ typedef enum keel_event_kind {
 
 typedef struct keel_trainer_state {
   uint32_t struct_size;
-  int64_t step;      /* optimizer steps completed */
+  int64_t step;      /* optimizer steps taken, skipped ones included */
   int64_t epoch;     /* current epoch, 0-based */
   int64_t samples;   /* training samples consumed */
   int64_t tokens;    /* training tokens consumed */
@@ -495,7 +502,8 @@ typedef struct keel_event {
   /* METRICS: the record, in a fixed order; NULL otherwise. */
   const keel_metric* metrics;
   size_t metric_count;
-  /* CHECKPOINT_SAVED: the committed checkpoint directory; NULL otherwise. */
+  /* CHECKPOINT_SAVED: the committed checkpoint directory; CHECKPOINT_LOADED: the loaded one;
+   * NULL otherwise. */
   const char* path;
   /* Out: KEEL_REQUEST_* bits the hook asks for. */
   uint32_t requests;
@@ -507,7 +515,8 @@ typedef struct keel_event {
 
 typedef struct keel_hook {
   KEEL_INSTANCE_HEADER;
-  /* Observes one event; an error ends the run. [train] */
+  /* Observes one event; an error ends the run. [setup|train] (CHECKPOINT_LOADED is sent
+   * while the run is assembled) */
   keel_status (*on_event)(void* self, keel_event* event, keel_error* err);
   /* (1.1) Optional: tensors holding the hook's state (early stopping's best value, ...), saved
    * with every checkpoint and loaded back into these same tensors, followed by

@@ -227,7 +227,7 @@ class GradClipper {
  public:
   static constexpr keel_kind kKind = KEEL_KIND_GRAD_CLIPPER;
   virtual ~GradClipper() = default;
-  // Returns the global L2 norm of the gradients before clipping.
+  // Returns the global norm of the gradients before clipping (L2 unless configured otherwise).
   virtual double clip() = 0;
 };
 
@@ -302,7 +302,8 @@ struct Box {
   NamedTensors params, state;  // models and hooks: cached so names and handles stay valid
 
   static Box* of(void* self) { return static_cast<Box*>(self); }
-  // For slots without an error channel: log and carry on.
+  // For slots without an error channel: report through keel_host.report_error (ABI 1.2; the
+  // kernel then ends the run), else log.
   template <class F>
   static void quiet(void* self, F&& body) noexcept {
     keel_error err;
