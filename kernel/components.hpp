@@ -2,7 +2,7 @@
 //
 // Instance<Abi> owns one instance created by a plugin factory: it checks the instance struct
 // (struct_size covers every required 1.0 slot of the kind and none of them is NULL; a refused
-// struct is not destroyed) once at creation, turns a
+// struct is destroyed when its struct_size covers the destroy slot) once at creation, turns a
 // KEEL_ERR from any slot into keel::Error prefixed with the component's label, and calls the
 // plugin's `destroy` exactly once.
 #pragma once
@@ -153,13 +153,18 @@ Instance<Abi> create_instance(const Component& c, keel_create_context ctx) {
   if (!out) throw Error(label + ": creation failed: the factory returned KEEL_OK but no instance");
   auto* vt = static_cast<Abi*>(out);
   // Instance structs hold only pointers after struct_size (abi.h): every 1.0 slot must be set.
-  // A struct we cannot use is not destroyed either: its destroy slot may be missing too.
-  if (vt->struct_size < required_size<Abi>() || !vt->destroy)
-    throw Error(label + ": creation failed: instance struct is " + std::to_string(vt->struct_size) +
-                " bytes" + (vt->destroy ? "" : " with no destroy slot") + ", ABI " +
-                std::to_string(KEEL_ABI_MAJOR) + " needs at least " +
-                std::to_string(required_size<Abi>()) +
-                "; hint: rebuild the plugin against this SDK");
+  // A struct too small to use is still destroyed when it holds a destroy slot (the header).
+  if (vt->struct_size < required_size<Abi>() || !vt->destroy) {
+    const bool destroyable = KEEL_HAS_FIELD(vt, Abi, destroy) && vt->destroy;
+    const Error refused(label + ": creation failed: instance struct is " +
+                        std::to_string(vt->struct_size) + " bytes" +
+                        (destroyable ? "" : " with no destroy slot") + ", ABI " +
+                        std::to_string(KEEL_ABI_MAJOR) + " needs at least " +
+                        std::to_string(required_size<Abi>()) +
+                        "; hint: rebuild the plugin against this SDK");
+    if (destroyable) vt->destroy(vt->self);  // vt is gone after this
+    throw refused;
+  }
   Instance<Abi> inst(vt, label);
   if (!reported.empty()) throw Error(label + ": creation failed: " + reported);
   const auto* slots = reinterpret_cast<void* const*>(&vt->destroy);

@@ -250,8 +250,8 @@ typedef struct keel_create_context {
  * optional: NULL, or beyond a 1.0 plugin's struct_size, means "not provided". */
 
 /* Every instance struct begins with these three fields. `destroy` frees `self` and everything
- * the instance owns; the kernel calls it exactly once for every instance it accepts (not for a
- * struct it refuses as too small or without `destroy`). [setup|train] */
+ * the instance owns; the kernel calls it exactly once for every instance a factory returns
+ * (also for one it refuses as too small, when struct_size covers `destroy`). [setup|train] */
 #define KEEL_INSTANCE_HEADER \
   uint32_t struct_size;      \
   void* self;                \
