@@ -79,6 +79,20 @@ auto naming(const std::string& who, const char* what, F&& body) -> decltype(body
   }
 }
 
+// Entry `i` of a model's or hook's named tensors (param, state), checked: a name and a tensor.
+template <class Abi>
+keel_named_tensor named_entry(const Instance<Abi>& inst, const char* slot_name,
+                              keel_status (*slot)(void*, size_t, const char**, keel_tensor**,
+                                                  keel_error*),
+                              size_t i) {
+  keel_named_tensor nt{};
+  inst.call(slot_name, slot, i, &nt.name, &nt.tensor);
+  if (!nt.name || !*nt.name || !nt.tensor)
+    throw inst.error(std::string(slot_name) + "(" + std::to_string(i) + ") returned a NULL " +
+                     (nt.tensor ? "or empty name" : "tensor"));
+  return nt;
+}
+
 // The entries of a run directory before a run touched it, so that a run failing before step 1
 // (and `keel validate`) removes exactly what it added.
 class RunDirSnapshot {
@@ -628,12 +642,8 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
     throw s.model.error("param_count returned 0: the model has no trainable parameters");
   std::set<std::string> seen;
   for (size_t i = 0; i < np; ++i) {
-    const char* name = nullptr;
-    keel_tensor* t = nullptr;
-    s.model.call("param", s.model->param, i, &name, &t);
+    const auto [name, t] = named_entry(s.model, "param", s.model->param, i);
     const std::string what = "param(" + std::to_string(i) + ")";
-    if (!name || !*name || !t)
-      throw s.model.error(what + " returned a NULL " + (t ? "or empty name" : "tensor"));
     const std::string n(name, strnlen(name, 1024));
     if (!seen.insert(n).second)
       throw s.model.error("duplicate parameter name '" + n + "' (param " + std::to_string(i) +
@@ -649,11 +659,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
   const size_t ns = s.model.get("state_count", s.model->state_count);
   seen.clear();
   for (size_t i = 0; i < ns; ++i) {
-    keel_named_tensor nt{};
-    s.model.call("state", s.model->state, i, &nt.name, &nt.tensor);
-    if (!nt.name || !*nt.name || !nt.tensor)
-      throw s.model.error("state(" + std::to_string(i) + ") returned a NULL " +
-                          (nt.tensor ? "or empty name" : "tensor"));
+    const keel_named_tensor nt = named_entry(s.model, "state", s.model->state, i);
     if (!seen.insert(nt.name).second)
       throw s.model.error("duplicate state name '" + std::string(nt.name) + "'");
     s.model_state.push_back(nt);
@@ -740,11 +746,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
       continue;
     const size_t n = hook.get("state_count", hook->state_count);
     for (size_t i = 0; i < n; ++i) {
-      keel_named_tensor nt{};
-      hook.call("state", hook->state, i, &nt.name, &nt.tensor);
-      if (!nt.name || !*nt.name || !nt.tensor)
-        throw hook.error("state(" + std::to_string(i) + ") returned a NULL " +
-                         (nt.tensor ? "or empty name" : "tensor"));
+      const keel_named_tensor nt = named_entry(hook, "state", hook->state, i);
       s.hook_state_names.push_back(h->section + "." + nt.name);
       s.hook_state.push_back(nt);
     }
