@@ -103,21 +103,6 @@ class Checker {
     }
     return v;
   }
-  // Relative to the directory of the manifest file that set it; to the working directory for
-  // --set values and defaults.
-  static std::string absolute_path(const toml::node& n, const std::string& v) {
-    namespace fs = std::filesystem;
-    if (v.empty()) return v;
-    fs::path p = v;
-    if (p.is_relative()) {
-      const std::string file = n.source().path ? *n.source().path : std::string();
-      const bool from_file = !file.empty() && file.rfind("--set ", 0) != 0 && file[0] != '<';
-      p = (from_file ? fs::path(file).parent_path() : fs::path()) / p;
-    }
-    std::error_code ec;
-    const fs::path abs = fs::absolute(p, ec);
-    return (ec ? p : abs).lexically_normal().string();
-  }
   std::string choice(const toml::node& n, const std::string& v) const {
     if (!o_.choices) return v;
     std::string all = o_.choices;
@@ -154,6 +139,20 @@ toml::table parse_default(const keel_option_desc& o) {
 }
 
 }  // namespace
+
+std::string absolute_path(const toml::node& n, const std::string& v) {
+  namespace fs = std::filesystem;
+  if (v.empty()) return v;
+  fs::path p = v;
+  if (p.is_relative()) {
+    const std::string file = n.source().path ? *n.source().path : std::string();
+    const bool from_file = !file.empty() && file.rfind("--set ", 0) != 0 && file[0] != '<';
+    p = (from_file ? fs::path(file).parent_path() : fs::path()) / p;
+  }
+  std::error_code ec;
+  const fs::path abs = fs::absolute(p, ec);
+  return (ec ? p : abs).lexically_normal().string();
+}
 
 std::string describe(const keel_option_desc& o) {
   std::string s = type_name(o.type);

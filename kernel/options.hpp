@@ -39,6 +39,11 @@ keel_options validate_options(const toml::table& table, const std::string& secti
 // else a description of the first bad one (used to refuse broken plugins at load).
 std::string check_schema(const Schema& schema);
 
+// `path` (the string value of node `n`) made absolute: relative to the directory of the
+// manifest file that set it, or to the working directory for --set values and defaults
+// ("" stays ""). KEEL_OPT_PATH options and [plugins] paths use it.
+std::string absolute_path(const toml::node& n, const std::string& path);
+
 // Human-readable type of an option: "float in [0, 1]", "string (one of mean|sum)".
 std::string describe(const keel_option_desc& option);
 

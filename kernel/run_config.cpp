@@ -242,12 +242,8 @@ std::vector<std::string> manifest_plugin_dirs(const Manifest& m) {
     if (!e.is_string())
       throw Error(where(e.source()) + ": plugins.paths: expected a list of strings; hint: "
                   "e.g. paths = [\"my_plugins\"] (relative to this manifest)");
-    // Relative to the manifest file that sets it (the working directory for --set).
-    const std::string file = e.source().path ? *e.source().path : m.path;
-    const bool from_set = file.rfind("--set ", 0) == 0;
-    const fs::path base = from_set ? fs::path() : fs::path(file).parent_path();
-    fs::path p = e.as_string()->get();
-    dirs.push_back(fs::absolute(p.is_absolute() ? p : base / p).lexically_normal().string());
+    const std::string dir = e.as_string()->get();
+    dirs.push_back(absolute_path(e, dir.empty() ? "." : dir));  // "": the manifest's directory
   }
   return dirs;
 }
