@@ -13,7 +13,9 @@ PACKAGES=(
   libopenblas0-pthread                # the BLAS LibTorch calls: without it, reference BLAS
   libboost-dev libboost-program-options-dev
   libtomlplusplus-dev libspdlog-dev doctest-dev zlib1g-dev
-  nlohmann-json3-dev                  # JSON: metrics.jsonl, Chrome traces, safetensors headers
+  nlohmann-json3-dev                  # JSON: metrics.jsonl, Chrome traces, safetensors headers,
+                                      # checkpoint commit records
+  libxxhash-dev                       # XXH3 checksums of checkpoint files
   python3-torch                       # the same LibTorch build, for tests against PyTorch
   dataset-fashion-mnist
   clang-14 libclang-rt-14-dev         # .ci/run: the libFuzzer targets (tests/fuzz)

@@ -106,6 +106,18 @@ template <>
 constexpr size_t required_size<keel_hook>() {
   return offsetof(keel_hook, state_count);
 }
+template <>
+constexpr size_t required_size<keel_model>() {
+  return offsetof(keel_model, state_save);
+}
+template <>
+constexpr size_t required_size<keel_dataset>() {
+  return offsetof(keel_dataset, seek);
+}
+template <>
+constexpr size_t required_size<keel_optimizer>() {
+  return offsetof(keel_optimizer, state_save);
+}
 // Names of the required slots of each kind, in struct order from `destroy` (for messages);
 // the static_assert in create_instance keeps them in step with abi.h.
 template <class Abi>

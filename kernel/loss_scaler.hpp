@@ -17,6 +17,12 @@ class LossScaler {
       : scale_(init_scale), growth_(growth), backoff_(backoff), interval_(growth_interval) {}
 
   double scale() const { return scale_; }
+  // Finite steps since the scale last changed; with scale(), all a checkpoint must restore.
+  int64_t clean_steps() const { return clean_steps_; }
+  void restore(double scale, int64_t clean_steps) {
+    scale_ = scale;
+    clean_steps_ = clean_steps;
+  }
   at::Tensor scale_loss(const at::Tensor& loss) const { return loss * scale_; }
 
   // Divides every defined gradient by the scale; returns false when one holds Inf/NaN.

@@ -9,6 +9,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -51,8 +52,8 @@ struct CommandInfo {
 };
 
 const CommandInfo kCommands[] = {
-    {"train", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
-     "train the run a manifest describes"},
+    {"train", "MANIFEST [--resume [PATH]] [--resume-changed] [--set KEY=VALUE]... [--log-level LEVEL]",
+     "train the run a manifest describes, or continue it from a checkpoint"},
     {"evaluate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
      "evaluate [data.test] with the weights of [checkpoint] init_from"},
     {"validate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
@@ -130,6 +131,13 @@ po::options_description global_flags() {
 po::options_description command_flags(const std::string& command) {
   po::options_description d("flags", kHelpWidth);
   if (command == "train" || command == "evaluate" || command == "validate") add_set_flag(d);
+  if (command == "train")
+    d.add_options()("resume", po::value<std::string>()->value_name("PATH")->implicit_value(""),
+                    "continue from the newest complete checkpoint in the run's output directory "
+                    "(a fresh run when there is none), or from checkpoint directory PATH")(
+        "resume-changed",
+        "with --resume: accept manifest changes that break an exact continuation (model, "
+        "optimizer, data, seed, ...) instead of refusing them");
   add_log_level_flag(d);
   d.add_options()("help,h", "show this help");
   return d;
@@ -270,6 +278,8 @@ void print_command_help(const std::string& command) {
 struct Parsed {
   std::vector<std::string> positional;
   std::vector<std::string> sets;
+  std::optional<std::string> resume;  // --resume: "" = the newest checkpoint
+  bool resume_changed = false;
   std::optional<std::string> log_level;
   bool help = false;
 };
@@ -279,6 +289,17 @@ Parsed parse_command(const std::string& command, const std::vector<std::string>&
   const po::variables_map vm = parse_flags(args, command, command_flags(command), p.positional);
   if (vm.count("set")) p.sets = vm["set"].as<std::vector<std::string>>();
   if (vm.count("log-level")) p.log_level = vm["log-level"].as<std::string>();
+  if (vm.count("resume")) p.resume = vm["resume"].as<std::string>();
+  p.resume_changed = vm.count("resume-changed") > 0;
+  // `--resume PATH` (a separate word): program_options only binds `--resume=PATH` to the
+  // flag, so a second positional after the MANIFEST is the PATH.
+  if (p.resume && p.resume->empty() && p.positional.size() == 2) {
+    p.resume = p.positional[1];
+    p.positional.pop_back();
+  }
+  if (p.resume_changed && !p.resume)
+    throw UsageError("--resume-changed: only applies with --resume; hint: keel train MANIFEST "
+                     "--resume --resume-changed", usage_line(command));
   p.help = vm.count("help") > 0;
   return p;
 }
@@ -336,7 +357,12 @@ int cmd_run(const std::string& command, const Parsed& p) {
   const keel::Manifest m = keel::load_manifest(manifest, sets);
   spdlog::debug("manifest {} read ({} --set override{})", manifest, sets.size(),
                 sets.size() == 1 ? "" : "s");
-  const keel::RunConfig cfg = keel::resolve(m, registry);
+  keel::RunConfig cfg = keel::resolve(m, registry);
+  if (p.resume) {
+    cfg.resume = p.resume->empty() ? keel::RunConfig::Resume::kLatest : keel::RunConfig::Resume::kPath;
+    cfg.resume_path = *p.resume;
+    cfg.resume_changed = p.resume_changed;
+  }
   log_registry(registry);
   spdlog::debug("run '{}' -> {}", cfg.name, cfg.output_dir);
 
@@ -364,6 +390,13 @@ int cmd_run(const std::string& command, const Parsed& p) {
                  s.run_dir);
   else
     spdlog::info("done: {} steps, {} samples, run directory {}", s.steps, s.samples, s.run_dir);
+  if (s.stop_signal) {
+    // Documented in the README ("Checkpoints"): 128 + the signal, as a shell reports a process
+    // the signal ended, after the checkpoint of the last step was committed.
+    spdlog::warn("stopped by {}; continue with: keel train {} --resume",
+                 s.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", manifest);
+    return 128 + s.stop_signal;
+  }
   return 0;
 }
 
@@ -652,6 +685,9 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   std::set_terminate(on_terminate);
+  // A file size limit (ulimit -f) makes write() fail with EFBIG, reported like a full disk,
+  // instead of killing the process in the middle of a checkpoint.
+  signal(SIGXFSZ, SIG_IGN);
   int status = 0;
   try {
     status = run(argc, argv);

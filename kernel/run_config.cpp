@@ -47,6 +47,9 @@ const Schema kTrainSchema = {
 };
 const Schema kHookKernelSchema = {
     opt_int("priority", "0", "hooks run in ascending priority, ties in manifest order", -1e9, 1e9),
+    opt_string("label", "\"\"",
+               "name of the hook's state in checkpoints (default: its type); give two hooks of "
+               "one type that keep state distinct labels"),
 };
 // One [[optimizer.groups]] table; a value left out keeps the optimizer's own.
 const Schema kGroupSchema = {
@@ -57,11 +60,23 @@ const Schema kGroupSchema = {
 };
 const Schema kCheckpointKernelSchema = {
     opt_int("every_steps", "0", "save every N optimizer steps (0: never during training)", 0, 1e15),
-    opt_int("keep_last", "0", "keep only the newest N checkpoints (0: keep all)", 0, 1e9),
+    opt_int("keep_last", "0",
+            "keep this run's newest N checkpoints (0 with keep_best 0: keep all)", 0, 1e9),
+    opt_int("keep_best", "0", "also keep this run's best N checkpoints by best_metric", 0, 1e9),
+    opt_string("best_metric", "\"test.loss\"",
+               "metric keep_best ranks by: <split>.<key> of the latest record at the save"),
+    opt_string("best_mode", "\"min\"", "whether a smaller or larger best_metric is better",
+               "min|max"),
     opt_bool("at_end", "true", "save when training ends"),
     opt_bool("initial", "false", "save step-0 before the first step"),
+    opt_bool("async", "false",
+             "write checkpoints on a background thread from an in-memory copy (one at a time)"),
     opt_path("init_from", "\"\"",
-             "checkpoint directory whose model weights and hook state start the run"),
+             "checkpoint directory whose model weights (and hook state) start the run"),
+    opt_string("init_include", "\"\"",
+               "init_from: load only model tensors whose name matches this regex (\"\": all)"),
+    opt_string("init_exclude", "\"\"",
+               "init_from: keep the initialisation of tensors matching this regex"),
 };
 
 const std::vector<std::string> kTopLevel = {"run", "plugins", "train", "model", "data",
@@ -357,12 +372,47 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   keel_options ckpt;
   if (m.root.get("checkpoint")) {
     rc.checkpoint = component(registry, table_or_empty(m.root, "checkpoint", "checkpoint"),
-                              "checkpoint", KEEL_KIND_CHECKPOINT, kCheckpointKernelSchema, &ckpt);
+                              "checkpoint", KEEL_KIND_CHECKPOINT, kCheckpointKernelSchema, &ckpt,
+                              {"init_rename"});
     rc.checkpoint_every_steps = get<int64_t>(ckpt, "every_steps");
     rc.checkpoint_keep_last = get<int64_t>(ckpt, "keep_last");
     rc.checkpoint_at_end = get<bool>(ckpt, "at_end");
     rc.checkpoint_initial = get<bool>(ckpt, "initial");
     rc.init_from = get<std::string>(ckpt, "init_from");  // a PATH: already absolute
+    rc.checkpoint_keep_best = get<int64_t>(ckpt, "keep_best");
+    rc.checkpoint_best_metric = get<std::string>(ckpt, "best_metric");
+    rc.checkpoint_best_max = get<std::string>(ckpt, "best_mode") == "max";
+    rc.checkpoint_async = get<bool>(ckpt, "async");
+    const toml::table& ct = table_or_empty(m.root, "checkpoint", "checkpoint");
+    const auto bm = rc.checkpoint_best_metric;
+    if (rc.checkpoint_keep_best > 0 &&
+        (bm.find('.') == std::string::npos || bm.front() == '.' || bm.back() == '.'))
+      throw Error((ct.get("best_metric") ? where(ct.get("best_metric")->source()) : where(ct.source())) +
+                  ": checkpoint.best_metric = \"" + bm + "\" is not <split>.<key>; hint: e.g. "
+                  "\"test.loss\" or \"train.loss\" (keys as in metrics.jsonl)");
+    rc.init_include = get<std::string>(ckpt, "init_include");
+    rc.init_exclude = get<std::string>(ckpt, "init_exclude");
+    for (const char* key : {"init_include", "init_exclude"}) {
+      try {
+        std::regex check(get<std::string>(ckpt, key));
+      } catch (const std::regex_error& e) {
+        throw Error(where(ct.get(key)->source()) + ": checkpoint." + key +
+                    ": invalid regular expression (" + regex_problem(e.code()) +
+                    "); hint: an ECMAScript regex searched in tensor names, e.g. \"^encoder\\\\.\"");
+      }
+    }
+    if (const toml::node* rn = ct.get("init_rename")) {
+      const toml::table* t = rn->as_table();
+      if (t == nullptr)
+        throw Error(where(rn->source()) + ": checkpoint.init_rename must be a table of prefix "
+                    "rewrites; hint: [checkpoint.init_rename] with \"old.\" = \"new.\"");
+      for (const auto& [k, v] : *t) {
+        if (!v.is_string())
+          throw Error(where(v.source()) + ": checkpoint.init_rename.\"" + std::string(k.str()) +
+                      "\" must be a string (the model's prefix); hint: \"trunk.\" = \"encoder.\"");
+        rc.init_rename.emplace_back(std::string(k.str()), v.as_string()->get());
+      }
+    }
   }
 
   if (const toml::node* hooks = m.root.get("hooks")) {
@@ -376,6 +426,8 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
                                    "hooks[" + std::to_string(i) + "]", KEEL_KIND_HOOK,
                                    kHookKernelSchema, &kernel_keys));
       rc.hooks.back().priority = get<int64_t>(kernel_keys, "priority");
+      rc.hooks.back().label = get<std::string>(kernel_keys, "label");
+      if (rc.hooks.back().label.empty()) rc.hooks.back().label = rc.hooks.back().component->name;
     }
   } else {
     // No [[hooks]]: the console logger and the JSONL metrics file (the run directory contract).
@@ -387,6 +439,9 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
                                      KEEL_KIND_HOOK, {}, nullptr));
     }
   }
+
+  for (auto& h : rc.hooks)
+    if (h.label.empty()) h.label = h.component->name;
 
   // The resolved manifest.
   toml::table& r = rc.resolved;
@@ -410,11 +465,20 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   if (rc.grad_clipper) r.insert("grad_clipper", resolved_table(*rc.grad_clipper, nullptr));
   if (rc.mfu) r.insert("mfu", resolved_table(*rc.mfu, nullptr));
   if (rc.profiler) r.insert("profiler", resolved_table(*rc.profiler, nullptr));
-  if (rc.checkpoint) r.insert("checkpoint", resolved_table(*rc.checkpoint, &ckpt));
+  if (rc.checkpoint) {
+    toml::table ct = resolved_table(*rc.checkpoint, &ckpt);
+    if (!rc.init_rename.empty()) {
+      toml::table rn;
+      for (const auto& [from, to] : rc.init_rename) rn.insert(from, to);
+      ct.insert("init_rename", std::move(rn));
+    }
+    r.insert("checkpoint", std::move(ct));
+  }
   toml::array hooks_t;
   for (const auto& h : rc.hooks) {
     toml::table t = resolved_table(h, nullptr);
     t.insert("priority", h.priority);
+    t.insert("label", h.label);
     hooks_t.push_back(std::move(t));
   }
   r.insert("hooks", std::move(hooks_t));

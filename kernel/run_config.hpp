@@ -26,6 +26,7 @@ struct ComponentSpec {
   const Component* component = nullptr;
   keel_options options;
   int64_t priority = 0;  // hooks: ascending order of calls, ties in manifest order
+  std::string label;     // hooks: the key of its checkpointed state (default: its type)
 };
 
 // One [[optimizer.groups]] entry: parameters whose name matches `params` (ECMAScript regex,
@@ -71,10 +72,24 @@ struct RunConfig {
   std::vector<ParamGroupSpec> param_groups;  // [[optimizer.groups]]
   // [checkpoint] kernel keys
   int64_t checkpoint_every_steps = 0;
-  int64_t checkpoint_keep_last = 0;  // 0: keep all
+  int64_t checkpoint_keep_last = 0;  // 0 (and keep_best 0): keep all
+  int64_t checkpoint_keep_best = 0;
+  std::string checkpoint_best_metric;  // "<split>.<key>", e.g. "test.loss"
+  bool checkpoint_best_max = false;
   bool checkpoint_at_end = true;
   bool checkpoint_initial = false;
-  std::string init_from;  // checkpoint directory whose model weights start the run
+  bool checkpoint_async = false;
+  // Warm start: checkpoint directory whose model weights start the run, which of them
+  // (ECMAScript regexes searched in the model's tensor names; "" = all / none), and
+  // [checkpoint.init_rename] prefix rewrites (checkpoint prefix -> model prefix).
+  std::string init_from;
+  std::string init_include, init_exclude;
+  std::vector<std::pair<std::string, std::string>> init_rename;
+
+  // Set by the command line, not the manifest: `keel train --resume [PATH]`.
+  enum class Resume { kNo, kLatest, kPath } resume = Resume::kNo;
+  std::string resume_path;
+  bool resume_changed = false;  // --resume-changed: accept manifest changes that break exactness
 
   ComponentSpec model, train_data, optimizer, loss;
   std::optional<ComponentSpec> test_data, lr_scheduler, grad_clipper, mfu, profiler, checkpoint;

@@ -1,23 +1,33 @@
 #include "trainer.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <dlfcn.h>
 #include <malloc.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <regex>
+#include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
-#include "checkpoint_store.hpp"
+#include "checkpoint/durable.hpp"
+#include "checkpoint/resume.hpp"
+#include "checkpoint/store.hpp"
 #include "components.hpp"
 #include "error.hpp"
 #include "host.hpp"
@@ -157,6 +167,124 @@ class AutocastBf16 {
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 
+// SIGTERM / SIGINT: the first one asks the loop to stop after the current step (saving a
+// checkpoint); a second one ends the process at once with 128 + its number.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  int expected = 0;
+  if (!g_stop_signal.compare_exchange_strong(expected, sig)) _exit(128 + sig);
+  static const char msg[] =
+      "keel: signal received, stopping after the current step (again to exit at once)\n";
+  (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+}
+
+// Installs the handlers for the life of a training run, and restores the previous ones.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGINT, &old_int_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_term_ {}, old_int_ {};
+};
+
+// keel_state_writer of one state_save call: collects the entries, remembers a refusal.
+struct StateWriter {
+  keel_state_writer abi{};
+  TensorList entries;
+  std::set<std::string> names;
+  std::string refusal;
+
+  StateWriter() {
+    abi.struct_size = sizeof(abi);
+    abi.host_data = this;
+    abi.put = &put;
+  }
+  static int put(keel_state_writer* w, const char* name, keel_tensor* tensor) {
+    auto* self = static_cast<StateWriter*>(w->host_data);
+    const size_t n = name ? strnlen(name, KEEL_NAME_CAPACITY) : 0;
+    const std::string shown = n ? std::string(name, n) : std::string();
+    if (n == 0) return self->refuse("an entry with a NULL or empty name");
+    if (n == KEEL_NAME_CAPACITY)
+      return self->refuse("entry '" + shown.substr(0, 40) + "...': the name is longer than " +
+                          std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes");
+    if (tensor == nullptr) return self->refuse("entry '" + shown + "' has a NULL tensor");
+    const at::Tensor t = borrow(tensor);
+    if (dtype_of_name(dtype_name(t.scalar_type())) == at::ScalarType::Undefined)
+      return self->refuse("entry '" + shown + "' has dtype " + dtype_name(t.scalar_type()) +
+                          ", which checkpoints cannot hold");
+    if (!self->names.insert(shown).second)
+      return self->refuse("entry '" + shown + "' was put twice");
+    self->entries.emplace_back(shown, t.detach());
+    return 1;
+  }
+  int refuse(std::string why) {
+    if (refusal.empty()) refusal = std::move(why);
+    return 0;
+  }
+};
+
+// The entries of a component's state_save.
+template <class Abi>
+TensorList save_state(const Instance<Abi>& inst) {
+  StateWriter w;
+  try {
+    inst.call("state_save", inst->state_save, &w.abi);
+  } catch (const Error&) {
+    if (w.refusal.empty()) throw;
+    throw inst.error("state_save failed: " + w.refusal);
+  }
+  if (!w.refusal.empty()) throw inst.error("state_save: " + w.refusal);
+  return std::move(w.entries);
+}
+
+// Empty tensors shaped as a commit record's index of object `stem`, to load into.
+TensorList allocate(const CommitRecord& record, const std::string& stem) {
+  TensorList out;
+  auto it = record.tensors.find(stem);
+  if (it == record.tensors.end()) return out;
+  for (const auto& t : it->second) {
+    const at::ScalarType type = dtype_of_name(t.dtype);
+    if (type == at::ScalarType::Undefined)
+      throw Error("checkpoint tensor '" + t.name + "' has unknown dtype '" + t.dtype + "'");
+    out.emplace_back(t.name, at::empty(t.shape, at::TensorOptions().dtype(type)));
+  }
+  return out;
+}
+
+std::vector<keel_named_tensor> as_named(const TensorList& list) {
+  std::vector<keel_named_tensor> out;
+  for (const auto& [name, t] : list) out.push_back({name.c_str(), peek(t)});
+  return out;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) throw Error(path.string() + ": cannot read it");
+  return text.str();
+}
+
 struct MicroBatch {
   at::Tensor inputs, targets;
   int64_t samples = 0, tokens = 0;
@@ -204,8 +332,23 @@ struct Trainer::State {
   bool use_scaler = false;
   LossScaler scaler;
 
+  // Checkpoints and resume.
+  std::string run_id;          // kept by a resumed run (retention only touches its own)
+  std::string resolved_text;   // manifest.resolved.toml
+  int64_t epoch_batches = 0;   // micro-batches of the current epoch consumed
+  bool epoch_finished = false; // the epoch's end events ran: a save points at the next epoch
+  std::string resume_dir;      // the checkpoint this run resumes from ("": a fresh run)
+  CommitRecord resume_record;
+  CheckpointMeta resumed;
+  int stop_signal = 0;         // SIGTERM / SIGINT that stopped the run
+  int64_t last_record_step = -1;  // step of the latest "train" record
+
+  // Steps ran since the latest "train" record.
+  bool unrecorded_steps() const { return window.steps > 0 && last_record_step != ts.step; }
+
   keel_trainer_state ts{};
   std::vector<keel_metric> last_train, last_eval;
+  std::vector<std::string> metric_keys;  // storage of restored metric keys
   uint32_t requests = 0;  // KEEL_REQUEST_* bits hooks set during the current step
   int64_t last_eval_step = -1, last_saved_step = -1;
   Window window;
@@ -220,6 +363,7 @@ struct Trainer::State {
     c.rank = 0;
     c.world_size = 1;
     c.run_dir = run_dir.c_str();
+    c.resume_step = resume_dir.empty() ? 0 : resumed.step;
     return c;
   }
 
@@ -284,15 +428,405 @@ struct Trainer::State {
   }
 
   // ---- checkpoints ----
-  std::string save_checkpoint() {
+  // Everything a checkpoint holds, gathered now (at a step boundary).
+  Snapshot snapshot() {
+    Snapshot snap;
+    TensorList model_t, hooks_t, rng_t, state_t;
+    for (const auto& nt : model_state) model_t.emplace_back(nt.name, borrow(nt.tensor));
+    snap.objects.emplace_back("model", std::move(model_t));
+    if (KEEL_HAS_SLOT(optimizer, keel_optimizer, state_save))
+      snap.objects.emplace_back("optimizer", save_state(optimizer));
+    for (const auto& nt : hook_state) hooks_t.emplace_back(nt.name, borrow(nt.tensor));
+    snap.objects.emplace_back("hooks", std::move(hooks_t));
+    rng_t.emplace_back("torch.cpu", at::detail::getDefaultCPUGenerator().get_state());
+    if (at::hasCUDA())
+      for (int d = 0; d < at::detail::getCUDAHooks().getNumGPUs(); ++d)
+        rng_t.emplace_back("torch.cuda." + std::to_string(d),
+                           at::detail::getCUDAHooks().getDefaultCUDAGenerator(d).get_state());
+    snap.objects.emplace_back("rng", std::move(rng_t));
+    // Plugins' own state (state_save of the model and the training data), "<section>/<name>".
+    const auto add_state = [&](const auto& inst, const std::string& section) {
+      using Abi = std::remove_pointer_t<decltype(inst.operator->())>;
+      if (!KEEL_HAS_SLOT(inst, Abi, state_save)) return;
+      for (auto& [name, t] : save_state(inst)) state_t.emplace_back(section + "/" + name, t);
+    };
+    add_state(model, "model");
+    add_state(train_data, "data.train");
+    snap.objects.emplace_back("state", std::move(state_t));
+
+    CheckpointMeta& m = snap.meta;
+    m.run_id = run_id;
+    m.step = ts.step;
+    m.epoch = epoch_finished ? ts.epoch + 1 : ts.epoch;
+    m.epoch_batches = epoch_finished ? 0 : epoch_batches;
+    m.samples = ts.samples;
+    m.tokens = ts.tokens;
+    m.skipped_steps = ts.skipped_steps;
+    m.last_eval_step = last_eval_step;
+    m.keel_version = KEEL_VERSION;
+    m.manifest_hash = hash_string(hash_text(resolved_text));
+    m.loss_scale = use_scaler ? scaler.scale() : 0.0;
+    m.loss_scale_clean_steps = use_scaler ? scaler.clean_steps() : 0;
+    m.window = {window.loss, window.grad_norm, window.steps, window.norms, window.samples,
+                window.tokens};
+    m.plugins = plugin_versions();
+    for (const auto& r : last_train) m.train_metrics.emplace_back(r.key, r.value);
+    for (const auto& r : last_eval) m.eval_metrics.emplace_back(r.key, r.value);
+    for (const auto& [k, v] : m.train_metrics) snap.metrics["train." + k] = v;
+    for (const auto& [k, v] : m.eval_metrics) snap.metrics["test." + k] = v;
+    snap.manifest = resolved_text;
+    return snap;
+  }
+
+  // Name and version of the plugin of every component, once each.
+  std::vector<std::pair<std::string, std::string>> plugin_versions() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::vector<const ComponentSpec*> specs = {&cfg.model, &cfg.train_data, &cfg.optimizer,
+                                               &cfg.loss};
+    for (const auto* o : {&cfg.test_data, &cfg.lr_scheduler, &cfg.grad_clipper, &cfg.mfu,
+                          &cfg.profiler, &cfg.checkpoint})
+      if (*o) specs.push_back(&**o);
+    for (const auto& h : cfg.hooks) specs.push_back(&h);
+    for (const ComponentSpec* sp : specs) {
+      const auto* d = sp->component->plugin->descriptor;
+      const std::pair<std::string, std::string> pv{d->name ? d->name : "?",
+                                                   d->version ? d->version : "?"};
+      if (std::find(out.begin(), out.end(), pv) == out.end() &&
+          std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == pv.first; }))
+        out.push_back(pv);
+    }
+    return out;
+  }
+
+  void save_checkpoint() {
     begin("checkpoint");
-    const std::string dir =
-        store->save(model_state, hook_state, {ts.step, ts.epoch, ts.samples, ts.tokens});
-    end("checkpoint");
+    finish_async_save(/*block=*/true);  // at most one in flight
+    Snapshot snap = snapshot();
     last_saved_step = ts.step;
+    if (cfg.checkpoint_async) {
+      store->save_async(std::move(snap));
+      end("checkpoint");
+      spdlog::debug("checkpoint of step {} being written in the background", ts.step);
+      return;
+    }
+    const std::string dir = store->save(snap);
+    end("checkpoint");
+    committed(dir);
+  }
+
+  // ---- resume ----
+  // `keel train --resume [PATH]`: the checkpoint to continue from, verified, and its manifest
+  // compared with this run's. Runs before any component is created.
+  void pick_resume_checkpoint() {
+    if (!cfg.checkpoint)
+      throw Error("--resume: the manifest has no [checkpoint] table, so this run keeps no "
+                  "checkpoints to resume from; hint: add [checkpoint] with type = \"safetensors\"");
+    const fs::path root = fs::path(cfg.output_dir) / "checkpoints";
+    if (cfg.resume == RunConfig::Resume::kPath) {
+      const std::string dir = fs::absolute(cfg.resume_path).lexically_normal().string();
+      if (!fs::is_directory(dir))
+        throw Error("--resume " + cfg.resume_path + ": not a directory; hint: name a checkpoint "
+                    "directory (runs/<name>/checkpoints/step-<N>), or give --resume alone for the "
+                    "newest one in " + root.string());
+      try {
+        resume_record = verify_checkpoint(dir);
+      } catch (const Error& e) {
+        throw Error("--resume " + cfg.resume_path + ": cannot resume from it: " + e.what());
+      }
+      resume_dir = dir;
+    } else {
+      auto entries = CheckpointStore::list(root.string());
+      for (auto it = entries.rbegin(); it != entries.rend() && resume_dir.empty(); ++it) {
+        try {
+          resume_record = verify_checkpoint(it->dir);
+          resume_dir = it->dir;
+        } catch (const Error& e) {
+          spdlog::warn("--resume: skipping {}: {}", it->dir, e.what());
+        }
+      }
+      if (resume_dir.empty()) {
+        spdlog::info("--resume: no complete checkpoint in {}: starting a fresh run",
+                     root.string());
+        return;
+      }
+    }
+    const fs::path meta_path = fs::path(resume_dir) / "trainer_state.toml";
+    resumed = read_checkpoint_meta(read_text(meta_path), meta_path.string());
+    if (resumed.step != resume_record.step || resumed.run_id != resume_record.run_id)
+      throw Error(meta_path.string() + ": step and run_id differ from its commit record; hint: "
+                  "the checkpoint is damaged, resume from another one");
+    run_id = resumed.run_id;
+    check_manifest_changes(read_text(fs::path(resume_dir) / "manifest.resolved.toml"));
+    const auto now = plugin_versions();
+    for (const auto& [name, version] : resumed.plugins)
+      for (const auto& [n, v] : now)
+        if (n == name && v != version)
+          spdlog::warn("--resume: plugin {} was version {} when {} was saved, it is {} now",
+                       name, version, resume_dir, v);
+  }
+
+  void check_manifest_changes(const std::string& saved) {
+    std::vector<ManifestChange> breaking;
+    for (const ManifestChange& c : manifest_changes(saved, resolved_text)) {
+      if (c.harmless)
+        spdlog::warn("--resume: {} changed since the checkpoint ({} -> {})", c.key, c.before,
+                     c.after);
+      else
+        breaking.push_back(c);
+    }
+    if (breaking.empty()) return;
+    if (cfg.resume_changed) {
+      for (const ManifestChange& c : breaking)
+        spdlog::warn("--resume: {} changed since the checkpoint ({} -> {}), accepted by "
+                     "--resume-changed: the run no longer continues exactly",
+                     c.key, c.before, c.after);
+      return;
+    }
+    std::string more;
+    for (size_t i = 1; i < breaking.size(); ++i) more += (i > 1 ? ", " : "") + breaking[i].key;
+    const ManifestChange& c = breaking.front();
+    throw Error("--resume: " + c.key + " changed since the checkpoint " + resume_dir + " (" +
+                c.before + " -> " + c.after + ")" +
+                (more.empty() ? "" : "; also changed: " + more) +
+                ". That breaks an exact continuation; hint: set it back, or add --resume-changed "
+                "to accept the change");
+  }
+
+  // The model's tensors against a checkpoint's index: every one present with its shape.
+  void check_model_tensors(const CommitRecord& rec, const std::string& dir,
+                           const TensorList& into) const {
+    auto it = rec.tensors.find("model");
+    if (it == rec.tensors.end())
+      throw Error(dir + ": the checkpoint holds no model; hint: it was not written by keel train");
+    std::map<std::string, const CommitRecord::Tensor*> stored;
+    for (const auto& t : it->second) stored[t.name] = &t;
+    for (const auto& [name, t] : into) {
+      auto s = stored.find(name);
+      if (s == stored.end())
+        throw Error(dir + ": the checkpoint has no tensor '" + name + "' of " + model.label() +
+                    "; hint: resume with the model options it was saved with (its "
+                    "manifest.resolved.toml)");
+      if (s->second->shape != t.sizes().vec())
+        throw Error(dir + ": tensor '" + name + "' has shape " + shape_text(s->second->shape) +
+                    " in the checkpoint and " + shape_text(t.sizes().vec()) + " in " +
+                    model.label() + "; hint: resume with the model options it was saved with");
+    }
+  }
+
+  // Hook state by label: what the checkpoint and this run's hooks share is loaded; the rest is
+  // named in a warning.
+  void load_hook_state(const CommitRecord& rec, const std::string& dir) {
+    std::set<std::string> stored;
+    if (auto it = rec.tensors.find("hooks"); it != rec.tensors.end())
+      for (const auto& t : it->second) stored.insert(t.name);
+    TensorList into;
+    std::set<std::string> mine;
+    for (const auto& nt : hook_state) {
+      mine.insert(nt.name);
+      if (stored.count(nt.name))
+        into.emplace_back(nt.name, borrow(nt.tensor));
+      else
+        spdlog::warn("hook state '{}' is not in {}: that hook starts afresh", nt.name, dir);
+    }
+    for (const auto& name : stored)
+      if (!mine.count(name))
+        spdlog::warn("{} holds hook state '{}', which no hook of this run keeps (hooks are matched "
+                     "by label): not loaded", dir, name);
+    store->load(dir, "hooks", into);
+  }
+
+  // Loads everything the resume checkpoint holds into the components created by setup.
+  void load_resume_checkpoint() {
+    const CommitRecord& rec = resume_record;
+    const std::string& dir = resume_dir;
+    TensorList model_t;
+    for (const auto& nt : model_state) model_t.emplace_back(nt.name, borrow(nt.tensor));
+    check_model_tensors(rec, dir, model_t);
+    store->load(dir, "model", model_t);
+
+    if (!KEEL_HAS_SLOT(optimizer, keel_optimizer, state_load) ||
+        !KEEL_HAS_SLOT(optimizer, keel_optimizer, state_save))
+      throw optimizer.error("has no state_save/state_load slots (ABI 1.3), so --resume would "
+                            "go on with fresh optimizer moments; hint: use an optimizer that "
+                            "keeps its state in checkpoints (sgd, adam, adamw do), or start a "
+                            "new run from the weights with [checkpoint] init_from");
+    if (!rec.tensors.count("optimizer"))
+      throw Error(dir + ": the checkpoint holds no optimizer state (saved by an optimizer "
+                  "without state slots); hint: start a new run from its weights with "
+                  "[checkpoint] init_from");
+    TensorList opt = allocate(rec, "optimizer");
+    store->load(dir, "optimizer", opt);
+    const auto named = as_named(opt);
+    optimizer.call("state_load", optimizer->state_load, named.data(), named.size());
+
+    load_hook_state(rec, dir);
+
+    TensorList plugin_state = allocate(rec, "state");
+    store->load(dir, "state", plugin_state);
+    const auto give_state = [&](const auto& inst, const std::string& section) {
+      using Abi = std::remove_pointer_t<decltype(inst.operator->())>;
+      TensorList mine;
+      const std::string prefix = section + "/";
+      for (const auto& [name, t] : plugin_state)
+        if (name.rfind(prefix, 0) == 0) mine.emplace_back(name.substr(prefix.size()), t);
+      if (!KEEL_HAS_SLOT(inst, Abi, state_load)) {
+        if (!mine.empty())
+          spdlog::warn("{} holds state of {}, which has no state_load slot now: not loaded", dir,
+                       inst.label());
+        return;
+      }
+      const auto n = as_named(mine);
+      inst.call("state_load", inst->state_load, n.data(), n.size());
+    };
+    give_state(model, "model");
+    give_state(train_data, "data.train");
+
+    TensorList rng = allocate(rec, "rng");
+    store->load(dir, "rng", rng);
+    for (const auto& [name, t] : rng) {
+      if (name == "torch.cpu") {
+        at::Generator gen = at::detail::getDefaultCPUGenerator();
+        gen.set_state(t);
+      } else if (name.rfind("torch.cuda.", 0) == 0) {
+        const int d = std::stoi(name.substr(11));
+        if (!at::hasCUDA() || d >= at::detail::getCUDAHooks().getNumGPUs())
+          throw Error(dir + ": holds the generator of CUDA device " + std::to_string(d) +
+                      ", which this process does not have; hint: resume on the same devices");
+        at::Generator gen = at::detail::getCUDAHooks().getDefaultCUDAGenerator(d);
+        gen.set_state(t);
+      }
+    }
+
+    const CheckpointMeta& m = resumed;
+    ts.step = m.step;
+    ts.epoch = m.epoch;
+    ts.samples = m.samples;
+    ts.tokens = m.tokens;
+    ts.skipped_steps = m.skipped_steps;
+    last_eval_step = m.last_eval_step;
+    last_saved_step = m.step;
+    if (use_scaler && m.loss_scale > 0) scaler.restore(m.loss_scale, m.loss_scale_clean_steps);
+    window.loss = m.window.loss;
+    window.grad_norm = m.window.grad_norm;
+    window.steps = m.window.steps;
+    window.norms = m.window.norms;
+    window.samples = m.window.samples;
+    window.tokens = m.window.tokens;
+    metric_keys.clear();
+    metric_keys.reserve(m.train_metrics.size() + m.eval_metrics.size());  // no reallocation
+    for (const auto& [k, v] : m.train_metrics) {
+      metric_keys.push_back(k);
+      last_train.push_back({metric_keys.back().c_str(), v});
+    }
+    for (const auto& [k, v] : m.eval_metrics) {
+      metric_keys.push_back(k);
+      last_eval.push_back({metric_keys.back().c_str(), v});
+    }
+    if (!last_train.empty()) {
+      ts.train_metrics = last_train.data();
+      ts.train_metric_count = last_train.size();
+    }
+    for (const auto& r : last_train) {
+      if (std::strcmp(r.key, "step") == 0) last_record_step = static_cast<int64_t>(r.value);
+      if (std::strcmp(r.key, "loss_last") == 0) ts.loss = r.value;
+      if (std::strcmp(r.key, "grad_norm_last") == 0) ts.grad_norm = r.value;
+    }
+    if (!last_eval.empty()) {
+      ts.eval_metrics = last_eval.data();
+      ts.eval_metric_count = last_eval.size();
+    }
+  }
+
+  // [checkpoint] init_from: model weights (selected by init_include / init_exclude, names
+  // rewritten by init_rename) and hook state; nothing else.
+  void warm_start() {
+    const std::string& dir = cfg.init_from;
+    if (!fs::is_directory(dir))
+      throw Error("checkpoint.init_from: '" + dir + "' is not a checkpoint directory; hint: point "
+                  "it at runs/<name>/checkpoints/step-<N>");
+    std::optional<CommitRecord> rec;
+    if (fs::exists(fs::path(dir) / "commit.json")) {
+      try {
+        rec = verify_checkpoint(dir);
+      } catch (const Error& e) {
+        throw Error(std::string("checkpoint.init_from: ") + e.what());
+      }
+    } else {
+      spdlog::warn("checkpoint.init_from: {} has no commit record (not committed by keel): its "
+                   "files are loaded unverified", dir);
+    }
+    const std::regex include(cfg.init_include), exclude(cfg.init_exclude);
+    TensorList into;
+    std::vector<std::string> kept;
+    for (const auto& nt : model_state) {
+      const std::string name = nt.name;
+      if ((!cfg.init_include.empty() && !std::regex_search(name, include)) ||
+          (!cfg.init_exclude.empty() && std::regex_search(name, exclude))) {
+        kept.push_back(name);
+        continue;
+      }
+      std::string stored = name;  // the checkpoint's name: init_rename maps it to the model's
+      for (const auto& [from, to] : cfg.init_rename)
+        if (name.rfind(to, 0) == 0) {
+          stored = from + name.substr(to.size());
+          break;
+        }
+      into.emplace_back(stored, borrow(nt.tensor));
+    }
+    if (into.empty())
+      throw Error("checkpoint.init_from: init_include / init_exclude select none of the model's "
+                  "tensors; hint: `keel train` logs their names at debug level (--log-level debug)");
+    if (rec) check_model_tensors(*rec, dir, into);
+    store->load(dir, "model", into);
+    spdlog::info("init_from {}: loaded {} model tensor(s), {} kept their initialisation", dir,
+                 into.size(), kept.size());
+    for (const auto& [name, t] : into) spdlog::debug("  loaded {}", name);
+    for (const auto& name : kept) spdlog::debug("  kept {}", name);
+    if (rec) load_hook_state(*rec, dir);
+  }
+
+  void committed(const std::string& dir) {
     spdlog::info("checkpoint committed: {}", dir);
     emit(KEEL_EVENT_CHECKPOINT_SAVED, nullptr, nullptr, dir.c_str());
-    return dir;
+  }
+
+  // An asynchronous save that has finished (or, with `block`, the one in flight): its error
+  // fails the run here, its commit is announced to the hooks here.
+  void finish_async_save(bool block) {
+    if (!store || !store->in_flight() || (!block && !store->ready())) return;
+    committed(store->wait());
+  }
+
+  // A SIGTERM / SIGINT arrived during the step just taken: stop after it, with a checkpoint.
+  void stop_for_signal(int sig) {
+    if (stop_signal) return;
+    stop_signal = sig;
+    spdlog::warn("{} received: stopping after step {}{}", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                 ts.step, store ? " and saving a checkpoint" : " (no [checkpoint]: nothing saved)");
+    requests |= KEEL_REQUEST_STOP | (store ? KEEL_REQUEST_CHECKPOINT : 0u);
+  }
+
+  // Positions the training data at micro-batch `batch` of `epoch` (a resumed run).
+  void seek_train_data(int64_t epoch, int64_t batch) {
+    if (KEEL_HAS_SLOT(train_data, keel_dataset, seek)) {
+      train_data.call("seek", train_data->seek, epoch, batch);
+      return;
+    }
+    spdlog::info("{} has no seek slot: replaying {} batch(es) of epoch {} to reach the resume "
+                 "position", train_data.label(), batch, epoch);
+    train_data.call("start_epoch", train_data->start_epoch, epoch);
+    for (int64_t i = 0; i < batch; ++i) {
+      keel_batch b{};
+      int has = 0;
+      train_data.call("next", train_data->next, &b, &has);
+      adopt(b.inputs);
+      adopt(b.targets);
+      if (!has)
+        throw train_data.error("epoch " + std::to_string(epoch) + " ended after " +
+                               std::to_string(i) + " batches, but the checkpoint was saved after " +
+                               std::to_string(batch) + "; hint: resume with the data options it "
+                               "was saved with");
+    }
   }
 
   // ---- data ----
@@ -509,7 +1043,12 @@ struct Trainer::State {
     ts.train_metrics = last_train.data();
     ts.train_metric_count = last_train.size();
     emit(KEEL_EVENT_METRICS, "train", &last_train);
-    window = Window();
+    last_record_step = ts.step;
+    // The window restarts at log_every boundaries only. A record between them is the last one
+    // of a run that ends (a stop, a stop target, the final epoch): its sums stay, so that a
+    // run resumed from the checkpoint saved after it reports the same window at the boundary
+    // as a run that never stopped.
+    if (ts.step % cfg.log_every == 0) window = Window();
   }
 
   void evaluate(RunSummary& summary) {
@@ -634,6 +1173,15 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
   } else {
     s.run_dir = out;
   }
+  {
+    std::ostringstream text;
+    text << "# Resolved from " << config.manifest_path
+         << " (extends, --set and defaults applied)\n"
+         << config.resolved << "\n";
+    s.resolved_text = text.str();
+  }
+  s.run_id = random_token();
+  if (!validate_only && config.resume != RunConfig::Resume::kNo) s.pick_resume_checkpoint();
 
   // Model: parameters (for the optimizer and clipper) and state (for checkpoints).
   s.model = s.make<keel_model>(config.model);
@@ -739,15 +1287,22 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
   for (const auto& h : config.hooks) order.push_back(&h);
   std::stable_sort(order.begin(), order.end(),
                    [](const ComponentSpec* a, const ComponentSpec* b) { return a->priority < b->priority; });
+  std::map<std::string, std::string> stateful_labels;  // label -> section
   for (const ComponentSpec* h : order) {
     s.hooks.push_back(s.make<keel_hook>(*h));
     const auto& hook = s.hooks.back();
     if (!KEEL_HAS_SLOT(hook, keel_hook, state_count) || !KEEL_HAS_SLOT(hook, keel_hook, state))
       continue;
     const size_t n = hook.get("state_count", hook->state_count);
+    if (n == 0) continue;
+    // State is keyed by the hook's label (default: its type), not its position.
+    if (!stateful_labels.emplace(h->label, h->section).second)
+      throw Error("[" + h->section + "] and [" + stateful_labels[h->label] + "] both keep state "
+                  "in checkpoints under the label '" + h->label + "'; hint: give each a distinct "
+                  "label = \"...\" in its [[hooks]] table");
     for (size_t i = 0; i < n; ++i) {
       const keel_named_tensor nt = named_entry(hook, "state", hook->state, i);
-      s.hook_state_names.push_back(h->section + "." + nt.name);
+      s.hook_state_names.push_back(h->label + "." + nt.name);
       s.hook_state.push_back(nt);
     }
   }
@@ -761,11 +1316,20 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
 
   if (config.checkpoint) {
     s.checkpoint = s.make<keel_checkpoint>(*config.checkpoint);
+    Retention keep{config.checkpoint_keep_last, config.checkpoint_keep_best,
+                   config.checkpoint_best_metric, config.checkpoint_best_max};
     s.store = std::make_unique<CheckpointStore>((s.run_dir / "checkpoints").string(),
-                                                &s.checkpoint, config.checkpoint_keep_last);
-    if (!config.init_from.empty()) {
-      s.store->load(config.init_from, s.model_state, s.hook_state);
-      spdlog::info("loaded {}", config.init_from);
+                                                &s.checkpoint, keep, s.run_id);
+    if (!validate_only && s.store->remove_stale() > 0)
+      spdlog::info("removed what interrupted checkpoint saves left in {}",
+                   (s.run_dir / "checkpoints").string());
+    if (!s.resume_dir.empty()) {
+      s.load_resume_checkpoint();
+      spdlog::info("resuming from {} (step {}, epoch {}, batch {} of that epoch)", s.resume_dir,
+                   s.resumed.step, s.resumed.epoch, s.resumed.epoch_batches);
+      s.emit(KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, s.resume_dir.c_str());
+    } else if (!config.init_from.empty()) {
+      s.warm_start();
       if (!validate_only)
         s.emit(KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, config.init_from.c_str());
     }
@@ -775,9 +1339,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
   // Written last, so that a run failing before step 1 leaves them untouched.
   const fs::path resolved_path = s.run_dir / "manifest.resolved.toml";
   std::ofstream resolved(resolved_path);
-  resolved << "# Resolved from " << config.manifest_path
-           << " (extends, --set and defaults applied)\n"
-           << config.resolved << "\n";
+  resolved << s.resolved_text;
   resolved.close();
   if (!resolved) throw Error("cannot write " + resolved_path.string() + hint);
   attach_run_log((s.run_dir / "run.log").string());  // with what was logged until now
@@ -843,17 +1405,28 @@ RunSummary Trainer::train() {
       s.emit(KEEL_EVENT_TRAIN_END);
       return summary;
     }
+    const StopSignals signals;
+    const bool resumed = !s.resume_dir.empty();
     s.model.get("set_training", s.model->set_training, 1);
-    s.set_lr_for(0);
+    s.set_lr_for(s.ts.step);
     s.emit(KEEL_EVENT_TRAIN_START);
-    if (s.store && s.cfg.checkpoint_initial) s.save_checkpoint();
-    s.window = Window();
+    if (s.store && s.cfg.checkpoint_initial && !resumed) s.save_checkpoint();
+    if (!resumed) s.window = Window();
+    s.window.start = Clock::now();
 
-    bool done = false;
-    for (int64_t epoch = 0; !done; ++epoch) {
+    // A resumed run that already reached its end (a changed max_steps, or the at_end
+    // checkpoint of a finished run) trains no further.
+    bool done = s.stop_target_reached() || (s.cfg.epochs > 0 && s.ts.epoch >= s.cfg.epochs);
+    if (done) spdlog::info("--resume: the run had already reached its end at step {}", s.ts.step);
+    for (int64_t epoch = s.ts.epoch; !done; ++epoch) {
       s.ts.epoch = epoch;
+      s.epoch_finished = false;
+      s.epoch_batches = 0;
       s.emit(KEEL_EVENT_EPOCH_START);
-      s.train_data.call("start_epoch", s.train_data->start_epoch, epoch);
+      if (resumed && epoch == s.resumed.epoch && s.resumed.epoch_batches > 0)
+        s.seek_train_data(epoch, s.resumed.epoch_batches);
+      else
+        s.train_data.call("start_epoch", s.train_data->start_epoch, epoch);
       bool epoch_complete = false;
       const bool final_epoch = s.cfg.epochs > 0 && epoch + 1 >= s.cfg.epochs;
       while (!done) {
@@ -862,7 +1435,10 @@ RunSummary Trainer::train() {
           epoch_complete = true;
           break;
         }
+        s.epoch_batches += static_cast<int64_t>(mbs.size());
         summary.last_loss = s.train_step(mbs);
+        s.finish_async_save(/*block=*/false);
+        if (const int sig = g_stop_signal.load()) s.stop_for_signal(sig);
         const bool last = s.stop_target_reached() || (s.requests & KEEL_REQUEST_STOP);
         if (s.ts.step % s.cfg.log_every == 0 || last) s.log_train_metrics();
         if ((s.cfg.eval_every_steps > 0 && s.ts.step % s.cfg.eval_every_steps == 0) ||
@@ -875,18 +1451,21 @@ RunSummary Trainer::train() {
         done = last || (s.requests & KEEL_REQUEST_STOP);
         // A stop requested by the evaluation or the checkpoint: record the steps since the
         // last record (a stop requested by then was recorded above).
-        if (done && s.window.steps > 0) s.log_train_metrics();
+        if (done && s.unrecorded_steps()) s.log_train_metrics();
         s.requests = 0;
         if (!done) s.set_lr_for(s.ts.step);
       }
-      if (final_epoch && s.window.steps > 0) s.log_train_metrics();  // the last, partial window
-      if (epoch_complete) s.emit(KEEL_EVENT_EPOCH_END);
+      if (final_epoch && s.unrecorded_steps()) s.log_train_metrics();  // the last, partial window
+      if (epoch_complete) {
+        s.emit(KEEL_EVENT_EPOCH_END);
+        s.epoch_finished = true;  // a checkpoint from here on starts the next epoch
+      }
       if (final_epoch) done = true;
       // What the epoch-end events request: a stop ends the run (after its evaluation, with a
       // record of the steps since the last one), a checkpoint is saved.
       const auto stop_if_requested = [&] {
         if (s.requests & KEEL_REQUEST_STOP) done = true;
-        if (done && s.window.steps > 0) s.log_train_metrics();
+        if (done && s.unrecorded_steps()) s.log_train_metrics();
       };
       // After each epoch, when the run ends, and on request.
       if ((s.cfg.eval_each_epoch && epoch_complete) || done ||
@@ -901,6 +1480,7 @@ RunSummary Trainer::train() {
     }
 
     if (s.store && s.cfg.checkpoint_at_end && s.last_saved_step != s.ts.step) s.save_checkpoint();
+    s.finish_async_save(/*block=*/true);
     s.emit(KEEL_EVENT_TRAIN_END);
     if (s.profiler) s.profiler.call("flush", s.profiler->flush);
   } catch (const std::exception& e) {
@@ -908,6 +1488,14 @@ RunSummary Trainer::train() {
     const std::string message =
         dynamic_cast<const c10::Error*>(&e) ? static_cast<const c10::Error&>(e).what_without_backtrace()
                                             : e.what();
+    // A save in flight is finished first: its checkpoint may be what a resume needs.
+    if (s.store && s.store->in_flight()) {
+      try {
+        spdlog::info("checkpoint committed: {}", s.store->wait());
+      } catch (const std::exception& save_error) {
+        spdlog::error("asynchronous checkpoint save failed: {}", save_error.what());
+      }
+    }
     try {
       s.emit(KEEL_EVENT_EXCEPTION, nullptr, nullptr, nullptr, 0, message.c_str());
     } catch (...) {
@@ -917,6 +1505,7 @@ RunSummary Trainer::train() {
   summary.steps = s.ts.step;
   summary.samples = s.ts.samples;
   summary.skipped_steps = s.ts.skipped_steps;
+  summary.stop_signal = s.stop_signal;
   return summary;
 }
 

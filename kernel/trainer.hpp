@@ -17,6 +17,7 @@ struct RunSummary {
   double last_loss = 0;
   double eval_loss = -1;      // -1: no evaluation ran
   double eval_accuracy = -1;  // -1: not a classification task / no evaluation
+  int stop_signal = 0;        // SIGTERM / SIGINT that stopped the run after a checkpoint
   std::string run_dir;
 };
 

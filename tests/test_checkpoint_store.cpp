@@ -1,9 +1,20 @@
-// The checkpoint commit protocol: a backend that fails half-way leaves no checkpoint and no
-// staging directory behind, committed checkpoints survive, and the error names the backend.
+// The checkpoint commit protocol (kernel/checkpoint/): a backend that fails half-way leaves no
+// checkpoint and no staging directory behind; the commit record's sizes and checksums catch
+// damaged files; retention only ever touches this run's checkpoints and never the newest;
+// re-saving a step replaces it atomically; stale staging directories are removed unless their
+// save is alive; asynchronous saves report their errors; trainer_state.toml round-trips.
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 
-#include "checkpoint_store.hpp"
+#include "checkpoint/commit.hpp"
+#include "checkpoint/meta.hpp"
+#include "checkpoint/store.hpp"
+#include "keel/tensor.hpp"
 #include "support.hpp"
 
 using keel_test::TempDir;
@@ -11,19 +22,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A backend written against the C ABI that writes a partial file, then fails on demand.
+// A backend written against the C ABI: writes "<stem>.bin" with the first tensor's first float
+// (so that two saves can be told apart), a partial file and an error when told to fail.
 struct FlakyBackend {
   keel_checkpoint vt{};
   bool fail = false;
-  static keel_status save(void* self, const char* dir, const char* stem, const keel_named_tensor*,
-                          size_t, keel_error* err) {
-    std::ofstream(fs::path(dir) / (std::string(stem) + ".partial")) << "half a file";
+  static keel_status save(void* self, const char* dir, const char* stem,
+                          const keel_named_tensor* t, size_t n, keel_error* err) {
+    std::ofstream out(fs::path(dir) / (std::string(stem) + ".bin"));
+    out << (n ? keel::borrow(t[0].tensor).flatten()[0].item<float>() : 0.0f);
     if (!static_cast<FlakyBackend*>(self)->fail) return KEEL_OK;
     std::snprintf(err->message, KEEL_ERROR_CAPACITY, "disk full (simulated)");
     return KEEL_ERR;
   }
-  static keel_status load(void*, const char*, const char*, const keel_named_tensor*, size_t,
-                          keel_error*) {
+  static keel_status load(void*, const char* dir, const char* stem, const keel_named_tensor* t,
+                          size_t n, keel_error*) {
+    std::ifstream in(fs::path(dir) / (std::string(stem) + ".bin"));
+    float v = 0;
+    in >> v;
+    if (n) keel::borrow(t[0].tensor).fill_(v);
     return KEEL_OK;
   }
   FlakyBackend() {
@@ -42,36 +59,222 @@ std::vector<std::string> entries(const fs::path& dir) {
   return out;
 }
 
-}  // namespace
-
-TEST_CASE("a failed save leaves committed checkpoints alone and nothing half-written") {
-  TempDir d;
-  FlakyBackend backend;
-  keel::Instance<keel_checkpoint> instance(&backend.vt, "checkpoint 'flaky' (plugin test)");
-  keel::CheckpointStore store(d.path.string(), &instance, /*keep_last=*/0);
-
-  const std::string first = store.save({}, {}, {1, 0, 32, 32});
-  CHECK(fs::exists(fs::path(first) / "model.partial"));
-  CHECK(keel_test::read(fs::path(first) / "trainer_state.toml").find("step = 1") !=
-        std::string::npos);
-
-  backend.fail = true;
-  const std::string err = keel_test::error_of([&] { store.save({}, {}, {2, 0, 64, 64}); });
-  CHECK(err == "checkpoint 'flaky' (plugin test): save failed: disk full (simulated)");
-  CHECK(entries(d.path) == std::vector<std::string>{"step-1"});  // no step-2, no .step-2.tmp
-  CHECK(store.committed() == std::vector<std::string>{first});
-  instance.reset();
+keel::Snapshot snap(int64_t step, float value = 1.0f, double test_loss = NAN) {
+  keel::Snapshot s;
+  s.objects.push_back({"model", {{"w", at::full({2}, value)}}});
+  s.meta.step = step;
+  s.manifest = "[run]\nseed = 1\n";
+  if (!std::isnan(test_loss)) s.metrics["test.loss"] = test_loss;
+  return s;
 }
 
-TEST_CASE("keep_last prunes the oldest committed checkpoints only after a commit") {
+struct Fixture {
   TempDir d;
   FlakyBackend backend;
-  keel::Instance<keel_checkpoint> instance(&backend.vt, "checkpoint 'flaky' (plugin test)");
-  keel::CheckpointStore store(d.path.string(), &instance, /*keep_last=*/2);
-  for (int64_t step : {10, 20, 30}) store.save({}, {}, {step, 0, 0, 0});
-  CHECK(entries(d.path) == std::vector<std::string>{"step-20", "step-30"});
-  backend.fail = true;
-  keel_test::error_of([&] { store.save({}, {}, {40, 0, 0, 0}); });
-  CHECK(entries(d.path) == std::vector<std::string>{"step-20", "step-30"});
-  instance.reset();
+  keel::Instance<keel_checkpoint> instance{&backend.vt, "checkpoint 'flaky' (plugin test)"};
+  ~Fixture() { instance.reset(); }
+  keel::CheckpointStore store(const std::string& run, keel::Retention keep = {}) {
+    return keel::CheckpointStore(d.path.string(), &instance, keep, run);
+  }
+};
+
+void flip_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  char c = 0;
+  f.seekg(0);
+  f.get(c);
+  f.seekp(0);
+  f.put(static_cast<char>(c ^ 0x01));
+}
+
+}  // namespace
+
+TEST_CASE("a committed checkpoint holds a commit record that lists and verifies every file") {
+  Fixture f;
+  auto store = f.store("run-a");
+  const std::string dir = store.save(snap(1));
+  CHECK(fs::path(dir).filename() == "step-1");
+  CHECK(entries(dir) == std::vector<std::string>{"commit.json", "manifest.resolved.toml",
+                                                 "model.bin", "trainer_state.toml"});
+  const keel::CommitRecord r = keel::verify_checkpoint(dir);
+  CHECK(r.run_id == "run-a");
+  CHECK(r.step == 1);
+  CHECK(r.files.size() == 3);
+  REQUIRE(r.tensors.count("model") == 1);
+  CHECK(r.tensors.at("model")[0].name == "w");
+  CHECK(r.tensors.at("model")[0].dtype == "F32");
+  CHECK(r.tensors.at("model")[0].shape == std::vector<int64_t>{2});
+  // Only the commit record and the checkpoint: no staging directory, lock file or trash.
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-1"});
+}
+
+TEST_CASE("verification names the damaged file: a flipped byte, a truncation, a stray file") {
+  Fixture f;
+  auto store = f.store("run-a");
+  const fs::path dir = store.save(snap(1));
+  flip_byte(dir / "model.bin");
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir); })
+            .rfind((dir / "model.bin").string() + ": checksum mismatch", 0) == 0);
+  flip_byte(dir / "model.bin");  // back
+  keel::verify_checkpoint(dir);
+  fs::resize_file(dir / "trainer_state.toml", 3);
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir); })
+            .rfind((dir / "trainer_state.toml").string() + ": size 3 bytes", 0) == 0);
+  const fs::path dir2 = store.save(snap(2));
+  std::ofstream(dir2 / "extra.txt") << "x";
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir2); })
+            .find("extra.txt: not listed in the commit record") != std::string::npos);
+  fs::remove(dir2 / "commit.json");
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir2); })
+            .rfind((dir2 / "commit.json").string() + ": missing", 0) == 0);
+  // Listing ignores a directory without a commit record.
+  const auto listed = keel::CheckpointStore::list(f.d.path.string());
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].dir == dir.string());
+}
+
+TEST_CASE("a failed save leaves committed checkpoints alone and nothing half-written") {
+  Fixture f;
+  auto store = f.store("run-a");
+  const std::string first = store.save(snap(1));
+  f.backend.fail = true;
+  const std::string err = keel_test::error_of([&] { store.save(snap(2)); });
+  CHECK(err == "checkpoint 'flaky' (plugin test): save failed: disk full (simulated)");
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-1"});  // no step-2, staging, lock
+  keel::verify_checkpoint(first);
+}
+
+TEST_CASE("keep_last prunes only this run's checkpoints, by step, after the commit") {
+  Fixture f;
+  auto other = f.store("run-b");
+  other.save(snap(10));
+  other.save(snap(20));
+  auto mine = f.store("run-a", {/*keep_last=*/2});
+  for (int64_t step : {10, 20, 30}) mine.save(snap(step));
+  // run-b's step-10 and step-20 hold those names; run-a's are suffixed with its run id, and
+  // its oldest was pruned; run-b's are untouched.
+  CHECK(entries(f.d.path) ==
+        std::vector<std::string>{"step-10", "step-20", "step-20-run-a", "step-30"});
+  CHECK(keel::read_commit_file((f.d.path / "step-10").string()).run_id == "run-b");
+  f.backend.fail = true;
+  keel_test::error_of([&] { mine.save(snap(40)); });
+  CHECK(entries(f.d.path) ==
+        std::vector<std::string>{"step-10", "step-20", "step-20-run-a", "step-30"});
+  // keep_last = 1 with a resumed run saving an older step: the new one stays, though a later
+  // step exists (the newest commit is never deleted).
+  f.backend.fail = false;
+  auto resumed = f.store("run-a", {/*keep_last=*/1});
+  resumed.save(snap(25));
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-10", "step-20", "step-25", "step-30"});
+}
+
+TEST_CASE("keep_best keeps the best checkpoints by metric, and always the newest") {
+  Fixture f;
+  keel::Retention keep{/*keep_last=*/1, /*keep_best=*/1, "test.loss", /*best_max=*/false};
+  auto store = f.store("run-a", keep);
+  store.save(snap(1, 1, 0.9));
+  store.save(snap(2, 1, 0.3));
+  store.save(snap(3, 1, 0.5));
+  store.save(snap(4, 1, 0.7));
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-2", "step-4"});
+  keep.best_max = true;
+  auto max_store = f.store("run-a", keep);
+  max_store.save(snap(5, 1, 0.1));  // the best by max among 2, 4, 5 is step-4 (0.7)
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-4", "step-5"});
+}
+
+TEST_CASE("re-saving a committed step of the same run replaces it atomically") {
+  Fixture f;
+  auto store = f.store("run-a");
+  const std::string dir = store.save(snap(5, 1.0f));
+  CHECK(store.save(snap(5, 2.0f)) == dir);
+  CHECK(keel_test::read(fs::path(dir) / "model.bin") == "2");
+  keel::verify_checkpoint(dir);
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-5"});  // no trash left
+  // A failing re-save keeps the committed one.
+  f.backend.fail = true;
+  keel_test::error_of([&] { store.save(snap(5, 3.0f)); });
+  CHECK(keel_test::read(fs::path(dir) / "model.bin") == "2");
+  keel::verify_checkpoint(dir);
+}
+
+TEST_CASE("remove_stale removes dead saves and trash, not a save whose lock is held") {
+  Fixture f;
+  fs::create_directory(f.d.path / ".step-3-dead.tmp");
+  std::ofstream(f.d.path / ".step-3-dead.tmp" / "model.bin") << "half";
+  fs::create_directory(f.d.path / ".trash-0123");
+  fs::create_directory(f.d.path / ".step-4-live.tmp");
+  const int fd = ::open((f.d.path / ".step-4-live.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  auto store = f.store("run-a");
+  CHECK(store.remove_stale() == 2);
+  CHECK(entries(f.d.path) == std::vector<std::string>{".step-4-live.lock", ".step-4-live.tmp"});
+  ::close(fd);  // the "live" save dies
+  CHECK(store.remove_stale() == 1);
+  CHECK(entries(f.d.path).empty());
+}
+
+TEST_CASE("an asynchronous save commits from its own copy; its failure surfaces at wait()") {
+  Fixture f;
+  auto store = f.store("run-a");
+  keel::Snapshot s = snap(7, 4.0f);
+  at::Tensor w = s.objects[0].second[0].second;
+  store.save_async(std::move(s));
+  w.fill_(5.0f);  // training goes on changing the model: the save holds a copy
+  CHECK(store.in_flight());
+  const std::string dir = store.wait();
+  CHECK(keel_test::read(fs::path(dir) / "model.bin") == "4");
+  keel::verify_checkpoint(dir);
+  f.backend.fail = true;
+  store.save_async(snap(8));
+  CHECK(keel_test::error_of([&] { store.wait(); }) ==
+        "checkpoint 'flaky' (plugin test): save failed: disk full (simulated)");
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-7"});
+}
+
+TEST_CASE("trainer_state.toml reads back every field it writes") {
+  keel::CheckpointMeta m;
+  m.run_id = "abc";
+  m.step = 12;
+  m.epoch = 3;
+  m.epoch_batches = 5;
+  m.samples = 700;
+  m.tokens = 900;
+  m.skipped_steps = 1;
+  m.last_eval_step = -1;
+  m.objects = {"model", "optimizer"};
+  m.keel_version = "0.3.0";
+  m.manifest_hash = "xxh3:0011223344556677";
+  m.loss_scale = 32768.0;
+  m.loss_scale_clean_steps = 4;
+  m.window = {0.1 + 0.2, NAN, 2, 0, 128, 128};
+  m.plugins = {{"keel-optimizers", "0.1.0"}, {"my plugin", "1.0"}};
+  m.train_metrics = {{"step", 12}, {"loss", 1.0 / 3.0}, {"lr", 1e-300}};
+  m.eval_metrics = {{"loss", -0.0}};
+  const std::string text = keel::write_checkpoint_meta(m);
+  CHECK(keel::read_checkpoint_meta(text, "t.toml") == m);
+  CHECK(keel_test::error_of([&] { keel::read_checkpoint_meta("bogus = 1\n", "t.toml"); })
+            .rfind("t.toml:1:1: invalid checkpoint metadata: unknown key \"bogus\"", 0) == 0);
+  CHECK(keel_test::error_of([&] { keel::read_checkpoint_meta("step = 1\n", "t.toml"); })
+            .rfind("t.toml:1:1: invalid checkpoint metadata: no 'run_id'", 0) == 0);
+  std::string bad = text;
+  bad.replace(bad.find("epoch_batches = 5"), 17, "epoch_batches = -5");
+  CHECK(keel_test::error_of([&] { keel::read_checkpoint_meta(bad, "t.toml"); })
+            .find("'epoch_batches' must be an integer >= 0") != std::string::npos);
+}
+
+TEST_CASE("the commit record rejects what it cannot trust") {
+  const std::string ok = keel::write_commit_record(keel::CommitRecord{"r", 1, 5, {{"m.bin", 3, 42}}});
+  CHECK(keel::read_commit_record(ok, "c.json").files[0].xxh3 == 42);
+  const auto err = [&](std::string text) {
+    return keel_test::error_of([&] { keel::read_commit_record(text, "c.json"); });
+  };
+  CHECK(err("{").rfind("c.json: invalid commit record: not JSON", 0) == 0);
+  std::string s = ok;
+  s.replace(s.find("\"m.bin\""), 7, "\"../x\"");
+  CHECK(err(s).find("'../x' is not a plain file name") != std::string::npos);
+  s = ok;
+  s.replace(s.find("\"version\": 1"), 12, "\"version\": 2");
+  CHECK(err(s).find("'version' is not 1") != std::string::npos);
 }

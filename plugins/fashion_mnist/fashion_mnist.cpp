@@ -145,6 +145,11 @@ class FashionMnist : public keel::Dataset {
     order_ = at::randperm(n_, gen, at::TensorOptions().dtype(at::kLong));
   }
 
+  // Where start_epoch(epoch) and `batch` calls of next leave the dataset (resume).
+  void seek(int64_t epoch, int64_t batch) override {
+    start_epoch(epoch);
+    cursor_ = std::min(n_, batch * batch_);
+  }
   // Batches are views of the loaded data when not shuffling: do not modify them in place.
   bool next(keel::Batch& out) override {
     if (shuffle_ && !order_.defined()) start_epoch(0);

@@ -48,6 +48,35 @@ inline std::string run_path(const keel::Context& ctx, const std::string& path) {
   return path.empty() || path[0] == '/' ? path : ctx.run_dir() + "/" + path;
 }
 
+// For a resumed run (resume_step > 0): rewrites the file at `path` keeping its lines up to the
+// last one whose step (step_of(line); -1: not a record, kept) is at most resume_step, and returns
+// true (append to it). Returns false for a fresh run or a missing file (start it afresh).
+inline bool keep_records_until(const std::string& path, int64_t resume_step,
+                               int64_t (*step_of)(const std::string&)) {
+  if (resume_step <= 0) return false;
+  std::FILE* in = std::fopen(path.c_str(), "r");
+  if (in == nullptr) return false;
+  std::string kept, line;
+  char buf[4096];
+  bool past = false;
+  while (!past && std::fgets(buf, sizeof buf, in)) {
+    line += buf;
+    if (line.back() != '\n' && !std::feof(in)) continue;
+    if (step_of(line) > resume_step) past = true;
+    else kept += line;
+    line.clear();
+  }
+  std::fclose(in);
+  const std::string tmp = path + ".tmp";
+  std::FILE* out = std::fopen(tmp.c_str(), "w");
+  if (out == nullptr ||
+      std::fwrite(kept.data(), 1, kept.size(), out) != kept.size() || std::fclose(out) != 0 ||
+      std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("cannot rewrite '" + path + "' for the resumed run; check free "
+                             "space and permissions");
+  return true;
+}
+
 // A text file a sink writes; flush() reports a failed write.
 class OutputFile {
  public:

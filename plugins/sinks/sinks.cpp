@@ -19,10 +19,23 @@ std::string json_string(const char* s) {
 // shortest text that reads back as the same double); NaN and infinities, which JSON cannot
 // hold, as null.
 
+// The step of a jsonl record, or -1 when the line is not one.
+int64_t step_of_record(const std::string& line) {
+  const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) return -1;
+  return j["step"].get<int64_t>();
+}
+
 class JsonLines : public keel::Hook {
  public:
+  // A resumed run (ctx.resume_step() > 0) keeps the records up to the step it resumes from,
+  // drops later ones (written after the checkpoint by the run that was interrupted), and
+  // appends.
   explicit JsonLines(const keel::Context& ctx)
-      : file_(sinks::run_path(ctx, ctx.get_string("path")), ctx.get_bool("append")) {}
+      : file_(sinks::run_path(ctx, ctx.get_string("path")),
+              ctx.get_bool("append") || sinks::keep_records_until(
+                                            sinks::run_path(ctx, ctx.get_string("path")),
+                                            ctx.resume_step(), &step_of_record)) {}
 
   void on_event(keel_event& ev) override {
     if (ev.kind == KEEL_EVENT_TRAIN_END) file_.flush();

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 2
+#define KEEL_ABI_MINOR 3
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -49,7 +49,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" or "(1.2)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)", "(1.2)" or "(1.3)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -200,6 +200,49 @@ typedef struct keel_option_desc {
 } keel_option_desc;
 
 /* ------------------------------------------------------------------------------------------
+ * (1.3) Component state for exact resume
+ *
+ * A component that keeps state a checkpoint must hold beyond its tensors the kernel already
+ * knows (an optimizer's moments, a generator a model or dataset draws from) offers a pair of
+ * optional slots, `state_save` and `state_load`, with these contracts:
+ *
+ *   keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
+ *     Called on the training thread at a step boundary when a checkpoint is saved. Hands every
+ *     state entry to out->put, once per name. The host takes its own reference to each tensor
+ *     (and copies it when the save is asynchronous), so the plugin may change its state after
+ *     the slot returns. [train]
+ *   keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
+ *                             keel_error* err);
+ *     Called once while a run resumes ([setup], before step 1 of the resumed run), with exactly
+ *     the entries state_save put (same names, dtypes and shapes; CPU tensors, borrowed for the
+ *     call). The plugin copies what it needs; an entry it cannot use is an error naming it.
+ *
+ * A component without them resumes with whatever its constructor set up; for an optimizer that
+ * is refused (keel train --resume fails naming the plugin) rather than training on silently
+ * with fresh moments.
+ * ---------------------------------------------------------------------------------------- */
+
+/* A name and a borrowed tensor (state entries, checkpoint objects). */
+typedef struct keel_named_tensor {
+  const char* name;
+  keel_tensor* tensor; /* borrowed */
+} keel_named_tensor;
+
+/* Collects state entries for a checkpoint; built by the host for one state_save call. */
+typedef struct keel_state_writer {
+  uint32_t struct_size;
+  void* host_data; /* the host's; do not touch */
+  /* Adds `tensor` (borrowed for the call; any dtype, any device) under `name` (copied; non-empty,
+   * at most KEEL_NAME_CAPACITY - 1 bytes, unique within this call). Returns 1, or 0 when the
+   * entry is refused (the kernel then fails the save naming the entry and the reason); return
+   * KEEL_ERR from state_save after a 0 (any message). [train] */
+  int (*put)(struct keel_state_writer* writer, const char* name, keel_tensor* tensor);
+} keel_state_writer;
+
+/* Longest name (with its NUL) the kernel reads from a state entry. */
+#define KEEL_NAME_CAPACITY 256
+
+/* ------------------------------------------------------------------------------------------
  * Components
  * ---------------------------------------------------------------------------------------- */
 
@@ -243,6 +286,9 @@ typedef struct keel_create_context {
   size_t group_count;
   const double* group_lr;
   const double* group_weight_decay;
+  /* (1.3) The step a resumed run continues from (`keel train --resume`), 0 for a fresh run.
+   * A component that writes files into run_dir keeps what it wrote up to that step. */
+  int64_t resume_step;
 } keel_create_context;
 
 /* Every instance struct begins with these three fields and holds nothing but function
@@ -278,6 +324,12 @@ typedef struct keel_model {
                        keel_error* err);
   /* Training FLOPs (forward + backward) for one sample, or 0 when unknown. [setup] */
   double (*flops_per_sample)(void* self);
+  /* (1.3) Optional (both or neither): state beyond state_count/state, such as a generator the
+   * model draws from itself (see "Component state for exact resume"). Dropout through
+   * LibTorch's default generator needs nothing here: the kernel saves that generator. */
+  keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
+  keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
+                            keel_error* err);
 } keel_model;
 
 /* dataset ---------------------------------------------------------------------------------- */
@@ -300,6 +352,17 @@ typedef struct keel_dataset {
    * end of the epoch. A batch has both tensors, the same first (batch) dimension in both,
    * samples >= 1 and tokens >= 0 (checked by the kernel). [train] */
   keel_status (*next)(void* self, keel_batch* out, int* has_batch, keel_error* err);
+  /* (1.3) Optional: positions the dataset exactly where start_epoch(epoch) followed by `batch`
+   * calls of next would leave it (the same shuffle order), without producing those batches.
+   * A resumed run calls it once instead of start_epoch for the epoch it resumes in. Without
+   * it the kernel calls start_epoch(epoch) and next `batch` times, discarding the batches:
+   * exact too, when start_epoch's order depends only on the seed and the epoch. [setup] */
+  keel_status (*seek)(void* self, int64_t epoch, int64_t batch, keel_error* err);
+  /* (1.3) Optional (both or neither): state the data position does not capture, e.g. a
+   * generator the dataset keeps across epochs (see "Component state for exact resume"). */
+  keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
+  keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
+                            keel_error* err);
 } keel_dataset;
 
 /* optimizer -------------------------------------------------------------------------------- */
@@ -313,6 +376,13 @@ typedef struct keel_optimizer {
   size_t (*group_count)(void* self);
   double (*get_lr)(void* self, size_t group);
   void (*set_lr)(void* self, size_t group, double lr);
+  /* (1.3) Optional (both or neither), and needed for `keel train --resume`: every state tensor
+   * (Adam's exp_avg, exp_avg_sq and step; SGD's momentum buffers) and each group's
+   * hyper-parameters (see "Component state for exact resume"). state_load receives the state of
+   * an optimizer built from the same manifest over the same parameters. */
+  keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
+  keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
+                            keel_error* err);
 } keel_optimizer;
 
 /* lr_scheduler ----------------------------------------------------------------------------- */
@@ -368,20 +438,21 @@ typedef struct keel_profiler {
 } keel_profiler;
 
 /* checkpoint backend ----------------------------------------------------------------------- */
-typedef struct keel_named_tensor {
-  const char* name;
-  keel_tensor* tensor; /* borrowed */
-} keel_named_tensor;
-
 typedef struct keel_checkpoint {
   KEEL_INSTANCE_HEADER;
-  /* Writes `tensors` into directory `dir` (which exists) as the object `stem` ("model").
-   * The kernel owns the commit protocol: `dir` is a staging directory it renames once every
-   * object is written, so the backend only writes files. [train] */
+  /* Writes `tensors` into directory `dir` (which exists) as the object `stem` ("model",
+   * "optimizer", "hooks", "rng", "state"), in files named `<stem>.<anything>`. The kernel owns
+   * the commit protocol: `dir` is a staging directory; the kernel checksums and fsyncs every
+   * file in it, writes its commit record and renames it once every object is written, so the
+   * backend only writes files (and reports a failed write or close as KEEL_ERR). Tensors are
+   * CPU tensors of any dtype, 0-dim ones included. [train] -- with [checkpoint] async = true,
+   * on the kernel's checkpoint thread instead, never concurrently with another slot of the
+   * instance. */
   keel_status (*save)(void* self, const char* dir, const char* stem,
                       const keel_named_tensor* tensors, size_t count, keel_error* err);
-  /* Reads object `stem` from `dir` and copies each stored tensor into the tensor of the same
-   * name in `into`; a missing name or a shape mismatch is an error naming the tensor. [setup] */
+  /* Reads object `stem` from `dir` and copies each tensor of `into` from the stored tensor of
+   * the same name (stored tensors not asked for are skipped); a missing name, a dtype or a
+   * shape mismatch is an error naming the tensor. [setup] */
   keel_status (*load)(void* self, const char* dir, const char* stem,
                       const keel_named_tensor* into, size_t count, keel_error* err);
 } keel_checkpoint;

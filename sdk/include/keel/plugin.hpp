@@ -59,6 +59,10 @@ class Context {
   int world_size() const { return raw_->world_size; }
   std::string run_dir() const { return raw_->run_dir ? raw_->run_dir : ""; }
   int64_t total_steps() const { return raw_->total_steps; }
+  // The step a resumed run continues from (0: a fresh run, or a kernel older than ABI 1.3).
+  int64_t resume_step() const {
+    return KEEL_HAS_FIELD(raw_, keel_create_context, resume_step) ? raw_->resume_step : 0;
+  }
 
   // Option values (the kernel validated them and filled in defaults).
   bool get_bool(const char* key) const {
@@ -171,6 +175,10 @@ class Model {
   // Parameters and buffers, for checkpoints (called once after construction).
   virtual NamedTensors named_state() { return named_parameters(); }
   virtual double flops_per_sample() { return 0.0; }
+  // State beyond named_state() for exact resume (a generator the model keeps itself); see
+  // "Component state for exact resume" in abi.h. Override both to offer the slots.
+  virtual NamedTensors state_save() { return {}; }
+  virtual void state_load(const NamedTensors& /*state*/) {}
 };
 
 struct Batch {
@@ -189,6 +197,13 @@ class Dataset {
   virtual void start_epoch(int64_t epoch) = 0;
   // Returns false at the end of the epoch.
   virtual bool next(Batch& out) = 0;
+  // Optional (abi.h, keel_dataset.seek): where start_epoch(epoch) and `batch` calls of next
+  // would leave the dataset. Override it to offer the slot; without it a resumed run replays
+  // the batches.
+  virtual void seek(int64_t /*epoch*/, int64_t /*batch*/) {}
+  // State the data position does not capture; override both to offer the slots.
+  virtual NamedTensors state_save() { return {}; }
+  virtual void state_load(const NamedTensors& /*state*/) {}
 };
 
 class Optimizer {
@@ -200,6 +215,10 @@ class Optimizer {
   virtual size_t group_count() = 0;
   virtual double get_lr(size_t group) = 0;
   virtual void set_lr(size_t group, double lr) = 0;
+  // Every state tensor and each group's hyper-parameters, for `keel train --resume`; override
+  // both to offer the slots (without them --resume refuses the optimizer).
+  virtual NamedTensors state_save() { return {}; }
+  virtual void state_load(const NamedTensors& /*state*/) {}
 };
 
 class LrScheduler {
@@ -348,6 +367,25 @@ inline NamedTensors to_named(const keel_named_tensor* t, size_t n) {
 template <class B>
 using BoxOf = Box<B, typename Abi<B>::type>;
 
+// state_save / state_load (ABI 1.3) of models, datasets and optimizers.
+template <class X>
+void fill_state(X& b) {
+  b.vt.state_save = [](void* s, keel_state_writer* w, keel_error* e) noexcept {
+    return guard(e, [&] {
+      for (const auto& [name, tensor] : X::of(s)->obj->state_save())
+        if (!w->put(w, name.c_str(), peek(tensor)))
+          throw std::runtime_error("the host refused state entry '" + name + "'");
+    });
+  };
+  b.vt.state_load = [](void* s, const keel_named_tensor* t, size_t n, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->state_load(to_named(t, n)); });
+  };
+}
+
+// True when T overrides Base's member M (the member pointer's class is no longer Base).
+#define KEEL_SDK_OVERRIDES(T, Base, M) \
+  (!std::is_same<decltype(&T::M), decltype(&Base::M)>::value)
+
 inline void fill(BoxOf<Model>& b) {
   using X = BoxOf<Model>;
   b.params = b.obj->named_parameters();
@@ -379,6 +417,7 @@ inline void fill(BoxOf<Model>& b) {
     X::quiet(s, [&] { v = X::of(s)->obj->flops_per_sample(); });
     return v;
   };
+  fill_state(b);
 }
 
 inline void fill(BoxOf<Dataset>& b) {
@@ -408,6 +447,10 @@ inline void fill(BoxOf<Dataset>& b) {
       }
     });
   };
+  b.vt.seek = [](void* s, int64_t epoch, int64_t batch, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->seek(epoch, batch); });
+  };
+  fill_state(b);
 }
 
 inline void fill(BoxOf<Optimizer>& b) {
@@ -429,6 +472,7 @@ inline void fill(BoxOf<Optimizer>& b) {
   b.vt.set_lr = [](void* s, size_t g, double lr) noexcept {
     X::quiet(s, [&] { X::of(s)->obj->set_lr(g, lr); });
   };
+  fill_state(b);
 }
 
 inline void fill(BoxOf<LrScheduler>& b) {
@@ -523,11 +567,23 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
     box->vt.self = box.get();
     box->vt.destroy = &BoxOf<B>::destroy;
     fill(*box);
+    // Optional slots are offered only when T overrides them (abi.h: NULL = not provided).
     if constexpr (std::is_same<B, Loss>::value) {
-      // count_items is optional (abi.h): offer it only when T overrides Loss::count_items, so
-      // that "auto" accumulation falls back to the mean for losses that count nothing.
-      if (std::is_same<decltype(&T::count_items), int64_t (Loss::*)(const at::Tensor&)>::value)
-        box->vt.count_items = nullptr;
+      // count_items: so that "auto" accumulation falls back to the mean for losses that count
+      // nothing.
+      if (!KEEL_SDK_OVERRIDES(T, Loss, count_items)) box->vt.count_items = nullptr;
+    }
+    if constexpr (std::is_same<B, Model>::value || std::is_same<B, Dataset>::value ||
+                  std::is_same<B, Optimizer>::value) {
+      static_assert(KEEL_SDK_OVERRIDES(T, B, state_save) == KEEL_SDK_OVERRIDES(T, B, state_load),
+                    "override both state_save and state_load, or neither");
+      if (!KEEL_SDK_OVERRIDES(T, B, state_save)) {
+        box->vt.state_save = nullptr;
+        box->vt.state_load = nullptr;
+      }
+    }
+    if constexpr (std::is_same<B, Dataset>::value) {
+      if (!KEEL_SDK_OVERRIDES(T, Dataset, seek)) box->vt.seek = nullptr;
     }
     *out = &box.release()->vt;
   });

@@ -1,0 +1,234 @@
+#include "checkpoint/meta.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <initializer_list>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "error.hpp"
+
+namespace keel {
+namespace {
+
+std::string at(const std::string& path, const toml::source_region& r) {
+  return path + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  std::string line = where + ": invalid checkpoint metadata: " + what;
+  for (char& c : line)
+    if (c == '\n' || c == '\r') c = ' ';
+  throw Error(line);
+}
+
+// A TOML basic string ("..." with escapes).
+std::string quoted(const std::string& s) {
+  std::ostringstream out;
+  out << toml::toml_formatter{toml::value<std::string>(s), toml::format_flags::none};
+  return out.str();
+}
+
+// A TOML float that reads back to the same double.
+std::string real(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+// Reads one table against the keys it must hold (in `keys`, for messages), nothing else.
+class Reader {
+ public:
+  Reader(const toml::table& t, const std::string& path, std::string table,
+         std::initializer_list<const char*> keys)
+      : t_(t), path_(path), table_(std::move(table)) {
+    for (const char* k : keys) keys_ += std::string(keys_.empty() ? "" : ", ") + k;
+    for (const auto& [k, v] : t) {
+      bool known = false;
+      for (const char* key : keys) known = known || k.str() == key;
+      if (!known)
+        fail(at(path, k.source()), "unknown key " + quoted(std::string(k.str())) + in() +
+                                       " (expected " + keys_ + ")");
+    }
+  }
+  const toml::node& node(const char* key) const {
+    const toml::node* n = t_.get(key);
+    if (n == nullptr)
+      fail(at(path_, t_.source()), std::string("no '") + key + "'" + in() + " (expected " + keys_ + ")");
+    return *n;
+  }
+  int64_t integer(const char* key, int64_t min = 0) const {
+    const toml::node& n = node(key);
+    const auto* i = n.as_integer();
+    if (i == nullptr || i->get() < min)
+      fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be an integer >= " +
+                                      std::to_string(min));
+    return i->get();
+  }
+  double real(const char* key) const {
+    const toml::node& n = node(key);
+    if (const auto* f = n.as_floating_point()) return f->get();
+    fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be a float");
+  }
+  std::string string(const char* key) const {
+    const toml::node& n = node(key);
+    const auto* s = n.as_string();
+    if (s == nullptr) fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be a string");
+    return s->get();
+  }
+  const toml::array& array(const char* key) const {
+    const toml::node& n = node(key);
+    const auto* a = n.as_array();
+    if (a == nullptr) fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be a list");
+    return *a;
+  }
+  std::vector<std::string> strings(const char* key) const {
+    std::vector<std::string> out;
+    for (const toml::node& o : array(key)) {
+      const auto* s = o.as_string();
+      if (s == nullptr) fail(at(path_, o.source()), std::string("'") + key + "'" + in() + " must be a list of strings");
+      out.push_back(s->get());
+    }
+    return out;
+  }
+  const toml::table& table(const char* key) const {
+    const toml::node& n = node(key);
+    const auto* t = n.as_table();
+    if (t == nullptr) fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be a table");
+    return *t;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string in() const { return table_.empty() ? "" : " in [" + table_ + "]"; }
+  const toml::table& t_;
+  const std::string& path_;
+  std::string table_, keys_;
+};
+
+MetricList metrics(const Reader& parent, const char* split) {
+  const Reader r(parent.table(split), parent.path(), std::string("metrics.") + split,
+                 {"keys", "values"});
+  const std::vector<std::string> keys = r.strings("keys");
+  const toml::array& values = r.array("values");
+  if (values.size() != keys.size())
+    fail(at(r.path(), values.source()), "[metrics." + std::string(split) + "] has " +
+                                            std::to_string(keys.size()) + " keys but " +
+                                            std::to_string(values.size()) + " values");
+  MetricList out;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto* f = values[i].as_floating_point();
+    if (f == nullptr) fail(at(r.path(), values[i].source()), "metric values must be floats");
+    out.emplace_back(keys[i], f->get());
+  }
+  return out;
+}
+
+std::string write_metrics(const char* split, const MetricList& m) {
+  std::string keys, values;
+  for (size_t i = 0; i < m.size(); ++i) {
+    keys += (i ? ", " : "") + quoted(m[i].first);
+    values += (i ? ", " : "") + real(m[i].second);
+  }
+  return "\n[metrics." + std::string(split) + "]\nkeys = [" + keys + "]\nvalues = [" + values +
+         "]\n";
+}
+
+bool same(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+bool same(const MetricList& a, const MetricList& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].first != b[i].first || !same(a[i].second, b[i].second)) return false;
+  return true;
+}
+
+}  // namespace
+
+bool operator==(const CheckpointMeta& a, const CheckpointMeta& b) {
+  return a.run_id == b.run_id && a.step == b.step && a.epoch == b.epoch &&
+         a.epoch_batches == b.epoch_batches && a.samples == b.samples && a.tokens == b.tokens &&
+         a.skipped_steps == b.skipped_steps && a.last_eval_step == b.last_eval_step &&
+         a.objects == b.objects && a.keel_version == b.keel_version &&
+         a.manifest_hash == b.manifest_hash && same(a.loss_scale, b.loss_scale) &&
+         a.loss_scale_clean_steps == b.loss_scale_clean_steps &&
+         same(a.window.loss, b.window.loss) && same(a.window.grad_norm, b.window.grad_norm) &&
+         a.window.steps == b.window.steps && a.window.norms == b.window.norms &&
+         a.window.samples == b.window.samples && a.window.tokens == b.window.tokens &&
+         a.plugins == b.plugins && same(a.train_metrics, b.train_metrics) &&
+         same(a.eval_metrics, b.eval_metrics);
+}
+
+CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& path) {
+  toml::table t;
+  try {
+    t = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    fail(at(path, e.source()), "not valid TOML: " + std::string(e.description()));
+  }
+  const Reader r(t, path, "",
+                 {"run_id", "step", "epoch", "epoch_batches", "samples", "tokens",
+                  "skipped_steps", "last_eval_step", "objects", "keel_version", "manifest_hash",
+                  "loss_scale", "loss_scale_clean_steps", "window", "plugins", "metrics"});
+  CheckpointMeta m;
+  m.run_id = r.string("run_id");
+  m.step = r.integer("step");
+  m.epoch = r.integer("epoch");
+  m.epoch_batches = r.integer("epoch_batches");
+  m.samples = r.integer("samples");
+  m.tokens = r.integer("tokens");
+  m.skipped_steps = r.integer("skipped_steps");
+  m.last_eval_step = r.integer("last_eval_step", -1);
+  m.objects = r.strings("objects");
+  m.keel_version = r.string("keel_version");
+  m.manifest_hash = r.string("manifest_hash");
+  m.loss_scale = r.real("loss_scale");
+  m.loss_scale_clean_steps = r.integer("loss_scale_clean_steps");
+  const Reader w(r.table("window"), path, "window",
+                 {"loss", "grad_norm", "steps", "norms", "samples", "tokens"});
+  m.window.loss = w.real("loss");
+  m.window.grad_norm = w.real("grad_norm");
+  m.window.steps = w.integer("steps");
+  m.window.norms = w.integer("norms");
+  m.window.samples = w.integer("samples");
+  m.window.tokens = w.integer("tokens");
+  for (const auto& [name, version] : r.table("plugins")) {
+    const auto* v = version.as_string();
+    if (v == nullptr) fail(at(path, version.source()), "[plugins] values must be version strings");
+    m.plugins.emplace_back(std::string(name.str()), v->get());
+  }
+  const Reader mr(r.table("metrics"), path, "metrics", {"train", "test"});
+  m.train_metrics = metrics(mr, "train");
+  m.eval_metrics = metrics(mr, "test");
+  return m;
+}
+
+std::string write_checkpoint_meta(const CheckpointMeta& m) {
+  std::string out = "run_id = " + quoted(m.run_id) + "\nstep = " + std::to_string(m.step) +
+                    "\nepoch = " + std::to_string(m.epoch) +
+                    "\nepoch_batches = " + std::to_string(m.epoch_batches) +
+                    "\nsamples = " + std::to_string(m.samples) +
+                    "\ntokens = " + std::to_string(m.tokens) +
+                    "\nskipped_steps = " + std::to_string(m.skipped_steps) +
+                    "\nlast_eval_step = " + std::to_string(m.last_eval_step) + "\nobjects = [";
+  for (size_t i = 0; i < m.objects.size(); ++i) out += (i ? ", " : "") + quoted(m.objects[i]);
+  out += "]\nkeel_version = " + quoted(m.keel_version) +
+         "\nmanifest_hash = " + quoted(m.manifest_hash) + "\nloss_scale = " + real(m.loss_scale) +
+         "\nloss_scale_clean_steps = " + std::to_string(m.loss_scale_clean_steps) +
+         "\n\n[window]\nloss = " + real(m.window.loss) +
+         "\ngrad_norm = " + real(m.window.grad_norm) +
+         "\nsteps = " + std::to_string(m.window.steps) +
+         "\nnorms = " + std::to_string(m.window.norms) +
+         "\nsamples = " + std::to_string(m.window.samples) +
+         "\ntokens = " + std::to_string(m.window.tokens) + "\n\n[plugins]\n";
+  for (const auto& [name, version] : m.plugins) out += quoted(name) + " = " + quoted(version) + "\n";
+  out += write_metrics("train", m.train_metrics) + write_metrics("test", m.eval_metrics);
+  return out;
+}
+
+}  // namespace keel

@@ -1,0 +1,74 @@
+#include "checkpoint/resume.hpp"
+
+#include <map>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "error.hpp"
+
+namespace keel {
+namespace {
+
+void flatten(const toml::node& n, const std::string& key, std::map<std::string, std::string>& out) {
+  if (const auto* t = n.as_table()) {
+    for (const auto& [k, v] : *t) flatten(v, key.empty() ? std::string(k.str()) : key + "." + std::string(k.str()), out);
+  } else if (const auto* a = n.as_array(); a && !a->empty() && a->is_array_of_tables()) {
+    for (size_t i = 0; i < a->size(); ++i) flatten(*a->get(i), key + "[" + std::to_string(i) + "]", out);
+  } else {
+    std::ostringstream s;
+    n.visit([&](const auto& v) { s << toml::toml_formatter{v, toml::format_flags::none}; });
+    out[key] = s.str();
+  }
+}
+
+bool starts(const std::string& key, const char* prefix) { return key.rfind(prefix, 0) == 0; }
+
+bool harmless(const std::string& key) {
+  for (const char* k : {"run.name", "run.output_dir", "run.threads", "run.malloc_tuning",
+                        "run.mode", "train.log_every", "train.epochs", "train.max_steps",
+                        "train.max_samples", "train.max_tokens"})
+    if (key == k) return true;
+  for (const char* p : {"train.eval_", "checkpoint.", "hooks", "profiler.", "mfu.", "data.test.",
+                        "plugins."})
+    if (starts(key, p)) return true;
+  return false;
+}
+
+std::map<std::string, std::string> parse(const std::string& text, const char* which) {
+  std::map<std::string, std::string> out;
+  try {
+    flatten(toml::parse(text), "", out);
+  } catch (const toml::parse_error& e) {
+    throw Error(std::string(which) + " manifest.resolved.toml is not valid TOML: " +
+                std::string(e.description()) + "; hint: the checkpoint is damaged");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<ManifestChange> manifest_changes(const std::string& saved, const std::string& now) {
+  const auto a = parse(saved, "the checkpoint's"), b = parse(now, "this run's");
+  std::vector<ManifestChange> out;
+  auto ia = a.begin();
+  auto ib = b.begin();
+  const std::string absent = "(absent)";
+  while (ia != a.end() || ib != b.end()) {
+    if (ib == b.end() || (ia != a.end() && ia->first < ib->first)) {
+      out.push_back({ia->first, ia->second, absent, harmless(ia->first)});
+      ++ia;
+    } else if (ia == a.end() || ib->first < ia->first) {
+      out.push_back({ib->first, absent, ib->second, harmless(ib->first)});
+      ++ib;
+    } else {
+      if (ia->second != ib->second)
+        out.push_back({ia->first, ia->second, ib->second, harmless(ia->first)});
+      ++ia;
+      ++ib;
+    }
+  }
+  return out;
+}
+
+}  // namespace keel

@@ -1,0 +1,338 @@
+#include "checkpoint/store.hpp"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <random>
+
+#include "checkpoint/durable.hpp"
+#include "error.hpp"
+#include "keel/tensor.hpp"
+
+namespace fs = std::filesystem;
+
+namespace keel {
+
+struct AsyncResult {
+  std::atomic<bool> done{false};
+  std::string dir;
+  std::exception_ptr error;
+};
+
+namespace {
+
+const std::pair<const char*, at::ScalarType> kDtypes[] = {
+    {"F32", at::kFloat}, {"F64", at::kDouble}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+    {"I64", at::kLong},  {"I32", at::kInt},    {"I8", at::kChar},  {"U8", at::kByte},
+    {"BOOL", at::kBool},
+};
+
+// The flock'd lock file of one save; unlocked and removed by release().
+class SaveLock {
+ public:
+  explicit SaveLock(const std::string& path) : path_(path) {
+    // Lock, then check that the name still refers to the locked file: remove_stale() of
+    // another process may have removed a lock file between our open and flock.
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd_ < 0)
+        throw Error("cannot create " + path + ": " + std::strerror(errno) +
+                    "; hint: check that the run directory is writable");
+      if (::flock(fd_, LOCK_EX) == 0) {
+        struct stat a {}, b {};
+        if (::fstat(fd_, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
+            a.st_dev == b.st_dev)
+          return;
+      }
+      ::close(fd_);
+      fd_ = -1;
+    }
+    throw Error("cannot lock " + path + "; hint: another process keeps removing it");
+  }
+  ~SaveLock() { release(); }
+  void release() {
+    if (fd_ < 0) return;
+    ::unlink(path_.c_str());
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// True when nobody holds the lock at `path` (and it was removed), or there is none.
+bool lock_is_stale(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  if (free) ::unlink(path.c_str());
+  ::close(fd);
+  return free;
+}
+
+// Deletes a committed or staged directory: renamed to trash first, so that a kill midway never
+// leaves a partial directory under a checkpoint's name.
+void trash(const fs::path& dir) {
+  const fs::path bin = dir.parent_path() / (".trash-" + random_token());
+  durable_rename(dir.string(), bin.string());
+  std::error_code ec;
+  fs::remove_all(bin, ec);
+}
+
+
+}  // namespace
+
+std::string random_token() {
+  static std::mutex m;
+  static std::mt19937_64 gen(std::random_device{}() ^
+                             static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                             (static_cast<uint64_t>(::getpid()) << 32));
+  std::lock_guard<std::mutex> lock(m);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(gen()));
+  return buf;
+}
+
+std::string dtype_name(at::ScalarType type) {
+  for (const auto& [name, t] : kDtypes)
+    if (t == type) return name;
+  return at::toString(type);
+}
+
+at::ScalarType dtype_of_name(const std::string& name) {
+  for (const auto& [n, t] : kDtypes)
+    if (name == n) return t;
+  return at::ScalarType::Undefined;
+}
+
+void Snapshot::copy_tensors() {
+  for (auto& [stem, list] : objects)
+    for (auto& [name, t] : list) t = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+}
+
+CheckpointStore::CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend,
+                                 Retention retention, std::string run_id)
+    : root_(std::move(root)),
+      backend_(backend),
+      retention_(std::move(retention)),
+      run_id_(std::move(run_id)) {}
+
+CheckpointStore::~CheckpointStore() {
+  if (!worker_.joinable()) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    spdlog::error("asynchronous checkpoint save failed: {}", e.what());
+  }
+}
+
+int CheckpointStore::remove_stale() {
+  int removed = 0;
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(root_, ec)) entries.push_back(e.path());
+  for (const fs::path& p : entries) {
+    const std::string name = p.filename().string();
+    const bool staging = name.rfind(".step-", 0) == 0 && name.size() > 4 &&
+                         name.compare(name.size() - 4, 4, ".tmp") == 0;
+    if (staging) {
+      const std::string lock = p.string().substr(0, p.string().size() - 4) + ".lock";
+      if (!lock_is_stale(lock)) continue;  // a live save of another process
+      spdlog::info("removing {}, left by an interrupted checkpoint save", p.string());
+      fs::remove_all(p, ec);
+      ++removed;
+    } else if (name.rfind(".trash-", 0) == 0) {
+      fs::remove_all(p, ec);
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+std::string CheckpointStore::save(const Snapshot& snapshot) {
+  if (worker_.joinable()) throw Error("internal: synchronous save while an asynchronous one is in flight");
+  const std::string dir = commit(snapshot);
+  prune(dir);
+  return dir;
+}
+
+std::string CheckpointStore::commit(const Snapshot& snap) {
+  const std::string step = std::to_string(snap.meta.step);
+  const std::string token = random_token();
+  const fs::path root(root_);
+  const fs::path staging = root / (".step-" + step + "-" + token + ".tmp");
+  SaveLock lock((root / (".step-" + step + "-" + token + ".lock")).string());
+  std::error_code ec;
+  if (!fs::create_directory(staging, ec))
+    throw Error("cannot create " + staging.string() + ": " + ec.message() +
+                "; hint: check that the run directory is writable");
+  try {
+    CommitRecord record;
+    record.run_id = run_id_;
+    record.step = snap.meta.step;
+    record.metrics = snap.metrics;
+    CheckpointMeta meta = snap.meta;
+    meta.objects.clear();
+    for (const auto& [stem, tensors] : snap.objects) {
+      if (tensors.empty()) continue;
+      std::vector<keel_named_tensor> named;
+      auto& index = record.tensors[stem];
+      for (const auto& [name, t] : tensors) {
+        named.push_back({name.c_str(), peek(t)});
+        index.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec()});
+      }
+      backend_->call("save", (*backend_)->save, staging.c_str(), stem.c_str(), named.data(),
+                     named.size());
+      meta.objects.push_back(stem);
+    }
+    write_file_durably((staging / "trainer_state.toml").string(), write_checkpoint_meta(meta));
+    write_file_durably((staging / "manifest.resolved.toml").string(), snap.manifest);
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(staging)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) {
+      CommitRecord::File entry;
+      entry.name = f.filename().string();
+      if (!fs::is_regular_file(f))
+        throw Error(backend_->label() + ": save wrote " + f.string() +
+                    ", which is not a regular file; a backend writes only files");
+      entry.xxh3 = hash_file(f.string(), &entry.size, /*sync=*/true);
+      record.files.push_back(std::move(entry));
+    }
+    record.committed_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count();
+    write_file_durably((staging / "commit.json").string(), write_commit_record(record));
+    fsync_path(staging.string());
+
+    // The name: step-<N>, unless a committed step-<N> of another run holds it.
+    fs::path target = root / ("step-" + step);
+    bool exists = fs::exists(target, ec);
+    if (exists) {
+      std::string owner;
+      try {
+        owner = read_commit_file(target.string()).run_id;
+      } catch (const Error&) {
+      }
+      if (owner != run_id_) {
+        target = root / ("step-" + step + "-" + run_id_);
+        exists = fs::exists(target, ec);
+      }
+    }
+    if (!exists) {
+      durable_rename(staging.string(), target.string());
+    } else if (durable_exchange(staging.string(), target.string())) {
+      trash(staging);  // the checkpoint it replaced
+    } else {
+      trash(target);  // no atomic exchange here: the old one goes first
+      durable_rename(staging.string(), target.string());
+    }
+    return target.string();
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
+}
+
+void CheckpointStore::prune(const std::string& committed) {
+  if (retention_.keep_last <= 0 && retention_.keep_best <= 0) return;
+  std::vector<Entry> mine;
+  for (auto& e : list(root_))
+    if (e.record.run_id == run_id_) mine.push_back(std::move(e));
+  std::sort(mine.begin(), mine.end(), [](const Entry& a, const Entry& b) {
+    return std::make_pair(a.record.step, a.record.committed_unix_ns) >
+           std::make_pair(b.record.step, b.record.committed_unix_ns);
+  });
+  std::vector<bool> keep(mine.size(), false);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    keep[i] = mine[i].dir == committed || static_cast<int64_t>(i) < retention_.keep_last;
+  }
+  if (retention_.keep_best > 0) {
+    std::vector<size_t> ranked;
+    for (size_t i = 0; i < mine.size(); ++i)
+      if (mine[i].record.metrics.count(retention_.best_metric)) ranked.push_back(i);
+    std::stable_sort(ranked.begin(), ranked.end(), [&](size_t a, size_t b) {
+      const double va = mine[a].record.metrics.at(retention_.best_metric);
+      const double vb = mine[b].record.metrics.at(retention_.best_metric);
+      return retention_.best_max ? va > vb : va < vb;
+    });
+    for (size_t k = 0; k < ranked.size() && static_cast<int64_t>(k) < retention_.keep_best; ++k)
+      keep[ranked[k]] = true;
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (keep[i]) continue;
+    try {
+      trash(mine[i].dir);
+      spdlog::debug("retention removed {}", mine[i].dir);
+    } catch (const Error& e) {
+      spdlog::warn("retention could not remove {}: {}", mine[i].dir, e.what());
+    }
+  }
+}
+
+void CheckpointStore::save_async(Snapshot snapshot) {
+  if (worker_.joinable()) throw Error("internal: asynchronous save while another is in flight");
+  snapshot.copy_tensors();
+  result_ = std::make_shared<AsyncResult>();
+  worker_ = std::thread([this, snap = std::move(snapshot), result = result_]() mutable {
+    try {
+      result->dir = commit(snap);
+      prune(result->dir);
+    } catch (...) {
+      result->error = std::current_exception();
+    }
+    snap.objects.clear();  // free the copies before signalling
+    result->done = true;
+  });
+}
+
+bool CheckpointStore::ready() const { return result_ && result_->done; }
+
+std::string CheckpointStore::wait() {
+  if (!worker_.joinable()) return "";
+  worker_.join();
+  auto result = std::move(result_);
+  if (result->error) std::rethrow_exception(result->error);
+  return result->dir;
+}
+
+std::vector<CheckpointStore::Entry> CheckpointStore::list(const std::string& root) {
+  std::vector<Entry> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || !e.is_directory(ec)) continue;
+    try {
+      out.push_back({e.path().string(), read_commit_file(e.path().string())});
+    } catch (const Error& err) {
+      spdlog::debug("ignoring {}: {}", e.path().string(), err.what());
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return a.record.committed_unix_ns < b.record.committed_unix_ns;
+  });
+  return out;
+}
+
+void CheckpointStore::load(const std::string& dir, const std::string& stem,
+                           const TensorList& into) const {
+  if (into.empty()) return;
+  std::vector<keel_named_tensor> named;
+  for (const auto& [name, t] : into) named.push_back({name.c_str(), peek(t)});
+  backend_->call("load", (*backend_)->load, dir.c_str(), stem.c_str(), named.data(),
+                 named.size());
+}
+
+}  // namespace keel

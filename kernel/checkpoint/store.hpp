@@ -1,0 +1,116 @@
+// The checkpoint commit protocol (owned by the kernel; backends only write files).
+//
+//   <run>/checkpoints/.step-<N>-<token>.lock  flock'd by the saving process for the whole save
+//   <run>/checkpoints/.step-<N>-<token>.tmp/  staging: the backend writes one file per object
+//                                   (model, optimizer, hooks, rng, state), the kernel writes
+//                                   trainer_state.toml and manifest.resolved.toml
+//   checksum + fsync every file      XXH3-64 of each file, read back through the descriptor
+//                                   that fsyncs it
+//   commit.json                      the commit record, written last and fsync'd
+//   fsync the staging directory
+//   rename(staging, step-<N>)        the commit, then fsync of checkpoints/ (durable_rename);
+//                                   a committed step-<N> of this run is replaced atomically
+//                                   (renameat2 RENAME_EXCHANGE), one of another run is left
+//                                   alone and this one is named step-<N>-<run_id> instead
+//   retention                        keep_last / keep_best over this run's checkpoints only;
+//                                   never the one just committed. A checkpoint is deleted by
+//                                   renaming it to .trash-<token> first, then removing it.
+//
+// A failed save removes its staging directory and reports the error; committed checkpoints are
+// never touched by it. Staging directories of killed saves (their lock no longer held) and
+// trash are removed by remove_stale() at the start of the next run.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/commit.hpp"
+#include "checkpoint/meta.hpp"
+#include "components.hpp"
+#include "keel/abi.h"
+
+namespace keel {
+
+using TensorList = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Which committed checkpoints of this run to keep once a new one is committed: the newest
+// keep_last by step, the best keep_best by `best_metric` ("test.loss": the latest record of
+// split "test" when saved), and always the new one. Both 0: keep everything.
+struct Retention {
+  int64_t keep_last = 0;
+  int64_t keep_best = 0;
+  std::string best_metric;
+  bool best_max = false;  // "max": larger is better
+};
+
+// Everything one checkpoint holds, gathered on the training thread at a step boundary.
+struct Snapshot {
+  std::vector<std::pair<std::string, TensorList>> objects;  // backend stem -> tensors
+  CheckpointMeta meta;                 // meta.objects is filled by the store
+  std::string manifest;                // text of manifest.resolved.toml
+  std::map<std::string, double> metrics;  // "<split>.<key>", for keep_best
+  // Replaces every tensor by a CPU copy that training cannot change (asynchronous saves).
+  void copy_tensors();
+};
+
+class CheckpointStore {
+ public:
+  CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend, Retention retention,
+                  std::string run_id);
+  ~CheckpointStore();  // waits for an asynchronous save still in flight
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
+
+  // Removes staging directories whose lock no process holds, and trash. Returns how many.
+  int remove_stale();
+
+  // Stages, checksums, commits and applies retention; returns the committed directory.
+  std::string save(const Snapshot& snapshot);
+
+  // Asynchronous save: `snapshot` (copied with copy_tensors) is written on a background thread.
+  // At most one is in flight: call wait() first (save_async refuses otherwise).
+  void save_async(Snapshot snapshot);
+  bool in_flight() const { return worker_.joinable(); }
+  // True when the save in flight has finished (wait() then returns at once).
+  bool ready() const;
+  // Waits for the save in flight; returns its committed directory, or throws its error.
+  std::string wait();
+
+  struct Entry {
+    std::string dir;
+    CommitRecord record;
+  };
+  // Checkpoint directories under `root` with a readable commit record (files not verified),
+  // oldest commit first.
+  static std::vector<Entry> list(const std::string& root);
+
+  // Reads backend object `stem` of checkpoint `dir` into `into` (same names and shapes).
+  void load(const std::string& dir, const std::string& stem, const TensorList& into) const;
+
+ private:
+  std::string commit(const Snapshot& snapshot);
+  void prune(const std::string& committed);
+
+  std::string root_;
+  const Instance<keel_checkpoint>* backend_;
+  Retention retention_;
+  std::string run_id_;
+  std::thread worker_;
+  std::shared_ptr<struct AsyncResult> result_;
+};
+
+// A random 16-hex-digit token (run ids, staging names).
+std::string random_token();
+
+// "F32", "I64", ... for a tensor's dtype, and back (at::ScalarType::Undefined when unknown).
+std::string dtype_name(at::ScalarType type);
+at::ScalarType dtype_of_name(const std::string& name);
+
+}  // namespace keel
