@@ -594,7 +594,7 @@ struct Trainer::State {
 
   // The model's tensors against a checkpoint's index: every one present with its shape.
   void check_model_tensors(const CommitRecord& rec, const std::string& dir,
-                           const TensorList& into) const {
+                           const TensorList& into, const std::string& hint) const {
     auto it = rec.tensors.find("model");
     if (it == rec.tensors.end())
       throw Error(dir + ": the checkpoint holds no model; hint: it was not written by keel train");
@@ -603,13 +603,12 @@ struct Trainer::State {
     for (const auto& [name, t] : into) {
       auto s = stored.find(name);
       if (s == stored.end())
-        throw Error(dir + ": the checkpoint has no tensor '" + name + "' of " + model.label() +
-                    "; hint: resume with the model options it was saved with (its "
-                    "manifest.resolved.toml)");
+        throw Error(dir + ": the checkpoint has no tensor '" + name + "' for " + model.label() +
+                    "; hint: " + hint);
       if (s->second->shape != t.sizes().vec())
         throw Error(dir + ": tensor '" + name + "' has shape " + shape_text(s->second->shape) +
                     " in the checkpoint and " + shape_text(t.sizes().vec()) + " in " +
-                    model.label() + "; hint: resume with the model options it was saved with");
+                    model.label() + "; hint: " + hint);
     }
   }
 
@@ -641,7 +640,9 @@ struct Trainer::State {
     const std::string& dir = resume_dir;
     TensorList model_t;
     for (const auto& nt : model_state) model_t.emplace_back(nt.name, borrow(nt.tensor));
-    check_model_tensors(rec, dir, model_t);
+    check_model_tensors(rec, dir, model_t,
+                        "resume with the model options the checkpoint was saved with (its "
+                        "manifest.resolved.toml)");
     store->load(dir, "model", model_t);
 
     if (!KEEL_HAS_SLOT(optimizer, keel_optimizer, state_load) ||
@@ -776,7 +777,10 @@ struct Trainer::State {
     if (into.empty())
       throw Error("checkpoint.init_from: init_include / init_exclude select none of the model's "
                   "tensors; hint: `keel train` logs their names at debug level (--log-level debug)");
-    if (rec) check_model_tensors(*rec, dir, into);
+    if (rec)
+      check_model_tensors(*rec, dir, into,
+                          "choose the tensors to load with [checkpoint] init_include / "
+                          "init_exclude, and map names with [checkpoint.init_rename]");
     store->load(dir, "model", into);
     spdlog::info("init_from {}: loaded {} model tensor(s), {} kept their initialisation", dir,
                  into.size(), kept.size());

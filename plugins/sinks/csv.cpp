@@ -1,7 +1,8 @@
 // csv: one CSV file per split ("metrics_{split}.csv"). The header is "split" plus the keys of
 // the split's first record; later records fill those columns (a missing key stays empty, a
 // key the header lacks is left out with one warning). Files start afresh with their split's
-// first record.
+// first record; in a resumed run they keep their header and the rows up to the step it resumes
+// from, and the run appends to them.
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -38,7 +39,8 @@ class Csv : public keel::Hook {
  public:
   explicit Csv(const keel::Context& ctx)
       : log_(ctx),
-        template_(run_path(ctx, ctx.get_string("path"))) {
+        template_(run_path(ctx, ctx.get_string("path"))),
+        resume_step_(ctx.resume_step()) {
     if (template_.find(kSplitField) == std::string::npos)
       throw std::runtime_error("path '" + template_ + "' has no {split}; hint: each split gets " +
                                "its own file, e.g. path = \"metrics_{split}.csv\"");
@@ -86,6 +88,26 @@ class Csv : public keel::Hook {
     if (t.file) return t;
     std::string path = template_;
     path.replace(path.find(kSplitField), kSplitField.size(), ev.split);
+    // A resumed run: the file's own header, and its rows up to the resumed step.
+    std::vector<std::string> header = read_header(path);
+    const auto step_column = std::find(header.begin(), header.end(), "step");
+    if (resume_step_ > 0 && step_column != header.end()) {
+      const size_t column = static_cast<size_t>(step_column - header.begin());
+      const auto step_of = [column](const std::string& line) -> int64_t {
+        size_t start = 0;
+        for (size_t i = 0; i < column && start != std::string::npos; ++i)
+          start = line.find(',', start) == std::string::npos ? std::string::npos
+                                                               : line.find(',', start) + 1;
+        if (start == std::string::npos) return -1;
+        char* end = nullptr;
+        const long long v = std::strtoll(line.c_str() + start, &end, 10);
+        return end == line.c_str() + start ? -1 : static_cast<int64_t>(v);
+      };
+      keep_records_until(path, resume_step_, step_of);
+      t.file = std::make_unique<OutputFile>(path, true);
+      t.header = std::move(header);
+      return t;
+    }
     t.file = std::make_unique<OutputFile>(path, false);
     t.header = {"split"};
     for (size_t i = 0; i < ev.metric_count; ++i) t.header.emplace_back(ev.metrics[i].key);
@@ -93,8 +115,32 @@ class Csv : public keel::Hook {
     return t;
   }
 
+  // The columns of an existing file's first line (empty when there is none).
+  static std::vector<std::string> read_header(const std::string& path) {
+    std::vector<std::string> out;
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (f == nullptr) return out;
+    char buf[8192];
+    if (std::fgets(buf, sizeof buf, f)) {
+      std::string line = buf, field;
+      while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+      for (char c : line) {
+        if (c == ',') {
+          out.push_back(field);
+          field.clear();
+        } else {
+          field += c;
+        }
+      }
+      out.push_back(field);
+    }
+    std::fclose(f);
+    return out;
+  }
+
   keel::Logger log_;
   std::string template_;
+  int64_t resume_step_;
   std::map<std::string, Table> tables_;
 };
 

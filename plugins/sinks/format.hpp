@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -52,7 +53,7 @@ inline std::string run_path(const keel::Context& ctx, const std::string& path) {
 // last one whose step (step_of(line); -1: not a record, kept) is at most resume_step, and returns
 // true (append to it). Returns false for a fresh run or a missing file (start it afresh).
 inline bool keep_records_until(const std::string& path, int64_t resume_step,
-                               int64_t (*step_of)(const std::string&)) {
+                               const std::function<int64_t(const std::string&)>& step_of) {
   if (resume_step <= 0) return false;
   std::FILE* in = std::fopen(path.c_str(), "r");
   if (in == nullptr) return false;

@@ -1,0 +1,264 @@
+"""Exact resume: a run stopped at step k and continued with `keel train --resume` ends with the
+same parameters and optimizer state (bit for bit: np.array_equal on the raw tensors) and writes
+the same metrics records after step k (every key but the timing ones: samples_per_s,
+tokens_per_s, step_time_ms and data_time_ms, which measure this machine) as a run that never
+stopped. The run has AdamW, a warmup-cosine schedule, gradient clipping, shuffling, dropout and
+grad_accum = 2: exactness needs the optimizer's moments, the data position (shuffle order and
+offset), LibTorch's generator (dropout), the counters, the log window and the schedule position.
+
+The stopped run stops through train.max_steps; the schedule's length is fixed with
+lr_scheduler.total_steps, so that max_steps changes nothing but where the run stops.
+
+Usage: test_resume.py KEEL_BINARY SOURCE_ROOT (Debian's /usr/bin/python3; numpy only)."""
+import csv
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+KEEL, ROOT = sys.argv[1], sys.argv[2]
+
+# 640 samples, batch 32, grad_accum 2: 10 optimizer steps per epoch; 2 epochs = 20 steps.
+MANIFEST = """
+[run]
+name = "resume"
+seed = 11
+threads = 1
+[train]
+epochs = 2
+log_every = 4
+grad_accum = 2
+eval_every_steps = 6
+[model]
+type = "mlp"
+hidden = [32]
+dropout = 0.25
+[data.train]
+type = "fashion_mnist"
+batch_size = 32
+limit = 640
+[data.test]
+type = "fashion_mnist"
+split = "test"
+batch_size = 200
+limit = 400
+shuffle = false
+[optimizer]
+type = "adamw"
+lr = 3e-3
+[lr_scheduler]
+type = "cosine"
+warmup_steps = 3
+total_steps = 20
+[loss]
+type = "cross_entropy"
+[grad_clipper]
+type = "norm"
+max_norm = 1.0
+[checkpoint]
+type = "safetensors"
+every_steps = 5
+[[hooks]]
+type = "jsonl"
+[[hooks]]
+type = "early_stopping"
+patience = 100
+[[hooks]]
+type = "csv"
+"""
+
+TIMING = {"samples_per_s", "tokens_per_s", "step_time_ms", "data_time_ms"}
+DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32,
+          "U8": np.uint8}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = np.frombuffer(data[b:end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
+    return out
+
+
+def keel(*args, ok=True):
+    r = subprocess.run([KEEL, *args], capture_output=True, text=True, timeout=300)
+    if ok and r.returncode != 0:
+        raise AssertionError(f"keel {' '.join(args)} exited {r.returncode}:\n{r.stderr}")
+    return r
+
+
+def csv_rows(run_dir):
+    with open(os.path.join(run_dir, "metrics_train.csv")) as f:
+        rows = list(csv.DictReader(f))
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def records(run_dir):
+    out = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            out.append({k: v for k, v in rec.items() if k not in TIMING})
+    return out
+
+
+class ExactResume(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="keel-resume-")
+        cls.manifest = os.path.join(cls.tmp.name, "m.toml")
+        with open(cls.manifest, "w") as f:
+            f.write(MANIFEST)
+        cls.full = os.path.join(cls.tmp.name, "full")
+        keel("train", cls.manifest, "--set", f"run.output_dir={cls.full}", "--log-level", "warn")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def resume_and_compare(self, k, name, *extra):
+        run = os.path.join(self.tmp.name, name)
+        keel("train", self.manifest, "--set", f"run.output_dir={run}", "--set",
+             f"train.max_steps={k}", *extra, "--log-level", "warn")
+        self.assertTrue(os.path.isdir(os.path.join(run, "checkpoints", f"step-{k}")))
+        r = keel("train", self.manifest, "--set", f"run.output_dir={run}", "--resume", *extra)
+        self.assertIn(f"checkpoints/step-{k} (step {k},", r.stderr + r.stdout)
+        # Parameters, optimizer state (moments, steps, hyper-parameters) and hook state.
+        for obj in ("model", "optimizer", "hooks"):
+            a = read_safetensors(os.path.join(run, "checkpoints", "step-20", f"{obj}.safetensors"))
+            b = read_safetensors(os.path.join(self.full, "checkpoints", "step-20",
+                                              f"{obj}.safetensors"))
+            self.assertEqual(sorted(a), sorted(b), obj)
+            for t in a:
+                self.assertTrue(np.array_equal(a[t], b[t]), f"{obj} tensor {t} differs")
+        # Every record after step k; the resumed run's file keeps the stopped run's records up to
+        # step k (and drops none of them).
+        after = lambda recs: [r for r in recs if r["step"] > k]
+        self.assertEqual(after(records(run)), after(records(self.full)))
+        self.assertGreater(len(after(records(self.full))), 3)
+        # The csv sink too: the header, the stopped run's rows up to k, then the same rows.
+        rows, full_rows = csv_rows(run), csv_rows(self.full)
+        after_csv = lambda rs: [r for r in rs if int(r["step"]) > k]
+        self.assertEqual(after_csv(rows), after_csv(full_rows))
+        self.assertEqual([r["step"] for r in rows if int(r["step"]) <= k],
+                         [r["step"] for r in full_rows if int(r["step"]) <= k] +
+                         ([] if k % 4 == 0 else [str(k)]))
+        return run
+
+    def test_mid_epoch(self):
+        # Step 13: micro-batch 6 of epoch 1, mid log window (log_every 4), after an evaluation
+        # at step 12.
+        self.resume_and_compare(13, "mid")
+
+    def test_epoch_boundary(self):
+        # Step 10: the last batch of epoch 0; its end-of-epoch events come after the resume.
+        self.resume_and_compare(10, "boundary")
+
+    def test_async_saves(self):
+        self.resume_and_compare(13, "async", "--set", "checkpoint.async=true")
+
+    def test_hook_state_follows_its_label_not_its_position(self):
+        run = os.path.join(self.tmp.name, "labels")
+        keel("train", self.manifest, "--set", f"run.output_dir={run}", "--set", "train.max_steps=7",
+             "--log-level", "warn")
+        # A hook inserted before early_stopping: its state is still found (keyed by label).
+        moved = os.path.join(self.tmp.name, "moved.toml")
+        with open(moved, "w") as f:
+            f.write(MANIFEST.replace("[[hooks]]\ntype = \"early_stopping\"",
+                                     "[[hooks]]\ntype = \"console\"\n[[hooks]]\n"
+                                     "type = \"early_stopping\""))
+        r = keel("train", moved, "--set", f"run.output_dir={run}", "--resume", "--set",
+                 "train.max_steps=9")
+        log = r.stdout + r.stderr
+        self.assertNotIn("starts afresh", log)
+        self.assertIn("--resume: hooks[1].type changed", log)  # a harmless change, listed
+        # A different label: that hook starts afresh, and the run says so, naming the state.
+        r = keel("train", self.manifest, "--set", f"run.output_dir={run}", "--resume",
+                 "--set", "hooks[1].label=es2", "--set", "train.max_steps=11")
+        log = r.stdout + r.stderr
+        self.assertIn("hook state 'es2.", log)
+        self.assertIn("starts afresh", log)
+        self.assertIn("holds hook state 'early_stopping.", log)
+
+
+class WarmStart(unittest.TestCase):
+    """[checkpoint] init_from with init_include / init_exclude / [checkpoint.init_rename]: only
+    the selected model tensors come from the checkpoint (renamed by prefix), the rest keep the
+    run's own initialisation; the step counter starts at 0. The loaded weights are read back from
+    the step-0 checkpoint ([checkpoint] initial = true) written before the first step."""
+
+    BASE = MANIFEST.replace("hidden = [32]", "hidden = [32, 32, 32]")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="keel-warm-")
+        cls.base = os.path.join(cls.tmp.name, "base")
+        path = os.path.join(cls.tmp.name, "base.toml")
+        with open(path, "w") as f:
+            f.write(cls.BASE)
+        keel("train", path, "--set", f"run.output_dir={cls.base}", "--set", "train.max_steps=4",
+             "--log-level", "warn")
+        cls.trained = read_safetensors(os.path.join(cls.base, "checkpoints", "step-4",
+                                                    "model.safetensors"))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def start(self, name, extra_toml, *sets):
+        path = os.path.join(self.tmp.name, name + ".toml")
+        with open(path, "w") as f:
+            # seed 12: the run's own initialisation differs from the base run's (seed 11).
+            f.write(self.BASE.replace("seed = 11", "seed = 12") + extra_toml)
+        run = os.path.join(self.tmp.name, name)
+        r = keel("train", path, "--set", f"run.output_dir={run}", "--set", "train.max_steps=1",
+                 "--set", "checkpoint.initial=true", "--set",
+                 f"checkpoint.init_from={self.base}/checkpoints/step-4", *sets)
+        return read_safetensors(os.path.join(run, "checkpoints", "step-0", "model.safetensors")), \
+            r.stdout + r.stderr
+
+    def test_include_and_exclude(self):
+        got, log = self.start("inc", "", "--set", "checkpoint.init_include=^fc[12]\\.",
+                              "--set", "checkpoint.init_exclude=bias")
+        for name in ("fc1.weight", "fc2.weight"):
+            self.assertTrue(np.array_equal(got[name], self.trained[name]), name)
+        for name in ("fc1.bias", "fc2.bias", "fc3.weight", "fc4.weight"):
+            self.assertFalse(np.array_equal(got[name], self.trained[name]), name)
+        self.assertIn("loaded 2 model tensor(s), 6 kept their initialisation", log)
+
+    def test_rename(self):
+        # The checkpoint's fc2.* start the model's fc3.* (both 32x32); fc2 loads as itself.
+        got, _ = self.start("rename", '[checkpoint.init_rename]\n"fc2." = "fc3."\n')
+        self.assertTrue(np.array_equal(got["fc3.weight"], self.trained["fc2.weight"]))
+        self.assertTrue(np.array_equal(got["fc2.weight"], self.trained["fc2.weight"]))
+        self.assertTrue(np.array_equal(got["fc4.weight"], self.trained["fc4.weight"]))
+
+    def test_a_mismatch_is_named(self):
+        base = os.path.join(self.tmp.name, "base.toml")
+        init = f"checkpoint.init_from={self.base}/checkpoints/step-4"
+        r = keel("train", base, "--set", f"run.output_dir={self.tmp.name}/shape", "--set",
+                 "model.hidden=[32, 32, 32, 32]", "--set", init, ok=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("tensor 'fc4.weight' has shape [10, 32] in the checkpoint and [32, 32] in "
+                      "[model] model 'mlp'", r.stderr)
+        self.assertIn("hint: choose the tensors to load with [checkpoint] init_include", r.stderr)
+        # Loading only what matches works.
+        keel("train", base, "--set", f"run.output_dir={self.tmp.name}/shape", "--set",
+             "model.hidden=[32, 32, 32, 32]", "--set", init, "--set", "train.max_steps=1",
+             "--set", "checkpoint.init_exclude=^fc[45]\\.")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)

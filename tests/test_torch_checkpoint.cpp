@@ -1,0 +1,233 @@
+// The `torch` checkpoint backend, loaded through the registry as the kernel loads it: save then
+// load round-trips every dtype bit for bit, the file is a pickled dict of name -> tensor in the
+// given order, and a missing tensor, a shape or dtype mismatch, a file that is not such a dict,
+// and a failed write are refused with one line that names the file (and the tensor) and ends
+// with a hint.
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "components.hpp"
+#include "host.hpp"
+#include "keel/tensor.hpp"
+#include "registry.hpp"
+#include "support.hpp"
+
+using keel_test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const keel::Registry& registry() {
+  static const keel::Registry r = [] {
+    keel::Registry out;
+    out.discover(keel::plugin_search_path({}));
+    return out;
+  }();
+  return r;
+}
+
+keel::Instance<keel_checkpoint> backend() {
+  const keel::Component* c = registry().find(KEEL_KIND_CHECKPOINT, "torch");
+  REQUIRE(c != nullptr);
+  static keel_options none;
+  keel_create_context ctx{};
+  ctx.host = keel::host();
+  ctx.options = &none;
+  ctx.section = "checkpoint";
+  return keel::create_instance<keel_checkpoint>(*c, ctx);
+}
+
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+std::vector<keel_named_tensor> handles(const Named& tensors) {
+  std::vector<keel_named_tensor> out;
+  for (const auto& [name, t] : tensors) out.push_back({name.c_str(), keel::peek(t)});
+  return out;
+}
+
+void save(const fs::path& dir, const Named& tensors) {
+  const auto b = backend();
+  const auto h = handles(tensors);
+  b.call("save", b->save, dir.c_str(), "model", h.data(), h.size());
+}
+
+void load(const fs::path& dir, const Named& into) {
+  const auto b = backend();
+  const auto h = handles(into);
+  b.call("load", b->load, dir.c_str(), "model", h.data(), h.size());
+}
+
+// Same dtype, same shape, same bytes (NaN and -0.0 included).
+bool bit_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor ca = a.contiguous(), cb = b.contiguous();
+  return ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+}
+
+// The error message `f` throws, checked to be one line that ends with a hint.
+template <class F>
+std::string error_line(F&& f) {
+  const std::string err = keel_test::error_of(f);
+  CHECK_MESSAGE(err.find('\n') == std::string::npos, err);
+  CHECK_MESSAGE(err.find("; hint: ") != std::string::npos, err);
+  return err;
+}
+
+// `text` is evaluated once (CHECK_MESSAGE would evaluate it again to print it).
+#define CHECK_HAS(text, part)                                              \
+  do {                                                                     \
+    const std::string text_ = (text);                                      \
+    CHECK_MESSAGE(text_.find(part) != std::string::npos, text_);           \
+  } while (0)
+
+const std::string kLabel = "[checkpoint] checkpoint 'torch' (plugin keel-torch-checkpoint): ";
+
+}  // namespace
+
+TEST_CASE("save then load gives the same bits for every dtype, 0-dim tensors and views") {
+  TempDir d;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  at::Tensor big = at::arange(100000, at::kFloat);
+  const Named saved = {
+      {"f32", at::tensor({1.5f, -0.0f, nan, 3e38f, 1e-45f}).reshape({5, 1})},
+      {"f64", at::randn({3, 4}, at::kDouble)},
+      {"i64", at::tensor({std::numeric_limits<int64_t>::min(), int64_t{0}, int64_t{42}})},
+      {"bf16", at::randn({2, 3}).to(at::kBFloat16)},
+      {"u8", at::tensor({0, 1, 255}, at::kByte)},
+      {"scalar", at::scalar_tensor(2.25, at::kFloat)},
+      {"i64_scalar", at::scalar_tensor(-7, at::kLong)},
+      {"f16", at::randn({4}).to(at::kHalf)},
+      {"bool", at::tensor({1, 0}, at::kByte).to(at::kBool)},
+      {"empty", at::empty({0, 3})},
+      // A non-contiguous view into the middle of a large buffer, with requires_grad.
+      {"view", big.slice(0, 1000, 1012).reshape({3, 4}).t().requires_grad_(true)},
+  };
+  save(d.path, saved);
+  const fs::path file = d.path / "model.pt";
+  REQUIRE(fs::is_regular_file(file));
+  // Only the view's 48 bytes are written, not the 400 kB buffer it points into.
+  CHECK(fs::file_size(file) < 20000);
+
+  Named fresh;
+  for (const auto& [name, t] : saved) fresh.push_back({name, at::zeros_like(t.detach())});
+  load(d.path, fresh);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    INFO(saved[i].first);
+    CHECK(bit_equal(saved[i].second.detach(), fresh[i].second));
+  }
+  CHECK(fresh[5].second.dim() == 0);
+  CHECK(fresh[5].second.item<float>() == 2.25f);
+
+  // The file is what torch.load and torch::pickle_load read: a dict of name -> tensor in the
+  // order given, each tensor detached.
+  std::ifstream in(file, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const c10::IValue v = torch::jit::pickle_load(bytes);
+  REQUIRE(v.isGenericDict());
+  std::vector<std::string> order;
+  for (const auto& e : v.toGenericDict()) {
+    order.push_back(e.key().toStringRef());
+    CHECK_FALSE(e.value().toTensor().requires_grad());
+  }
+  std::vector<std::string> want;
+  for (const auto& [name, t] : saved) want.push_back(name);
+  CHECK(order == want);
+}
+
+TEST_CASE("load copies only the tensors asked for, by name, in any order") {
+  TempDir d;
+  save(d.path, {{"a", at::full({2}, 1.0)}, {"b", at::full({3}, 2.0)}});
+  const Named into = {{"b", at::zeros({3})}};
+  load(d.path, into);
+  CHECK(at::equal(into[0].second, at::full({3}, 2.0)));
+}
+
+TEST_CASE("a missing tensor, a shape or a dtype mismatch names the tensor and both sides") {
+  TempDir d;
+  save(d.path, {{"w", at::zeros({2, 3})}});
+  const std::string file = (d.path / "model.pt").string();
+
+  CHECK(error_line([&] { load(d.path, {{"w", at::zeros({2, 3})}, {"b", at::zeros({3})}}); }) ==
+        kLabel + "load failed: '" + file + "' has no tensor 'b'; hint: was it saved by a "
+        "different model?");
+  CHECK(error_line([&] { load(d.path, {{"w", at::zeros({3, 2})}}); }) ==
+        kLabel + "load failed: '" + file + "': tensor 'w' is stored as Float [2, 3] but the model "
+        "expects Float [3, 2]; hint: was it saved by a different model config or dtype?");
+  const std::string dtype =
+      error_line([&] { load(d.path, {{"w", at::zeros({2, 3}, at::kDouble)}}); });
+  CHECK_HAS(dtype, "tensor 'w' is stored as Float [2, 3] but the model expects Double [2, 3]");
+}
+
+TEST_CASE("a file that is not a pickled dict of name -> tensor is refused, naming the file") {
+  TempDir d;
+  const std::string file = (d.path / "model.pt").string();
+  const Named into = {{"w", at::zeros({2})}};
+  auto write = [&](const std::string& bytes) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  auto write_pickle = [&](const c10::IValue& v) {
+    const std::vector<char> b = torch::jit::pickle_save(v);
+    write(std::string(b.begin(), b.end()));
+  };
+  const std::string not_torch = kLabel + "load failed: '" + file + "' is not a torch checkpoint ";
+
+  write("this is not a zip archive");
+  std::string err = error_line([&] { load(d.path, into); });
+  CHECK_HAS(err, not_torch + "(torch::pickle_load: PytorchStreamReader failed reading zip archive");
+  CHECK_HAS(err, "; hint: point it at a checkpoint directory written with [checkpoint] type = \"torch\"");
+
+  write("");
+  CHECK_HAS(error_line([&] { load(d.path, into); }), not_torch);
+
+  // A valid file cut in half (the zip directory at its end is gone).
+  save(d.path, {{"w", at::ones({1000})}});
+  const std::string whole = keel_test::read(file);
+  write(whole.substr(0, whole.size() / 2));
+  CHECK_HAS(error_line([&] { load(d.path, into); }), not_torch);
+
+  write_pickle(c10::List<at::Tensor>({at::zeros({2})}));
+  CHECK(error_line([&] { load(d.path, into); }) ==
+        kLabel + "load failed: '" + file + "' holds a GenericList, not a dict of name -> tensor; "
+        "hint: point it at a checkpoint directory written with [checkpoint] type = \"torch\" "
+        "(runs/<name>/checkpoints/step-<N>)");
+  c10::Dict<std::string, int64_t> ints;
+  ints.insert("w", 3);
+  write_pickle(ints);
+  CHECK_HAS(error_line([&] { load(d.path, into); }),
+            "'" + file + "' holds a dict of String -> Int, not a dict of name -> tensor; hint: ");
+}
+
+TEST_CASE("only regular files are read; a missing file is named") {
+  TempDir d;
+  const Named into = {{"w", at::zeros({2})}};
+  CHECK_HAS(error_line([&] { load(d.path, into); }),
+            "cannot open '" + (d.path / "model.pt").string() + "': No such file or directory; hint: ");
+  fs::create_directory(d.path / "model.pt");
+  CHECK_HAS(error_line([&] { load(d.path, into); }),
+            "cannot read '" + (d.path / "model.pt").string() + "': not a regular file; hint: ");
+}
+
+TEST_CASE("a failed write or close, or a duplicate name, fails the save naming the file") {
+  TempDir d;
+  const std::string file = (d.path / "model.pt").string();
+  CHECK(error_line([&] { save(d.path / "missing", {{"w", at::zeros({2})}}); }) ==
+        kLabel + "save failed: cannot create '" + (d.path / "missing/model.pt").string() +
+        "': No such file or directory; hint: check that the run directory is writable and has "
+        "space (disk full?)");
+  // /dev/full accepts the open and refuses every write with ENOSPC: a small file fails when
+  // stdio flushes its buffer at close, a large one already in fwrite.
+  fs::create_symlink("/dev/full", file);
+  CHECK(error_line([&] { save(d.path, {{"w", at::zeros({2})}}); }) ==
+        kLabel + "save failed: closing '" + file + "' failed: No space left on device; hint: "
+        "check that the run directory is writable and has space (disk full?)");
+  CHECK_HAS(error_line([&] { save(d.path, {{"w", at::zeros({1 << 20})}}); }),
+            "save failed: writing '" + file + "' failed: No space left on device; hint: ");
+  fs::remove(file);
+  CHECK_HAS(error_line([&] { save(d.path, {{"w", at::zeros({2})}, {"w", at::zeros({2})}}); }),
+            "save failed: saving '" + file + "': tensor name 'w' appears twice; hint: ");
+}
