@@ -1427,10 +1427,12 @@ RunSummary Trainer::train() {
       s.epoch_finished = false;
       s.epoch_batches = 0;
       s.emit(KEEL_EVENT_EPOCH_START);
-      if (resumed && epoch == s.resumed.epoch && s.resumed.epoch_batches > 0)
+      if (resumed && epoch == s.resumed.epoch && s.resumed.epoch_batches > 0) {
         s.seek_train_data(epoch, s.resumed.epoch_batches);
-      else
+        s.epoch_batches = s.resumed.epoch_batches;  // counted from the start of the epoch
+      } else {
         s.train_data.call("start_epoch", s.train_data->start_epoch, epoch);
+      }
       bool epoch_complete = false;
       const bool final_epoch = s.cfg.epochs > 0 && epoch + 1 >= s.cfg.epochs;
       while (!done) {

@@ -158,6 +158,50 @@ std::vector<std::string> documented_order(const RunShape& r) {
   return out;
 }
 
+// Runs a small run of `shape` (keel_test::small_run plus `sets`) with c_event_log and checks
+// the events it logged against documented_order(shape); `anchor`: lines that must also appear
+// in a row.
+void check_event_order(const RunShape& shape, const std::vector<std::string>& sets,
+                     const std::vector<std::string>& anchor = {}) {
+  TempDir d;
+  const auto log = d.path / "events.log";
+  const Request& q = shape.request;
+  const std::string requests =
+      q.bits == 0 ? "" : "request_at = \"" + q.at + "\"\nrequest_epoch = " +
+                             std::to_string(q.epoch) + "\nrequest_at_step = " +
+                             std::to_string(q.step) + "\nrequests = " +
+                             std::to_string(q.bits) + "\n";
+  const auto p = d.write(
+      "m.toml", keel_test::small_run(d.path / "run") + "[checkpoint]\ntype = \"safetensors\"\n"
+                    "[plugins]\npaths = [\"" KEEL_FIXTURE_DIR "\"]\n"
+                    "[[hooks]]\ntype = \"c_event_log\"\ndetail = true\npath = \"" +
+                    log.string() + "\"\n" + requests);
+  {
+    keel::Registry registry;
+    const keel::RunConfig rc = keel::resolve(keel::load_manifest(p.string(), sets), registry);
+    keel::apply_process_settings(rc);
+    keel::Trainer trainer(rc);
+    trainer.train();
+  }
+  const std::vector<std::string> got = lines(keel_test::read(log)),
+                                 expected = documented_order(shape);
+  // The first difference, for a readable failure; then the whole sequence.
+  size_t i = 0;
+  while (i < got.size() && i < expected.size() && got[i] == expected[i]) ++i;
+  INFO("first difference at event " << i << ": got '" << (i < got.size() ? got[i] : "<end>")
+                                    << "', abi.h says '"
+                                    << (i < expected.size() ? expected[i] : "<end>") << "'");
+  CHECK(got == expected);
+  if (!anchor.empty()) {
+    std::string row;
+    for (const std::string& l : anchor) row += (row.empty() ? "'" : ", '") + l + "'";
+    INFO("expected in a row: " << row);
+    CHECK(std::search(got.begin(), got.end(), anchor.begin(), anchor.end()) != got.end());
+    CHECK(std::search(expected.begin(), expected.end(), anchor.begin(), anchor.end()) !=
+          expected.end());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the event order of a run with accumulation, evaluations and checkpoints is abi.h's") {
@@ -257,42 +301,35 @@ TEST_CASE("the event order of a run with accumulation, evaluations and checkpoin
   for (const Case& c : cases) {
     const std::string name = c.name;
     CAPTURE(name);
-    TempDir d;
-    const auto log = d.path / "events.log";
-    const Request& q = c.shape.request;
-    const std::string requests =
-        q.bits == 0 ? "" : "request_at = \"" + q.at + "\"\nrequest_epoch = " +
-                               std::to_string(q.epoch) + "\nrequest_at_step = " +
-                               std::to_string(q.step) + "\nrequests = " +
-                               std::to_string(q.bits) + "\n";
-    const auto p = d.write(
-        "m.toml", keel_test::small_run(d.path / "run") + "[checkpoint]\ntype = \"safetensors\"\n"
-                      "[plugins]\npaths = [\"" KEEL_FIXTURE_DIR "\"]\n"
-                      "[[hooks]]\ntype = \"c_event_log\"\ndetail = true\npath = \"" +
-                      log.string() + "\"\n" + requests);
-    {
-      keel::Registry registry;
-      const keel::RunConfig rc = keel::resolve(keel::load_manifest(p.string(), c.sets), registry);
-      keel::apply_process_settings(rc);
-      keel::Trainer trainer(rc);
-      trainer.train();
-    }
-    const std::vector<std::string> got = lines(keel_test::read(log)),
-                                   expected = documented_order(c.shape);
-    // The first difference, for a readable failure; then the whole sequence.
-    size_t i = 0;
-    while (i < got.size() && i < expected.size() && got[i] == expected[i]) ++i;
-    INFO("first difference at event " << i << ": got '" << (i < got.size() ? got[i] : "<end>")
-                                      << "', abi.h says '"
-                                      << (i < expected.size() ? expected[i] : "<end>") << "'");
-    CHECK(got == expected);
-    if (!c.anchor.empty()) {
-      std::string row;
-      for (const std::string& l : c.anchor) row += (row.empty() ? "'" : ", '") + l + "'";
-      INFO("expected in a row: " << row);
-      CHECK(std::search(got.begin(), got.end(), c.anchor.begin(), c.anchor.end()) != got.end());
-      CHECK(std::search(expected.begin(), expected.end(), c.anchor.begin(), c.anchor.end()) !=
-            expected.end());
+    check_event_order(c.shape, c.sets, c.anchor);
+  }
+}
+
+TEST_CASE("EVAL, CHECKPOINT and STOP requested at every event are acted on as abi.h says") {
+  // Requests made at each event a hook sees during training, in the first epoch's third step
+  // (or at any step for events without one); the generator follows abi.h's rules.
+  const char* events[] = {"TRAIN_START", "EPOCH_START", "STEP_START", "AFTER_DATA",
+                          "AFTER_BACKWARD", "BEFORE_OPTIMIZER_STEP", "STEP_END",
+                          "METRICS train", "EVAL_START", "EVAL_END", "METRICS test",
+                          "EPOCH_END", "CHECKPOINT_SAVED"};
+  for (const char* at : events) {
+    for (const uint32_t bits : {KEEL_REQUEST_EVAL, KEEL_REQUEST_CHECKPOINT, KEEL_REQUEST_STOP}) {
+      const std::string name = std::string(at) + " requests " + std::to_string(bits);
+      CAPTURE(name);
+      // 8 batches an epoch, 3 epochs, records every 3 steps, evaluations every 3 steps and
+      // checkpoints every 4 (so that METRICS, EVAL_* and CHECKPOINT_SAVED occur mid-epoch).
+      const std::string where(at);
+      const int64_t step = where == "TRAIN_START" || where == "EPOCH_START" ? 0
+                           : where == "EPOCH_END"                         ? -1
+                           : where == "CHECKPOINT_SAVED"                  ? 4
+                           : where == "STEP_START" || where == "AFTER_DATA" ||
+                                   where == "AFTER_BACKWARD" ||
+                                   where == "BEFORE_OPTIMIZER_STEP"
+                               ? 2
+                               : 3;
+      const RunShape shape{8, 1, 3, 0, 3, 3, true, 4, true, false, Request{at, 0, step, bits}};
+      check_event_order(shape, {"train.epochs=3", "train.log_every=3",
+                                "train.eval_every_steps=3", "checkpoint.every_steps=4"});
     }
   }
 }

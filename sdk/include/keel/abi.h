@@ -462,10 +462,13 @@ typedef struct keel_checkpoint {
 /* The call order, as the kernel runs it (train mode; `keel evaluate` sends CHECKPOINT_LOADED
  * (with init_from), TRAIN_START, EVAL_START, EVAL_END, METRICS and TRAIN_END, or EXCEPTION):
  *
- *   CHECKPOINT_LOADED                          when [checkpoint] init_from is set
+ *   CHECKPOINT_LOADED                          when [checkpoint] init_from is set, or the run
+ *                                              resumes (keel train --resume)
  *   TRAIN_START
- *   CHECKPOINT_SAVED                           step 0, when [checkpoint] initial = true
- *   for each epoch:
+ *   CHECKPOINT_SAVED                           step 0, when [checkpoint] initial = true (not
+ *                                              in a resumed run)
+ *   for each epoch (a resumed run starts with the epoch, the step and the position in the
+ *   epoch it was saved at):
  *     EPOCH_START
  *     for each optimizer step:
  *       (fetch up to grad_accum micro-batches; none left: the epoch is complete, leave the
@@ -478,6 +481,8 @@ typedef struct keel_checkpoint {
  *       BEFORE_OPTIMIZER_STEP                  not sent when the step is skipped
  *       (optimizer step)
  *       STEP_END
+ *       CHECKPOINT_SAVED                       [checkpoint] async = true: the background save
+ *                                              started at an earlier step has committed
  *       METRICS (split "train")                every log_every steps, and at a step that
  *                                              reaches max_steps/max_samples/max_tokens or
  *                                              after which a stop was requested
@@ -507,16 +512,22 @@ typedef struct keel_checkpoint {
  *                                              steps ran since the last record
  *     (after the final epoch, or when a stop was requested, the epoch loop ends)
  *   CHECKPOINT_SAVED                           at the end (at_end), unless just saved
+ *   CHECKPOINT_SAVED                           async = true: the save still in flight, once
+ *                                              committed (the kernel waits for it)
  *   TRAIN_END
  *   EXCEPTION                                  instead of the rest, when the run fails
  *
  * Hooks are called in ascending `priority` (a kernel key of each [[hooks]] table, default 0),
- * ties in manifest order. Any hook may set bits of `requests`; the kernel acts on them after
+ * ties in manifest order. With async = true a save in flight is also waited for (and its
+ * CHECKPOINT_SAVED sent) before the next save starts. A SIGTERM or SIGINT acts as STOP and
+ * CHECKPOINT requested at the STEP_END of the step during which it arrived.
+ * Any hook may set bits of `requests`; the kernel acts on them after
  * the current step, or after the epoch-end events when set during those (KEEL_REQUEST_STOP
  * ends the run, _EVAL evaluates, _CHECKPOINT saves); other bits are an error. Requests set
  * during the final events (the at_end checkpoint, TRAIN_END) are ignored, and so are EVAL and
  * CHECKPOINT requests set during a CHECKPOINT_SAVED event or the METRICS record after it
- * (STOP is honoured there). */
+ * (STOP is honoured there), except during the asynchronous CHECKPOINT_SAVED that follows a
+ * STEP_END: its requests count as that step's. */
 typedef struct keel_metric {
   const char* key;
   double value;
