@@ -133,6 +133,9 @@ class ExactResume(unittest.TestCase):
         keel("train", self.manifest, "--set", f"run.output_dir={run}", "--set",
              f"train.max_steps={k}", *extra, "--log-level", "warn")
         self.assertTrue(os.path.isdir(os.path.join(run, "checkpoints", f"step-{k}")))
+        return self.resume_to_end_and_compare(run, k, *extra)
+
+    def resume_to_end_and_compare(self, run, k, *extra):
         r = keel("train", self.manifest, "--set", f"run.output_dir={run}", "--resume", *extra)
         self.assertIn(f"checkpoints/step-{k} (step {k},", r.stderr + r.stdout)
         # Parameters, optimizer state (moments, steps, hyper-parameters) and hook state.
@@ -165,6 +168,18 @@ class ExactResume(unittest.TestCase):
     def test_epoch_boundary(self):
         # Step 10: the last batch of epoch 0; its end-of-epoch events come after the resume.
         self.resume_and_compare(10, "boundary")
+
+    def test_twice_in_one_epoch(self):
+        # Stopped at step 12 and, after resuming, again at 15 (both in epoch 1): the second
+        # checkpoint's data position counts the epoch's batches from its start.
+        run = os.path.join(self.tmp.name, "twice")
+        keel("train", self.manifest, "--set", f"run.output_dir={run}", "--set",
+             "train.max_steps=12", "--log-level", "warn")
+        r = keel("train", self.manifest, "--set", f"run.output_dir={run}", "--resume", "--set",
+                 "train.max_steps=15")
+        self.assertIn("checkpoints/step-12 (step 12, epoch 1, batch 4 of that epoch)",
+                      r.stdout + r.stderr)
+        self.resume_to_end_and_compare(run, 15)
 
     def test_async_saves(self):
         self.resume_and_compare(13, "async", "--set", "checkpoint.async=true")
