@@ -234,6 +234,27 @@ class Misbehaviour(unittest.TestCase):
         self.assertEqual(left, [], f"a failed save left {left} in {ckpt}")
 
 
+class ResumeWithoutOptimizerState(unittest.TestCase):
+    def test_resume_refuses_an_optimizer_without_state_slots(self):
+        # mbc_optimizer (plain C, ABI 1.3 struct) leaves state_save / state_load NULL: its run
+        # saves checkpoints, but --resume must refuse rather than go on with fresh moments.
+        with tempfile.TemporaryDirectory() as d:
+            manifest = os.path.join(d, "m.toml")
+            write(manifest, f'extends = "{base_manifest(d)}"\n' +
+                  component_table("optimizer", "mbc_optimizer", "none"))
+            run = ["--set", f"run.output_dir={d}/run"]
+            rc, out, err = keel("train", manifest, *run)
+            self.assertEqual(rc, 0, err)
+            rc, out, err = keel("train", manifest, *run, "--resume", "--set", "train.max_steps=5")
+            self.assertEqual(rc, 1, err)
+            lines = err.strip().splitlines()
+            self.assertEqual(len(lines), 1, err)
+            self.assertTrue(lines[0].startswith(
+                "keel: error: [optimizer] optimizer 'mbc_optimizer' (plugin misbehave-c): has no "
+                "state_save/state_load slots (ABI 1.3)"), lines[0])
+            self.assertIn("hint: ", lines[0])
+
+
 def make_test(case):
     def test(self):
         d = self.run_case(case)
