@@ -9,7 +9,8 @@ offset), LibTorch's generator (dropout), the counters, the log window and the sc
 The stopped run stops through train.max_steps; the schedule's length is fixed with
 lr_scheduler.total_steps, so that max_steps changes nothing but where the run stops.
 
-Usage: test_resume.py KEEL_BINARY SOURCE_ROOT (Debian's /usr/bin/python3; numpy only)."""
+Usage: test_resume.py KEEL_BINARY SOURCE_ROOT FIXTURE_DIR (Debian's /usr/bin/python3; numpy
+only). FIXTURE_DIR holds noisy_model.so (tests/fixtures/noisy_model.cpp)."""
 import csv
 import json
 import os
@@ -21,7 +22,7 @@ import unittest
 
 import numpy as np
 
-KEEL, ROOT = sys.argv[1], sys.argv[2]
+KEEL, ROOT, FIXTURES = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
 
 # 640 samples, batch 32, grad_accum 2: 10 optimizer steps per epoch; 2 epochs = 20 steps.
 MANIFEST = """
@@ -206,6 +207,37 @@ class ExactResume(unittest.TestCase):
         self.assertIn("hook state 'es2.", log)
         self.assertIn("starts afresh", log)
         self.assertIn("holds hook state 'early_stopping.", log)
+
+
+class PluginState(unittest.TestCase):
+    """A model with a generator of its own (tests/fixtures/noisy_model.cpp) resumes exactly
+    through its state_save / state_load slots; the control, which saves nothing, does not."""
+
+    def run_pair(self, keep_state):
+        with tempfile.TemporaryDirectory(prefix="keel-noisy-") as d:
+            # A plugin directory with only this fixture (the fixture directory also holds
+            # libraries built to be refused, or to clash with first-party names).
+            os.mkdir(f"{d}/plugins")
+            os.symlink(f"{FIXTURES}/noisy_model.so", f"{d}/plugins/noisy_model.so")
+            m = os.path.join(d, "m.toml")
+            with open(m, "w") as f:
+                f.write(MANIFEST.replace('[model]\ntype = "mlp"\nhidden = [32]\ndropout = 0.25',
+                                         '[model]\ntype = "noisy_linear"') +
+                        f'[plugins]\npaths = ["{d}/plugins"]\n')
+            keep = f"model.keep_state={'true' if keep_state else 'false'}"
+            keel("train", m, "--set", f"run.output_dir={d}/full", "--set", keep, "--log-level",
+                 "error")
+            keel("train", m, "--set", f"run.output_dir={d}/cut", "--set", keep, "--set",
+                 "train.max_steps=13", "--log-level", "error")
+            keel("train", m, "--set", f"run.output_dir={d}/cut", "--set", keep, "--resume",
+                 "--log-level", "error")
+            a = read_safetensors(f"{d}/full/checkpoints/step-20/model.safetensors")
+            b = read_safetensors(f"{d}/cut/checkpoints/step-20/model.safetensors")
+            return all(np.array_equal(a[t], b[t]) for t in a)
+
+    def test_generator_state_is_restored(self):
+        self.assertTrue(self.run_pair(keep_state=True))
+        self.assertFalse(self.run_pair(keep_state=False))
 
 
 class WarmStart(unittest.TestCase):
