@@ -32,6 +32,8 @@ import unittest
 import numpy as np
 import torch
 
+from safetensors_np import read_raw
+
 torch.set_num_threads(1)
 
 KEEL, ROOT = sys.argv[1], sys.argv[2]
@@ -152,32 +154,11 @@ def fashion_mnist_test(limit):
     return x, y
 
 
-# ---- safetensors with json, struct and numpy only ----
+# ---- safetensors with json, struct and numpy only: tests/safetensors_np.py ----
 
-ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-            "U8": 1, "BOOL": 1}
 TORCH_DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
                      torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
                      torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
-
-
-def read_safetensors(path):
-    """{name: (dtype name, shape, raw little-endian bytes as a uint8 array)} in header order:
-    u64 LE header length, JSON header, then the tensors' bytes at their data_offsets."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    out = collections.OrderedDict()
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        raw = np.frombuffer(data[begin:end], dtype=np.uint8)
-        assert raw.size == ITEMSIZE[entry["dtype"]] * int(np.prod(entry["shape"])), name
-        out[name] = (entry["dtype"], list(entry["shape"]), raw)
-    return out
 
 
 def raw_bytes(tensor):
@@ -244,7 +225,7 @@ class CheckpointsInPython(unittest.TestCase):
             self.assertEqual(ours[key], theirs[key], key)
         step, directory = final_checkpoint(self.safetensors_run)
         self.assertEqual(step, self.step)
-        st = read_safetensors(os.path.join(directory, "model.safetensors"))
+        st = read_raw(os.path.join(directory, "model.safetensors"))
         self.assertEqual(list(st), list(self.state))
         for name, tensor in self.state.items():
             dtype, shape, raw = st[name]

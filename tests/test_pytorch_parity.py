@@ -40,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from safetensors_np import read_arrays
+
 torch.set_num_threads(1)
 
 KEEL, ROOT = sys.argv[1], sys.argv[2]
@@ -49,23 +51,9 @@ HIDDEN = [64, 32]
 
 # ---- safetensors, by hand: u64 LE header length, JSON header, raw little-endian data ----
 
-DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
-
-
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    out = collections.OrderedDict()
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        array = np.frombuffer(data[begin:end], dtype=DTYPES[entry["dtype"]])
-        out[name] = torch.from_numpy(array.copy()).reshape(entry["shape"])
-    return out
+    return collections.OrderedDict((name, torch.from_numpy(a.copy()))
+                                   for name, a in read_arrays(path).items())
 
 
 # ---- Fashion-MNIST, by hand: gzipped IDX files, scaled as the fashion_mnist plugin does ----

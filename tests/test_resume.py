@@ -14,13 +14,14 @@ only). FIXTURE_DIR holds noisy_model.so (tests/fixtures/noisy_model.cpp)."""
 import csv
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 import unittest
 
 import numpy as np
+
+from safetensors_np import read_arrays
 
 KEEL, ROOT, FIXTURES = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
 
@@ -74,25 +75,6 @@ type = "csv"
 """
 
 TIMING = {"samples_per_s", "tokens_per_s", "step_time_ms", "data_time_ms"}
-DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32,
-          "U8": np.uint8}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[b:end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
-    return out
-
-
 def keel(*args, ok=True):
     r = subprocess.run([KEEL, *args], capture_output=True, text=True, timeout=300)
     if ok and r.returncode != 0:
@@ -141,8 +123,8 @@ class ExactResume(unittest.TestCase):
         self.assertIn(f"checkpoints/step-{k} (step {k},", r.stderr + r.stdout)
         # Parameters, optimizer state (moments, steps, hyper-parameters) and hook state.
         for obj in ("model", "optimizer", "hooks"):
-            a = read_safetensors(os.path.join(run, "checkpoints", "step-20", f"{obj}.safetensors"))
-            b = read_safetensors(os.path.join(self.full, "checkpoints", "step-20",
+            a = read_arrays(os.path.join(run, "checkpoints", "step-20", f"{obj}.safetensors"))
+            b = read_arrays(os.path.join(self.full, "checkpoints", "step-20",
                                               f"{obj}.safetensors"))
             self.assertEqual(sorted(a), sorted(b), obj)
             for t in a:
@@ -231,8 +213,8 @@ class PluginState(unittest.TestCase):
                  "train.max_steps=13", "--log-level", "error")
             keel("train", m, "--set", f"run.output_dir={d}/cut", "--set", keep, "--resume",
                  "--log-level", "error")
-            a = read_safetensors(f"{d}/full/checkpoints/step-20/model.safetensors")
-            b = read_safetensors(f"{d}/cut/checkpoints/step-20/model.safetensors")
+            a = read_arrays(f"{d}/full/checkpoints/step-20/model.safetensors")
+            b = read_arrays(f"{d}/cut/checkpoints/step-20/model.safetensors")
             return all(np.array_equal(a[t], b[t]) for t in a)
 
     def test_generator_state_is_restored(self):
@@ -257,7 +239,7 @@ class WarmStart(unittest.TestCase):
             f.write(cls.BASE)
         keel("train", path, "--set", f"run.output_dir={cls.base}", "--set", "train.max_steps=4",
              "--log-level", "warn")
-        cls.trained = read_safetensors(os.path.join(cls.base, "checkpoints", "step-4",
+        cls.trained = read_arrays(os.path.join(cls.base, "checkpoints", "step-4",
                                                     "model.safetensors"))
 
     @classmethod
@@ -273,7 +255,7 @@ class WarmStart(unittest.TestCase):
         r = keel("train", path, "--set", f"run.output_dir={run}", "--set", "train.max_steps=1",
                  "--set", "checkpoint.initial=true", "--set",
                  f"checkpoint.init_from={self.base}/checkpoints/step-4", *sets)
-        return read_safetensors(os.path.join(run, "checkpoints", "step-0", "model.safetensors")), \
+        return read_arrays(os.path.join(run, "checkpoints", "step-0", "model.safetensors")), \
             r.stdout + r.stderr
 
     def test_include_and_exclude(self):
