@@ -231,7 +231,9 @@ const std::vector<KernelTable>& kernel_tables() {
       {"run", "the run: name, run directory, seed, threads, mode", &kRunSchema},
       {"train", "the loop: stop targets, accumulation, precision, logging, evaluation",
        &kTrainSchema},
-      {"checkpoint", "kernel keys of [checkpoint] (beside the backend's own options)",
+      {"checkpoint",
+       "kernel keys of [checkpoint] (beside the backend's own options), and the "
+       "[checkpoint.init_rename] table of init_from prefix rewrites (\"ckpt.\" = \"model.\")",
        &kCheckpointKernelSchema},
       {"hooks", "kernel keys of each [[hooks]] table (beside the hook's own options)",
        &kHookKernelSchema},
