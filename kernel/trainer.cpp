@@ -1159,7 +1159,8 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
     throw Error("run directory " + out.string() + ": cannot create it (" +
                 (ec ? ec.message() : "a file of that name exists") + ")" + hint);
   {
-    const fs::path probe = out / ".keel-write-check";
+    // Its own name: runs started together into one directory must not remove each other's.
+    const fs::path probe = out / (".keel-write-check-" + random_token());
     std::ofstream(probe) << "keel\n";
     const bool written = fs::file_size(probe, ec) == 5;
     fs::remove(probe, ec);

@@ -198,17 +198,18 @@ TEST_CASE("re-saving a committed step of the same run replaces it atomically") {
   keel::verify_checkpoint(dir);
 }
 
-TEST_CASE("remove_stale removes dead saves and trash, not a save whose lock is held") {
+TEST_CASE("remove_stale removes dead saves, lone locks and trash, not a save whose lock is held") {
   Fixture f;
   fs::create_directory(f.d.path / ".step-3-dead.tmp");
   std::ofstream(f.d.path / ".step-3-dead.tmp" / "model.bin") << "half";
   fs::create_directory(f.d.path / ".trash-0123");
+  std::ofstream(f.d.path / ".step-9-gone.lock") << "";  // killed before mkdir or after rename
   fs::create_directory(f.d.path / ".step-4-live.tmp");
   const int fd = ::open((f.d.path / ".step-4-live.lock").c_str(), O_RDWR | O_CREAT, 0644);
   REQUIRE(fd >= 0);
   REQUIRE(::flock(fd, LOCK_EX) == 0);
   auto store = f.store("run-a");
-  CHECK(store.remove_stale() == 2);
+  CHECK(store.remove_stale() == 3);
   CHECK(entries(f.d.path) == std::vector<std::string>{".step-4-live.lock", ".step-4-live.tmp"});
   ::close(fd);  // the "live" save dies
   CHECK(store.remove_stale() == 1);

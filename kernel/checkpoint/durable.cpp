@@ -102,6 +102,19 @@ void durable_rename(const std::string& from, const std::string& to) {
   if (parent_of(from) != parent_of(to)) fsync_path(parent_of(from));
 }
 
+bool durable_rename_new(const std::string& from, const std::string& to) {
+  int rc = ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
+    rc = ::rename(from.c_str(), to.c_str());
+  if (rc != 0) {
+    if (errno == EEXIST || errno == ENOTEMPTY) return false;
+    fail("renaming " + from + " to", to);
+  }
+  fsync_path(parent_of(to));
+  if (parent_of(from) != parent_of(to)) fsync_path(parent_of(from));
+  return true;
+}
+
 bool durable_exchange(const std::string& a, const std::string& b) {
   if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
     if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) return false;

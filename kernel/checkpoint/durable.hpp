@@ -26,6 +26,11 @@ uint64_t hash_text(const std::string& text);
 // rename(from, to), then fsync of to's parent directory (and of from's, when it differs).
 void durable_rename(const std::string& from, const std::string& to);
 
+// Like durable_rename, but does not replace an existing `to`: returns false, touching nothing,
+// when it exists (renameat2 RENAME_NOREPLACE; where the file system lacks that flag, plain
+// rename(), which refuses only when `to` is a non-empty directory, as a checkpoint is).
+bool durable_rename_new(const std::string& from, const std::string& to);
+
 // Atomically swaps two existing directory entries (renameat2 RENAME_EXCHANGE), then fsyncs
 // their parent. Returns false, touching nothing, where the file system cannot exchange.
 bool durable_exchange(const std::string& a, const std::string& b);

@@ -4,8 +4,8 @@
 //   <run>/checkpoints/.step-<N>-<token>.tmp/  staging: the backend writes one file per object
 //                                   (model, optimizer, hooks, rng, state), the kernel writes
 //                                   trainer_state.toml and manifest.resolved.toml
-//   checksum + fsync every file      XXH3-64 of each file, read back through the descriptor
-//                                   that fsyncs it
+//   checksum + fsync every file      XXH3-64 of each file (read back from the page cache)
+//                                   while a second thread fsyncs them
 //   commit.json                      the commit record, written last and fsync'd
 //   fsync the staging directory
 //   rename(staging, step-<N>)        the commit, then fsync of checkpoints/ (durable_rename);
@@ -17,8 +17,8 @@
 //                                   renaming it to .trash-<token> first, then removing it.
 //
 // A failed save removes its staging directory and reports the error; committed checkpoints are
-// never touched by it. Staging directories of killed saves (their lock no longer held) and
-// trash are removed by remove_stale() at the start of the next run.
+// never touched by it. Staging directories of killed saves (their lock no longer held), lock
+// files no process holds, and trash are removed by remove_stale() at the start of the next run.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -68,7 +68,9 @@ class CheckpointStore {
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;
 
-  // Removes staging directories whose lock no process holds, and trash. Returns how many.
+  // Removes staging directories whose lock no process holds, lock files no process holds
+  // (of saves killed before their staging directory existed or after it was renamed), and
+  // trash. Returns how many.
   int remove_stale();
 
   // Stages, checksums, commits and applies retention; returns the committed directory.
