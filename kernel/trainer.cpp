@@ -432,10 +432,20 @@ struct Trainer::State {
   Snapshot snapshot() {
     Snapshot snap;
     TensorList model_t, hooks_t, rng_t, state_t;
-    for (const auto& nt : model_state) model_t.emplace_back(nt.name, borrow(nt.tensor));
+    // Parameters and optimizer state change only in the optimizer step: an asynchronous save
+    // copies them on its thread while the next step's forward and backward run (the step waits
+    // for that copy before BEFORE_OPTIMIZER_STEP).
+    const std::set<const void*> params_set(param_handles.begin(), param_handles.end());
+    for (const auto& nt : model_state) {
+      model_t.emplace_back(nt.name, borrow(nt.tensor));
+      if (params_set.count(nt.tensor)) snap.deferred.insert(nt.tensor);
+    }
     snap.objects.emplace_back("model", std::move(model_t));
-    if (KEEL_HAS_SLOT(optimizer, keel_optimizer, state_save))
-      snap.objects.emplace_back("optimizer", save_state(optimizer));
+    if (KEEL_HAS_SLOT(optimizer, keel_optimizer, state_save)) {
+      TensorList opt = save_state(optimizer);
+      for (const auto& [name, t] : opt) snap.deferred.insert(t.unsafeGetTensorImpl());
+      snap.objects.emplace_back("optimizer", std::move(opt));
+    }
     for (const auto& nt : hook_state) hooks_t.emplace_back(nt.name, borrow(nt.tensor));
     snap.objects.emplace_back("hooks", std::move(hooks_t));
     rng_t.emplace_back("torch.cpu", at::detail::getDefaultCPUGenerator().get_state());
@@ -976,6 +986,7 @@ struct Trainer::State {
     if (use_scaler) scaler.update(finite);
 
     if (finite) {
+      if (store) store->wait_copied();  // an asynchronous save's copy of the parameters
       emit(KEEL_EVENT_BEFORE_OPTIMIZER_STEP);
       begin("optimizer");
       optimizer.call("step", optimizer->step);

@@ -227,11 +227,20 @@ TEST_CASE("an asynchronous save commits from its own copy; its failure surfaces 
   const std::string dir = store.wait();
   CHECK(keel_test::read(fs::path(dir) / "model.bin") == "4");
   keel::verify_checkpoint(dir);
+  // Deferred tensors (parameters, optimizer state) are copied on the writer thread: after
+  // wait_copied() training may change them.
+  keel::Snapshot d = snap(9, 6.0f);
+  at::Tensor p = d.objects[0].second[0].second;
+  d.deferred.insert(p.unsafeGetTensorImpl());
+  store.save_async(std::move(d));
+  store.wait_copied();
+  p.fill_(7.0f);
+  CHECK(keel_test::read(fs::path(store.wait()) / "model.bin") == "6");
   f.backend.fail = true;
   store.save_async(snap(8));
   CHECK(keel_test::error_of([&] { store.wait(); }) ==
         "checkpoint 'flaky' (plugin test): save failed: disk full (simulated)");
-  CHECK(entries(f.d.path) == std::vector<std::string>{"step-7"});
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-7", "step-9"});
 }
 
 TEST_CASE("trainer_state.toml reads back every field it writes") {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <mutex>
 #include <random>
@@ -27,6 +28,9 @@ struct AsyncResult {
   std::atomic<bool> done{false};
   std::string dir;
   std::exception_ptr error;
+  std::mutex mutex;
+  std::condition_variable copied_cv;
+  bool copied = false;  // the deferred tensors are copied (or the copy failed)
 };
 
 namespace {
@@ -117,9 +121,11 @@ at::ScalarType dtype_of_name(const std::string& name) {
   return at::ScalarType::Undefined;
 }
 
-void Snapshot::copy_tensors() {
+void Snapshot::copy_tensors(bool deferred_ones) {
   for (auto& [stem, list] : objects)
-    for (auto& [name, t] : list) t = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    for (auto& [name, t] : list)
+      if ((deferred.count(t.unsafeGetTensorImpl()) > 0) == deferred_ones)
+        t = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
 CheckpointStore::CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend,
@@ -321,18 +327,34 @@ void CheckpointStore::prune(const std::string& committed) {
 
 void CheckpointStore::save_async(Snapshot snapshot) {
   if (worker_.joinable()) throw Error("internal: asynchronous save while another is in flight");
-  snapshot.copy_tensors();
+  // Everything but the deferred tensors is copied here (buffers, hook state, generators: they
+  // may change before the next optimizer step).
+  snapshot.copy_tensors(/*deferred_ones=*/false);
   result_ = std::make_shared<AsyncResult>();
   worker_ = std::thread([this, snap = std::move(snapshot), result = result_]() mutable {
+    const auto mark_copied = [&] {
+      std::lock_guard<std::mutex> lock(result->mutex);
+      result->copied = true;
+      result->copied_cv.notify_all();
+    };
     try {
+      snap.copy_tensors(/*deferred_ones=*/true);
+      mark_copied();
       result->dir = commit(snap);
       prune(result->dir);
     } catch (...) {
       result->error = std::current_exception();
+      mark_copied();
     }
     snap.objects.clear();  // free the copies before signalling
     result->done = true;
   });
+}
+
+void CheckpointStore::wait_copied() {
+  if (!result_) return;
+  std::unique_lock<std::mutex> lock(result_->mutex);
+  result_->copied_cv.wait(lock, [&] { return result_->copied; });
 }
 
 bool CheckpointStore::ready() const { return result_ && result_->done; }

@@ -25,6 +25,7 @@
 
 #include <exception>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,8 +57,13 @@ struct Snapshot {
   CheckpointMeta meta;                 // meta.objects is filled by the store
   std::string manifest;                // text of manifest.resolved.toml
   std::map<std::string, double> metrics;  // "<split>.<key>", for keep_best
-  // Replaces every tensor by a CPU copy that training cannot change (asynchronous saves).
-  void copy_tensors();
+  // Tensors (by TensorImpl) that only the optimizer step changes (parameters, optimizer
+  // state): an asynchronous save copies them on its writer thread, and the training thread
+  // waits for that copy before its next optimizer step (wait_copied).
+  std::set<const void*> deferred;
+  // Replaces each tensor in `deferred` (deferred_ones = true) or each one not in it (false) by
+  // a CPU copy that training cannot change.
+  void copy_tensors(bool deferred_ones);
 };
 
 class CheckpointStore {
@@ -76,9 +82,13 @@ class CheckpointStore {
   // Stages, checksums, commits and applies retention; returns the committed directory.
   std::string save(const Snapshot& snapshot);
 
-  // Asynchronous save: `snapshot` (copied with copy_tensors) is written on a background thread.
-  // At most one is in flight: call wait() first (save_async refuses otherwise).
+  // Asynchronous save: the tensors of `snapshot` not in `deferred` are copied now, the deferred
+  // ones on a background thread, which then writes and commits the copy. At most one is in
+  // flight: call wait() first (save_async refuses otherwise).
   void save_async(Snapshot snapshot);
+  // Waits until the save in flight has copied its deferred tensors (at once when none is in
+  // flight): after it, they may change again.
+  void wait_copied();
   bool in_flight() const { return worker_.joinable(); }
   // True when the save in flight has finished (wait() then returns at once).
   bool ready() const;

@@ -519,7 +519,11 @@ typedef struct keel_checkpoint {
  *
  * Hooks are called in ascending `priority` (a kernel key of each [[hooks]] table, default 0),
  * ties in manifest order. With async = true a save in flight is also waited for (and its
- * CHECKPOINT_SAVED sent) before the next save starts. A SIGTERM or SIGINT acts as STOP and
+ * CHECKPOINT_SAVED sent) before the next save starts; the save copies the model's parameters
+ * and the optimizer's state while the next step's forward and backward run, and that step
+ * waits for the copy before BEFORE_OPTIMIZER_STEP, so a hook must not change parameters or
+ * optimizer state from the save until then (buffers and everything else are copied at the
+ * save). A SIGTERM or SIGINT acts as STOP and
  * CHECKPOINT requested at the STEP_END of the step during which it arrived.
  * Any hook may set bits of `requests`; the kernel acts on them after
  * the current step, or after the epoch-end events when set during those (KEEL_REQUEST_STOP
