@@ -113,6 +113,16 @@ CASES = [
          ("deliberate failure in step",)),
     Case("optimizer_set_lr_throws", CPP, "optimizer", "mbx_optimizer", "set_lr_throw", "set_lr",
          ("deliberate failure in set_lr",)),
+    # optimizer state for checkpoints (ABI 1.3 state_save): entries the kernel refuses, at the
+    # at_end checkpoint; nothing half-written is left
+    Case("optimizer_state_duplicate_name", CPP, "optimizer", "mbx_optimizer", "state_duplicate",
+         "state_save", ("entry 'lr' was put twice",)),
+    Case("optimizer_state_empty_name", CPP, "optimizer", "mbx_optimizer", "state_empty_name",
+         "state_save", ("NULL or empty name",)),
+    Case("optimizer_state_long_name", CPP, "optimizer", "mbx_optimizer", "state_long_name",
+         "state_save", ("longer than 255 bytes",)),
+    Case("optimizer_state_null_tensor", CPP, "optimizer", "mbx_optimizer", "state_null",
+         "state_save", ("entry 'lr' has a NULL tensor",)),
     # lr_scheduler ----------------------------------------------------------------------------
     Case("scheduler_factor_nan", C, "lr_scheduler", "mbc_scheduler", "factor_nan", "factor",
          ("factor", "nan")),
@@ -253,6 +263,11 @@ class ResumeWithoutOptimizerState(unittest.TestCase):
                 "keel: error: [optimizer] optimizer 'mbc_optimizer' (plugin misbehave-c): has no "
                 "state_save/state_load slots (ABI 1.3)"), lines[0])
             self.assertIn("hint: ", lines[0])
+
+
+for _name in ("optimizer_state_duplicate_name", "optimizer_state_empty_name",
+              "optimizer_state_long_name", "optimizer_state_null_tensor"):
+    setattr(Misbehaviour, "check_" + _name, Misbehaviour.check_checkpoint_save_fails)
 
 
 def make_test(case):
