@@ -83,6 +83,7 @@
 #include "components.hpp"
 #include "host.hpp"
 #include "keel/tensor.hpp"
+#include "machine_load.hpp"
 #include "registry.hpp"
 #include "trainer.hpp"
 
@@ -94,6 +95,9 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+using keel_bench::OtherLoad;
+using keel_bench::process_cpu_seconds;
 
 // Targets from issue 8's benchmark section.
 constexpr double kSaveVsRawTarget = 0.80;   // save throughput / fsync'd write throughput, >=
@@ -151,12 +155,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double process_cpu_seconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
-         ru.ru_stime.tv_usec * 1e-6;
-}
 
 [[noreturn]] void sys_fail(const std::string& what) {
   throw std::runtime_error(what + ": " + std::strerror(errno));
@@ -232,30 +230,6 @@ double device_bytes_written(unsigned major_no, unsigned minor_no) {
   return -1;
 }
 
-// CPU used by OTHER processes over an interval, in cores (as bench_loop measures it).
-class OtherLoad {
- public:
-  OtherLoad() { sample(busy0_, wall0_, self0_); }
-  double cores() const {
-    double busy, wall, self;
-    sample(busy, wall, self);
-    if (wall <= wall0_) return 0;
-    return std::max(0.0, (busy - busy0_) - (self - self0_)) / (wall - wall0_);
-  }
-
- private:
-  static void sample(double& busy, double& wall, double& self) {
-    std::ifstream in("/proc/stat");
-    std::string cpu;
-    double user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-    in >> cpu >> user >> nice >> sys >> idle >> iowait >> irq >> softirq >> steal;
-    const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
-    busy = (user + nice + sys + irq + softirq + steal) / hz;
-    wall = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-    self = process_cpu_seconds();
-  }
-  double busy0_ = 0, wall0_ = 0, self0_ = 0;
-};
 
 // ---------------------------------------------------------------------------------------------
 // The model.

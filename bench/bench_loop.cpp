@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "machine_load.hpp"
 #include "manifest.hpp"
 #include "registry.hpp"
 #include "run_config.hpp"
@@ -67,6 +68,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+using keel_bench::OtherLoad;
 
 struct Options {
   int64_t steps = 1500;
@@ -338,35 +341,6 @@ double cosine_factor(int64_t step, int64_t warmup, int64_t total) {
   return 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-// CPU used by OTHER processes while the benchmark runs (in cores, averaged over the interval):
-// the machine's busy time from /proc/stat minus this process's own CPU time. The ratio is only
-// meaningful when this stays near 0.
-class OtherLoad {
- public:
-  OtherLoad() { sample(busy0_, wall0_, self0_); }
-  double cores() const {
-    double busy, wall, self;
-    sample(busy, wall, self);
-    if (wall <= wall0_) return 0;
-    return std::max(0.0, (busy - busy0_) - (self - self0_)) / (wall - wall0_);
-  }
-
- private:
-  static void sample(double& busy, double& wall, double& self) {
-    std::ifstream in("/proc/stat");
-    std::string cpu;
-    double user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-    in >> cpu >> user >> nice >> sys >> idle >> iowait >> irq >> softirq >> steal;
-    const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
-    busy = (user + nice + sys + irq + softirq + steal) / hz;
-    wall = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    self = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
-           ru.ru_stime.tv_usec * 1e-6;
-  }
-  double busy0_ = 0, wall0_ = 0, self0_ = 0;
-};
 
 struct RunResult {
   double ms_per_step;

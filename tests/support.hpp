@@ -10,6 +10,7 @@
 #include <string>
 
 #include "error.hpp"
+#include "registry.hpp"
 
 namespace keel_test {
 
@@ -62,6 +63,16 @@ inline std::string small_run(const fs::path& run_dir) {
          "shuffle = false\n"
          "[optimizer]\ntype = \"sgd\"\nlr = 0.1\nmomentum = 0.9\n"
          "[loss]\ntype = \"cross_entropy\"\n";
+}
+
+// The plugins keel finds by default (the build tree's plugins/), discovered once per test binary.
+inline const keel::Registry& default_registry() {
+  static const keel::Registry r = [] {
+    keel::Registry out;
+    out.discover(keel::plugin_search_path({}));
+    return out;
+  }();
+  return r;
 }
 
 }  // namespace keel_test

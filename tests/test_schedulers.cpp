@@ -10,14 +10,7 @@
 
 namespace {
 
-const keel::Registry& registry() {
-  static const keel::Registry r = [] {
-    keel::Registry out;
-    out.discover(keel::plugin_search_path({}));
-    return out;
-  }();
-  return r;
-}
+const keel::Registry& registry() { return keel_test::default_registry(); }
 
 // Scheduler `name` with the options in `toml_text` (defaults for the rest) in a run of
 // `run_steps` planned optimizer steps.

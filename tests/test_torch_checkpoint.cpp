@@ -22,14 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const keel::Registry& registry() {
-  static const keel::Registry r = [] {
-    keel::Registry out;
-    out.discover(keel::plugin_search_path({}));
-    return out;
-  }();
-  return r;
-}
+const keel::Registry& registry() { return keel_test::default_registry(); }
 
 keel::Instance<keel_checkpoint> backend() {
   const keel::Component* c = registry().find(KEEL_KIND_CHECKPOINT, "torch");
