@@ -1523,7 +1523,9 @@ RunSummary Trainer::train() {
   summary.steps = s.ts.step;
   summary.samples = s.ts.samples;
   summary.skipped_steps = s.ts.skipped_steps;
-  summary.stop_signal = s.stop_signal;
+  // A signal that arrived after the last step (during the final evaluation or save) did not
+  // change the run, which ended anyway; the exit status still reports it.
+  summary.stop_signal = s.stop_signal ? s.stop_signal : g_stop_signal.load();
   return summary;
 }
 
