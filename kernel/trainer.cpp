@@ -70,11 +70,13 @@ void apply_process_settings(const RunConfig& config) {
 
 namespace {
 
-std::string shape_of(const at::Tensor& t) {
+std::string shape_text(at::IntArrayRef shape) {
   std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
+
+std::string shape_of(const at::Tensor& t) { return shape_text(t.sizes()); }
 
 std::string num(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
 
@@ -269,12 +271,6 @@ std::vector<keel_named_tensor> as_named(const TensorList& list) {
   std::vector<keel_named_tensor> out;
   for (const auto& [name, t] : list) out.push_back({name.c_str(), peek(t)});
   return out;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 std::string read_text(const fs::path& path) {
@@ -617,7 +613,7 @@ struct Trainer::State {
                     "; hint: " + hint);
       if (s->second->shape != t.sizes().vec())
         throw Error(dir + ": tensor '" + name + "' has shape " + shape_text(s->second->shape) +
-                    " in the checkpoint and " + shape_text(t.sizes().vec()) + " in " +
+                    " in the checkpoint and " + shape_of(t) + " in " +
                     model.label() + "; hint: " + hint);
     }
   }
