@@ -273,14 +273,6 @@ std::vector<keel_named_tensor> as_named(const TensorList& list) {
   return out;
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) throw Error(path.string() + ": cannot read it");
-  return text.str();
-}
-
 struct MicroBatch {
   at::Tensor inputs, targets;
   int64_t samples = 0, tokens = 0;
@@ -497,8 +489,7 @@ struct Trainer::State {
       const auto* d = sp->component->plugin->descriptor;
       const std::pair<std::string, std::string> pv{d->name ? d->name : "?",
                                                    d->version ? d->version : "?"};
-      if (std::find(out.begin(), out.end(), pv) == out.end() &&
-          std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == pv.first; }))
+      if (std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == pv.first; }))
         out.push_back(pv);
     }
     return out;
@@ -557,12 +548,12 @@ struct Trainer::State {
       }
     }
     const fs::path meta_path = fs::path(resume_dir) / "trainer_state.toml";
-    resumed = read_checkpoint_meta(read_text(meta_path), meta_path.string());
+    resumed = read_checkpoint_meta(read_file(meta_path.string()), meta_path.string());
     if (resumed.step != resume_record.step || resumed.run_id != resume_record.run_id)
       throw Error(meta_path.string() + ": step and run_id differ from its commit record; hint: "
                   "the checkpoint is damaged, resume from another one");
     run_id = resumed.run_id;
-    check_manifest_changes(read_text(fs::path(resume_dir) / "manifest.resolved.toml"));
+    check_manifest_changes(read_file((fs::path(resume_dir) / "manifest.resolved.toml").string()));
     const auto now = plugin_versions();
     for (const auto& [name, version] : resumed.plugins)
       for (const auto& [n, v] : now)

@@ -4,9 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -130,11 +128,7 @@ CommitRecord read_commit_file(const std::string& dir) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
     throw Error(path + ": missing; hint: the directory is not a committed keel checkpoint "
                 "(a save was interrupted, or it was written by something else)");
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) throw Error(path + ": cannot read it; hint: check its permissions");
-  return read_commit_record(text.str(), path);
+  return read_commit_record(read_file(path), path);
 }
 
 CommitRecord verify_checkpoint(const std::string& dir) {

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -86,6 +88,14 @@ uint64_t hash_file(const std::string& path, uint64_t* size, bool sync) {
   if (sync && ::fsync(fd.get()) != 0) fail("fsync of", path);
   if (size) *size = total;
   return XXH3_64bits_digest(state.get());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) throw Error(path + ": cannot read it; hint: check its permissions");
+  return text.str();
 }
 
 std::string hash_string(uint64_t h) {

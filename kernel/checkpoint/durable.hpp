@@ -19,6 +19,9 @@ void write_file_durably(const std::string& path, const std::string& text);
 // fsync'd through the same descriptor.
 uint64_t hash_file(const std::string& path, uint64_t* size, bool sync);
 
+// The whole content of a file; throws keel::Error "<path>: cannot read it" when it cannot.
+std::string read_file(const std::string& path);
+
 // "xxh3:<16 lowercase hex digits>".
 std::string hash_string(uint64_t h);
 uint64_t hash_text(const std::string& text);
