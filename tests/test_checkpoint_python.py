@@ -19,10 +19,8 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import collections
-import gzip
 import json
 import re
-import struct
 import subprocess
 import sys
 import tempfile
@@ -32,12 +30,12 @@ import unittest
 import numpy as np
 import torch
 
+from fashion_mnist_torch import DATA_DIR, fashion_mnist
 from safetensors_np import read_raw
 
 torch.set_num_threads(1)
 
 KEEL, ROOT = sys.argv[1], sys.argv[2]
-DATA_DIR = "/usr/share/datasets/fashion-mnist"
 HIDDEN = [64, 32]
 TEST_LIMIT, TEST_BATCH = 10000, 100  # the whole test split
 
@@ -135,25 +133,6 @@ def mlp(hidden, in_features=784, classes=10):
     return torch.nn.Sequential(layers)
 
 
-def fashion_mnist_test(limit):
-    """The first `limit` test images as float [N, 1, 28, 28], scaled with the operations of the
-    fashion_mnist plugin (x / 255, then (x - 0.2860) / 0.3530, in float32), and int64 labels."""
-    with gzip.open(f"{DATA_DIR}/t10k-images-idx3-ubyte.gz") as f:
-        raw = f.read()
-    magic, n, rows, cols = struct.unpack(">IIII", raw[:16])
-    assert (magic, rows, cols) == (2051, 28, 28)
-    images = np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(n, 1, rows, cols)
-    with gzip.open(f"{DATA_DIR}/t10k-labels-idx1-ubyte.gz") as f:
-        raw = f.read()
-    magic, n_labels = struct.unpack(">II", raw[:8])
-    assert magic == 2049 and n_labels == n
-    labels = np.frombuffer(raw, dtype=np.uint8, offset=8)
-    x = torch.from_numpy(images[:limit].copy()).to(torch.float32).div_(255)
-    x.sub_(0.2860).div_(0.3530)
-    y = torch.from_numpy(labels[:limit].copy()).to(torch.int64)
-    return x, y
-
-
 # ---- safetensors with json, struct and numpy only: tests/safetensors_np.py ----
 
 TORCH_DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
@@ -201,7 +180,7 @@ class CheckpointsInPython(unittest.TestCase):
 
         # keel's evaluation, written out again: the same batches in the same order, argmax over
         # the logits, accuracy = correct / rows, loss = sum(batch mean loss * rows) / rows.
-        x, y = fashion_mnist_test(TEST_LIMIT)
+        x, y = fashion_mnist("test", TEST_LIMIT)
         correct, loss_sum = 0, 0.0
         with torch.no_grad():
             for i in range(0, TEST_LIMIT, TEST_BATCH):

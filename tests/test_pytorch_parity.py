@@ -15,7 +15,7 @@ the results are still the same floats).
 Usage: test_pytorch_parity.py KEEL_BINARY SOURCE_ROOT
 
 Runs with Debian's /usr/bin/python3 (python3-torch 1.13, the LibTorch build keel links). The
-`safetensors` package is not needed: checkpoints are parsed by hand."""
+`safetensors` package is not needed: checkpoints are parsed by hand (tests/safetensors_np.py)."""
 import os
 
 # One thread everywhere, as keel runs here: [run] threads = 1 below gives keel one LibTorch
@@ -26,10 +26,8 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import collections
-import gzip
 import json
 import math
-import struct
 import subprocess
 import sys
 import tempfile
@@ -40,48 +38,24 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fashion_mnist_torch import DATA_DIR, fashion_mnist
 from safetensors_np import read_arrays
 
 torch.set_num_threads(1)
 
 KEEL, ROOT = sys.argv[1], sys.argv[2]
-DATA_DIR = "/usr/share/datasets/fashion-mnist"
 HIDDEN = [64, 32]
 
 
-# ---- safetensors, by hand: u64 LE header length, JSON header, raw little-endian data ----
+# ---- safetensors, by hand (tests/safetensors_np.py), as torch tensors ----
 
 def read_safetensors(path):
     return collections.OrderedDict((name, torch.from_numpy(a.copy()))
                                    for name, a in read_arrays(path).items())
 
 
-# ---- Fashion-MNIST, by hand: gzipped IDX files, scaled as the fashion_mnist plugin does ----
-
-_DATA = {}
-
-
-def fashion_mnist(limit):
-    """The first `limit` training images as float [N, 1, 28, 28] (x / 255 - 0.2860) / 0.3530
-    (the same tensor operations, in the same order, as the plugin) and int64 labels."""
-    if "train" not in _DATA:
-        with gzip.open(f"{DATA_DIR}/train-images-idx3-ubyte.gz") as f:
-            raw = f.read()
-        magic, n, rows, cols = struct.unpack(">IIII", raw[:16])
-        assert (magic, rows, cols) == (2051, 28, 28)
-        images = np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(n, 1, rows, cols)
-        with gzip.open(f"{DATA_DIR}/train-labels-idx1-ubyte.gz") as f:
-            raw = f.read()
-        magic, n_labels = struct.unpack(">II", raw[:8])
-        assert magic == 2049 and n_labels == n
-        labels = np.frombuffer(raw, dtype=np.uint8, offset=8)
-        _DATA["train"] = (images, labels)
-    images, labels = _DATA["train"]
-    x = torch.from_numpy(images[:limit].copy()).to(torch.float32).div_(255)
-    x.sub_(0.2860).div_(0.3530)
-    y = torch.from_numpy(labels[:limit].copy()).to(torch.int64)
-    return x, y
-
+# ---- Fashion-MNIST batches (tests/fashion_mnist_torch.py reads and scales the data as the
+# fashion_mnist plugin does) ----
 
 def batches(x, y, batch_size):
     """Batches in file order (shuffle = false), over and over: epoch after epoch."""
@@ -237,7 +211,7 @@ class Parity(unittest.TestCase):
                 grad_clipper=f'[grad_clipper]\ntype = "norm"\nmax_norm = {max_norm}')
         model = self.start(k0)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-        data = batches(*fashion_mnist(limit), bs)
+        data = batches(*fashion_mnist("train", limit), bs)
         norms = []
         for _ in range(steps):
             x, y = next(data)
@@ -265,7 +239,7 @@ class Parity(unittest.TestCase):
         model = self.start(k0)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, steps, 0.1))
-        data = batches(*fashion_mnist(limit), bs)
+        data = batches(*fashion_mnist("train", limit), bs)
         for _ in range(steps):
             opt.zero_grad()
             for _ in range(accum):
@@ -286,7 +260,7 @@ class Parity(unittest.TestCase):
                 optimizer=f'type = "adam"\nlr = {lr}', loss="label_smoothing = 0.1")
         model = self.start(k0)
         opt = torch.optim.Adam(model.parameters(), lr=lr)
-        data = batches(*fashion_mnist(limit), bs)
+        data = batches(*fashion_mnist("train", limit), bs)
         for _ in range(steps):
             x, y = next(data)
             opt.zero_grad()
@@ -308,7 +282,7 @@ class Parity(unittest.TestCase):
         def reference(normalize_by_items):
             model = self.start(k0)
             opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-            data = batches(*fashion_mnist(limit), bs)
+            data = batches(*fashion_mnist("train", limit), bs)
             counts = set()
             for _ in range(steps):
                 micro = [next(data) for _ in range(accum)]
