@@ -356,7 +356,7 @@ typedef struct keel_dataset {
    * calls of next would leave it (the same shuffle order), without producing those batches.
    * A resumed run calls it once instead of start_epoch for the epoch it resumes in. Without
    * it the kernel calls start_epoch(epoch) and next `batch` times, discarding the batches:
-   * exact too, when start_epoch's order depends only on the seed and the epoch. [setup] */
+   * exact too, when start_epoch's order depends only on the seed and the epoch. [train] */
   keel_status (*seek)(void* self, int64_t epoch, int64_t batch, keel_error* err);
   /* (1.3) Optional (both or neither): state the data position does not capture, e.g. a
    * generator the dataset keeps across epochs (see "Component state for exact resume"). */
