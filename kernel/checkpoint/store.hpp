@@ -8,10 +8,12 @@
 //                                   while a second thread fsyncs them
 //   commit.json                      the commit record, written last and fsync'd
 //   fsync the staging directory
-//   rename(staging, step-<N>)        the commit, then fsync of checkpoints/ (durable_rename);
-//                                   a committed step-<N> of this run is replaced atomically
-//                                   (renameat2 RENAME_EXCHANGE), one of another run is left
-//                                   alone and this one is named step-<N>-<run_id> instead
+//   rename(staging, step-<N>)        the commit (renameat2 RENAME_NOREPLACE), then fsync of
+//                                   checkpoints/ (durable_rename_new); a committed step-<N> of
+//                                   this run is replaced atomically (RENAME_EXCHANGE), one of
+//                                   another run is left alone and this one is named
+//                                   step-<N>-<run_id> instead (also when another run takes the
+//                                   name between the check and the rename)
 //   retention                        keep_last / keep_best over this run's checkpoints only;
 //                                   never the one just committed. A checkpoint is deleted by
 //                                   renaming it to .trash-<token> first, then removing it.
