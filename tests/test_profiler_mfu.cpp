@@ -1,8 +1,12 @@
-// The chrome_trace profiler records each phase of the steps in its range as a Chrome trace,
-// and the peak_flops MFU plugin turns the model's FLOPs per sample into a utilisation.
+// The chrome_trace profiler records each phase of the steps in its range as a Chrome trace
+// (each rank its own file), and the peak_flops MFU plugin turns the model's FLOPs per sample
+// into a utilisation.
 #include <regex>
 
+#include "components.hpp"
+#include "host.hpp"
 #include "manifest.hpp"
+#include "options.hpp"
 #include "registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
@@ -40,6 +44,35 @@ TEST_CASE("chrome_trace records the phases of steps start_step..end_step") {
   // Durations are non-negative numbers.
   CHECK(std::regex_search(trace, std::regex("\"dur\":[0-9]+\\.[0-9]+")));
   CHECK_FALSE(std::regex_search(trace, std::regex("\"dur\":-")));
+}
+
+TEST_CASE("chrome_trace: rank 0 writes trace.json, rank r > 0 trace.rank<r>.json") {
+  const keel::Component* c = keel_test::default_registry().find(KEEL_KIND_PROFILER, "chrome_trace");
+  REQUIRE(c != nullptr);
+  const keel_options options = keel::validate_options(toml::table{}, "profiler",
+                                                      "keel plugins show chrome_trace", c->options);
+  for (const int rank : {0, 1, 3}) {
+    CAPTURE(rank);
+    TempDir d;
+    keel_create_context ctx{};
+    ctx.host = keel::host();
+    ctx.options = &options;
+    ctx.section = "profiler";
+    ctx.run_dir = d.path.c_str();
+    ctx.rank = rank;
+    ctx.world_size = 4;
+    const auto profiler = keel::create_instance<keel_profiler>(*c, ctx);
+    profiler->begin(profiler.self(), "forward", 0);
+    profiler->end(profiler.self(), "forward", 0);
+    profiler.call("flush", profiler->flush);
+    const std::string name =
+        rank == 0 ? "trace.json" : "trace.rank" + std::to_string(rank) + ".json";
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(d.path))
+      files.push_back(e.path().filename());
+    CHECK(files == std::vector<std::string>{name});
+    CHECK(count(keel_test::read(d.path / name), "{\"name\":\"forward\"") == 1);
+  }
 }
 
 TEST_CASE("peak_flops reports MFU from the model's FLOPs per sample") {

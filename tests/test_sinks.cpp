@@ -1,13 +1,21 @@
 // Metric sinks in real runs: csv files hold what metrics.jsonl holds, and the console's
-// progress bar appears on stdout only when asked for (or on a terminal).
+// progress bar appears on stdout only when asked for (or on a terminal). Sinks created by hand
+// as rank r of several: only rank 0 writes unless every_rank, and other ranks' files and lines
+// carry their rank.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 
+#include "../plugins/rank_path.hpp"
 #include "../plugins/sinks/progress.hpp"
+#include "components.hpp"
+#include "host.hpp"
+#include "log.hpp"
 #include "manifest.hpp"
+#include "options.hpp"
 #include "registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
@@ -74,7 +82,103 @@ std::string console_run(const std::string& progress) {
   });
 }
 
+// Sink `type` with `options` created as rank `rank` of `world_size` writing into `run_dir`, as
+// the kernel creates it, sent one train record (step 3 of 10) and TRAIN_END.
+void record_on_rank(const fs::path& run_dir, const std::string& type, const std::string& options,
+                    int rank, int world_size) {
+  const keel::Component* c = keel_test::default_registry().find(KEEL_KIND_HOOK, type);
+  REQUIRE(c != nullptr);
+  const keel_options values = keel::validate_options(toml::parse(options), "hooks[0]",
+                                                     "keel plugins show " + type, c->options);
+  keel_create_context ctx{};
+  ctx.host = keel::host();
+  ctx.options = &values;
+  ctx.section = "hooks[0]";
+  ctx.run_dir = run_dir.c_str();
+  ctx.rank = rank;
+  ctx.world_size = world_size;
+  const auto hook = keel::create_instance<keel_hook>(*c, ctx);
+  keel_trainer_state state{};
+  state.struct_size = sizeof state;
+  state.step = 3;
+  state.max_steps = 10;
+  std::vector<keel_metric> record = {{"step", 3}, {"loss", 0.5}};
+  keel_event ev{};
+  ev.struct_size = sizeof ev;
+  ev.state = &state;
+  for (const keel_event_kind kind :
+       {KEEL_EVENT_TRAIN_START, KEEL_EVENT_METRICS, KEEL_EVENT_TRAIN_END}) {
+    ev.kind = kind;
+    ev.split = kind == KEEL_EVENT_METRICS ? "train" : nullptr;
+    ev.metrics = kind == KEEL_EVENT_METRICS ? record.data() : nullptr;
+    ev.metric_count = kind == KEEL_EVENT_METRICS ? record.size() : 0;
+    hook.call("on_event", hook->on_event, &ev);
+  }
+}
+
+// The names of the files in `dir`, sorted.
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("rank_path: rank r > 0 gets .rank<r> before the file name's extension") {
+  using keel_plugins::rank_path;
+  CHECK(rank_path("/run/metrics.jsonl", 0) == "/run/metrics.jsonl");
+  CHECK(rank_path("/run/metrics.jsonl", 1) == "/run/metrics.rank1.jsonl");
+  CHECK(rank_path("/run/metrics_{split}.csv", 12) == "/run/metrics_{split}.rank12.csv");
+  CHECK(rank_path("/run/a.tar.gz", 2) == "/run/a.tar.rank2.gz");
+  CHECK(rank_path("/run.d/trace", 1) == "/run.d/trace.rank1");
+  CHECK(rank_path("/run/.log", 1) == "/run/.log.rank1");
+  CHECK(rank_path("trace.json", 3) == "trace.rank3.json");
+  CHECK(rank_path("", 1) == "");  // no file name to mark: the sink's own error for ""
+}
+
+TEST_CASE("jsonl and csv: rank 0 writes its usual file; rank r > 0 only with every_rank, to "
+          "<name>.rank<r>.<ext>") {
+  const std::map<std::string, std::pair<std::string, std::string>> sinks = {
+      {"jsonl", {"metrics.jsonl", "metrics.rank2.jsonl"}},
+      {"csv", {"metrics_train.csv", "metrics_train.rank2.csv"}}};
+  for (const auto& [type, names] : sinks) {
+    CAPTURE(type);
+    TempDir rank0, quiet, every;
+    record_on_rank(rank0.path, type, "every_rank = true", 0, 3);
+    record_on_rank(quiet.path, type, "", 2, 3);
+    record_on_rank(every.path, type, "every_rank = true", 2, 3);
+    CHECK(files_in(rank0.path) == std::vector<std::string>{names.first});
+    CHECK(files_in(quiet.path).empty());
+    REQUIRE(files_in(every.path) == std::vector<std::string>{names.second});
+    const std::string text = keel_test::read(rank0.path / names.first);
+    CHECK(text.find("0.5") != std::string::npos);
+    CHECK(keel_test::read(every.path / names.second) == text);
+  }
+  // A path of the sink's own: the rank goes before its extension too.
+  TempDir d;
+  record_on_rank(d.path, "csv", "every_rank = true\npath = \"m-{split}.txt\"", 1, 2);
+  CHECK(files_in(d.path) == std::vector<std::string>{"m-train.rank1.txt"});
+}
+
+// The "[rank r] " tag of a process of several is the kernel's console pattern (set_log_rank),
+// not the sink's: the sink prints the same line on every rank.
+TEST_CASE("console: rank r > 0 prints only with every_rank") {
+  keel::init_logging(spdlog::level::info);  // the kernel's console: "[%T] [origin] message"
+  TempDir d;
+  const auto printed = [&](int rank, const std::string& options) {
+    return captured_stdout(d.path / "stdout.txt", [&] {
+      record_on_rank(d.path, "console", "progress = \"never\"\n" + options, rank, 2);
+    });
+  };
+  const std::string rank0 = printed(0, "every_rank = true");
+  CHECK(rank0.find("[hooks[0]] step 3/10 loss 0.5\n") != std::string::npos);
+  CHECK(rank0.find("[rank") == std::string::npos);
+  CHECK(printed(1, "") == "");
+  CHECK(printed(1, "every_rank = true").find("[hooks[0]] step 3/10 loss 0.5\n") !=
+        std::string::npos);
+}
 
 TEST_CASE("csv: one file per split, the jsonl's values in the first record's columns") {
   TempDir d;

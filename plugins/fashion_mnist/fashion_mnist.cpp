@@ -4,6 +4,14 @@
 // then (x - 0.2860) / 0.3530 when normalize), labels as int64 [N]. Shuffling uses a generator
 // of its own seeded with seed + epoch * 1000003, so the order depends only on the run's seed
 // and the epoch, never on the global generator.
+//
+// With world_size W > 1 each rank reads a shard, as torch.utils.data.DistributedSampler does:
+// the epoch's order (shuffled, or 0..N-1) is padded by repeating its first elements
+// (remainder "pad"), cut (remainder "drop") to a multiple of W, or left as is ("uneven"), and
+// rank r takes its elements r, r + W, r + 2W, ... Every rank draws the same order, so the W
+// ranks' batch t of batch_size B together hold positions t*B*W .. (t+1)*B*W - 1 of it: when
+// W * B divides N, the samples of batch t of a single rank with batch_size B * W. With W = 1
+// the shard is the whole order.
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/stat.h>
 #include <zlib.h>
@@ -96,7 +104,14 @@ class FashionMnist : public keel::Dataset {
       : batch_(ctx.get_int("batch_size")),
         shuffle_(ctx.get_bool("shuffle")),
         drop_last_(ctx.get_bool("drop_last")),
-        seed_(ctx.seed()) {
+        seed_(ctx.seed()),
+        rank_(ctx.rank()),
+        world_(ctx.world_size()) {
+    if (world_ < 1 || rank_ < 0 || rank_ >= world_)
+      throw std::runtime_error("fashion_mnist: rank " + std::to_string(rank_) + " of world_size " +
+                               std::to_string(world_) +
+                               " is out of range; hint: the kernel must pass 0 <= rank < "
+                               "world_size");
     const std::string dir = ctx.get_string("path"), split = ctx.get_string("split");
     const std::string stem = dir + "/" + (split == "train" ? "train" : "t10k");
     std::vector<int64_t> idims, ldims;
@@ -125,37 +140,66 @@ class FashionMnist : public keel::Dataset {
     if (ctx.get_bool("normalize")) images_.sub_(0.2860).div_(0.3530);
     labels_ = at::from_blob(lbytes.data() + 8, {n_}, u8).to(at::kLong);
     if (labels_.max().item<int64_t>() > 9) fail(lpath, "a label is outside 0..9", hint);
-    if (batches_per_epoch() == 0)
-      throw std::runtime_error("fashion_mnist: split '" + split + "' has " + std::to_string(n_) +
-                               " samples, fewer than batch_size " + std::to_string(batch_) +
-                               " with drop_last = true, so an epoch has no batch; hint: lower "
-                               "batch_size, raise limit or set drop_last = false");
+
+    // The padded or cut order holds `total_` positions; this rank's are rank, rank + W, ...
+    std::string remainder = ctx.get_string("remainder");
+    if (remainder == "auto") remainder = split == "train" ? "pad" : "uneven";
+    total_ = remainder == "pad"    ? (n_ + world_ - 1) / world_ * world_
+             : remainder == "drop" ? n_ / world_ * world_
+                                   : n_;
+    shard_ = total_ > rank_ ? (total_ - rank_ + world_ - 1) / world_ : 0;
+    if (batches_per_epoch() == 0) {
+      std::string what = "split '" + split + "' has " + std::to_string(n_) + " samples";
+      if (world_ > 1)
+        what += "; rank " + std::to_string(rank_) + " of world_size " + std::to_string(world_) +
+                " gets " + std::to_string(shard_) + " of them (remainder = \"" + remainder + "\")";
+      if (shard_ == 0)
+        throw std::runtime_error("fashion_mnist: " + what +
+                                 ", so an epoch has no batch on that rank; hint: use at least " +
+                                 std::to_string(world_) +
+                                 " samples (raise limit) or set remainder = \"pad\"");
+      throw std::runtime_error("fashion_mnist: " + what + ", fewer than batch_size " +
+                               std::to_string(batch_) + " with drop_last = true, so an epoch has " +
+                               (world_ > 1 ? "no batch on that rank" : "no batch") +
+                               "; hint: lower batch_size, raise limit or set drop_last = false");
+    }
   }
 
-  int64_t size() override { return n_; }
+  // This rank's samples and batches per epoch.
+  int64_t size() override { return shard_; }
   int64_t batches_per_epoch() override {
-    return drop_last_ ? n_ / batch_ : (n_ + batch_ - 1) / batch_;
+    return drop_last_ ? shard_ / batch_ : (shard_ + batch_ - 1) / batch_;
   }
 
   void start_epoch(int64_t epoch) override {
     cursor_ = 0;
-    if (!shuffle_) return;
-    auto gen =
-        at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch) * 1000003u);
-    order_ = at::randperm(n_, gen, at::TensorOptions().dtype(at::kLong));
+    if (views()) return;
+    const auto longs = at::TensorOptions().dtype(at::kLong);
+    at::Tensor order;
+    if (shuffle_) {
+      auto gen =
+          at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch) * 1000003u);
+      order = at::randperm(n_, gen, longs);
+    } else {
+      order = at::arange(n_, longs);
+    }
+    // remainder "pad": the order's first elements again (cyclically, when W > n).
+    if (total_ > n_) order = order.repeat({(total_ + n_ - 1) / n_});
+    order_ = order.slice(0, rank_, total_, world_);
   }
 
   // Where start_epoch(epoch) and `batch` calls of next leave the dataset (resume).
   void seek(int64_t epoch, int64_t batch) override {
     start_epoch(epoch);
-    cursor_ = std::min(n_, batch * batch_);
+    cursor_ = std::min(shard_, batch * batch_);
   }
-  // Batches are views of the loaded data when not shuffling: do not modify them in place.
+  // Batches are views of the loaded data when not shuffling on a single rank: do not modify
+  // them in place.
   bool next(keel::Batch& out) override {
-    if (shuffle_ && !order_.defined()) start_epoch(0);
-    const int64_t rows = std::min(batch_, n_ - cursor_);
+    if (!views() && !order_.defined()) start_epoch(0);
+    const int64_t rows = std::min(batch_, shard_ - cursor_);
     if (rows <= 0 || (drop_last_ && rows < batch_)) return false;
-    if (shuffle_) {
+    if (!views()) {
       const at::Tensor idx = order_.slice(0, cursor_, cursor_ + rows);
       out.inputs = images_.index_select(0, idx);
       out.targets = labels_.index_select(0, idx);
@@ -169,11 +213,15 @@ class FashionMnist : public keel::Dataset {
   }
 
  private:
+  // The shard is 0..n-1 in order: batches are slices of the loaded data.
+  bool views() const { return !shuffle_ && world_ == 1; }
+
   int64_t batch_;
   bool shuffle_, drop_last_;
   uint64_t seed_;
-  int64_t n_ = 0, cursor_ = 0;
-  at::Tensor images_, labels_, order_;
+  int64_t rank_, world_;
+  int64_t n_ = 0, total_ = 0, shard_ = 0, cursor_ = 0;
+  at::Tensor images_, labels_, order_;  // order_: this rank's shard of the epoch's order
 };
 
 const keel_option_desc kOptions[] = {
@@ -185,6 +233,12 @@ const keel_option_desc kOptions[] = {
     keel::opt_bool("drop_last", "false", "drop the last, incomplete batch"),
     keel::opt_bool("normalize", "true", "standardise pixels with mean 0.2860, std 0.3530"),
     keel::opt_int("limit", "0", "use only the first N samples (0: all)", 0, 1e12),
+    keel::opt_string("remainder", "\"auto\"",
+                     "how ranks share an epoch whose length world_size does not divide: pad "
+                     "(repeat the order's first samples), drop (leave its last ones out), uneven "
+                     "(shards differ by at most one sample: for evaluation); auto: pad for split "
+                     "train, uneven for split test",
+                     "auto|pad|drop|uneven"),
 };
 const keel_component_desc kComponents[] = {
     keel::component<FashionMnist>("fashion_mnist", "Fashion-MNIST 28x28 grayscale, 10 classes",

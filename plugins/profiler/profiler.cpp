@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../rank_path.hpp"
 #include "keel/plugin.hpp"
 
 namespace {
@@ -22,6 +23,7 @@ class ChromeTrace : public keel::Profiler {
         log_(ctx),
         origin_(std::chrono::steady_clock::now()) {
     if (!path_.empty() && path_[0] != '/') path_ = ctx.run_dir() + "/" + path_;
+    path_ = keel_plugins::rank_path(path_, ctx.rank());  // each rank writes its own trace
     events_.reserve(max_events_);
     open_.reserve(16);
   }
@@ -123,7 +125,9 @@ class ChromeTrace : public keel::Profiler {
 };
 
 const keel_option_desc kChromeTraceOptions[] = {
-    keel::opt_string("path", "\"trace.json\"", "output file (relative paths: inside the run dir)"),
+    keel::opt_string("path", "\"trace.json\"",
+                     "output file (relative paths: inside the run dir); rank r > 0 writes it with "
+                     ".rank<r> before the extension"),
     keel::opt_int("start_step", "0", "first optimizer step to record", 0, 1e18),
     keel::opt_int("end_step", "-1", "last optimizer step to record (-1: until the end)", -1, 1e18),
     keel::opt_int("max_events", "1000000", "events kept at most (memory is reserved up front)", 1,

@@ -18,7 +18,7 @@ using Clock = std::chrono::steady_clock;
 // of being glued to its end. above() clears the bar, prints a line and redraws the bar.
 class LiveBar {
  public:
-  explicit LiveBar(bool enabled) : enabled_(enabled) {}
+  LiveBar(bool enabled, std::string prefix) : enabled_(enabled), prefix_(std::move(prefix)) {}
 
   void start(const keel_trainer_state* s) {
     start_time_ = last_draw_ = Clock::now();
@@ -52,7 +52,8 @@ class LiveBar {
   void draw(const keel_trainer_state& s, Clock::time_point now) {
     const double secs = std::chrono::duration<double>(now - start_time_).count();
     const double rate = secs > 0 ? static_cast<double>(s.step - start_step_) / secs : 0.0;
-    const std::string frame = "\r\033[K" + progress_text(s.step, s.max_steps, rate, s.loss) + "\r";
+    const std::string frame =
+        "\r\033[K" + prefix_ + progress_text(s.step, s.max_steps, rate, s.loss) + "\r";
     std::fputs(frame.c_str(), stdout);
     std::fflush(stdout);
     last_draw_ = now;
@@ -60,6 +61,7 @@ class LiveBar {
   }
 
   bool enabled_, shown_ = false;
+  std::string prefix_;
   Clock::time_point start_time_ = Clock::now(), last_draw_ = start_time_;
   int64_t start_step_ = 0;
 };
@@ -68,12 +70,15 @@ bool wants_bar(const std::string& progress) {
   return progress == "always" || (progress == "auto" && isatty(fileno(stdout)));
 }
 
+// On rank r > 0 (every_rank = true) each bar frame starts with "[rank r] "; the lines go through
+// keel_host.log, whose console tags every line of a process of several with its rank.
 class Console : public keel::Hook {
  public:
   explicit Console(const keel::Context& ctx)
       : log_(ctx),
         every_(ctx.get_int("every")),
-        bar_(wants_bar(ctx.get_string("progress"))) {}
+        bar_(wants_bar(ctx.get_string("progress")),
+             ctx.rank() > 0 ? "[rank " + std::to_string(ctx.rank()) + "] " : "") {}
 
   void on_event(keel_event& ev) override {
     switch (ev.kind) {
@@ -95,10 +100,10 @@ class Console : public keel::Hook {
     const int64_t step = ev.state ? ev.state->step : 0;
     std::string line;
     if (train) {
-      line = "step " + std::to_string(step);
+      line += "step " + std::to_string(step);
       if (ev.state && ev.state->max_steps > 0) line += "/" + std::to_string(ev.state->max_steps);
     } else {
-      line = "eval " + std::string(ev.split) + " step " + std::to_string(step) + ":";
+      line += "eval " + std::string(ev.split) + " step " + std::to_string(step) + ":";
     }
     for (size_t i = 0; i < ev.metric_count; ++i) {
       const keel_metric& m = ev.metrics[i];
@@ -124,13 +129,15 @@ const keel_option_desc kOptions[] = {
     keel::opt_string("progress", "\"auto\"",
                      "live progress bar on stdout (auto: only when stdout is a terminal)",
                      "auto|always|never"),
+    kEveryRank,
 };
 
 }  // namespace
 
 keel_component_desc console_component() {
-  return keel::component<Console>("console", "metric records as log lines, and a progress bar",
-                                  kOptions);
+  return keel::component<OnRank<Console>>("console",
+                                          "metric records as log lines, and a progress bar",
+                                          kOptions);
 }
 
 }  // namespace sinks

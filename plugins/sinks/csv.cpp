@@ -39,7 +39,7 @@ class Csv : public keel::Hook {
  public:
   explicit Csv(const keel::Context& ctx)
       : log_(ctx),
-        template_(run_path(ctx, ctx.get_string("path"))),
+        template_(output_path(ctx)),
         resume_step_(ctx.resume_step()) {
     if (template_.find(kSplitField) == std::string::npos)
       throw std::runtime_error("path '" + template_ + "' has no {split}; hint: each split gets " +
@@ -148,12 +148,14 @@ const keel_option_desc kOptions[] = {
     keel::opt_string("path", "\"metrics_{split}.csv\"",
                      "output file per split; {split} is replaced by the split's name (relative "
                      "paths: inside the run dir)"),
+    kEveryRank,
 };
 
 }  // namespace
 
 keel_component_desc csv_component() {
-  return keel::component<Csv>("csv", "metric records as one CSV file per split", kOptions);
+  return keel::component<OnRank<Csv>>("csv", "metric records as one CSV file per split",
+                                      kOptions);
 }
 
 }  // namespace sinks

@@ -1,4 +1,5 @@
-// What the sinks share: how metric values become text, and the files they write.
+// What the sinks share: how metric values become text, the files they write, and on which
+// ranks they write.
 #pragma once
 
 #include <cmath>
@@ -6,9 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
+#include "../rank_path.hpp"
 #include "keel/plugin.hpp"
 
 namespace sinks {
@@ -48,6 +51,35 @@ inline std::string exact_value(const char* key, double v) {
 inline std::string run_path(const keel::Context& ctx, const std::string& path) {
   return path.empty() || path[0] == '/' ? path : ctx.run_dir() + "/" + path;
 }
+
+// The file a sink writes for its option `path`: run_path, with ".rank<r>" before the extension
+// on rank r > 0 (keel_plugins::rank_path).
+inline std::string output_path(const keel::Context& ctx) {
+  return keel_plugins::rank_path(run_path(ctx, ctx.get_string("path")), ctx.rank());
+}
+
+// The option of every sink that OnRank reads.
+inline constexpr keel_option_desc kEveryRank = keel::opt_bool(
+    "every_rank", "false",
+    "write on every rank, not only on rank 0 (rank r > 0: files get .rank<r> before the "
+    "extension; the console's lines carry keel's \"[rank r] \" tag)");
+
+// Sink S on this rank: S itself on rank 0, and on other ranks with every_rank = true; else a
+// hook that does nothing (creates no file, prints nothing). Only on_event is forwarded: S keeps
+// no hook state (named_state).
+template <class S>
+class OnRank : public keel::Hook {
+ public:
+  explicit OnRank(const keel::Context& ctx) {
+    if (ctx.rank() == 0 || ctx.get_bool("every_rank")) sink_ = std::make_unique<S>(ctx);
+  }
+  void on_event(keel_event& ev) override {
+    if (sink_) sink_->on_event(ev);
+  }
+
+ private:
+  std::unique_ptr<S> sink_;
+};
 
 // For a resumed run (resume_step > 0): rewrites the file at `path` keeping its lines up to the
 // last one whose step (step_of(line); -1: not a record, kept) is at most resume_step, and returns

@@ -32,10 +32,10 @@ class JsonLines : public keel::Hook {
   // drops later ones (written after the checkpoint by the run that was interrupted), and
   // appends.
   explicit JsonLines(const keel::Context& ctx)
-      : file_(sinks::run_path(ctx, ctx.get_string("path")),
-              ctx.get_bool("append") || sinks::keep_records_until(
-                                            sinks::run_path(ctx, ctx.get_string("path")),
-                                            ctx.resume_step(), &step_of_record)) {}
+      : file_(sinks::output_path(ctx),
+              ctx.get_bool("append") || sinks::keep_records_until(sinks::output_path(ctx),
+                                                                  ctx.resume_step(),
+                                                                  &step_of_record)) {}
 
   void on_event(keel_event& ev) override {
     if (ev.kind == KEEL_EVENT_TRAIN_END) file_.flush();
@@ -57,12 +57,13 @@ const keel_option_desc kJsonLinesOptions[] = {
     keel::opt_string("path", "\"metrics.jsonl\"",
                      "output file (relative paths: inside the run dir)"),
     keel::opt_bool("append", "false", "append to an existing file instead of starting it afresh"),
+    sinks::kEveryRank,
 };
 
 const keel_component_desc kComponents[] = {
     sinks::console_component(),
-    keel::component<JsonLines>("jsonl", "metric records as one JSON object per line",
-                               kJsonLinesOptions),
+    keel::component<sinks::OnRank<JsonLines>>("jsonl", "metric records as one JSON object per line",
+                                              kJsonLinesOptions),
     sinks::csv_component(),
 };
 
