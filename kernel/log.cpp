@@ -136,6 +136,12 @@ const char* log_level_names() { return "trace, debug, info, warn, error, off"; }
 
 void init_logging(spdlog::level::level_enum console_level) { setup(console_level); }
 
+void set_log_rank(int rank) {
+  Logging& l = setup(std::nullopt);
+  const std::string tag = "[rank " + std::to_string(rank) + "] ";
+  l.console->set_pattern(isatty(fileno(stdout)) ? "\r\033[K[%T] " + tag + "%v" : "[%T] " + tag + "%v");
+}
+
 void attach_run_log(const std::string& path) {
   setup(std::nullopt).run_log->attach(path);
   spdlog::debug("run log: {}", path);

@@ -26,6 +26,10 @@ const char* log_level_names();
 // Calling it again changes the console level and keeps any attached run log.
 void init_logging(spdlog::level::level_enum console_level);
 
+// One process of several (data parallelism): console lines carry "[rank N] ". (Rank 0 alone
+// writes run.log: the trainer attaches it there only.)
+void set_log_rank(int rank);
+
 // Starts writing run.log at `path` (created or truncated): every message at debug level or
 // above (trace too when the console is at trace), starting with those logged since
 // init_logging or the last detach_run_log. Replaces a run log already attached. Calls

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "distributed/launch.hpp"
 #include "error.hpp"
 #include "log.hpp"
 #include "manifest.hpp"
@@ -36,6 +37,8 @@ constexpr int kExitInternal = 70;  // EX_SOFTWARE (sysexits.h)
 
 // What keel is doing, for the internal-error message ("while training configs/x.toml").
 std::string g_activity = "while starting";
+// "rank N: " in front of the error line of one process of several.
+std::string g_rank_prefix;
 
 // A command-line usage error: printed as "keel: error: <message>" plus one usage line; exit 2.
 class UsageError : public std::runtime_error {
@@ -365,6 +368,11 @@ int cmd_run(const std::string& command, const Parsed& p) {
   }
   log_registry(registry);
   spdlog::debug("run '{}' -> {}", cfg.name, cfg.output_dir);
+  if (command != "validate")
+    if (const auto launch = keel::detect_launch(); launch && launch->world_size > 1) {
+      keel::set_log_rank(launch->rank);
+      g_rank_prefix = "rank " + std::to_string(launch->rank) + ": ";
+    }
 
   if (command == "validate") {
     keel::check_run(cfg);
@@ -696,7 +704,7 @@ int main(int argc, char** argv) {
                  e.usage.c_str());
     status = kExitUsage;
   } catch (const keel::Error& e) {
-    std::fprintf(stderr, "keel: error: %s\n", one_line(e.what()).c_str());
+    std::fprintf(stderr, "keel: error: %s%s\n", g_rank_prefix.c_str(), one_line(e.what()).c_str());
     status = kExitError;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "keel: error: out of memory %s; hint: lower batch_size or the model "

@@ -21,7 +21,12 @@ const Schema kRunSchema = {
     opt_string("name", "\"keel\"", "run name"),
     opt_string("output_dir", "\"\"", "run directory (default runs/<name>)"),
     opt_int("seed", "0", "seed for weights, shuffling and dropout", 0, 9.0e15),
-    opt_int("threads", "0", "intra-op threads (0: every core); BLAS runs single-threaded", 0, 4096),
+    opt_int("threads", "0",
+            "intra-op threads (0: the cores / the processes on this machine); BLAS runs "
+            "single-threaded", 0, 4096),
+    opt_string("device", "\"cpu\"",
+               "where the model, optimizer state and batches live: cpu, cuda (under a launcher: "
+               "the GPU of LOCAL_RANK), cuda:N, or auto (cuda when there is one, else cpu)"),
     opt_string("mode", "\"train_and_evaluate\"", "what the run does",
                "train_and_evaluate|train|evaluate"),
     opt_bool("malloc_tuning", "true",
@@ -36,7 +41,7 @@ const Schema kTrainSchema = {
     opt_string("accum_normalization", "\"auto\"",
                "auto: by item count when the loss reports one, else mean over micro-batches",
                "auto|mean|items"),
-    opt_string("precision", "\"fp32\"", "bf16: CPU autocast; fp16: CUDA with loss scaling",
+    opt_string("precision", "\"fp32\"", "bf16: autocast on the run's device; fp16: CUDA autocast with loss scaling",
                "fp32|bf16|fp16"),
     opt_string("nonfinite", "\"error\"", "on a NaN/Inf loss or gradient norm", "error|skip"),
     opt_int("max_skips", "10", "skip policy: abort after this many skipped steps", 0, 1e15),
@@ -44,6 +49,15 @@ const Schema kTrainSchema = {
     opt_bool("eval_each_epoch", "true", "evaluate [data.test] after each epoch"),
     opt_int("eval_every_steps", "0", "also evaluate every N optimizer steps (0: never)", 0, 1e15),
     opt_int("eval_max_batches", "0", "batches per evaluation (0: the whole split)", 0, 1e15),
+};
+const Schema kDistributedSchema = {
+    opt_int("timeout_s", "300",
+            "seconds a rank waits for the others (rendezvous, every collective) before it fails",
+            1, 86400),
+    opt_string("backend", "\"auto\"", "collectives: auto (nccl for CUDA, else gloo), gloo, nccl",
+               "auto|gloo|nccl"),
+    opt_int("bucket_cap_mb", "25", "gradient all-reduce bucket size in MiB (DDP's bucket_cap_mb)",
+            1, 4096),
 };
 const Schema kHookKernelSchema = {
     opt_int("priority", "0", "hooks run in ascending priority, ties in manifest order", -1e9, 1e9),
@@ -81,7 +95,8 @@ const Schema kCheckpointKernelSchema = {
 
 const std::vector<std::string> kTopLevel = {"run", "plugins", "train", "model", "data",
                                             "optimizer", "lr_scheduler", "loss", "grad_clipper",
-                                            "mfu", "profiler", "checkpoint", "hooks", "extends"};
+                                            "mfu", "profiler", "checkpoint", "hooks", "distributed",
+                                            "extends"};
 
 // "did you mean 'x'? " (with a trailing space), or "".
 std::string near_hint(const std::string& word, const std::vector<std::string>& candidates) {
@@ -228,9 +243,11 @@ toml::table resolved_table(const ComponentSpec& spec, const keel_options* kernel
 
 const std::vector<KernelTable>& kernel_tables() {
   static const std::vector<KernelTable> tables = {
-      {"run", "the run: name, run directory, seed, threads, mode", &kRunSchema},
+      {"run", "the run: name, run directory, seed, threads, device, mode", &kRunSchema},
       {"train", "the loop: stop targets, accumulation, precision, logging, evaluation",
        &kTrainSchema},
+      {"distributed", "several processes (torchrun, Slurm, Open MPI): timeout, backend, buckets",
+       &kDistributedSchema},
       {"checkpoint",
        "kernel keys of [checkpoint] (beside the backend's own options), and the "
        "[checkpoint.init_rename] table of init_from prefix rewrites (\"ckpt.\" = \"model.\")",
@@ -274,7 +291,7 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
       throw Error(where(k.source()) + ": unknown section '" + key + "'; hint: " +
                   near_hint(key, kTopLevel) + "a manifest holds run, plugins, train, model, "
                   "data, optimizer, lr_scheduler, loss, grad_clipper, mfu, profiler, checkpoint, "
-                  "hooks (README, \"Manifest\")");
+                  "hooks, distributed (README, \"Manifest\")");
   }
 
   rc.plugin_paths = manifest_plugin_dirs(m);
@@ -290,6 +307,28 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   rc.seed = static_cast<uint64_t>(get<int64_t>(run, "seed"));
   rc.threads = get<int64_t>(run, "threads");
   rc.malloc_tuning = get<bool>(run, "malloc_tuning");
+  rc.device = get<std::string>(run, "device");
+  {
+    const toml::table* t = m.root.get("run") ? m.root.get("run")->as_table() : nullptr;
+    const std::string at = t && t->get("device") ? where(t->get("device")->source()) + ": run.device"
+                                                 : m.path + ": run.device";
+    static const std::regex kDevice("cpu|auto|cuda(:[0-9]{1,4})?");
+    if (!std::regex_match(rc.device, kDevice))
+      throw Error(at + " = \"" + rc.device + "\" is not a device; hint: use \"cpu\", \"cuda\", "
+                  "\"cuda:N\" or \"auto\"");
+#ifndef KEEL_WITH_CUDA
+    if (rc.device.rfind("cuda", 0) == 0)
+      throw Error(at + " = \"" + rc.device + "\": this keel is built against a LibTorch without "
+                  "CUDA (Debian's libtorch-dev is CPU-only); hint: use device = \"cpu\" or "
+                  "\"auto\", or rebuild keel with -Dtorch_prefix= pointing at a CUDA LibTorch");
+#endif
+  }
+  const keel_options dist = validate_options(
+      table_or_empty(m.root, "distributed", "distributed"), "distributed",
+      "keel options distributed", kDistributedSchema);
+  rc.dist_timeout_s = get<int64_t>(dist, "timeout_s");
+  rc.dist_backend = get<std::string>(dist, "backend");
+  rc.dist_bucket_cap_mb = get<int64_t>(dist, "bucket_cap_mb");
   rc.mode = choose<RunMode>(run, "mode", {{"train_and_evaluate", RunMode::kTrainAndEvaluate},
                                           {"train", RunMode::kTrain},
                                           {"evaluate", RunMode::kEvaluate}});
@@ -329,6 +368,10 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
     throw Error(train_where("precision") + ": \"fp16\" needs a CUDA build of LibTorch and "
                 "this keel is CPU-only; hint: use precision = \"bf16\" (CPU autocast)");
 #endif
+  if (rc.precision == Precision::kFp16 && rc.device == "cpu")
+    throw Error(train_where("precision") + ": \"fp16\" (with loss scaling) runs only on CUDA, "
+                "and run.device = \"cpu\"; hint: set [run] device = \"cuda\", or use "
+                "precision = \"bf16\"");
 
   // `kernel_tables`: keys of the table that belong to the kernel ([[optimizer.groups]]).
   auto required = [&](const char* key, keel_kind kind,
@@ -454,6 +497,7 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   for (const auto& p : rc.plugin_paths) paths.push_back(p);
   r.insert("plugins", toml::table{{"paths", std::move(paths)}});
   r.insert("train", to_toml(train));
+  r.insert("distributed", to_toml(dist));
   r.insert("model", resolved_table(rc.model, nullptr));
   toml::table data_t;
   data_t.insert("train", resolved_table(rc.train_data, nullptr));

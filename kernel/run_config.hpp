@@ -2,12 +2,13 @@
 // kernel's own schemas and every component's published option schema before step 1.
 //
 // Manifest layout (see README "Manifest"):
-//   [run]          name, output_dir, seed, threads, mode, malloc_tuning
+//   [run]          name, output_dir, seed, threads, device, mode, malloc_tuning
 //   [plugins]      paths
 //   [train]        stop targets (epochs, max_steps, max_samples, max_tokens), grad_accum,
 //                  precision, nonfinite policy, logging and evaluation cadence
 //   [model] [data.train] [data.test] [optimizer] [lr_scheduler] [loss] [grad_clipper]
 //   [mfu] [profiler] [checkpoint] [[hooks]]   -- each names its plugin with `type`
+//   [distributed]  timeout_s, backend, bucket_cap_mb (several processes)
 #pragma once
 
 #include <cmath>
@@ -49,11 +50,16 @@ struct RunConfig {
   std::string name;
   std::string output_dir;
   uint64_t seed = 0;
-  int64_t threads = 0;  // 0: every core
+  int64_t threads = 0;  // 0: the cores / the processes on this machine
+  std::string device = "cpu";  // "cpu", "cuda", "cuda:N", "auto" (validated)
   RunMode mode = RunMode::kTrainAndEvaluate;
   bool malloc_tuning = true;
   // [plugins]
   std::vector<std::string> plugin_paths;
+  // [distributed] (used when a launcher started several processes; see distributed/launch.hpp)
+  int64_t dist_timeout_s = 300;
+  std::string dist_backend = "auto";
+  int64_t dist_bucket_cap_mb = 25;
   // [train]
   // Stop targets: whichever is reached first (0: no limit).
   int64_t epochs = 1;

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <regex>
 #include <map>
@@ -29,6 +30,9 @@
 #include "checkpoint/resume.hpp"
 #include "checkpoint/store.hpp"
 #include "components.hpp"
+#include "distributed/grad_sync.hpp"
+#include "distributed/launch.hpp"
+#include "distributed/process_group.hpp"
 #include "error.hpp"
 #include "host.hpp"
 #include "keel/tensor.hpp"
@@ -41,9 +45,9 @@ namespace keel {
 
 using Clock = std::chrono::steady_clock;
 
-void configure_threads(int64_t threads) {
-  const int64_t n = threads > 0 ? threads
-                                : std::max<int64_t>(1, std::thread::hardware_concurrency());
+void configure_threads(int64_t threads, int local_processes) {
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t n = threads > 0 ? threads : std::max<int64_t>(1, cores / std::max(1, local_processes));
   at::set_num_threads(static_cast<int>(n));
   // One pool: OpenBLAS threads would spin against LibTorch's (measured 4x slower on 2 cores).
   using SetThreads = void (*)(int);
@@ -63,7 +67,8 @@ void configure_allocator() {
 }
 
 void apply_process_settings(const RunConfig& config) {
-  configure_threads(config.threads);
+  const std::optional<Launch> launch = detect_launch();
+  configure_threads(config.threads, launch ? launch->local_world_size : 1);
   if (config.malloc_tuning) configure_allocator();
   at::manual_seed(config.seed);
 }
@@ -143,28 +148,43 @@ class RunDirSnapshot {
   std::set<fs::path> before_;
 };
 
-// CPU autocast to bfloat16 for the forward pass and the loss (master weights stay fp32).
-class AutocastBf16 {
+// Autocast for the forward pass and the loss (master weights stay fp32): bf16 on the run's
+// device (CPU or CUDA autocast), fp16 on CUDA (with the loss scaler); nothing for fp32.
+class Autocast {
  public:
-  explicit AutocastBf16(bool on) : on_(on) {
+  Autocast(Precision precision, const at::Device& device)
+      : on_(precision != Precision::kFp32), cuda_(device.is_cuda()) {
     if (!on_) return;
-    prev_enabled_ = at::autocast::is_cpu_enabled();
-    prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    const at::ScalarType type = precision == Precision::kFp16 ? at::kHalf : at::kBFloat16;
+    if (cuda_) {
+      prev_enabled_ = at::autocast::is_enabled();
+      prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+      at::autocast::set_enabled(true);
+      at::autocast::set_autocast_gpu_dtype(type);
+    } else {
+      prev_enabled_ = at::autocast::is_cpu_enabled();
+      prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(type);
+    }
     at::autocast::increment_nesting();
   }
-  ~AutocastBf16() {
+  ~Autocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(prev_enabled_);
-    at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+    if (cuda_) {
+      at::autocast::set_enabled(prev_enabled_);
+      at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(prev_enabled_);
+      at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+    }
   }
-  AutocastBf16(const AutocastBf16&) = delete;
-  AutocastBf16& operator=(const AutocastBf16&) = delete;
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
 
  private:
-  bool on_;
+  bool on_, cuda_;
   bool prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
@@ -273,6 +293,23 @@ std::vector<keel_named_tensor> as_named(const TensorList& list) {
   return out;
 }
 
+// [run] device as a LibTorch device: "cuda" is the GPU of the launcher's LOCAL_RANK (0 when
+// running alone), "auto" that GPU when CUDA is available, else the CPU.
+at::Device resolve_device(const std::string& name, int local_rank) {
+  if (name == "cpu" || (name == "auto" && !at::hasCUDA())) return at::Device(at::kCPU);
+  const int index = name.rfind("cuda:", 0) == 0 ? std::stoi(name.substr(5)) : local_rank;
+  if (!at::hasCUDA())
+    throw Error("run.device = \"" + name + "\": CUDA is not available to this process; hint: use "
+                "device = \"cpu\" or \"auto\"");
+  const int count = at::detail::getCUDAHooks().getNumGPUs();
+  if (index >= count)
+    throw Error("run.device = \"" + name + "\" means CUDA device " + std::to_string(index) +
+                ", and this machine has " + std::to_string(count) + "; hint: one process per "
+                "GPU (torchrun --nproc_per_node=" + std::to_string(count) + "), or name a device "
+                "below " + std::to_string(count));
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
 struct MicroBatch {
   at::Tensor inputs, targets;
   int64_t samples = 0, tokens = 0;
@@ -293,8 +330,16 @@ struct Trainer::State {
   bool run_log_attached = false;
   std::string scratch_dir;  // validate_only: the components' run directory, removed at the end
 
-  void setup(const RunConfig& config, bool validate_only);
+  void setup(const RunConfig& config, bool validate_only, const std::optional<Launch>& launch);
   ~State();
+
+  // Data parallelism (a launcher started several processes; null when running alone). Every
+  // decision that changes the sequence of collectives is agreed by all ranks (agree_*).
+  std::unique_ptr<ProcessGroup> dist;
+  std::unique_ptr<GradSync> grad_sync;
+  int rank = 0, world = 1;
+  bool events_since_agreement = false;  // hooks ran since requests were last agreed
+  at::Device device{at::kCPU};
 
   Instance<keel_model> model;
   Instance<keel_dataset> train_data, test_data;
@@ -348,8 +393,8 @@ struct Trainer::State {
     c.options = &spec.options;
     c.section = spec.section.c_str();
     c.seed = cfg.seed;
-    c.rank = 0;
-    c.world_size = 1;
+    c.rank = rank;
+    c.world_size = world;
     c.run_dir = run_dir.c_str();
     c.resume_step = resume_dir.empty() ? 0 : resumed.step;
     return c;
@@ -382,6 +427,7 @@ struct Trainer::State {
             const std::vector<keel_metric>* metrics = nullptr, const char* path = nullptr,
             int64_t micro_batch = 0, const char* message = nullptr) {
     if (hooks.empty()) return;
+    events_since_agreement = true;
     begin("hooks");
     for (const auto& h : hooks) {
       keel_event ev{};
@@ -415,33 +461,83 @@ struct Trainer::State {
     ts.lr = base_lrs.empty() ? 0 : base_lrs[0] * f;
   }
 
+  // ---- agreement between ranks ----
+  // The requests of every rank's hooks, OR'ed, so that all ranks act on the same ones (and
+  // run the same collectives), plus the largest stop signal any rank received. Communicates
+  // when hooks ran since the last agreement, or `always` (a step's end: a signal may have
+  // arrived); `signal` is this rank's. Returns the agreed signal (0: none).
+  int agree_requests(int signal, bool always) {
+    if (!dist || (!always && !events_since_agreement)) return signal;
+    events_since_agreement = false;
+    const auto bit = [&](uint32_t b) { return (requests & b) ? 1.0 : 0.0; };
+    const std::vector<double> v = dist->max(
+        {bit(KEEL_REQUEST_STOP), bit(KEEL_REQUEST_EVAL), bit(KEEL_REQUEST_CHECKPOINT),
+         static_cast<double>(signal)},
+        "agreeing on hook requests at step " + std::to_string(ts.step));
+    requests = (v[0] > 0 ? KEEL_REQUEST_STOP : 0u) | (v[1] > 0 ? KEEL_REQUEST_EVAL : 0u) |
+               (v[2] > 0 ? KEEL_REQUEST_CHECKPOINT : 0u);
+    return static_cast<int>(v[3]);
+  }
+
+  // Runs `body` on rank 0 and returns its result on every rank. When it fails there, the other
+  // ranks fail too, naming rank 0, instead of waiting for it.
+  std::string on_rank0(const std::string& what, const std::function<std::string()>& body) {
+    static const std::string kFailed("\001failed");  // no valid result starts with \001
+    if (!dist) return body();
+    if (rank != 0) {
+      std::string v = dist->share("", what);
+      if (v == kFailed) throw Error("rank 0 failed to " + what + " (its log says why)");
+      return v;
+    }
+    std::string v;
+    try {
+      v = body();
+    } catch (...) {
+      try {
+        dist->share(kFailed, what);
+      } catch (const std::exception&) {  // the error that ends the run is body's
+      }
+      throw;
+    }
+    return dist->share(v, what);
+  }
+
+  // "rank<r>.<stem>": a checkpoint object of rank r > 0 (rank 0's is plain `stem`).
+  std::string rank_object(const std::string& stem) const {
+    return rank == 0 ? stem : "rank" + std::to_string(rank) + "." + stem;
+  }
+
   // ---- checkpoints ----
   // Everything a checkpoint holds, gathered now (at a step boundary).
+  // With several ranks, rank 0 holds the replicated objects (model, optimizer, hooks) and its
+  // own "rng" and "state"; rank r > 0 only its own, as "rank<r>.rng" and "rank<r>.state".
   Snapshot snapshot() {
     Snapshot snap;
     TensorList model_t, hooks_t, rng_t, state_t;
     // Parameters and optimizer state change only in the optimizer step: an asynchronous save
     // copies them on its thread while the next step's forward and backward run (the step waits
     // for that copy before BEFORE_OPTIMIZER_STEP).
-    const std::set<const void*> params_set(param_handles.begin(), param_handles.end());
-    for (const auto& nt : model_state) {
-      model_t.emplace_back(nt.name, borrow(nt.tensor));
-      if (params_set.count(nt.tensor)) snap.deferred.insert(nt.tensor);
+    if (rank == 0) {
+      const std::set<const void*> params_set(param_handles.begin(), param_handles.end());
+      for (const auto& nt : model_state) {
+        model_t.emplace_back(nt.name, borrow(nt.tensor));
+        if (params_set.count(nt.tensor)) snap.deferred.insert(nt.tensor);
+      }
+      snap.objects.emplace_back("model", std::move(model_t));
+      if (KEEL_HAS_SLOT(optimizer, keel_optimizer, state_save)) {
+        TensorList opt = save_state(optimizer);
+        for (const auto& [name, t] : opt) snap.deferred.insert(t.unsafeGetTensorImpl());
+        snap.objects.emplace_back("optimizer", std::move(opt));
+      }
+      for (const auto& nt : hook_state) hooks_t.emplace_back(nt.name, borrow(nt.tensor));
+      snap.objects.emplace_back("hooks", std::move(hooks_t));
     }
-    snap.objects.emplace_back("model", std::move(model_t));
-    if (KEEL_HAS_SLOT(optimizer, keel_optimizer, state_save)) {
-      TensorList opt = save_state(optimizer);
-      for (const auto& [name, t] : opt) snap.deferred.insert(t.unsafeGetTensorImpl());
-      snap.objects.emplace_back("optimizer", std::move(opt));
-    }
-    for (const auto& nt : hook_state) hooks_t.emplace_back(nt.name, borrow(nt.tensor));
-    snap.objects.emplace_back("hooks", std::move(hooks_t));
     rng_t.emplace_back("torch.cpu", at::detail::getDefaultCPUGenerator().get_state());
     if (at::hasCUDA())
       for (int d = 0; d < at::detail::getCUDAHooks().getNumGPUs(); ++d)
         rng_t.emplace_back("torch.cuda." + std::to_string(d),
                            at::detail::getCUDAHooks().getDefaultCUDAGenerator(d).get_state());
-    snap.objects.emplace_back("rng", std::move(rng_t));
+    snap.objects.emplace_back(rank_object("rng"), std::move(rng_t));
     // Plugins' own state (state_save of the model and the training data), "<section>/<name>".
     const auto add_state = [&](const auto& inst, const std::string& section) {
       using Abi = std::remove_pointer_t<decltype(inst.operator->())>;
@@ -450,7 +546,12 @@ struct Trainer::State {
     };
     add_state(model, "model");
     add_state(train_data, "data.train");
-    snap.objects.emplace_back("state", std::move(state_t));
+    snap.objects.emplace_back(rank_object("state"), std::move(state_t));
+    // Backends take CPU tensors: a synchronous save copies device tensors now (an asynchronous
+    // one copies every tensor to the CPU itself).
+    if (!device.is_cpu() && !cfg.checkpoint_async)
+      for (auto& [stem, tensors] : snap.objects)
+        for (auto& [name, t] : tensors) t = t.cpu();
 
     CheckpointMeta& m = snap.meta;
     m.run_id = run_id;
@@ -461,6 +562,7 @@ struct Trainer::State {
     m.tokens = ts.tokens;
     m.skipped_steps = ts.skipped_steps;
     m.last_eval_step = last_eval_step;
+    m.world_size = world;
     m.keel_version = KEEL_VERSION;
     m.manifest_hash = hash_string(hash_text(resolved_text));
     m.loss_scale = use_scaler ? scaler.scale() : 0.0;
@@ -506,9 +608,74 @@ struct Trainer::State {
       spdlog::debug("checkpoint of step {} being written in the background", ts.step);
       return;
     }
-    const std::string dir = store->save(snap);
+    const std::string dir = dist ? save_together(snap) : store->save(snap);
     end("checkpoint");
     committed(dir);
+  }
+
+  // A checkpoint of several ranks: rank 0 creates the staging directory and shares its path,
+  // every rank writes its objects into it, all agree that every part was written, then rank 0
+  // checksums everything, writes the commit record, commits, and shares the committed
+  // directory. A failure on any rank fails the save (and the run) on every rank.
+  std::string save_together(const Snapshot& snap) {
+    const std::string at = " the checkpoint of step " + std::to_string(ts.step);
+    if (rank != 0) {
+      const std::string staging = dist->share("", "sharing the staging directory of" + at);
+      std::string index, failure;
+      if (!staging.empty()) {
+        try {
+          CommitRecord part;
+          part.tensors = store->write_part(staging, snap.objects);
+          index = write_commit_record(part);
+        } catch (const Error& e) {
+          failure = e.what();
+        }
+      }
+      dist->gather(index, "collecting the parts of" + at);
+      if (!dist->all(!staging.empty() && failure.empty(), "agreeing on the parts of" + at))
+        throw Error(failure.empty() ? "another rank failed to write its part of" + at +
+                                          " (its log says why); nothing was committed"
+                                    : failure);
+      const std::string dir = dist->share("", "committing" + at);
+      if (dir.empty()) throw Error("rank 0 failed to commit" + at + " (its log says why)");
+      return dir;
+    }
+    enum { kStart, kStaged, kAgreed, kRefused } phase = kStart;
+    SaveParts parts;
+    parts.staged = [&](const std::string& staging) {
+      dist->share(staging, "sharing the staging directory of" + at);
+      phase = kStaged;
+    };
+    parts.written = [&] {
+      const std::vector<std::string> indexes = dist->gather("", "collecting the parts of" + at);
+      phase = kRefused;
+      if (!dist->all(true, "agreeing on the parts of" + at))
+        throw Error("another rank failed to write its part of" + at +
+                    " (its log says why); nothing was committed");
+      phase = kAgreed;
+      TensorIndex all;
+      for (size_t r = 1; r < indexes.size(); ++r)
+        for (auto& [stem, index] :
+             read_commit_record(indexes[r], "the index of rank " + std::to_string(r)).tensors)
+          all[stem] = std::move(index);
+      return all;
+    };
+    std::string dir;
+    try {
+      dir = store->save(snap, parts);
+    } catch (...) {
+      try {  // let the other ranks fail now rather than wait for the timeout
+        if (phase == kStart) dist->share("", "sharing the staging directory of" + at);
+        if (phase == kStart || phase == kStaged) {
+          dist->gather("", "collecting the parts of" + at);
+          dist->all(false, "agreeing on the parts of" + at);
+        }
+        if (phase == kAgreed) dist->share("", "committing" + at);
+      } catch (const std::exception&) {  // the error that ends the run is the save's
+      }
+      throw;
+    }
+    return dist->share(dir, "committing" + at);
   }
 
   // ---- resume ----
@@ -547,12 +714,33 @@ struct Trainer::State {
         return;
       }
     }
+    adopt_resume_checkpoint();
+  }
+
+  // The checkpoint rank 0 chose (and verified) to resume from, on the other ranks.
+  void follow_resume_checkpoint(const std::string& dir) {
+    if (dir.empty()) return;
+    resume_dir = dir;
+    resume_record = read_commit_file(dir);
+    adopt_resume_checkpoint();
+  }
+
+  // Reads the metadata of resume_dir and checks that this run can continue it.
+  void adopt_resume_checkpoint() {
     const fs::path meta_path = fs::path(resume_dir) / "trainer_state.toml";
     resumed = read_checkpoint_meta(read_file(meta_path.string()), meta_path.string());
     if (resumed.step != resume_record.step || resumed.run_id != resume_record.run_id)
       throw Error(meta_path.string() + ": step and run_id differ from its commit record; hint: "
                   "the checkpoint is damaged, resume from another one");
     run_id = resumed.run_id;
+    if (resumed.world_size != world)
+      throw Error("--resume: " + resume_dir + " was saved by " +
+                  std::to_string(resumed.world_size) + " process(es) and this run has " +
+                  std::to_string(world) + "; each rank's generator and data position are in "
+                  "it, so only the same number continues it exactly; hint: launch " +
+                  std::to_string(resumed.world_size) + " process(es) (torchrun "
+                  "--nproc_per_node=" + std::to_string(resumed.world_size) + "), or start a "
+                  "new run from its weights with [checkpoint] init_from");
     check_manifest_changes(read_file((fs::path(resume_dir) / "manifest.resolved.toml").string()));
     const auto now = plugin_versions();
     for (const auto& [name, version] : resumed.plugins)
@@ -659,8 +847,8 @@ struct Trainer::State {
 
     load_hook_state(rec, dir);
 
-    TensorList plugin_state = allocate(rec, "state");
-    store->load(dir, "state", plugin_state);
+    TensorList plugin_state = allocate(rec, rank_object("state"));
+    store->load(dir, rank_object("state"), plugin_state);
     const auto give_state = [&](const auto& inst, const std::string& section) {
       using Abi = std::remove_pointer_t<decltype(inst.operator->())>;
       TensorList mine;
@@ -679,8 +867,8 @@ struct Trainer::State {
     give_state(model, "model");
     give_state(train_data, "data.train");
 
-    TensorList rng = allocate(rec, "rng");
-    store->load(dir, "rng", rng);
+    TensorList rng = allocate(rec, rank_object("rng"));
+    store->load(dir, rank_object("rng"), rng);
     for (const auto& [name, t] : rng) {
       if (name == "torch.cpu") {
         at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -841,11 +1029,33 @@ struct Trainer::State {
       int has = 0;
       train_data.call("next", train_data->next, &b, &has);
       if (!has) break;
-      out.push_back(checked_batch(train_data, b));
+      out.push_back(on_device(checked_batch(train_data, b)));
     }
     end("data");
+    if (dist) {
+      // Every rank takes as many micro-batches as the rank with the fewest (none: the epoch
+      // ends on every rank), so that all run the same gradient all-reduces.
+      const size_t fewest = static_cast<size_t>(
+          -dist->max({-static_cast<double>(out.size())},
+                     "agreeing on the batches of step " + std::to_string(ts.step + 1))[0]);
+      if (fewest < out.size()) {
+        spdlog::warn("rank {}: {} has {} more micro-batch(es) in epoch {} than another rank: "
+                     "left out (hint: shard the data evenly, e.g. fashion_mnist remainder = "
+                     "\"pad\" or \"drop\")", rank, train_data.label(), out.size() - fewest,
+                     ts.epoch);
+        out.resize(fewest);
+      }
+    }
     window.data_s += std::chrono::duration<double>(Clock::now() - t0).count();
     return out;
+  }
+
+  // The batch on the run's device (the dataset made it on the CPU).
+  MicroBatch on_device(MicroBatch mb) const {
+    if (device.is_cpu()) return mb;
+    mb.inputs = mb.inputs.to(device, /*non_blocking=*/true);
+    mb.targets = mb.targets.to(device, /*non_blocking=*/true);
+    return mb;
   }
 
   // A batch from a dataset's `next`, checked: both tensors, samples > 0, tokens >= 0, and the
@@ -936,10 +1146,14 @@ struct Trainer::State {
     double step_loss = 0;
     bool finite = true;
     for (size_t i = 0; i < mbs.size(); ++i) {
+      // Only the step's last backward all-reduces the gradients (the earlier ones accumulate
+      // locally, as under DDP's no_sync).
+      const bool sync = grad_sync && i + 1 == mbs.size();
+      if (sync) grad_sync->before_forward();
       at::Tensor micro_loss;
       {
         begin("forward");
-        AutocastBf16 autocast(cfg.precision == Precision::kBf16);
+        Autocast autocast(cfg.precision, device);
         int64_t count = 0;
         micro_loss = compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count, true);
         // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
@@ -950,10 +1164,24 @@ struct Trainer::State {
       finite = finite && std::isfinite(value);
       step_loss += value;
       begin("backward");
-      // Backward runs the autograd functions of the model's and the loss's operations.
-      naming(model.label() + " / " + loss.label(), "backward", [&] {
+      if (sync) grad_sync->before_backward(micro_loss);
+      // Backward runs the autograd functions of the model's and the loss's operations (and,
+      // when synchronising, the gradient all-reduce).
+      const auto backward = [&] {
         (use_scaler ? scaler.scale_loss(micro_loss) : micro_loss).backward();
-      });
+      };
+      if (!sync) {
+        naming(model.label() + " / " + loss.label(), "backward", backward);
+      } else {
+        try {
+          backward();
+        } catch (const c10::Error& e) {
+          throw dist->failure("backward of step " + std::to_string(ts.step + 1) + " (" +
+                                  model.label() + " / " + loss.label() +
+                                  ", with the gradient all-reduce)",
+                              e.what_without_backtrace());
+        }
+      }
       end("backward");
     }
     if (use_scaler) finite = scaler.unscale(params) && finite;
@@ -970,6 +1198,23 @@ struct Trainer::State {
       finite = finite && std::isfinite(norm);
     }
     ts.grad_norm = norm;
+    int64_t step_samples = 0, step_tokens = 0;
+    for (const auto& mb : mbs) {
+      step_samples += mb.samples;
+      step_tokens += mb.tokens;
+    }
+    if (dist) {
+      // One all-reduce: the loss (mean over ranks), whether any rank saw a non-finite value
+      // (then every rank skips the step), samples and tokens (sums).
+      const std::vector<double> v = dist->sum(
+          {step_loss, finite ? 0.0 : 1.0, static_cast<double>(step_samples),
+           static_cast<double>(step_tokens)},
+          "reducing the loss of step " + std::to_string(ts.step + 1));
+      step_loss = v[0] / world;
+      finite = v[1] == 0;
+      step_samples = static_cast<int64_t>(v[2]);
+      step_tokens = static_cast<int64_t>(v[3]);
+    }
     if (use_scaler) scaler.update(finite);
 
     if (finite) {
@@ -994,12 +1239,10 @@ struct Trainer::State {
     }
 
     ts.step += 1;
-    for (const auto& mb : mbs) {
-      ts.samples += mb.samples;
-      ts.tokens += mb.tokens;
-      window.samples += mb.samples;
-      window.tokens += mb.tokens;
-    }
+    ts.samples += step_samples;
+    ts.tokens += step_tokens;
+    window.samples += step_samples;
+    window.tokens += step_tokens;
     ts.loss = step_loss;
     window.loss += step_loss;
     window.steps += 1;
@@ -1012,7 +1255,13 @@ struct Trainer::State {
   }
 
   void log_train_metrics() {
-    const double secs = std::chrono::duration<double>(Clock::now() - window.start).count();
+    double secs = std::chrono::duration<double>(Clock::now() - window.start).count();
+    double data_s = window.data_s;
+    if (dist) {  // the slowest rank's times
+      const std::vector<double> v = dist->max({secs, data_s}, "reducing step times");
+      secs = v[0];
+      data_s = v[1];
+    }
     const double sps = window.samples / std::max(secs, 1e-9);
     const double steps = std::max<int64_t>(window.steps, 1);
     last_train = {
@@ -1026,7 +1275,7 @@ struct Trainer::State {
         {"samples_per_s", sps},
         {"tokens_per_s", window.tokens / std::max(secs, 1e-9)},
         {"step_time_ms", 1e3 * secs / steps},
-        {"data_time_ms", 1e3 * window.data_s / steps},
+        {"data_time_ms", 1e3 * data_s / steps},
     };
     if (clipper) {
       last_train.push_back({"grad_norm", window.norms ? window.grad_norm / window.norms : NAN});
@@ -1036,7 +1285,8 @@ struct Trainer::State {
       last_train.push_back({"skipped_steps", double(ts.skipped_steps)});
     if (use_scaler) last_train.push_back({"loss_scale", scaler.scale()});
     if (mfu) {
-      const double v = mfu.get("compute", mfu->compute, flops_per_sample, sps);
+      // Per device: the samples of all ranks over the devices of all ranks.
+      const double v = mfu.get("compute", mfu->compute, flops_per_sample, sps / world);
       if (!std::isfinite(v) || v < 0)
         throw mfu.error("compute returned " + num(v) +
                         "; an mfu must be a finite value >= 0 (a fraction of the peak)");
@@ -1069,13 +1319,13 @@ struct Trainer::State {
       int has = 0;
       test_data.call("next", test_data->next, &b, &has);
       if (!has) break;
-      const MicroBatch mb = checked_batch(test_data, b);
+      const MicroBatch mb = on_device(checked_batch(test_data, b));
       const at::Tensor &x = mb.inputs, &y = mb.targets;
       at::Tensor out;
       int64_t count = 0;
       double batch_loss = 0;
       {
-        AutocastBf16 autocast(cfg.precision == Precision::kBf16);
+        Autocast autocast(cfg.precision, device);
         out = forward(x);
         batch_loss = compute_loss(out, y, &count, false).item<double>();
       }
@@ -1092,6 +1342,19 @@ struct Trainer::State {
       ++batches;
     }
     model.get("set_training", model->set_training, 1);
+    if (dist) {
+      // Exact over the ranks' shards: sums of losses, items and correct predictions.
+      const std::vector<double> v = dist->sum(
+          {loss_sum, double(items), double(correct), double(rows), double(samples),
+           classification ? 0.0 : 1.0},
+          "reducing the evaluation at step " + std::to_string(ts.step));
+      loss_sum = v[0];
+      items = static_cast<int64_t>(v[1]);
+      correct = static_cast<int64_t>(v[2]);
+      rows = static_cast<int64_t>(v[3]);
+      samples = static_cast<int64_t>(v[4]);
+      classification = v[5] == 0;
+    }
     end("eval");
     last_eval = {{"step", double(ts.step)},
                  {"epoch", double(ts.epoch)},
@@ -1146,24 +1409,43 @@ struct Trainer::State {
 };
 
 // Assembles the run: every component created and checked, in dependency order.
-void Trainer::State::setup(const RunConfig& config, bool validate_only) {
+void Trainer::State::setup(const RunConfig& config, bool validate_only,
+                           const std::optional<Launch>& launch) {
   State& s = *this;
   s.cfg = config;
+  s.device = resolve_device(config.device, launch ? launch->local_rank : 0);
+  if (launch && launch->world_size > 1) {
+    if (config.checkpoint && config.checkpoint_async)
+      throw Error("checkpoint.async = true is not supported with several processes yet (" +
+                  std::to_string(launch->world_size) + " ranks); hint: set [checkpoint] "
+                  "async = false");
+    DistributedOptions o;
+    o.timeout = std::chrono::seconds(config.dist_timeout_s);
+    o.backend = config.dist_backend;
+    o.bucket_bytes = config.dist_bucket_cap_mb << 20;
+    s.dist = std::make_unique<ProcessGroup>(*launch, o, s.device);
+    s.rank = launch->rank;
+    s.world = launch->world_size;
+    spdlog::info("rank {} of {} ({}, local rank {} of {}), {} backend, device {}", s.rank,
+                 s.world, launch->launcher, launch->local_rank, launch->local_world_size,
+                 s.dist->backend_name(), s.device.str());
+  }
   const fs::path out = config.output_dir;
   const std::string hint = "; hint: set [run] output_dir to a writable directory";
-  std::error_code ec;
-  fs::create_directories(validate_only ? out : out / "checkpoints", ec);
-  if (ec || !fs::is_directory(out))
-    throw Error("run directory " + out.string() + ": cannot create it (" +
-                (ec ? ec.message() : "a file of that name exists") + ")" + hint);
-  {
+  s.on_rank0("prepare the run directory " + out.string(), [&] {
+    std::error_code ec;
+    fs::create_directories(validate_only ? out : out / "checkpoints", ec);
+    if (ec || !fs::is_directory(out))
+      throw Error("run directory " + out.string() + ": cannot create it (" +
+                  (ec ? ec.message() : "a file of that name exists") + ")" + hint);
     // Its own name: runs started together into one directory must not remove each other's.
     const fs::path probe = out / (".keel-write-check-" + random_token());
     std::ofstream(probe) << "keel\n";
     const bool written = fs::file_size(probe, ec) == 5;
     fs::remove(probe, ec);
     if (!written) throw Error("run directory " + out.string() + ": cannot write to it" + hint);
-  }
+    return std::string();
+  });
   if (validate_only) {
     // Components create their files (metrics.jsonl, ...) in a scratch directory, so that
     // validating never touches a run directory's files.
@@ -1183,8 +1465,14 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
          << config.resolved << "\n";
     s.resolved_text = text.str();
   }
-  s.run_id = random_token();
-  if (!validate_only && config.resume != RunConfig::Resume::kNo) s.pick_resume_checkpoint();
+  s.run_id = s.on_rank0("choose the run id", [] { return random_token(); });
+  if (!validate_only && config.resume != RunConfig::Resume::kNo) {
+    const std::string dir = s.on_rank0("choose the checkpoint to resume from", [&] {
+      s.pick_resume_checkpoint();
+      return s.resume_dir;
+    });
+    if (s.rank != 0) s.follow_resume_checkpoint(dir);
+  }
 
   // Model: parameters (for the optimizer and clipper) and state (for checkpoints).
   s.model = s.make<keel_model>(config.model);
@@ -1215,6 +1503,13 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
       throw s.model.error("duplicate state name '" + std::string(nt.name) + "'");
     s.model_state.push_back(nt);
   }
+  if (!s.device.is_cpu()) {
+    // Parameters and buffers move in place (same tensors, new storage), like Module::to.
+    at::NoGradGuard no_grad;
+    for (const auto& nt : s.model_state) borrow(nt.tensor).set_data(borrow(nt.tensor).to(s.device));
+    for (at::Tensor& p : s.params)
+      if (p.device() != s.device) p.set_data(p.to(s.device));
+  }
   s.flops_per_sample = s.model.get("flops_per_sample", s.model->flops_per_sample);
   if (!std::isfinite(s.flops_per_sample) || s.flops_per_sample < 0)
     throw s.model.error("flops_per_sample returned " + num(s.flops_per_sample) +
@@ -1237,7 +1532,8 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
     if (size <= 0)
       throw s.train_data.error("size returned " + std::to_string(size) +
                                "; train.max_samples needs the samples per epoch");
-    const double per_step = static_cast<double>(size) / batches * config.grad_accum;
+    // Samples of all ranks per optimizer step (size and batches are this rank's shard's).
+    const double per_step = static_cast<double>(size) / batches * config.grad_accum * s.world;
     plans.push_back(static_cast<int64_t>(std::ceil(config.max_samples / per_step)));
   }
   s.total_steps = plans.empty() ? 0 : *std::min_element(plans.begin(), plans.end());
@@ -1323,7 +1619,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
                    config.checkpoint_best_metric, config.checkpoint_best_max};
     s.store = std::make_unique<CheckpointStore>((s.run_dir / "checkpoints").string(),
                                                 &s.checkpoint, keep, s.run_id);
-    if (!validate_only && s.store->remove_stale() > 0)
+    if (!validate_only && s.rank == 0 && s.store->remove_stale() > 0)
       spdlog::info("removed what interrupted checkpoint saves left in {}",
                    (s.run_dir / "checkpoints").string());
     if (!s.resume_dir.empty()) {
@@ -1339,6 +1635,21 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
   }
   if (validate_only) return;
 
+  if (s.dist) {
+    // Every rank starts from rank 0's parameters and buffers (DDP's broadcast at start).
+    std::vector<at::Tensor> state;
+    for (const auto& nt : s.model_state) state.push_back(borrow(nt.tensor));
+    s.dist->verify_same(state, "the model's parameters and buffers");
+    s.dist->broadcast(state, "broadcasting the model from rank 0");
+    std::vector<std::string> names(s.param_names.begin(), s.param_names.end());
+    s.grad_sync = std::make_unique<GradSync>(*s.dist, s.params, names);
+    spdlog::info("gradients all-reduced in {}", s.grad_sync->describe());
+    // Ranks other than 0 draw their own random numbers from here on (dropout, ...).
+    if (s.rank > 0 && s.resume_dir.empty())
+      at::manual_seed(config.seed + 1000003ull * static_cast<uint64_t>(s.rank));
+  }
+  if (s.rank != 0) return;  // rank 0 writes the run directory's files
+
   // Written last, so that a run failing before step 1 leaves them untouched.
   const fs::path resolved_path = s.run_dir / "manifest.resolved.toml";
   std::ofstream resolved(resolved_path);
@@ -1350,6 +1661,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only) {
 }
 
 Trainer::State::~State() {
+  grad_sync.reset();  // its autograd hooks hold the parameters
   // Instances go first (in reverse order of creation), so that files they hold are closed.
   hooks.clear();
   store.reset();
@@ -1369,17 +1681,22 @@ Trainer::State::~State() {
 }
 
 Trainer::Trainer(const RunConfig& config, bool validate_only) : s_(std::make_unique<State>()) {
+  // `keel validate` checks one process's view, alone.
+  const std::optional<Launch> launch = validate_only ? std::nullopt : detect_launch();
+  // Rank 0 owns the run directory: only it removes what a failed start added.
+  const bool owner = !launch || launch->rank == 0;
   const RunDirSnapshot before(config.output_dir);
   try {
-    s_->setup(config, validate_only);
+    s_->setup(config, validate_only, launch);
   } catch (const Error& e) {
     s_.reset();  // closes every file the components opened
+    if (!owner) throw;
     const std::string left = before.remove_added();
     if (left.empty()) throw;
     throw Error(std::string(e.what()) + " (left behind: " + left + ")");
   } catch (...) {
     s_.reset();
-    before.remove_added();
+    if (owner) before.remove_added();
     throw;
   }
 }
@@ -1443,16 +1760,22 @@ RunSummary Trainer::train() {
         s.epoch_batches += static_cast<int64_t>(mbs.size());
         summary.last_loss = s.train_step(mbs);
         s.finish_async_save(/*block=*/false);
-        if (const int sig = g_stop_signal.load()) s.stop_for_signal(sig);
+        // Several ranks: one agreement on every rank's requests and signals (below, again
+        // after events that may have set requests).
+        if (const int sig = s.agree_requests(g_stop_signal.load(), /*always=*/true))
+          s.stop_for_signal(sig);
         const bool last = s.stop_target_reached() || (s.requests & KEEL_REQUEST_STOP);
         if (s.ts.step % s.cfg.log_every == 0 || last) s.log_train_metrics();
+        s.agree_requests(0, false);
         if ((s.cfg.eval_every_steps > 0 && s.ts.step % s.cfg.eval_every_steps == 0) ||
             (s.requests & KEEL_REQUEST_EVAL))
           s.evaluate(summary);
+        s.agree_requests(0, false);
         if (s.store && ((s.cfg.checkpoint_every_steps > 0 &&
                          s.ts.step % s.cfg.checkpoint_every_steps == 0) ||
                         (s.requests & KEEL_REQUEST_CHECKPOINT)))
           s.save_checkpoint();
+        s.agree_requests(0, false);
         done = last || (s.requests & KEEL_REQUEST_STOP);
         // A stop requested by the evaluation or the checkpoint: record the steps since the
         // last record (a stop requested by then was recorded above).
@@ -1466,9 +1789,11 @@ RunSummary Trainer::train() {
         s.epoch_finished = true;  // a checkpoint from here on starts the next epoch
       }
       if (final_epoch) done = true;
+      s.agree_requests(0, false);
       // What the epoch-end events request: a stop ends the run (after its evaluation, with a
       // record of the steps since the last one), a checkpoint is saved.
       const auto stop_if_requested = [&] {
+        s.agree_requests(0, false);
         if (s.requests & KEEL_REQUEST_STOP) done = true;
         if (done && s.unrecorded_steps()) s.log_train_metrics();
       };
@@ -1488,6 +1813,8 @@ RunSummary Trainer::train() {
     s.finish_async_save(/*block=*/true);
     s.emit(KEEL_EVENT_TRAIN_END);
     if (s.profiler) s.profiler.call("flush", s.profiler->flush);
+    // No rank leaves (taking the store it may serve with it) while another still needs it.
+    if (s.dist) s.dist->any(false, "finishing the run");
   } catch (const std::exception& e) {
     // Tell the hooks why the run ends (their own failures here cannot be reported any better).
     const std::string message =

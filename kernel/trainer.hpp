@@ -51,13 +51,15 @@ class Trainer {
 void check_run(const RunConfig& config);
 
 // The process-wide settings of a run, applied once at start-up by the program that runs it
-// (keel's main, a test, an embedding program): LibTorch and BLAS threads, glibc allocator
-// tuning ([run] malloc_tuning), and the seed of LibTorch's default generator.
+// (keel's main, a test, an embedding program): LibTorch and BLAS threads (a launcher's local
+// world size divides the cores), glibc allocator tuning ([run] malloc_tuning), and the seed of
+// LibTorch's default generator. Throws keel::Error on malformed launcher variables.
 void apply_process_settings(const RunConfig& config);
 
-// Applies the run's thread policy: `threads` LibTorch intra-op threads (0: every core) and a
-// single-threaded BLAS, so that the two pools never oversubscribe the cores.
-void configure_threads(int64_t threads);
+// Applies the run's thread policy: `threads` LibTorch intra-op threads (0: the cores divided
+// by `local_processes`, the ranks on this machine, at least 1) and a single-threaded BLAS, so
+// that the pools never oversubscribe the cores.
+void configure_threads(int64_t threads, int local_processes = 1);
 
 // Keeps large freed blocks in glibc's heap (no mmap/munmap and page faults for every step's
 // temporaries); see trainer.cpp for the measurement. [run] malloc_tuning = false turns it off.

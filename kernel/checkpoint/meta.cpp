@@ -56,6 +56,7 @@ class Reader {
                                        " (expected " + keys_ + ")");
     }
   }
+  bool has(const char* key) const { return t_.get(key) != nullptr; }
   const toml::node& node(const char* key) const {
     const toml::node* n = t_.get(key);
     if (n == nullptr)
@@ -154,6 +155,7 @@ bool operator==(const CheckpointMeta& a, const CheckpointMeta& b) {
   return a.run_id == b.run_id && a.step == b.step && a.epoch == b.epoch &&
          a.epoch_batches == b.epoch_batches && a.samples == b.samples && a.tokens == b.tokens &&
          a.skipped_steps == b.skipped_steps && a.last_eval_step == b.last_eval_step &&
+         a.world_size == b.world_size &&
          a.objects == b.objects && a.keel_version == b.keel_version &&
          a.manifest_hash == b.manifest_hash && same(a.loss_scale, b.loss_scale) &&
          a.loss_scale_clean_steps == b.loss_scale_clean_steps &&
@@ -173,7 +175,8 @@ CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& pa
   }
   const Reader r(t, path, "",
                  {"run_id", "step", "epoch", "epoch_batches", "samples", "tokens",
-                  "skipped_steps", "last_eval_step", "objects", "keel_version", "manifest_hash",
+                  "skipped_steps", "last_eval_step", "world_size", "objects", "keel_version",
+                  "manifest_hash",
                   "loss_scale", "loss_scale_clean_steps", "window", "plugins", "metrics"});
   CheckpointMeta m;
   m.run_id = r.string("run_id");
@@ -184,6 +187,8 @@ CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& pa
   m.tokens = r.integer("tokens");
   m.skipped_steps = r.integer("skipped_steps");
   m.last_eval_step = r.integer("last_eval_step", -1);
+  // Checkpoints written before data parallelism have no world_size: one process saved them.
+  m.world_size = r.has("world_size") ? r.integer("world_size", 1) : 1;
   m.objects = r.strings("objects");
   m.keel_version = r.string("keel_version");
   m.manifest_hash = r.string("manifest_hash");
@@ -215,7 +220,8 @@ std::string write_checkpoint_meta(const CheckpointMeta& m) {
                     "\nsamples = " + std::to_string(m.samples) +
                     "\ntokens = " + std::to_string(m.tokens) +
                     "\nskipped_steps = " + std::to_string(m.skipped_steps) +
-                    "\nlast_eval_step = " + std::to_string(m.last_eval_step) + "\nobjects = [";
+                    "\nlast_eval_step = " + std::to_string(m.last_eval_step) +
+                    "\nworld_size = " + std::to_string(m.world_size) + "\nobjects = [";
   for (size_t i = 0; i < m.objects.size(); ++i) out += (i ? ", " : "") + quoted(m.objects[i]);
   out += "]\nkeel_version = " + quoted(m.keel_version) +
          "\nmanifest_hash = " + quoted(m.manifest_hash) + "\nloss_scale = " + real(m.loss_scale) +

@@ -10,6 +10,7 @@
 //   tokens = 1024
 //   skipped_steps = 0
 //   last_eval_step = 30           # step of the latest evaluation (-1: none yet)
+//   world_size = 2                # ranks that saved it (optional when reading: default 1)
 //   objects = ["model", "optimizer", "rng"]   # backend objects written (<stem>.<ext>)
 //   keel_version = "0.3.0"
 //   manifest_hash = "xxh3:0123456789abcdef"    # of manifest.resolved.toml beside it
@@ -55,6 +56,7 @@ struct CheckpointMeta {
   int64_t tokens = 0;
   int64_t skipped_steps = 0;
   int64_t last_eval_step = -1;
+  int64_t world_size = 1;
   std::vector<std::string> objects = {};
   std::string keel_version;
   std::string manifest_hash;
@@ -72,7 +74,8 @@ struct CheckpointMeta {
 bool operator==(const CheckpointMeta& a, const CheckpointMeta& b);
 
 // Parses the text of a trainer_state.toml; `path` names it in messages. Every key above must be
-// present with its type (counts >= 0, last_eval_step >= -1), nothing else. Throws keel::Error
+// present with its type (counts >= 0, last_eval_step >= -1, world_size >= 1; world_size may be
+// absent: 1), nothing else. Throws keel::Error
 // "path:line:col: invalid checkpoint metadata: <what>" on anything wrong.
 CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& path);
 

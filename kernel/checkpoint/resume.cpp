@@ -26,6 +26,7 @@ bool starts(const std::string& key, const char* prefix) { return key.rfind(prefi
 
 bool harmless(const std::string& key) {
   for (const char* k : {"run.name", "run.output_dir", "run.threads", "run.malloc_tuning",
+                        "distributed.timeout_s", "distributed.bucket_cap_mb",
                         "run.mode", "train.log_every", "train.epochs", "train.max_steps",
                         "train.max_samples", "train.max_tokens"})
     if (key == k) return true;

@@ -176,14 +176,32 @@ int CheckpointStore::remove_stale() {
   return removed;
 }
 
-std::string CheckpointStore::save(const Snapshot& snapshot) {
+std::string CheckpointStore::save(const Snapshot& snapshot, const SaveParts& parts) {
   if (worker_.joinable()) throw Error("internal: synchronous save while an asynchronous one is in flight");
-  const std::string dir = commit(snapshot);
+  const std::string dir = commit(snapshot, parts);
   prune(dir);
   return dir;
 }
 
-std::string CheckpointStore::commit(const Snapshot& snap) {
+TensorIndex CheckpointStore::write_part(
+    const std::string& staging,
+    const std::vector<std::pair<std::string, TensorList>>& objects) const {
+  TensorIndex index;
+  for (const auto& [stem, tensors] : objects) {
+    if (tensors.empty()) continue;
+    std::vector<keel_named_tensor> named;
+    auto& entries = index[stem];
+    for (const auto& [name, t] : tensors) {
+      named.push_back({name.c_str(), peek(t)});
+      entries.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec()});
+    }
+    backend_->call("save", (*backend_)->save, staging.c_str(), stem.c_str(), named.data(),
+                   named.size());
+  }
+  return index;
+}
+
+std::string CheckpointStore::commit(const Snapshot& snap, const SaveParts& parts) {
   const std::string step = std::to_string(snap.meta.step);
   const std::string token = random_token();
   const fs::path root(root_);
@@ -199,19 +217,16 @@ std::string CheckpointStore::commit(const Snapshot& snap) {
     record.step = snap.meta.step;
     record.metrics = snap.metrics;
     CheckpointMeta meta = snap.meta;
+    if (parts.staged) parts.staged(staging.string());
+    record.tensors = write_part(staging.string(), snap.objects);
     meta.objects.clear();
-    for (const auto& [stem, tensors] : snap.objects) {
-      if (tensors.empty()) continue;
-      std::vector<keel_named_tensor> named;
-      auto& index = record.tensors[stem];
-      for (const auto& [name, t] : tensors) {
-        named.push_back({name.c_str(), peek(t)});
-        index.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec()});
+    for (const auto& [stem, tensors] : snap.objects)
+      if (!tensors.empty()) meta.objects.push_back(stem);
+    if (parts.written)
+      for (auto& [stem, index] : parts.written()) {
+        meta.objects.push_back(stem);
+        record.tensors[stem] = std::move(index);
       }
-      backend_->call("save", (*backend_)->save, staging.c_str(), stem.c_str(), named.data(),
-                     named.size());
-      meta.objects.push_back(stem);
-    }
     write_file_durably((staging / "trainer_state.toml").string(), write_checkpoint_meta(meta));
     write_file_durably((staging / "manifest.resolved.toml").string(), snap.manifest);
     std::vector<fs::path> files;
@@ -340,7 +355,7 @@ void CheckpointStore::save_async(Snapshot snapshot) {
     try {
       snap.copy_tensors(/*deferred_ones=*/true);
       mark_copied();
-      result->dir = commit(snap);
+      result->dir = commit(snap, SaveParts{});
       prune(result->dir);
     } catch (...) {
       result->error = std::current_exception();

@@ -26,6 +26,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <exception>
+#include <functional>
 #include <map>
 #include <set>
 #include <memory>
@@ -68,6 +69,21 @@ struct Snapshot {
   void copy_tensors(bool deferred_ones);
 };
 
+// The index of backend objects written into a staging directory (the commit record's
+// `tensors`).
+using TensorIndex = std::map<std::string, std::vector<CommitRecord::Tensor>>;
+
+// A save that other processes add files to (data parallelism: each rank writes its own part
+// into the staging directory; see the trainer's save_checkpoint).
+struct SaveParts {
+  // Called once the staging directory exists, before this process writes into it.
+  std::function<void(const std::string& staging)> staged;
+  // Called after this process wrote its objects, before anything is checksummed: waits until
+  // every other part is written and returns their index (added to the commit record); throws
+  // when a part failed, which abandons the save.
+  std::function<TensorIndex()> written;
+};
+
 class CheckpointStore {
  public:
   CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend, Retention retention,
@@ -82,7 +98,13 @@ class CheckpointStore {
   int remove_stale();
 
   // Stages, checksums, commits and applies retention; returns the committed directory.
-  std::string save(const Snapshot& snapshot);
+  // `parts`: other processes write into the staging directory too.
+  std::string save(const Snapshot& snapshot, const SaveParts& parts = {});
+
+  // Writes `objects` into `staging` with the backend (one file set per object; empty objects
+  // are skipped) and returns their index: another rank's part of a save.
+  TensorIndex write_part(const std::string& staging,
+                         const std::vector<std::pair<std::string, TensorList>>& objects) const;
 
   // Asynchronous save: the tensors of `snapshot` not in `deferred` are copied now, the deferred
   // ones on a background thread, which then writes and commits the copy. At most one is in
@@ -109,7 +131,7 @@ class CheckpointStore {
   void load(const std::string& dir, const std::string& stem, const TensorList& into) const;
 
  private:
-  std::string commit(const Snapshot& snapshot);
+  std::string commit(const Snapshot& snapshot, const SaveParts& parts);
   void prune(const std::string& committed);
 
   std::string root_;

@@ -129,7 +129,9 @@ typedef struct keel_host {
   /* Number of elements. */
   int64_t (*tensor_numel)(const keel_tensor* t);
   /* Pointer to the elements when `t` lives on the CPU and is contiguous, else NULL. The data
-   * stays valid while the handle is held. Use tensor_contiguous_cpu to get such a tensor. */
+   * stays valid while the handle is held. Use tensor_contiguous_cpu to get such a tensor.
+   * With [run] device = "cuda" the model's parameters, batches and outputs live on the GPU:
+   * this returns NULL for them, and tensor_contiguous_cpu copies them to the CPU. */
   void* (*tensor_cpu_data)(const keel_tensor* t);
   /* New reference to a contiguous CPU tensor with the values of `t` (t itself if it already
    * is one). */
@@ -269,6 +271,10 @@ typedef struct keel_create_context {
   const char* section;
   /* The run's seed; a component that draws random numbers derives its streams from it. */
   uint64_t seed;
+  /* Data parallelism: this process's rank (0-based) and the number of ranks (1 when running
+   * alone). Every rank creates every component; a dataset reads its own shard of the data (the
+   * same number of batches on every rank), and a component that writes files writes them on
+   * rank 0, or names them by rank. */
   int32_t rank;
   int32_t world_size;
   /* The run directory (exists before any factory runs). */
@@ -531,7 +537,11 @@ typedef struct keel_checkpoint {
  * during the final events (the at_end checkpoint, TRAIN_END) are ignored, and so are EVAL and
  * CHECKPOINT requests set during a CHECKPOINT_SAVED event or the METRICS record after it
  * (STOP is honoured there), except during the asynchronous CHECKPOINT_SAVED that follows a
- * STEP_END: its requests count as that step's. */
+ * STEP_END: its requests count as that step's.
+ *
+ * With several ranks (data parallelism) every rank runs this same sequence: each rank's hooks
+ * see every event, and before the kernel acts on requests it ORs them over all ranks, so that
+ * a request from one rank's hook (or a signal to one rank) acts on every rank. */
 typedef struct keel_metric {
   const char* key;
   double value;

@@ -1,0 +1,72 @@
+#include "distributed/grad_sync.hpp"
+
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "distributed/impl.hpp"
+
+namespace keel {
+
+namespace {
+constexpr size_t kFirstBucketBytes = 1 << 20;  // torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+}
+
+struct GradSync::Impl {
+  ProcessGroup::Impl* group = nullptr;
+  std::shared_ptr<c10d::Reducer> reducer;
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<at::Tensor> params;
+};
+
+GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
+                   const std::vector<std::string>& names)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.group = &group.impl();
+  s.params = params;
+  const size_t cap = static_cast<size_t>(group.options().bucket_bytes);
+  // As DistributedDataParallel._ddp_init_helper (torch 1.13): buckets by size in parameter
+  // order, the first one small, then reversed to follow the order backward produces gradients.
+  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+      params, {kFirstBucketBytes, cap}, std::vector<bool>(params.size(), false));
+  std::reverse(buckets.begin(), buckets.end());
+  std::reverse(limits.begin(), limits.end());
+  s.buckets = buckets;
+  std::unordered_map<size_t, std::string> param_names;
+  for (size_t i = 0; i < names.size(); ++i) param_names[i] = names[i];
+  s.group->guarded("creating the gradient reducer", [&] {
+    s.reducer = std::make_shared<c10d::Reducer>(
+        params, buckets, limits, s.group->pg, std::vector<bool>(params.size(), false),
+        static_cast<int64_t>(cap), /*find_unused_parameters=*/false,
+        /*gradient_as_bucket_view=*/false, param_names,
+        static_cast<int64_t>(kFirstBucketBytes));
+  });
+}
+
+GradSync::~GradSync() = default;
+
+void GradSync::before_forward() {
+  impl_->group->guarded("rebuilding gradient buckets", [&] {
+    impl_->reducer->rebuild_buckets();
+    impl_->reducer->prepare_for_forward();
+  });
+}
+
+void GradSync::before_backward(const at::Tensor& loss) {
+  impl_->group->guarded("preparing the gradient all-reduce",
+                        [&] { impl_->reducer->prepare_for_backward({loss}); });
+}
+
+std::string GradSync::describe() const {
+  std::string sizes;
+  for (const auto& b : impl_->buckets) {
+    int64_t bytes = 0;
+    for (size_t i : b) bytes += impl_->params[i].numel() * impl_->params[i].element_size();
+    sizes += fmt::format("{}{:.2f}", sizes.empty() ? "" : ", ", bytes / 1048576.0);
+  }
+  return fmt::format("{} bucket(s) of {} MiB", impl_->buckets.size(), sizes);
+}
+
+}  // namespace keel

@@ -1,0 +1,44 @@
+// ProcessGroup's c10d state, shared by the sources of this folder only (it includes c10d).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <c10/util/Exception.h>
+
+#include "distributed/process_group.hpp"
+#include "error.hpp"
+
+namespace keel {
+
+struct ProcessGroup::Impl {
+  Launch launch;
+  std::chrono::seconds timeout{0};
+  std::string backend;
+  at::Device comm{at::kCPU};  // where collectives' tensors live (CUDA for NCCL)
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  int64_t shared = 0;  // share() calls so far: each gets its own store key
+
+  // keel::Error for a failed collective `what`, with the engine's first line `why`.
+  Error failure(const std::string& what, const std::string& why) const;
+
+  // Runs `body`, turning an engine exception into failure(what, ...).
+  template <class F>
+  void guarded(const std::string& what, F&& body) const {
+    try {
+      body();
+    } catch (const Error&) {
+      throw;
+    } catch (const c10::Error& e) {
+      throw failure(what, e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      throw failure(what, e.what());
+    }
+  }
+
+  std::vector<double> reduce(std::vector<double> values, c10d::ReduceOp op,
+                             const std::string& what);
+};
+
+}  // namespace keel

@@ -1,0 +1,305 @@
+"""Data parallelism on c10d (Gloo, CPU), launched the ways users launch it.
+
+- Parity: 2 ranks x batch 16 (torchrun) end with the parameters of 1 process x batch 32 after
+  20 SGD steps with grad_accum = 2, within 1e-5 (absolute, per element): every step sees the
+  same 64 samples (fashion_mnist shards like DistributedSampler), and the first micro-batch's
+  gradients, accumulated without synchronisation, reach the all-reduce of the second.
+- Slurm- and Open MPI-style environments (set by this test, two processes started by it) give
+  the torchrun run's parameters exactly (np.array_equal).
+- torchrun --max_restarts=1 with a rank that crashes once at step 12: the restarted job resumes
+  from step-10 and ends with the uninterrupted run's parameters exactly.
+- A NaN loss on one rank only: both ranks skip that step (skip policy), or both fail (error
+  policy); neither hangs.
+- A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
+  "distributed:" error line, within [distributed] timeout_s (plus 15 s for start-up).
+- Resuming a 2-rank checkpoint with one process is refused, naming both sizes.
+- [run] device = "cuda" on this CPU build fails validation with file:line:col.
+
+torchrun is Debian's (python3-torch): it needs `--redirects 1 --tee 1` (README, "Training on
+several processes", says why).
+
+Usage: test_distributed.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_PLUGIN_DIR"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import numpy as np
+
+from safetensors_np import read_arrays
+
+KEEL, ROOT, MISBEHAVE = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
+TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
+
+# 2048 samples; 2 micro-batches of 32 (1 process) or of 16 per rank (2 ranks) per step: 64
+# samples a step, 20 steps of one 32-step epoch.
+MANIFEST = """
+[plugins]
+paths = ["{misbehave}"]
+[run]
+name = "dist"
+seed = 5
+threads = 1
+output_dir = "{out}"
+[train]
+epochs = 1
+max_steps = 20
+log_every = 5
+grad_accum = 2
+nonfinite = "{nonfinite}"
+[distributed]
+timeout_s = {timeout}
+[model]
+type = "mlp"
+hidden = [32]
+[data.train]
+type = "fashion_mnist"
+batch_size = {batch}
+limit = 2048
+[data.test]
+type = "fashion_mnist"
+split = "test"
+batch_size = 100
+limit = 300
+shuffle = false
+[optimizer]
+type = "sgd"
+lr = 0.05
+momentum = 0.9
+[loss]
+type = "{loss}"
+{loss_options}
+[checkpoint]
+type = "safetensors"
+every_steps = 5
+[[hooks]]
+type = "console"
+[[hooks]]
+type = "jsonl"
+{hooks}
+"""
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Distributed(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def manifest(self, name, batch=16, timeout=60, nonfinite="error", loss="cross_entropy",
+                 loss_options="", hooks="", max_steps=20):
+        out = os.path.join(self.dir, name)
+        path = os.path.join(self.dir, name + ".toml")
+        text = MANIFEST.format(misbehave=MISBEHAVE, out=out, batch=batch, timeout=timeout,
+                               nonfinite=nonfinite, loss=loss, loss_options=loss_options,
+                               hooks=hooks)
+        text = text.replace("max_steps = 20", f"max_steps = {max_steps}")
+        with open(path, "w") as f:
+            f.write(text)
+        return path, out
+
+    def torchrun(self, manifest, *args, nproc=2, extra=(), timeout=240):
+        cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+                          *extra, KEEL, "train", manifest, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+    def by_hand(self, manifest, env_of_rank, nproc=2):
+        """Starts `nproc` keel processes with the environment env_of_rank(rank, port)."""
+        port = free_port()
+        procs = []
+        for rank in range(nproc):
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "SLURM_", "OMPI_"))}
+            env.update(env_of_rank(rank, port))
+            procs.append(subprocess.Popen([KEEL, "train", manifest], env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        return procs
+
+    def finish(self, procs, timeout=240):
+        outs = [p.communicate(timeout=timeout) for p in procs]
+        return [(p.returncode, o + e) for p, (o, e) in zip(procs, outs)]
+
+    def model(self, out, step=20):
+        return read_arrays(os.path.join(out, "checkpoints", f"step-{step}", "model.safetensors"))
+
+    def assert_ok(self, r):
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+
+    def assert_same(self, a, b, atol=0.0):
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            if atol == 0.0:
+                self.assertTrue(np.array_equal(a[name], b[name]), name)
+            else:
+                np.testing.assert_allclose(a[name], b[name], rtol=0, atol=atol, err_msg=name)
+
+    def test_parity_launchers_and_restart(self):
+        one, one_out = self.manifest("one", batch=32)
+        r = subprocess.run([KEEL, "train", one], capture_output=True, text=True, timeout=240)
+        self.assert_ok(r)
+        two, two_out = self.manifest("two")
+        r = self.torchrun(two)
+        self.assert_ok(r)
+        self.assertIn("rank 0 of 2 (torchrun", r.stdout)
+        ref = self.model(two_out)
+        # Parity with one process over the same global batches.
+        self.assert_same(self.model(one_out), ref, atol=1e-5)
+        # Metrics: written once (rank 0), samples of both ranks.
+        with open(os.path.join(two_out, "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        train = [x for x in records if x["split"] == "train"]
+        self.assertEqual([x["step"] for x in train], [5, 10, 15, 20])
+        self.assertEqual(train[-1]["samples"], 20 * 64)
+        test = [x for x in records if x["split"] == "test"]
+        self.assertEqual(test[-1]["samples"], 300)  # both shards, each sample once
+        with open(os.path.join(one_out, "metrics.jsonl")) as f:
+            one_test = [json.loads(line) for line in f if '"test"' in line]
+        self.assertAlmostEqual(test[-1]["loss"], one_test[-1]["loss"], places=5)
+        self.assertAlmostEqual(test[-1]["accuracy"], one_test[-1]["accuracy"], places=6)
+        # Each rank's generator in the checkpoint; the commit record lists rank 1's part.
+        step_dir = os.path.join(two_out, "checkpoints", "step-20")
+        self.assertTrue(os.path.exists(os.path.join(step_dir, "rank1.rng.safetensors")))
+        with open(os.path.join(step_dir, "commit.json")) as f:
+            commit = json.load(f)
+        self.assertIn("rank1.rng", commit["tensors"])
+
+        # Slurm-style and Open MPI-style environments, two processes started here.
+        def slurm(rank, port):
+            return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+                    "SLURM_NTASKS_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port)}
+
+        def ompi(rank, port):
+            return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "2",
+                    "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+        for name, env in (("slurm", slurm), ("openmpi", ompi)):
+            m, out = self.manifest(name)
+            results = self.finish(self.by_hand(m, env))
+            for rank, (code, text) in enumerate(results):
+                self.assertEqual(code, 0, f"{name} rank {rank}: {text[-3000:]}")
+            self.assertIn(f"rank 0 of 2 ({name}", results[0][1])
+            self.assert_same(self.model(out), ref)
+
+        # torchrun restarts the job after rank 1 crashes at step 12; --resume continues from
+        # step-10 (the restarted workers run the same command).
+        crash, crash_out = self.manifest(
+            "crash", hooks='[[hooks]]\ntype = "mbx_hook"\nfault = "crash_once"\nat_step = 12\n'
+                           'on_rank = 1')
+        r = self.torchrun(crash, "--resume", extra=["--max_restarts=1"])
+        self.assert_ok(r)
+        self.assertTrue(os.path.exists(os.path.join(crash_out, "crashed_once")))
+        self.assertIn("resuming from", r.stdout)
+        self.assert_same(self.model(crash_out), ref)
+
+        # A different number of processes cannot continue it.
+        r = subprocess.run([KEEL, "train", two, "--resume"], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("was saved by 2 process(es) and this run has 1", r.stderr)
+
+    def test_nan_on_one_rank(self):
+        opts = 'fault = "nan_once"\nat_call = 5\non_rank = 1'  # step 3, first micro-batch
+        m, out = self.manifest("skip", nonfinite="skip", loss="mbx_loss", loss_options=opts)
+        r = self.torchrun(m)
+        self.assert_ok(r)
+        # Both ranks skipped step 3 (rank 1 shows its warnings too).
+        for rank in (0, 1):
+            self.assertIn(f"[default{rank}]", r.stdout)
+            lines = [x for x in r.stdout.splitlines() if x.startswith(f"[default{rank}]")]
+            self.assertTrue(any("step 3: non-finite loss or gradients, optimizer step skipped"
+                                in x for x in lines), "\n".join(lines)[-3000:])
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            last = [json.loads(line) for line in f if '"train"' in line][-1]
+        self.assertEqual(last["skipped_steps"], 1)
+
+        m, out = self.manifest("fail", nonfinite="error", loss="mbx_loss", loss_options=opts)
+        start = time.monotonic()
+        r = self.torchrun(m)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertLess(time.monotonic() - start, 60)
+        # Both ranks report the same error, each its own line.
+        for rank in (0, 1):
+            self.assertIn(f"keel: error: rank {rank}: non-finite loss at step 3", r.stderr)
+
+    def lose_a_rank(self, how):
+        """Rank 1 is killed or stopped once rank 0 has logged step 20: rank 0 must end."""
+        timeout = 10
+        m, out = self.manifest(how, timeout=timeout, max_steps=100000)
+        write(m, read(m).replace("epochs = 1", "epochs = 1000").replace("log_every = 5",
+                                                                        "log_every = 1"))
+
+        def env(rank, port):
+            return {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+        procs = self.by_hand(m, env)
+        try:
+            seen = ""
+            deadline = time.monotonic() + 120
+            while "step 20/" not in seen and time.monotonic() < deadline:
+                line = procs[0].stdout.readline()
+                if not line:
+                    break
+                seen += line
+            self.assertIn("step 20/", seen)
+            os.kill(procs[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+            start = time.monotonic()
+            _, err = procs[0].communicate(timeout=timeout + 15)
+            elapsed = time.monotonic() - start
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.communicate()
+        self.assertNotEqual(procs[0].returncode, 0)
+        self.assertLess(elapsed, timeout + 15)
+        self.assertIn("keel: error: rank 0: distributed:", err)
+        self.assertIn("timeout_s = 10 s", err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        return elapsed
+
+    def test_rank_killed(self):
+        self.lose_a_rank("killed")
+
+    def test_rank_hangs(self):
+        self.lose_a_rank("stopped")
+
+    def test_cuda_on_cpu_build(self):
+        m, _ = self.manifest("cuda")
+        text = read(m).replace('name = "dist"', 'name = "dist"\ndevice = "cuda"')
+        write(m, text)
+        r = subprocess.run([KEEL, "validate", m], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1)
+        line = text.splitlines().index('device = "cuda"') + 1
+        self.assertIn(f"{m}:{line}:10: run.device = \"cuda\": this keel is built against a "
+                      "LibTorch without CUDA", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
