@@ -49,6 +49,8 @@ void configure_threads(int64_t threads, int local_processes) {
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t n = threads > 0 ? threads : std::max<int64_t>(1, cores / std::max(1, local_processes));
   at::set_num_threads(static_cast<int>(n));
+  spdlog::debug("{} LibTorch intra-op thread(s) ({} core(s), {} process(es) on this machine), "
+                "single-threaded BLAS", n, cores, std::max(1, local_processes));
   // One pool: OpenBLAS threads would spin against LibTorch's (measured 4x slower on 2 cores).
   using SetThreads = void (*)(int);
   if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))

@@ -13,7 +13,8 @@
 - A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
   "distributed:" error line, within [distributed] timeout_s (plus 15 s for start-up).
 - Resuming a 2-rank checkpoint with one process is refused, naming both sizes.
-- [run] device = "cuda" on this CPU build fails validation with file:line:col.
+- [run] device = "cuda" on this CPU build fails validation with file:line:col; "auto" passes.
+- threads = 0 under a launcher: each of 2 processes takes half the cores (run.log says so).
 
 torchrun is Debian's (python3-torch): it needs `--redirects 1 --tee 1` (README, "Training on
 several processes", says why).
@@ -250,8 +251,9 @@ class Distributed(unittest.TestCase):
         """Rank 1 is killed or stopped once rank 0 has logged step 20: rank 0 must end."""
         timeout = 10
         m, out = self.manifest(how, timeout=timeout, max_steps=100000)
-        write(m, read(m).replace("epochs = 1", "epochs = 1000").replace("log_every = 5",
-                                                                        "log_every = 1"))
+        # threads = 0: each of the 2 processes takes half the cores.
+        write(m, read(m).replace("epochs = 1", "epochs = 1000").replace(
+            "log_every = 5", "log_every = 1").replace("threads = 1", "threads = 0"))
 
         def env(rank, port):
             return {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
@@ -281,7 +283,9 @@ class Distributed(unittest.TestCase):
         self.assertIn("keel: error: rank 0: distributed:", err)
         self.assertIn("timeout_s = 10 s", err)
         self.assertEqual(len(err.strip().splitlines()), 1, err)
-        return elapsed
+        cores = os.cpu_count()
+        self.assertIn(f"{max(1, cores // 2)} LibTorch intra-op thread(s) ({cores} core(s), 2 "
+                      "process(es) on this machine)", read(os.path.join(out, "run.log")))
 
     def test_rank_killed(self):
         self.lose_a_rank("killed")
@@ -299,6 +303,10 @@ class Distributed(unittest.TestCase):
         self.assertIn(f"{m}:{line}:10: run.device = \"cuda\": this keel is built against a "
                       "LibTorch without CUDA", r.stderr)
         self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        # "auto" takes the CPU when there is no CUDA.
+        write(m, text.replace('device = "cuda"', 'device = "auto"'))
+        r = subprocess.run([KEEL, "validate", m], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
 
 
 if __name__ == "__main__":

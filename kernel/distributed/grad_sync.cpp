@@ -3,7 +3,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <algorithm>
-#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "distributed/impl.hpp"
 
@@ -16,7 +16,6 @@ constexpr size_t kFirstBucketBytes = 1 << 20;  // torch.distributed._DEFAULT_FIR
 struct GradSync::Impl {
   ProcessGroup::Impl* group = nullptr;
   std::shared_ptr<c10d::Reducer> reducer;
-  std::vector<std::vector<size_t>> buckets;
   std::vector<at::Tensor> params;
 };
 
@@ -33,7 +32,6 @@ GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
       params, {kFirstBucketBytes, cap}, std::vector<bool>(params.size(), false));
   std::reverse(buckets.begin(), buckets.end());
   std::reverse(limits.begin(), limits.end());
-  s.buckets = buckets;
   std::unordered_map<size_t, std::string> param_names;
   for (size_t i = 0; i < names.size(); ++i) param_names[i] = names[i];
   s.group->guarded("creating the gradient reducer", [&] {
@@ -48,10 +46,13 @@ GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
 GradSync::~GradSync() = default;
 
 void GradSync::before_forward() {
+  bool rebuilt = false;
   impl_->group->guarded("rebuilding gradient buckets", [&] {
-    impl_->reducer->rebuild_buckets();
+    rebuilt = impl_->reducer->rebuild_buckets();
     impl_->reducer->prepare_for_forward();
   });
+  // Once, after the first step: buckets in the order that backward produced the gradients.
+  if (rebuilt) spdlog::info("gradient buckets rebuilt in backward's order: {}", describe());
 }
 
 void GradSync::before_backward(const at::Tensor& loss) {
@@ -61,12 +62,12 @@ void GradSync::before_backward(const at::Tensor& loss) {
 
 std::string GradSync::describe() const {
   std::string sizes;
-  for (const auto& b : impl_->buckets) {
-    int64_t bytes = 0;
-    for (size_t i : b) bytes += impl_->params[i].numel() * impl_->params[i].element_size();
-    sizes += fmt::format("{}{:.2f}", sizes.empty() ? "" : ", ", bytes / 1048576.0);
-  }
-  return fmt::format("{} bucket(s) of {} MiB", impl_->buckets.size(), sizes);
+  const std::vector<c10d::GradBucket> buckets = impl_->reducer->get_grad_buckets();
+  for (const auto& b : buckets)
+    sizes += fmt::format("{}{:.2f}", sizes.empty() ? "" : ", ",
+                         b.getBuffer().numel() * b.getBuffer().element_size() / 1048576.0);
+  return fmt::format("{} bucket(s) of {} MiB, in the order they are all-reduced",
+                     buckets.size(), sizes);
 }
 
 }  // namespace keel
