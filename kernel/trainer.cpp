@@ -629,7 +629,7 @@ struct Trainer::State {
           CommitRecord part;
           part.tensors = store->write_part(staging, snap.objects);
           index = write_commit_record(part);
-        } catch (const Error& e) {
+        } catch (const std::exception& e) {  // reported after the agreement, not instead of it
           failure = e.what();
         }
       }
@@ -1041,10 +1041,9 @@ struct Trainer::State {
           -dist->max({-static_cast<double>(out.size())},
                      "agreeing on the batches of step " + std::to_string(ts.step + 1))[0]);
       if (fewest < out.size()) {
-        spdlog::warn("rank {}: {} has {} more micro-batch(es) in epoch {} than another rank: "
-                     "left out (hint: shard the data evenly, e.g. fashion_mnist remainder = "
-                     "\"pad\" or \"drop\")", rank, train_data.label(), out.size() - fewest,
-                     ts.epoch);
+        spdlog::warn("{} has {} more micro-batch(es) in epoch {} than another rank: left out "
+                     "(hint: shard the data evenly, e.g. fashion_mnist remainder = \"pad\" or "
+                     "\"drop\")", train_data.label(), out.size() - fewest, ts.epoch);
         out.resize(fewest);
       }
     }
