@@ -123,8 +123,10 @@ class Distributed(unittest.TestCase):
         return path, out
 
     def torchrun(self, manifest, *args, nproc=2, extra=(), timeout=240):
+        # --log_dir: torchrun's logs (--redirects) go there, not into new folders in /tmp.
         cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-                          *extra, KEEL, "train", manifest, *args]
+                          f"--log_dir={os.path.join(self.dir, 'torchrun')}", *extra, KEEL,
+                          "train", manifest, *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
     def by_hand(self, manifest, env_of_rank, nproc=2):
