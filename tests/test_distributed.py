@@ -12,6 +12,7 @@
   policy); neither hangs.
 - A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
   "distributed:" error line, within [distributed] timeout_s (plus 15 s for start-up).
+- SIGTERM to one rank: every rank stops after the same step, commits one checkpoint, exits 143.
 - Resuming a 2-rank checkpoint with one process is refused, naming both sizes.
 - [run] device = "cuda" on this CPU build fails validation with file:line:col; "auto" passes.
 - threads = 0 under a launcher: each of 2 processes takes half the cores (run.log says so).
@@ -249,10 +250,10 @@ class Distributed(unittest.TestCase):
         for rank in (0, 1):
             self.assertIn(f"keel: error: rank {rank}: non-finite loss at step 3", r.stderr)
 
-    def lose_a_rank(self, how):
-        """Rank 1 is killed or stopped once rank 0 has logged step 20: rank 0 must end."""
-        timeout = 10
-        m, out = self.manifest(how, timeout=timeout, max_steps=100000)
+    def long_run(self, name, timeout):
+        """Two processes (torchrun's variables, set here) of a run that would last long, once
+        rank 0 has logged step 20."""
+        m, out = self.manifest(name, timeout=timeout, max_steps=100000)
         # threads = 0: each of the 2 processes takes half the cores.
         write(m, read(m).replace("epochs = 1", "epochs = 1000").replace(
             "log_every = 5", "log_every = 1").replace("threads = 1", "threads = 0"))
@@ -262,24 +263,35 @@ class Distributed(unittest.TestCase):
                     "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
         procs = self.by_hand(m, env)
+        seen = ""
+        deadline = time.monotonic() + 120
+        while "step 20/" not in seen and time.monotonic() < deadline:
+            line = procs[0].stdout.readline()
+            if not line:
+                break
+            seen += line
+        if "step 20/" not in seen:
+            self.stop(procs)
+            self.fail("rank 0 did not reach step 20:\n" + seen[-3000:])
+        return procs, out
+
+    def stop(self, procs):
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+    def lose_a_rank(self, how):
+        """Rank 1 is killed or stopped once rank 0 has logged step 20: rank 0 must end."""
+        timeout = 10
+        procs, out = self.long_run(how, timeout)
         try:
-            seen = ""
-            deadline = time.monotonic() + 120
-            while "step 20/" not in seen and time.monotonic() < deadline:
-                line = procs[0].stdout.readline()
-                if not line:
-                    break
-                seen += line
-            self.assertIn("step 20/", seen)
             os.kill(procs[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
             start = time.monotonic()
             _, err = procs[0].communicate(timeout=timeout + 15)
             elapsed = time.monotonic() - start
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                p.communicate()
+            self.stop(procs)
         self.assertNotEqual(procs[0].returncode, 0)
         self.assertLess(elapsed, timeout + 15)
         self.assertIn("keel: error: rank 0: distributed:", err)
@@ -288,6 +300,25 @@ class Distributed(unittest.TestCase):
         cores = os.cpu_count()
         self.assertIn(f"{max(1, cores // 2)} LibTorch intra-op thread(s) ({cores} core(s), 2 "
                       "process(es) on this machine)", read(os.path.join(out, "run.log")))
+
+    def test_sigterm_to_one_rank(self):
+        """SIGTERM to rank 1 only: both ranks stop after the same step, commit one checkpoint
+        together and exit 143."""
+        procs, out = self.long_run("sigterm", 60)
+        try:
+            os.kill(procs[1].pid, signal.SIGTERM)
+            results = self.finish(procs, timeout=60)
+        finally:
+            self.stop(procs)
+        for rank, (code, text) in enumerate(results):
+            self.assertEqual(code, 128 + signal.SIGTERM, f"rank {rank}: {text[-3000:]}")
+            self.assertIn("SIGTERM received: stopping after step", text)
+        step = int(results[0][1].split("SIGTERM received: stopping after step ")[1].split()[0])
+        self.assertIn(f"stopping after step {step} ", results[1][1])
+        step_dir = os.path.join(out, "checkpoints", f"step-{step}")
+        self.assertIn(f"checkpoint committed: {step_dir}", results[0][1])
+        for f in ("model.safetensors", "rng.safetensors", "rank1.rng.safetensors"):
+            self.assertTrue(os.path.exists(os.path.join(step_dir, f)), f)
 
     def test_rank_killed(self):
         self.lose_a_rank("killed")
