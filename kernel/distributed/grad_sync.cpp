@@ -16,7 +16,6 @@ constexpr size_t kFirstBucketBytes = 1 << 20;  // torch.distributed._DEFAULT_FIR
 struct GradSync::Impl {
   ProcessGroup::Impl* group = nullptr;
   std::shared_ptr<c10d::Reducer> reducer;
-  std::vector<at::Tensor> params;
 };
 
 GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
@@ -24,7 +23,6 @@ GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.group = &group.impl();
-  s.params = params;
   const size_t cap = static_cast<size_t>(group.options().bucket_bytes);
   // As DistributedDataParallel._ddp_init_helper (torch 1.13): buckets by size in parameter
   // order, the first one small, then reversed to follow the order backward produces gradients.

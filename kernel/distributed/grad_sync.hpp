@@ -5,8 +5,9 @@
 // ranks) as soon as it is full, overlapped with the rest of backward; backward returns once
 // every bucket is reduced and copied back into the parameters' .grad.
 //
-// Per optimizer step (the trainer's loop):
-//   before_forward()          every micro-batch (bucket rebuild after the first step)
+// Per optimizer step (the trainer's loop), for each micro-batch:
+//   before_forward()          only for the step's last micro-batch (the buckets are rebuilt
+//                             once, in the order the first step produced the gradients)
 //   forward, loss
 //   before_backward(loss)     only for the step's last micro-batch: that backward all-reduces
 //   loss.backward()           (earlier micro-batches accumulate locally, like DDP's no_sync)
