@@ -11,7 +11,7 @@
 - A NaN loss on one rank only: both ranks skip that step (skip policy), or both fail (error
   policy); neither hangs.
 - A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
-  "distributed:" error line, within [distributed] timeout_s (plus 15 s for start-up).
+  "distributed:" error line, within [distributed] timeout_s of the loss (plus 15 s of margin).
 - SIGTERM to one rank: every rank stops after the same step, commits one checkpoint, exits 143.
 - Resuming a 2-rank checkpoint with one process is refused, naming both sizes.
 - [run] device = "cuda" on this CPU build fails validation with file:line:col; "auto" passes.
