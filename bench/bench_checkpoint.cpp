@@ -84,7 +84,7 @@
 #include "host.hpp"
 #include "keel/tensor.hpp"
 #include "machine_load.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "trainer.hpp"
 
 #ifndef KEEL_BENCH_BUILD_ROOT

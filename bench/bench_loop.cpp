@@ -56,7 +56,7 @@
 #include "error.hpp"
 #include "machine_load.hpp"
 #include "manifest.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "trainer.hpp"
 

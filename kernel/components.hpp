@@ -15,7 +15,7 @@
 #include "error.hpp"
 #include "host.hpp"
 #include "keel/abi.h"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 
 namespace keel {
 

@@ -7,7 +7,7 @@
 
 #include "keel/tensor.hpp"
 #include "options.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 
 namespace keel {
 namespace {

@@ -23,7 +23,7 @@
 #include "log.hpp"
 #include "manifest.hpp"
 #include "options.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "trainer.hpp"
 

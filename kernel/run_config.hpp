@@ -18,7 +18,7 @@
 
 #include "manifest.hpp"
 #include "options.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 
 namespace keel {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "error.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 
 namespace keel_test {
 

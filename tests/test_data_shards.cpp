@@ -17,7 +17,7 @@
 #include "host.hpp"
 #include "keel/tensor.hpp"
 #include "options.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "support.hpp"
 
 namespace {

@@ -6,7 +6,7 @@
 #include "host.hpp"
 #include "keel/tensor.hpp"
 #include "manifest.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
 #include "trainer.hpp"

@@ -5,7 +5,7 @@
 #include <regex>
 
 #include "manifest.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
 #include "trainer.hpp"

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "manifest.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
 #include "trainer.hpp"

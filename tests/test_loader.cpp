@@ -4,7 +4,7 @@
 
 #include "components.hpp"
 #include "host.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "support.hpp"
 
 namespace {

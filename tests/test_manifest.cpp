@@ -4,7 +4,7 @@
 #include <unistd.h>
 
 #include "manifest.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
 

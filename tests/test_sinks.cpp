@@ -16,7 +16,7 @@
 #include "log.hpp"
 #include "manifest.hpp"
 #include "options.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
 #include "trainer.hpp"

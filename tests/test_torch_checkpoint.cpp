@@ -14,7 +14,7 @@
 #include "components.hpp"
 #include "host.hpp"
 #include "keel/tensor.hpp"
-#include "registry.hpp"
+#include "loader/registry.hpp"
 #include "support.hpp"
 
 using keel_test::TempDir;
