@@ -16,9 +16,12 @@ PACKAGES=(
   nlohmann-json3-dev                  # JSON: metrics.jsonl, Chrome traces, safetensors headers,
                                       # checkpoint commit records
   libxxhash-dev                       # XXH3 checksums of checkpoint files
+  libssl-dev                          # SHA-256 of plugin files (lock files, packages)
+  libarchive-dev                      # .tar.gz plugin packages
   python3-torch                       # the same LibTorch build, for tests against PyTorch
   dataset-fashion-mnist
   clang-14 libclang-rt-14-dev         # .ci/run: the libFuzzer targets (tests/fuzz)
+  abigail-tools                       # tests: abidiff of the ABI against tests/abi/
 )
 
 missing=()

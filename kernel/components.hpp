@@ -23,12 +23,15 @@ template <class Abi>
 class Instance {
  public:
   Instance() = default;
-  Instance(Abi* vt, std::string label) : vt_(vt), label_(std::move(label)) {}
-  Instance(Instance&& o) noexcept : vt_(std::exchange(o.vt_, nullptr)), label_(std::move(o.label_)) {}
+  Instance(Abi* vt, std::string label, uint32_t abi_minor = KEEL_ABI_MINOR)
+      : vt_(vt), label_(std::move(label)), abi_minor_(abi_minor) {}
+  Instance(Instance&& o) noexcept
+      : vt_(std::exchange(o.vt_, nullptr)), label_(std::move(o.label_)), abi_minor_(o.abi_minor_) {}
   Instance& operator=(Instance&& o) noexcept {
     reset();
     vt_ = std::exchange(o.vt_, nullptr);
     label_ = std::move(o.label_);
+    abi_minor_ = o.abi_minor_;
     return *this;
   }
   Instance(const Instance&) = delete;
@@ -40,6 +43,8 @@ class Instance {
   void* self() const { return vt_->self; }
   // "[optimizer] optimizer 'adamw' (plugin keel-optimizers)", the prefix of its errors.
   const std::string& label() const { return label_; }
+  // The ABI minor its plugin declares: what it knows of the ABI (events, request bits).
+  uint32_t abi_minor() const { return abi_minor_; }
 
   // Calls a slot that reports errors: slot(self, args..., &err). Throws keel::Error on KEEL_ERR
   // (or on a report_error during the call), as "<label>: <what> failed: <message>".
@@ -90,6 +95,7 @@ class Instance {
 
   Abi* vt_ = nullptr;
   std::string label_;
+  uint32_t abi_minor_ = KEEL_ABI_MINOR;
 };
 
 // Size of each instance struct in ABI 1.0: the slots every plugin must provide. Slots
@@ -177,7 +183,7 @@ Instance<Abi> create_instance(const Component& c, keel_create_context ctx) {
     if (destroyable) vt->destroy(vt->self);  // vt is gone after this
     throw refused;
   }
-  Instance<Abi> inst(vt, label);
+  Instance<Abi> inst(vt, label, c.plugin->descriptor->abi_minor);
   if (!reported.empty()) throw Error(label + ": creation failed: " + reported);
   const auto* slots = reinterpret_cast<void* const*>(&vt->destroy);
   constexpr size_t n = (required_size<Abi>() - offsetof(Abi, destroy)) / sizeof(void*);

@@ -7,6 +7,7 @@
 
 #include "keel/tensor.hpp"
 #include "options.hpp"
+#include "loader/bounded.hpp"
 #include "loader/registry.hpp"
 
 namespace keel {
@@ -123,8 +124,8 @@ int option_list_float(const keel_options* o, const char* key, int64_t i, double*
 }
 
 void log(keel_log_level level, const char* origin, const char* message) {
-  const char* o = origin ? origin : "plugin";
-  const char* m = message ? message : "";
+  const std::string o = origin ? bounded(origin, KEEL_NAME_CAPACITY) : "plugin";
+  const std::string m = bounded(message);
   switch (level) {
     case KEEL_LOG_DEBUG: spdlog::debug("[{}] {}", o, m); break;
     case KEEL_LOG_INFO: spdlog::info("[{}] {}", o, m); break;
@@ -139,7 +140,7 @@ thread_local bool reported = false;
 void report_error(const char* message) {
   if (reported) return;  // the first report of a slot call counts
   reported = true;
-  reported_error = message ? std::string(message, strnlen(message, KEEL_ERROR_CAPACITY - 1)) : "";
+  reported_error = bounded(message, KEEL_ERROR_CAPACITY);
   if (reported_error.empty()) reported_error = "(no message)";
 }
 

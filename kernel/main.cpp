@@ -9,6 +9,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +24,9 @@
 #include "log.hpp"
 #include "manifest.hpp"
 #include "options.hpp"
+#include "cli/plugins_commands.hpp"
 #include "loader/registry.hpp"
+#include "package/package.hpp"
 #include "run_config.hpp"
 #include "trainer.hpp"
 
@@ -61,8 +64,12 @@ const CommandInfo kCommands[] = {
      "evaluate [data.test] with the weights of [checkpoint] init_from"},
     {"validate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
      "everything train checks (options, plugins, data), without training"},
-    {"plugins", "[show NAME] [--log-level LEVEL]",
-     "the plugins found and refused, or every option of one component or plugin"},
+    {"plugins",
+     "[show NAME | new NAME --kind KIND [--lang c|cpp] DIR | install PACKAGE [--prefix DIR] "
+     "[--force] | remove NAME[@VERSION] [--prefix DIR] | pack BUILD_DIR [--output FILE] | lock "
+     "MANIFEST | reference] [--log-level LEVEL]",
+     "the plugins found and refused, one component's options, or make, pack, install, remove "
+     "and lock plugin packages"},
     {"options", "[TABLE] [--log-level LEVEL]",
      "every key of the kernel's own tables ([run], [train], ...), or of one"},
     {"help", "[COMMAND]", "this help, or a command's"},
@@ -141,6 +148,19 @@ po::options_description command_flags(const std::string& command) {
         "resume-changed",
         "with --resume: accept manifest changes that break an exact continuation (model, "
         "optimizer, data, seed, ...) instead of refusing them");
+  if (command == "plugins")
+    d.add_options()("kind", po::value<std::string>()->value_name("KIND"),
+                    "new: the kind of the component to write (model, dataset, optimizer, "
+                    "lr_scheduler, loss, grad_clipper, mfu, profiler, checkpoint, hook)")(
+        "lang", po::value<std::string>()->value_name("LANG"),
+        "new: c or cpp (default cpp)")(
+        "prefix", po::value<std::string>()->value_name("DIR"),
+        "install, remove, listing: the plugin directory (default $XDG_DATA_HOME/keel/plugins, "
+        "else ~/.local/share/keel/plugins)")(
+        "output,o", po::value<std::string>()->value_name("FILE"),
+        "pack: the package to write (default NAME-VERSION.tar.gz in the working directory; a path "
+        "not ending in .tar.gz writes a package directory)")(
+        "force", "install: replace an installed package of the same name and version");
   add_log_level_flag(d);
   d.add_options()("help,h", "show this help");
   return d;
@@ -285,6 +305,7 @@ struct Parsed {
   bool resume_changed = false;
   std::optional<std::string> log_level;
   bool help = false;
+  keel::cli::PluginsArgs plugins;  // `keel plugins` flags
 };
 
 Parsed parse_command(const std::string& command, const std::vector<std::string>& args) {
@@ -304,6 +325,15 @@ Parsed parse_command(const std::string& command, const std::vector<std::string>&
     throw UsageError("--resume-changed: only applies with --resume; hint: keel train MANIFEST "
                      "--resume --resume-changed", usage_line(command));
   p.help = vm.count("help") > 0;
+  if (vm.count("kind")) p.plugins.kind = vm["kind"].as<std::string>();
+  if (vm.count("lang")) p.plugins.lang = vm["lang"].as<std::string>();
+  if (vm.count("prefix")) p.plugins.prefix = vm["prefix"].as<std::string>();
+  if (vm.count("output")) p.plugins.output = vm["output"].as<std::string>();
+  p.plugins.force = vm.count("force") > 0;
+  if (!p.positional.empty()) {
+    p.plugins.subcommand = p.positional[0];
+    p.plugins.positional.assign(p.positional.begin() + 1, p.positional.end());
+  }
   return p;
 }
 
@@ -322,7 +352,7 @@ void log_registry(const keel::Registry& registry) {
   spdlog::debug("plugins: {} components found", registry.components().size());
   for (const auto& c : registry.components())
     spdlog::debug("  {} {} ({} {}, {})", keel::kind_name(c->kind), c->name,
-                  c->plugin->descriptor->name, c->plugin->descriptor->version,
+                  c->plugin->name, c->plugin->version,
                   c->plugin->path);
   for (const auto& r : registry.refusals())
     spdlog::debug("  refused {}: {}", r.path, r.reason);
@@ -473,9 +503,14 @@ int cmd_options(const Parsed& p) {
   }
   if (!plugins_table && (want.empty() || want == "plugins")) {
     found = true;
-    std::printf("[plugins]  (kernel)\n  where plugins are searched first\n");
-    std::printf("  %-16s %-34s default %-12s %s\n\n", "paths", "list of strings", "[]",
-                "directories (relative to the manifest) searched before KEEL_PLUGIN_PATH");
+    std::printf("[plugins]  (kernel)\n  where plugins are searched first, and the versions the "
+                "run needs\n");
+    std::printf("  %-16s %-34s default %-12s %s\n", "paths", "list of strings", "[]",
+                "directories (relative to the manifest; each must exist) searched before "
+                "KEEL_PLUGIN_PATH");
+    std::printf("  %-16s %-34s default %-12s %s\n\n", "require", "table of strings", "{}",
+                "plugin name = version requirement, e.g. { \"acme-losses\" = \">=1.2, <2\" }: "
+                "a missing plugin or another version is an error");
   }
   if (found) return 0;
   for (const auto& [section, kind] : kComponentSections)
@@ -494,7 +529,20 @@ int cmd_options(const Parsed& p) {
                     " (`keel options` lists them all)");
 }
 
+using PluginsCommand = int (*)(const keel::cli::PluginsArgs&);
+const std::pair<const char*, PluginsCommand> kPluginsCommands[] = {
+    {"new", keel::cli::plugins_new},         {"install", keel::cli::plugins_install},
+    {"remove", keel::cli::plugins_remove},   {"pack", keel::cli::plugins_pack},
+    {"lock", keel::cli::plugins_lock},       {"reference", keel::cli::plugins_reference},
+};
+
 int cmd_plugins(const Parsed& p) {
+  for (const auto& [name, fn] : kPluginsCommands)
+    if (p.plugins.subcommand == name) {
+      g_activity = std::string("in keel plugins ") + name;
+      return fn(p.plugins);
+    }
+  p.plugins.only_flags({"prefix"});
   g_activity = "while listing plugins";
   const std::vector<std::string>& args = p.positional;
   keel::Registry registry;
@@ -514,10 +562,10 @@ int cmd_plugins(const Parsed& p) {
     g_activity = "while showing plugin " + name;
     bool found = false;
     for (const auto& c : registry.components()) {
-      if (c->name != name && c->plugin->descriptor->name != name) continue;
+      if (c->name != name && c->plugin->name != name && c->qualified_name() != name) continue;
       found = true;
       std::printf("%s %s  (plugin %s %s, %s)\n  %s\n", keel::kind_name(c->kind), c->name.c_str(),
-                  c->plugin->descriptor->name, c->plugin->descriptor->version,
+                  c->plugin->name.c_str(), c->plugin->version.c_str(),
                   c->plugin->path.c_str(), c->description.c_str());
       if (c->options.empty()) std::printf("  (no options)\n");
       for (const auto& o : c->options)
@@ -545,7 +593,7 @@ int cmd_plugins(const Parsed& p) {
     std::vector<std::string> names;
     for (const auto& c : registry.components()) {
       names.push_back(c->name);
-      names.emplace_back(c->plugin->descriptor->name);
+      names.emplace_back(c->plugin->name);
     }
     throw keel::Error("keel plugins show " + name + ": no plugin or component named '" + name +
                       "'; hint: " + did_you_mean(name, names) +
@@ -553,7 +601,10 @@ int cmd_plugins(const Parsed& p) {
   }
   if (!args.empty())
     throw UsageError(args[0] + ": unexpected argument to `keel plugins`; hint: " +
-                         did_you_mean(args[0], {"show"}) + "keel plugins, or keel plugins show NAME",
+                         did_you_mean(args[0], {"show", "new", "install", "remove", "pack", "lock",
+                                              "reference"}) +
+                         "keel plugins, keel plugins show NAME, or a subcommand (keel plugins "
+                         "--help)",
                      usage_line("plugins"));
   std::printf("%-13s %-16s %-18s %-8s %-5s %s\n", "KIND", "NAME", "PLUGIN", "VERSION", "ABI",
               "PATH");
@@ -561,14 +612,35 @@ int cmd_plugins(const Parsed& p) {
     const keel_plugin_descriptor* d = c->plugin->descriptor;
     const std::string abi = std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor);
     std::printf("%-13s %-16s %-18s %-8s %-5s %s\n", keel::kind_name(c->kind), c->name.c_str(),
-                d->name, d->version, abi.c_str(), c->plugin->path.c_str());
+                c->plugin->name.c_str(), c->plugin->version.c_str(), abi.c_str(),
+                c->plugin->path.c_str());
   }
-  if (!registry.refusals().empty()) std::printf("\nrefused:\n");
-  for (const auto& r : registry.refusals())
-    std::printf("  %s: %s\n", r.path.c_str(), r.reason.c_str());
+  for (const bool plugins : {true, false}) {
+    bool header = false;
+    for (const auto& r : registry.refusals()) {
+      if (r.is_plugin != plugins) continue;
+      if (!header)
+        std::printf(plugins ? "\nrefused:\n" : "\nnot plugins (skipped, never loaded):\n");
+      header = true;
+      std::printf("  %s: %s\n", r.path.c_str(), r.reason.c_str());
+    }
+  }
   std::printf("\nsearched: ");
   for (const auto& d : searched) std::printf("%s  ", d.c_str());
   std::printf("\n");
+  // Installed packages (keel plugins install), every version; the one searched is marked.
+  const std::string root = p.plugins.prefix ? *p.plugins.prefix : keel::default_install_root();
+  const std::vector<keel::InstalledPackage> installed = keel::list_installed(root);
+  std::printf("\ninstalled packages (%s):%s\n", root.c_str(), installed.empty() ? " none" : "");
+  for (const auto& pkg : installed) {
+    const bool searched_dir =
+        std::find(searched.begin(), searched.end(), pkg.dir) != searched.end();
+    std::printf("  %-22s %-10s %s  from %s, %s%s\n", pkg.info.name.c_str(),
+                pkg.info.version.c_str(), searched_dir ? "(searched)" : "          ",
+                pkg.source.empty() ? "?" : pkg.source.c_str(),
+                pkg.installed_at.empty() ? "?" : pkg.installed_at.c_str(),
+                pkg.problem.empty() ? "" : ("; unusable: " + pkg.problem).c_str());
+  }
   return 0;
 }
 
@@ -702,6 +774,10 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::fprintf(stderr, "keel: error: %s\nusage: %s\n", one_line(e.what()).c_str(),
                  e.usage.c_str());
+    status = kExitUsage;
+  } catch (const keel::cli::ArgError& e) {
+    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", one_line(e.what()).c_str(),
+                 usage_line("plugins").c_str());
     status = kExitUsage;
   } catch (const keel::Error& e) {
     std::fprintf(stderr, "keel: error: %s%s\n", g_rank_prefix.c_str(), one_line(e.what()).c_str());

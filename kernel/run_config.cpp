@@ -5,6 +5,9 @@
 
 #include "error.hpp"
 #include "keel/schema.hpp"
+#include "loader/lock.hpp"
+#include "package/package.hpp"
+#include "package/semver.hpp"
 
 namespace fs = std::filesystem;
 
@@ -133,12 +136,29 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
                 (available.empty() ? "none found" : available) +
                 "); hint: `keel plugins` lists every component found");
   const std::string name = type->as_string()->get();
-  spec.component = registry.find(kind, name);
-  if (!spec.component)
+  const std::vector<const Component*> found = registry.matches(kind, name);
+  if (found.size() > 1) {
+    std::string which, qualified;
+    for (const Component* c : found) {
+      which += std::string(which.empty() ? "" : " and ") + c->plugin->name + " (" +
+               c->plugin->path + ")";
+      qualified += std::string(qualified.empty() ? "" : " or ") + "type = \"" +
+                   c->qualified_name() + "\"";
+    }
+    throw Error(where(type->source()) + ": [" + section + "].type: " + std::to_string(found.size()) +
+                " plugins provide " + kind_name(kind) + " '" + name + "': " + which +
+                "; hint: name the one you want as " + qualified +
+                ", or remove one of the files from the search path");
+  }
+  if (found.empty()) {
+    const std::string refused = registry.refusal_summary();
     throw Error(where(type->source()) + ": [" + section + "].type: no " + kind_name(kind) +
                 " named '" + name + "' (available: " + (available.empty() ? "none" : available) +
-                "); hint: " + near_hint(name, names) +
+                ")" + (refused.empty() ? "" : "; " + refused) + "; hint: " +
+                near_hint(name, names) +
                 "`keel plugins` lists what was found and why files were refused");
+  }
+  spec.component = found[0];
   Schema schema = spec.component->options;
   std::set<std::string> reserved = kernel_tables;
   reserved.insert("type");
@@ -259,30 +279,128 @@ const std::vector<KernelTable>& kernel_tables() {
   return tables;
 }
 
-std::vector<std::string> manifest_plugin_dirs(const Manifest& m) {
+PluginsTable manifest_plugins(const Manifest& m) {
   const toml::table& t = table_or_empty(m.root, "plugins", "plugins");
-  std::vector<std::string> dirs;
-  const toml::node* paths = t.get("paths");
+  PluginsTable out;
   for (const auto& [k, v] : t)
-    if (k.str() != "paths")
+    if (k.str() != "paths" && k.str() != "require")
       throw Error(where(k.source()) + ": unknown key '" + std::string(k.str()) +
-                  "' in [plugins]; hint: the only key is 'paths'");
-  if (!paths) return dirs;
-  const toml::array* a = paths->as_array();
-  if (!a)
-    throw Error(where(paths->source()) + ": plugins.paths: expected a list of strings; hint: "
-                "e.g. paths = [\"my_plugins\"] (relative to this manifest)");
-  for (const auto& e : *a) {
-    if (!e.is_string())
-      throw Error(where(e.source()) + ": plugins.paths: expected a list of strings; hint: "
+                  "' in [plugins]; hint: " + near_hint(std::string(k.str()), {"paths", "require"}) +
+                  "its keys are paths and require (`keel options plugins`)");
+  if (const toml::node* paths = t.get("paths")) {
+    const toml::array* a = paths->as_array();
+    if (!a)
+      throw Error(where(paths->source()) + ": plugins.paths: expected a list of strings; hint: "
                   "e.g. paths = [\"my_plugins\"] (relative to this manifest)");
-    const std::string dir = e.as_string()->get();
-    dirs.push_back(absolute_path(e, dir.empty() ? "." : dir));  // "": the manifest's directory
+    for (const auto& e : *a) {
+      if (!e.is_string())
+        throw Error(where(e.source()) + ": plugins.paths: expected a list of strings; hint: "
+                    "e.g. paths = [\"my_plugins\"] (relative to this manifest)");
+      const std::string dir = e.as_string()->get();
+      const std::string abs = absolute_path(e, dir.empty() ? "." : dir);  // "": the manifest's
+      std::error_code ec;
+      if (!fs::is_directory(abs, ec))
+        throw Error(where(e.source()) + ": plugins.paths: " + abs +
+                    (fs::exists(abs, ec) ? " is not a directory" : " does not exist") +
+                    "; hint: paths are relative to the manifest that sets them; create the "
+                    "directory or remove the entry");
+      out.dirs.push_back(abs);
+    }
   }
-  return dirs;
+  if (const toml::node* require = t.get("require")) {
+    const toml::table* r = require->as_table();
+    if (!r)
+      throw Error(where(require->source()) + ": plugins.require: expected a table of plugin "
+                  "names and version requirements; hint: require = { \"acme-losses\" = "
+                  "\">=1.2, <2\" }");
+    for (const auto& [k, v] : *r) {
+      const std::string name(k.str());
+      if (!v.is_string())
+        throw Error(where(v.source()) + ": plugins.require." + name + ": expected a version "
+                    "requirement string; hint: \"" + name + "\" = \">=1.2, <2\"");
+      PluginRequirement req{name, v.as_string()->get(), where(v.source())};
+      try {
+        (void)VersionRequirement::parse(req.requirement);
+      } catch (const Error& e) {
+        throw Error(req.where + ": plugins.require." + name + ": " + e.what() +
+                    "; hint: comparators such as \">=1.2, <2\", \"^1.2\", \"~1.2.3\", "
+                    "\"=1.2.3\" or \"*\", separated by commas");
+      }
+      out.require.push_back(std::move(req));
+    }
+  }
+  return out;
 }
 
-RunConfig resolve(const Manifest& m, Registry& registry) {
+std::vector<const ComponentSpec*> used_components(const RunConfig& cfg) {
+  std::vector<const ComponentSpec*> specs = {&cfg.model, &cfg.train_data, &cfg.optimizer,
+                                             &cfg.loss};
+  for (const auto* o : {&cfg.test_data, &cfg.lr_scheduler, &cfg.grad_clipper, &cfg.mfu,
+                        &cfg.profiler, &cfg.checkpoint})
+    if (*o) specs.push_back(&**o);
+  for (const auto& h : cfg.hooks) specs.push_back(&h);
+  return specs;
+}
+
+namespace {
+
+// With a lock in use, every plugin it lists must have been loaded (by its hash).
+void check_lock(const Registry& registry, const Lock& lock) {
+  for (const LockEntry& e : lock.entries) {
+    bool loaded = false;
+    for (const auto& p : registry.plugins()) loaded |= p->sha256 == e.sha256;
+    if (loaded) continue;
+    std::string why = "no file with its sha256 was found on the search path";
+    for (const Refusal& r : registry.refusals())
+      if (lock.by_path(r.path) == &e) why = r.path + ": " + without_hint(r.reason);
+    throw Error(lock.file + ": plugin " + e.name + " " + e.version + " (sha256 " +
+                e.sha256.substr(0, 16) + "...) is locked but was not loaded: " + why +
+                "; hint: restore the locked file, or review the new one and run `keel plugins "
+                "lock` again");
+  }
+}
+
+void check_requirements(const Registry& registry, const std::vector<PluginRequirement>& reqs) {
+  for (const PluginRequirement& r : reqs) {
+    const std::string what = r.where + ": plugins.require: " + r.name + " " + r.requirement;
+    const LoadedPlugin* p = registry.plugin_named(r.name);
+    if (!p) {
+      // Installed versions that do not meet the requirement are not searched: name them.
+      std::string installed;
+      try {
+        for (const auto& pkg : list_installed(default_install_root()))
+          if (pkg.info.name == r.name && pkg.problem.empty())
+            installed += (installed.empty() ? "" : ", ") + pkg.info.version;
+      } catch (const Error&) {
+      }
+      const std::string refused = registry.refusal_summary();
+      throw Error(what + ": " +
+                  (installed.empty() ? "no plugin named '" + r.name + "' was found"
+                                     : "no installed version meets it (installed: " +
+                                           installed + ")") +
+                  (refused.empty() ? "" : "; " + refused) + "; hint: install a version that "
+                  "satisfies it (keel plugins install PACKAGE), or add its directory to "
+                  "[plugins] paths; `keel plugins` lists what was found");
+    }
+    std::optional<Version> v;
+    try {
+      v = Version::parse(p->version);
+    } catch (const Error& e) {
+      throw Error(what + ": found " + r.name + " version '" + p->version + "' (" + p->path +
+                  "), which is not a semantic version (" + e.what() + "); hint: ask its author "
+                  "for a MAJOR.MINOR.PATCH version, or drop the requirement");
+    }
+    if (!VersionRequirement::parse(r.requirement).matches(*v))
+      throw Error(what + ": found " + r.name + " " + p->version + " (" + p->path +
+                  "), which does not satisfy it; hint: install a version that does (keel "
+                  "plugins install PACKAGE; `keel plugins` lists installed versions), or change "
+                  "the requirement");
+  }
+}
+
+}  // namespace
+
+RunConfig resolve(const Manifest& m, Registry& registry, bool use_lock) {
   RunConfig rc;
   rc.manifest_path = m.path;
   for (const auto& [k, v] : m.root) {
@@ -294,8 +412,16 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
                   "hooks, distributed (README, \"Manifest\")");
   }
 
-  rc.plugin_paths = manifest_plugin_dirs(m);
-  registry.discover(plugin_search_path(rc.plugin_paths));
+  const PluginsTable plugins = manifest_plugins(m);
+  rc.plugin_paths = plugins.dirs;
+  rc.plugin_requirements = plugins.require;
+  if (std::optional<Lock> lock = use_lock ? read_lock(m.path) : std::nullopt) {
+    rc.lock_file = lock->file;
+    registry.use_lock(std::move(*lock));
+  }
+  registry.discover(plugin_search_path(rc.plugin_paths, rc.plugin_requirements));
+  if (registry.lock()) check_lock(registry, *registry.lock());
+  check_requirements(registry, rc.plugin_requirements);
 
   const keel_options run = validate_options(table_or_empty(m.root, "run", "run"), "run",
                                             "keel options run", kRunSchema);
@@ -479,7 +605,7 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
     for (const char* name : {"console", "jsonl"}) {
       toml::table t;
       t.insert("type", name);
-      if (registry.find(KEEL_KIND_HOOK, name))
+      if (!registry.matches(KEEL_KIND_HOOK, name).empty())
         rc.hooks.push_back(component(registry, t, "hooks[" + std::to_string(rc.hooks.size()) + "]",
                                      KEEL_KIND_HOOK, {}, nullptr));
     }
@@ -495,7 +621,9 @@ RunConfig resolve(const Manifest& m, Registry& registry) {
   r.insert("run", std::move(run_t));
   toml::array paths;
   for (const auto& p : rc.plugin_paths) paths.push_back(p);
-  r.insert("plugins", toml::table{{"paths", std::move(paths)}});
+  toml::table require;
+  for (const auto& q : rc.plugin_requirements) require.insert_or_assign(q.name, q.requirement);
+  r.insert("plugins", toml::table{{"paths", std::move(paths)}, {"require", std::move(require)}});
   r.insert("train", to_toml(train));
   r.insert("distributed", to_toml(dist));
   r.insert("model", resolved_table(rc.model, nullptr));

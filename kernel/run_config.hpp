@@ -3,7 +3,7 @@
 //
 // Manifest layout (see README "Manifest"):
 //   [run]          name, output_dir, seed, threads, device, mode, malloc_tuning
-//   [plugins]      paths
+//   [plugins]      paths, require (and MANIFEST.lock beside the file, when present)
 //   [train]        stop targets (epochs, max_steps, max_samples, max_tokens), grad_accum,
 //                  precision, nonfinite policy, logging and evaluation cadence
 //   [model] [data.train] [data.test] [optimizer] [lr_scheduler] [loss] [grad_clipper]
@@ -56,6 +56,8 @@ struct RunConfig {
   bool malloc_tuning = true;
   // [plugins]
   std::vector<std::string> plugin_paths;
+  std::vector<PluginRequirement> plugin_requirements;
+  std::string lock_file;  // the MANIFEST.lock in use, or ""
   // [distributed] (used when a launcher started several processes; see distributed/launch.hpp)
   int64_t dist_timeout_s = 300;
   std::string dist_backend = "auto";
@@ -107,7 +109,8 @@ struct RunConfig {
 
 // The kernel's own manifest tables and their keys, documented like a plugin's option schema
 // (`keel options`): "run", "train", "checkpoint" (the kernel keys of [checkpoint]), "hooks"
-// (kernel keys of each [[hooks]] table), "optimizer.groups". ([plugins] has one key, `paths`.)
+// (kernel keys of each [[hooks]] table), "optimizer.groups". ([plugins] has its own keys,
+// `paths` and `require`.)
 struct KernelTable {
   const char* name;
   const char* description;
@@ -117,9 +120,20 @@ const std::vector<KernelTable>& kernel_tables();
 
 // Validates the manifest; loads plugins from [plugins] paths plus the default search path into
 // `registry` first. Throws keel::Error (file:line:col, dotted key, hint) on the first problem.
-RunConfig resolve(const Manifest& manifest, Registry& registry);
+// With `use_lock`, a MANIFEST.lock beside the manifest (loader/lock.hpp) restricts discovery
+// to the files it lists, and every file it lists must load.
+RunConfig resolve(const Manifest& manifest, Registry& registry, bool use_lock = true);
 
-// Plugin search directories named by the manifest's [plugins] paths (relative to its file).
-std::vector<std::string> manifest_plugin_dirs(const Manifest& manifest);
+// The manifest's [plugins] table: `paths` (search directories, relative to the file that sets
+// them; each must exist) and `require` (plugin name -> version requirement, checked after
+// discovery).
+struct PluginsTable {
+  std::vector<std::string> dirs;
+  std::vector<PluginRequirement> require;
+};
+PluginsTable manifest_plugins(const Manifest& manifest);
+
+// Every component the run uses (model, data, optimizer, loss, the optional ones, hooks).
+std::vector<const ComponentSpec*> used_components(const RunConfig& config);
 
 }  // namespace keel

@@ -35,6 +35,7 @@
 #include "distributed/process_group.hpp"
 #include "error.hpp"
 #include "host.hpp"
+#include "loader/bounded.hpp"
 #include "keel/tensor.hpp"
 #include "log.hpp"
 #include "loss_scaler.hpp"
@@ -109,6 +110,10 @@ keel_named_tensor named_entry(const Instance<Abi>& inst, const char* slot_name,
   if (!nt.name || !*nt.name || !nt.tensor)
     throw inst.error(std::string(slot_name) + "(" + std::to_string(i) + ") returned a NULL " +
                      (nt.tensor ? "or empty name" : "tensor"));
+  if (!terminated_within(nt.name, KEEL_NAME_CAPACITY))
+    throw inst.error(std::string(slot_name) + "(" + std::to_string(i) + ") returned a name that "
+                     "does not end within " + std::to_string(KEEL_NAME_CAPACITY - 1) +
+                     " bytes (\"" + bounded(nt.name, 40) + "...\")");
   return nt;
 }
 
@@ -431,7 +436,10 @@ struct Trainer::State {
     if (hooks.empty()) return;
     events_since_agreement = true;
     begin("hooks");
+    // A hook hears only the events of its plugin's ABI minor (abi.h: 1.0 knew kinds 1-10).
+    const uint32_t since = kind >= KEEL_EVENT_AFTER_DATA ? 1 : 0;
     for (const auto& h : hooks) {
+      if (h.abi_minor() < since) continue;
       keel_event ev{};
       ev.struct_size = sizeof(ev);
       ev.kind = kind;
@@ -583,16 +591,9 @@ struct Trainer::State {
   // Name and version of the plugin of every component, once each.
   std::vector<std::pair<std::string, std::string>> plugin_versions() const {
     std::vector<std::pair<std::string, std::string>> out;
-    std::vector<const ComponentSpec*> specs = {&cfg.model, &cfg.train_data, &cfg.optimizer,
-                                               &cfg.loss};
-    for (const auto* o : {&cfg.test_data, &cfg.lr_scheduler, &cfg.grad_clipper, &cfg.mfu,
-                          &cfg.profiler, &cfg.checkpoint})
-      if (*o) specs.push_back(&**o);
-    for (const auto& h : cfg.hooks) specs.push_back(&h);
-    for (const ComponentSpec* sp : specs) {
-      const auto* d = sp->component->plugin->descriptor;
-      const std::pair<std::string, std::string> pv{d->name ? d->name : "?",
-                                                   d->version ? d->version : "?"};
+    for (const ComponentSpec* sp : used_components(cfg)) {
+      const LoadedPlugin* pl = sp->component->plugin;
+      const std::pair<std::string, std::string> pv{pl->name, pl->version};
       if (std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == pv.first; }))
         out.push_back(pv);
     }
@@ -1484,7 +1485,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
   for (size_t i = 0; i < np; ++i) {
     const auto [name, t] = named_entry(s.model, "param", s.model->param, i);
     const std::string what = "param(" + std::to_string(i) + ")";
-    const std::string n(name, strnlen(name, 1024));
+    const std::string n(name);  // terminated within KEEL_NAME_CAPACITY (named_entry)
     if (!seen.insert(n).second)
       throw s.model.error("duplicate parameter name '" + n + "' (param " + std::to_string(i) +
                           "); every parameter needs its own name");

@@ -30,6 +30,7 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 KEEL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.toml")
+BUILD = os.path.dirname(os.path.dirname(KEEL))  # KEEL is BUILD/kernel/keel
 FASHION = "/usr/share/datasets/fashion-mnist"
 TIMEOUT_S = 60
 FORBIDDEN = ("Exception raised from", "terminate called", "internal error", "stol",
@@ -109,6 +110,13 @@ def D(name, sets, where, *phrases, **kw):
 
 
 # Setup helpers (run in the case directory).
+def copy_fixture(name, subdir):
+    def f(d):
+        os.makedirs(os.path.join(d, subdir), exist_ok=True)
+        shutil.copy(os.path.join(BUILD, "tests", "fixtures", name), os.path.join(d, subdir, name))
+    return f
+
+
 def mkfifo(name):
     return lambda d: os.mkfifo(os.path.join(d, name))
 
@@ -303,6 +311,34 @@ CASES = [
       "matches no parameter"),
     M("plugins_paths_string", '[plugins]\npaths = "x"\n', "{m}:2:", "plugins.paths"),
     M("plugins_paths_integers", "[plugins]\npaths = [1]\n", "{m}:2:", "plugins.paths"),
+    M("plugins_paths_missing", '[plugins]\npaths = ["nope"]\n', "{m}:2:", "plugins.paths",
+      "{d}/nope does not exist"),
+    M("plugins_paths_file", '[plugins]\npaths = ["afile"]\n', "{m}:2:", "plugins.paths",
+      "{d}/afile is not a directory", setup=write("afile", "x")),
+    M("plugins_require_not_table", '[plugins]\nrequire = ">=1"\n', "{m}:2:", "plugins.require",
+      "expected a table"),
+    M("plugins_require_bad_syntax", '[plugins]\nrequire = { "keel-losses" = ">=1.x" }\n',
+      "{m}:2:", "plugins.require.keel-losses", "'>=1.x'"),
+    M("plugins_require_unmet", '[plugins]\nrequire = { "keel-losses" = ">=9" }\n', "{m}:2:",
+      "found keel-losses 0.1.0", "does not satisfy it"),
+    M("plugins_require_missing", '[plugins]\nrequire = { "acme-losses" = "*" }\n', "{m}:2:",
+      "no plugin named 'acme-losses' was found", "keel plugins install"),
+    M("component_in_two_plugins",
+      '[plugins]\npaths = ["p"]\n[lr_scheduler]\ntype = "constant"\n', "{m}:4:",
+      "2 plugins provide lr_scheduler 'constant'", "{d}/p/duplicate_component.so",
+      'type = "test-duplicate-component:constant"',
+      setup=copy_fixture("duplicate_component.so", "p")),
+    M("refused_plugin_named", '[plugins]\npaths = ["p"]\n[[hooks]]\ntype = "wrong_abi_hook"\n',
+      "{m}:4:", "no hook named 'wrong_abi_hook'",
+      "1 plugin file was refused: {d}/p/wrong_abi.so (built for plugin ABI 2.0, this keel speaks",
+      setup=copy_fixture("wrong_abi.so", "p")),
+    M("lock_hash_differs", "", "{m}.lock", "plugin keel-losses 0.1.0 (sha256 0000000000000000...) "
+      "is locked but was not loaded", "differs from", "keel plugins lock",
+      setup=write("case.toml.lock", '[[plugin]]\nname = "keel-losses"\nversion = "0.1.0"\n'
+                  'path = "' + os.path.join(BUILD, "plugins", "losses", "libkeel-losses.so") +
+                  '"\nsha256 = "' + "0" * 64 + '"\n')),
+    M("lock_malformed", "", "{m}.lock:1:", "not a valid lock file",
+      setup=write("case.toml.lock", "[[plugin]\n")),
     # extends ----------------------------------------------------------------------------------
     E("extends_missing", 'extends = "nope.toml"\n', "{m}:1:1", "{d}/nope.toml", "not found",
       standalone=True),
@@ -394,6 +430,10 @@ CASES = [
     F("plugins_bad_argument", ("plugins", "shwo"), "shwo", "did you mean 'show'",
       commands=("-",)),
     F("plugins_with_set", ("plugins", "--set", "a=1"), "--set", "train, evaluate and validate",
+      commands=("-",)),
+    F("plugins_flag_of_another_subcommand", ("plugins", "--kind", "loss"), "--kind",
+      "does not take it", commands=("-",)),
+    F("plugins_lock_without_manifest", ("plugins", "lock"), "keel plugins lock", "needs a MANIFEST",
       commands=("-",)),
     F("plugins_show_unknown", ("plugins", "show", "adamww"), "adamww", "did you mean 'adamw'",
       status=1, commands=("-",)),

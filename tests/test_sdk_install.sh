@@ -20,7 +20,7 @@ mkdir "$stage/third_party"
 # shellcheck disable=SC2046
 g++ -std=c++17 -O1 -fPIC -shared -fvisibility=hidden "$src/tests/sdk/halving.cpp" \
     -o "$stage/third_party/libhalving.so" \
-    $(PKG_CONFIG_PATH="$pc" pkg-config --define-variable=prefix="$stage$prefix" --cflags --libs keel-sdk)
+    $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs keel-sdk)
 
 out=$(KEEL_PLUGIN_PATH="$stage/third_party:$installed_plugins" "$keel" plugins show halving)
 echo "$out"
@@ -49,7 +49,7 @@ echo "ok: a plugin built against the installed SDK loads and validates"
 # shellcheck disable=SC2046
 g++ -std=c++17 -O1 -fPIC -shared -fvisibility=hidden "$src/tests/sdk/my_loss.cpp" \
     -o "$stage/third_party/libmy_loss.so" \
-    $(PKG_CONFIG_PATH="$pc" pkg-config --define-variable=prefix="$stage$prefix" --cflags --libs keel-sdk)
+    $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs keel-sdk)
 
 train() {  # train RUN_NAME [--set ...]...
   local name=$1

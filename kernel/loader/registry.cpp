@@ -1,12 +1,26 @@
 #include "registry.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "bounded.hpp"
+#include "error.hpp"
+#include "digest.hpp"
+#include "elf.hpp"
+#include "package/package.hpp"
 
 namespace fs = std::filesystem;
 
@@ -25,7 +39,31 @@ constexpr KindName kKinds[] = {
     {KEEL_KIND_CHECKPOINT, "checkpoint"}, {KEEL_KIND_HOOK, "hook"},
 };
 
-std::string str(const char* s) { return s ? s : ""; }
+// Why a file or directory other users could change is not trusted, or "".
+std::string unsafe_permissions(const struct stat& st, const std::string& what) {
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return what + " is writable by " + ((st.st_mode & S_IWOTH) ? "every user" : "its group") +
+           " (mode " + [&] {
+             char m[8];
+             std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+             return std::string(m);
+           }() + ")";
+  if (st.st_uid != getuid() && st.st_uid != 0)
+    return what + " belongs to another user (uid " + std::to_string(st.st_uid) + ")";
+  return "";
+}
+
+}  // namespace
+
+std::string without_hint(const std::string& reason) {
+  return reason.substr(0, reason.find("; hint: "));
+}
+
+namespace {
+
+constexpr const char* kWritableHint =
+    "; hint: chmod go-w it (and its directory), or set KEEL_ALLOW_WRITABLE_PLUGINS=1 to load "
+    "it anyway";
 
 }  // namespace
 
@@ -54,9 +92,17 @@ int kernel_cxx11_abi() {
 }
 
 std::string Component::label() const {
-  return std::string(kind_name(kind)) + " '" + name + "' (plugin " +
-         str(plugin->descriptor->name) + ")";
+  return std::string(kind_name(kind)) + " '" + name + "' (plugin " + plugin->name + ")";
 }
+
+std::string Component::qualified_name() const { return plugin->name + ":" + name; }
+
+Registry::Registry() {
+  const char* allow = std::getenv("KEEL_ALLOW_WRITABLE_PLUGINS");
+  allow_writable_ = allow && std::string(allow) == "1";
+}
+
+void Registry::use_lock(Lock lock) { lock_ = std::move(lock); }
 
 std::string Registry::check(const LoadedPlugin& p,
                             std::vector<std::unique_ptr<Component>>& out) const {
@@ -68,52 +114,79 @@ std::string Registry::check(const LoadedPlugin& p,
         << "keel's SDK";
     return why.str();
   }
-  if (d->struct_size < sizeof(keel_plugin_descriptor))
+  if (d->abi_minor > KEEL_ABI_MINOR) {
+    why << "built for plugin ABI " << d->abi_major << "." << d->abi_minor
+        << ", newer than this keel's " << KEEL_ABI_MAJOR << "." << KEEL_ABI_MINOR
+        << "; hint: upgrade keel, or rebuild the plugin against this keel's SDK";
+    return why.str();
+  }
+  // The sizes ABI 1.0 gave these structs (unchanged since: test_abi_versions asserts it). When
+  // one grows, an older plugin's smaller one stays valid: compare with 1.0's size, never with
+  // the current sizeof.
+  constexpr size_t kDescriptor10 = sizeof(keel_plugin_descriptor);
+  constexpr size_t kComponent10 = sizeof(keel_component_desc);
+  constexpr size_t kOption10 = sizeof(keel_option_desc);
+  if (d->struct_size < kDescriptor10)
     return "descriptor is " + std::to_string(d->struct_size) + " bytes, ABI " +
-           std::to_string(KEEL_ABI_MAJOR) + " needs at least " +
-           std::to_string(sizeof(keel_plugin_descriptor));
+           std::to_string(KEEL_ABI_MAJOR) + " needs at least " + std::to_string(kDescriptor10);
   if (!d->name || !*d->name) return "descriptor has no plugin name";
+  if (!terminated_within(d->name, KEEL_NAME_CAPACITY))
+    return "descriptor's plugin name does not end within " +
+           std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes";
   const keel_build_fingerprint& f = d->fingerprint;
   if (f.torch_version != nullptr &&
-      (std::strcmp(f.torch_version, kernel_torch_version()) != 0 ||
-       f.cxx11_abi != kernel_cxx11_abi())) {
-    why << "build fingerprint mismatch: plugin built with LibTorch " << f.torch_version
-        << " (_GLIBCXX_USE_CXX11_ABI=" << f.cxx11_abi << ", " << str(f.compiler)
+      (bounded(f.torch_version) != kernel_torch_version() || f.cxx11_abi != kernel_cxx11_abi())) {
+    why << "build fingerprint mismatch: plugin built with LibTorch " << bounded(f.torch_version)
+        << " (_GLIBCXX_USE_CXX11_ABI=" << f.cxx11_abi << ", " << bounded(f.compiler)
         << "), keel uses LibTorch " << kernel_torch_version() << " (_GLIBCXX_USE_CXX11_ABI="
         << kernel_cxx11_abi() << "); hint: rebuild the plugin against this keel's SDK";
     return why.str();
   }
   if (d->component_count > 0 &&
-      (d->components == nullptr || d->component_size < sizeof(keel_component_desc)))
+      (d->components == nullptr || d->component_size < kComponent10))
     return "component table is missing or its entries are smaller than ABI " +
            std::to_string(KEEL_ABI_MAJOR) + " requires";
 
   const auto* base = reinterpret_cast<const unsigned char*>(d->components);
   for (uint32_t i = 0; i < d->component_count; ++i) {
     const auto* c = reinterpret_cast<const keel_component_desc*>(base + i * d->component_size);
-    const std::string cname = str(c->name);
+    if (c->name && !terminated_within(c->name, KEEL_NAME_CAPACITY))
+      return "component " + std::to_string(i) + "'s name does not end within " +
+             std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes";
+    const std::string cname = bounded(c->name, KEEL_NAME_CAPACITY);
     if (!kind_name(c->kind))
       return "component " + std::to_string(i) + " ('" + cname + "') has unknown kind " +
              std::to_string(c->kind);
     if (cname.empty() || !c->create)
       return "component " + std::to_string(i) + " has no name or no factory";
-    if (c->option_count > 0 && (!c->options || c->option_size < sizeof(keel_option_desc)))
+    if (cname.find(':') != std::string::npos)
+      return "component '" + cname + "': a name must not contain ':' (it separates the plugin "
+             "name in a manifest's type)";
+    if (c->option_count > 0 && (!c->options || c->option_size < kOption10))
       return "component '" + cname + "' has a malformed option table";
     auto comp = std::make_unique<Component>();
     comp->kind = c->kind;
     comp->name = cname;
-    comp->description = str(c->description);
+    comp->description = bounded(c->description);
     comp->create = c->create;
     comp->plugin = &p;
     const auto* obase = reinterpret_cast<const unsigned char*>(c->options);
-    for (uint32_t j = 0; j < c->option_count; ++j)
-      comp->options.push_back(
-          *reinterpret_cast<const keel_option_desc*>(obase + j * c->option_size));
+    for (uint32_t j = 0; j < c->option_count; ++j) {
+      const auto& o = *reinterpret_cast<const keel_option_desc*>(obase + j * c->option_size);
+      // The schema keeps pointers into the plugin: each string must end within its bound.
+      const std::string at = "component '" + cname + "' option " + std::to_string(j);
+      if (o.key && !terminated_within(o.key, KEEL_NAME_CAPACITY))
+        return at + ": key does not end within " + std::to_string(KEEL_NAME_CAPACITY - 1) +
+               " bytes";
+      for (const auto& [field, text] : {std::pair{"default_toml", o.default_toml},
+                                        {"help", o.help}, {"choices", o.choices}})
+        if (text && !terminated_within(text, KEEL_STRING_CAPACITY))
+          return at + " ('" + bounded(o.key, KEEL_NAME_CAPACITY) + "'): " + field +
+                 " does not end within " + std::to_string(KEEL_STRING_CAPACITY - 1) + " bytes";
+      comp->options.push_back(o);
+    }
     const std::string bad = check_schema(comp->options);
     if (!bad.empty()) return kind_name(c->kind) + std::string(" '") + cname + "': " + bad;
-    if (const Component* other = find(c->kind, cname))
-      return std::string(kind_name(c->kind)) + " '" + cname + "' is already provided by " +
-             other->plugin->path + "; hint: remove one of the two files from the search path";
     for (const auto& mine : out)
       if (mine->kind == c->kind && mine->name == cname)
         return std::string("declares ") + kind_name(c->kind) + " '" + cname + "' twice";
@@ -123,14 +196,87 @@ std::string Registry::check(const LoadedPlugin& p,
 }
 
 bool Registry::load(const std::string& path) {
-  auto p = std::make_unique<LoadedPlugin>();
-  p->path = path;
-  auto refuse = [&](const std::string& reason) {
-    refusals_.push_back({path, reason});
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    refusals_.push_back({path, std::string("cannot open it: ") + std::strerror(errno), false});
+    return false;
+  }
+  const bool ok = load_checked(path, fd);
+  close(fd);
+  return ok;
+}
+
+namespace {
+
+// The descriptor dlopen loads a file through, one per file (device and inode) for the whole
+// process, never closed. The dynamic loader knows a library by the name it was opened with,
+// /proc/self/fd/N, and takes a later dlopen of the same name for the library already loaded
+// (a C++ plugin stays loaded after dlclose): were N closed and reused for another file, a later
+// load would get the wrong library. One descriptor per file keeps each name bound to its file.
+int load_descriptor(int fd, const struct stat& st) {
+  static std::mutex mutex;
+  static std::map<std::pair<dev_t, ino_t>, int> fds;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(st.st_dev, st.st_ino);
+  if (auto it = fds.find(key); it != fds.end()) return it->second;
+  const int kept = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (kept >= 0) fds.emplace(key, kept);
+  return kept;
+}
+
+}  // namespace
+
+Registry::~Registry() = default;
+
+bool Registry::load_checked(const std::string& path, int fd) {
+  auto refuse = [&](const std::string& reason, bool is_plugin = true) {
+    refusals_.push_back({path, reason, is_plugin});
     return false;
   };
+  struct stat st;
+  if (fstat(fd, &st) != 0) return refuse(std::string("cannot stat it: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return refuse("not a regular file", false);
+  // 1. Nobody else can have changed it.
+  if (!allow_writable_) {
+    std::string bad = unsafe_permissions(st, "the file");
+    if (bad.empty()) {
+      std::error_code ec;
+      const fs::path dir = fs::canonical(path, ec).parent_path();
+      struct stat dst;
+      if (ec || stat(dir.c_str(), &dst) != 0)
+        bad = "its directory cannot be checked";
+      else
+        bad = unsafe_permissions(dst, "its directory " + dir.string());
+    }
+    if (!bad.empty()) return refuse("not loaded: " + bad + kWritableHint);
+  }
+  // 2. A keel plugin, told from its symbol table without running it.
+  const std::string not_plugin = elf_plugin_check(fd);
+  if (!not_plugin.empty()) return refuse("not a keel plugin: " + not_plugin, false);
+  // 3. Its hash, and the lock.
+  auto p = std::make_unique<LoadedPlugin>();
+  p->path = path;
   try {
-    p->library.load(path, boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
+    p->sha256 = sha256_hex(fd, path);
+  } catch (const std::exception& e) {
+    return refuse(e.what());
+  }
+  if (lock_ && !lock_->by_sha256(p->sha256)) {
+    if (const LockEntry* e = lock_->by_path(path))
+      return refuse("not loaded: its sha256 " + p->sha256.substr(0, 16) + "... differs from " +
+                    e->sha256.substr(0, 16) + "... that " + lock_->file + " holds for plugin " +
+                    e->name + " " + e->version + "; hint: if this file is the one you want, "
+                    "review it and run `keel plugins lock` again");
+    return refuse("not loaded: " + lock_->file + " does not list this file (sha256 " +
+                  p->sha256.substr(0, 16) + "...); hint: `keel plugins lock` adds the plugins a "
+                  "manifest uses");
+  }
+  // 4. Load what was checked: the same file (inode), through a descriptor of its own.
+  const int load_fd = load_descriptor(fd, st);
+  if (load_fd < 0) return refuse(std::string("cannot keep it open: ") + std::strerror(errno));
+  try {
+    p->library.load("/proc/self/fd/" + std::to_string(load_fd),
+                    boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
   } catch (const std::exception& e) {
     return refuse(std::string("not a loadable library: ") + e.what());
   }
@@ -140,13 +286,16 @@ bool Registry::load(const std::string& path) {
   auto entry = p->library.get<const keel_plugin_descriptor*()>(KEEL_ENTRY_SYMBOL);
   p->descriptor = entry();
   if (!p->descriptor) return refuse("keel_plugin_entry returned NULL");
-  for (const auto& other : plugins_)
-    if (std::strcmp(other->descriptor->name, str(p->descriptor->name).c_str()) == 0)
-      return refuse("plugin '" + str(p->descriptor->name) + "' is already loaded from " +
-                    other->path);
   std::vector<std::unique_ptr<Component>> comps;
   const std::string bad = check(*p, comps);
   if (!bad.empty()) return refuse(bad);
+  p->name = bounded(p->descriptor->name, KEEL_NAME_CAPACITY);
+  p->version = bounded(p->descriptor->version);
+  p->description = bounded(p->descriptor->description);
+  for (const auto& other : plugins_)
+    if (other->name == p->name)
+      return refuse("plugin '" + p->name + "' is already loaded from " + other->path +
+                    "; hint: remove one of the two files from the search path");
   for (auto& c : comps) components_.push_back(std::move(c));
   plugins_.push_back(std::move(p));
   return true;
@@ -167,10 +316,20 @@ void Registry::discover(const std::vector<std::string>& dirs) {
   }
 }
 
-const Component* Registry::find(keel_kind kind, const std::string& name) const {
+std::vector<const Component*> Registry::matches(keel_kind kind, const std::string& type) const {
+  const size_t colon = type.find(':');
+  const std::string plugin = colon == std::string::npos ? "" : type.substr(0, colon);
+  const std::string name = colon == std::string::npos ? type : type.substr(colon + 1);
+  std::vector<const Component*> out;
   for (const auto& c : components_)
-    if (c->kind == kind && c->name == name) return c.get();
-  return nullptr;
+    if (c->kind == kind && c->name == name && (plugin.empty() || c->plugin->name == plugin))
+      out.push_back(c.get());
+  return out;
+}
+
+const Component* Registry::find(keel_kind kind, const std::string& type) const {
+  const auto m = matches(kind, type);
+  return m.size() == 1 ? m[0] : nullptr;
 }
 
 std::vector<const Component*> Registry::of_kind(keel_kind kind) const {
@@ -180,14 +339,51 @@ std::vector<const Component*> Registry::of_kind(keel_kind kind) const {
   return out;
 }
 
-std::vector<std::string> plugin_search_path(const std::vector<std::string>& manifest_dirs) {
+const LoadedPlugin* Registry::plugin_named(const std::string& name) const {
+  for (const auto& p : plugins_)
+    if (p->name == name) return p.get();
+  return nullptr;
+}
+
+std::string Registry::refusal_summary() const {
+  std::vector<const Refusal*> shown;
+  for (const auto& r : refusals_)
+    if (r.is_plugin) shown.push_back(&r);
+  if (shown.empty()) return "";
+  std::string out = std::to_string(shown.size()) + " plugin file" +
+                    (shown.size() == 1 ? " was" : "s were") + " refused: ";
+  for (size_t i = 0; i < shown.size() && i < 3; ++i)
+    out += (i ? "; " : "") + shown[i]->path + " (" + without_hint(shown[i]->reason) + ")";
+  if (shown.size() > 3) out += "; and " + std::to_string(shown.size() - 3) + " more";
+  return out;
+}
+
+std::vector<std::string> plugin_search_path(const std::vector<std::string>& manifest_dirs,
+                                            const std::vector<PluginRequirement>& requirements) {
   std::vector<std::string> dirs = manifest_dirs;
   if (const char* env = std::getenv("KEEL_PLUGIN_PATH")) {
     std::stringstream s(env);
     std::string item;
-    while (std::getline(s, item, ':'))
-      if (!item.empty()) dirs.push_back(item);
+    while (std::getline(s, item, ':')) {
+      if (item.empty()) continue;
+      std::error_code ec;
+      if (!fs::is_directory(item, ec))
+        spdlog::warn("KEEL_PLUGIN_PATH: {} is not a directory; no plugins are searched there",
+                     item);
+      dirs.push_back(item);
+    }
   }
+  // Installed packages: one version of each (package.hpp).
+  std::map<std::string, VersionRequirement> wanted;
+  for (const auto& r : requirements) wanted[r.name] = VersionRequirement::parse(r.requirement);
+  std::string root;
+  try {
+    root = default_install_root();
+  } catch (const Error& e) {
+    spdlog::debug("no installed packages searched: {}", e.what());
+  }
+  if (!root.empty())
+    for (const auto& p : select_installed(root, wanted).chosen) dirs.push_back(p.dir);
   // A keel running from its build tree uses the plugins built beside it; an installed keel
   // uses the installed ones (never a build tree that happens to still exist).
   std::error_code ec;

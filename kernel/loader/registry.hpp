@@ -1,25 +1,50 @@
 // Plugin discovery and loading.
 //
-// Every *.so under the search directories is opened with Boost.DLL (RTLD_LOCAL | RTLD_NOW),
-// its `keel_plugin_entry` called, and the descriptor checked (ABI major, struct sizes, build
-// fingerprint, component table, option defaults). A file that fails any check is unloaded
-// again and recorded as a Refusal with the reason; nothing of it is used. Loaded libraries stay
-// loaded for the registry's lifetime, which must outlast every instance created from them.
+// Discovery walks the search directories for *.so files and, for each, before anything of it
+// runs:
+//   1. opens it (O_RDONLY) and checks, on that descriptor, that neither it nor its directory is
+//      writable by group or others and that it belongs to this user or root (unless
+//      KEEL_ALLOW_WRITABLE_PLUGINS=1);
+//   2. checks that its ELF dynamic symbol table defines `keel_plugin_entry` (elf.hpp): any
+//      other library is skipped without being opened by the dynamic loader;
+//   3. hashes it (SHA-256) through the same descriptor and, when a lock is in use, refuses it
+//      unless the lock lists that hash;
+//   4. dlopens that same file (/proc/self/fd/N of a descriptor of the same inode, kept open for
+//      the process: RTLD_LOCAL | RTLD_NOW), so the file that was checked is the file that is
+//      loaded, calls `keel_plugin_entry` and checks the
+//      descriptor (ABI version, struct sizes, build fingerprint, component table, option
+//      schemas, strings bounded as abi.h says).
+// A file that fails a check is recorded as a Refusal with the reason (and, from step 4 on,
+// unloaded again); nothing of it is used. Loaded libraries stay loaded for the registry's
+// lifetime, which must outlast every instance created from them.
+//
+// Two plugins may provide a component of the same kind and name; a manifest then names the
+// one it wants as "plugin:component" (matches() returns both for the bare name). Two files of
+// the same plugin name: the first found wins, the second is refused.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <boost/dll/shared_library.hpp>
 
 #include "keel/abi.h"
+#include "lock.hpp"
 #include "options.hpp"
 
 namespace keel {
 
 struct LoadedPlugin {
-  std::string path;
+  std::string path;  // the file as found on the search path
+  std::string sha256;
+  // Bounded copies of the descriptor's strings (abi.h: names up to KEEL_NAME_CAPACITY - 1
+  // bytes, other strings up to KEEL_STRING_CAPACITY - 1).
+  std::string name;
+  std::string version;
+  std::string description;
   boost::dll::shared_library library;
   const keel_plugin_descriptor* descriptor = nullptr;
 };
@@ -34,42 +59,79 @@ struct Component {
 
   // "optimizer 'adamw' (plugin keel-optimizers)", for messages.
   std::string label() const;
+  // "keel-optimizers:adamw", the name that picks this one when several plugins provide it.
+  std::string qualified_name() const;
 };
 
 struct Refusal {
   std::string path;
   std::string reason;
+  // False for a file that is not a keel plugin at all (no entry symbol, not a library).
+  bool is_plugin = true;
 };
+
+// A refusal's reason without its "; hint: ..." (to quote it inside another message).
+std::string without_hint(const std::string& reason);
 
 const char* kind_name(keel_kind kind);           // "lr_scheduler"
 bool kind_from_name(const std::string& name, keel_kind* out);
 
 class Registry {
  public:
-  // Loads every plugin found in `dirs`, in order; a plugin name or component already
-  // registered from an earlier directory wins and the later file is refused as a duplicate.
+  Registry();
+  ~Registry();
+  Registry(Registry&&) = default;
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // From now on, load only files whose SHA-256 `lock` lists (call before discover). A file
+  // whose hash differs is refused, naming the lock entry when its path is one the lock names.
+  void use_lock(Lock lock);
+  const Lock* lock() const { return lock_ ? &*lock_ : nullptr; }
+
+  // Loads every plugin found in `dirs`, in order (recursively, files sorted by path).
   void discover(const std::vector<std::string>& dirs);
   // Loads one file; returns false (and records the refusal) when it is not a valid plugin.
   bool load(const std::string& path);
 
-  const Component* find(keel_kind kind, const std::string& name) const;
+  // The components of `kind` that a manifest's `type` names: every component called `type`,
+  // or, for "plugin:name", the one of that plugin. Several entries mean the bare name is
+  // ambiguous.
+  std::vector<const Component*> matches(keel_kind kind, const std::string& type) const;
+  // The one component `type` names, or nullptr when none or several do.
+  const Component* find(keel_kind kind, const std::string& type) const;
   std::vector<const Component*> of_kind(keel_kind kind) const;
+  const LoadedPlugin* plugin_named(const std::string& name) const;
   const std::vector<std::unique_ptr<LoadedPlugin>>& plugins() const { return plugins_; }
   const std::vector<std::unique_ptr<Component>>& components() const { return components_; }
   const std::vector<Refusal>& refusals() const { return refusals_; }
+  // The refusals of files that are plugins, as one clause for an error line ("2 plugin files
+  // were refused: a.so (why); b.so (why)"), or "" when there are none.
+  std::string refusal_summary() const;
 
  private:
   std::string check(const LoadedPlugin& p, std::vector<std::unique_ptr<Component>>& out) const;
+  bool load_checked(const std::string& path, int fd);
 
   std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
   std::vector<std::unique_ptr<Component>> components_;
   std::vector<Refusal> refusals_;
+  std::optional<Lock> lock_;
+  bool allow_writable_ = false;
 };
 
 // The default search path: `manifest_dirs`, then KEEL_PLUGIN_PATH (colon-separated), then the
-// build tree's plugins/ when this executable runs from the build tree, else the install
-// directory.
-std::vector<std::string> plugin_search_path(const std::vector<std::string>& manifest_dirs);
+// installed packages (package.hpp: in default_install_root(), one version of each name: the
+// highest that meets its requirement, else the highest), then the build tree's plugins/ when
+// this executable runs from the build tree, else the install directory.
+// A manifest's [plugins] require entry (run_config.hpp).
+struct PluginRequirement {
+  std::string name;
+  std::string requirement;
+  std::string where;  // file:line:col of the entry
+};
+std::vector<std::string> plugin_search_path(const std::vector<std::string>& manifest_dirs,
+                                            const std::vector<PluginRequirement>& requirements = {});
 
 // The kernel's own fingerprint values.
 const char* kernel_torch_version();

@@ -14,12 +14,12 @@ class PeakFlops : public keel::Mfu {
   }
 
  private:
-  double peak_;  // FLOP/s of the whole job
+  double peak_;  // FLOP/s of one device (samples_per_second is per device)
 };
 
 const keel_option_desc kPeakFlopsOptions[] = {
     keel::opt_float("peak_tflops", nullptr,
-                    "peak TFLOP/s of the whole job's hardware (all devices together)", 1e-9,
+                    "peak TFLOP/s of one device (one rank's; keel hands MFU the samples per second per device)", 1e-9,
                     keel::kInf),
 };
 const keel_component_desc kComponents[] = {

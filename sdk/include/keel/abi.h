@@ -12,8 +12,20 @@
  *  - Every struct that may grow starts with (or carries) a `struct_size`. Structs only grow by
  *    appending fields; a reader never touches a field that lies beyond the size the writer
  *    declared (see KEEL_HAS_FIELD). Adding a field bumps KEEL_ABI_MINOR; removing, reordering
- *    or changing a field bumps KEEL_ABI_MAJOR, and the kernel refuses a plugin whose major
- *    differs from its own.
+ *    or changing a field bumps KEEL_ABI_MAJOR. The kernel refuses a plugin whose major differs
+ *    from its own, or whose minor is newer than its own, naming the file and both versions.
+ *  - The structs without a struct_size (keel_batch, keel_metric, keel_named_tensor,
+ *    keel_option_desc, keel_component_desc, keel_build_fingerprint, keel_error) are versioned
+ *    by the abi_minor the plugin's descriptor declares: a field appended to one of them in minor
+ *    m exists only between a kernel and a plugin that both speak m or later, and a kernel keeps
+ *    handing older plugins the layout of their minor. Arrays of keel_option_desc and
+ *    keel_component_desc carry their element size too (option_size, component_size).
+ *  - Strings a plugin hands the kernel are read with a bound, never past it, whether or not
+ *    they are NUL-terminated: names (plugin, component, option key, parameter, state entry) up
+ *    to KEEL_NAME_CAPACITY - 1 bytes, messages up to KEEL_ERROR_CAPACITY - 1 bytes, and every
+ *    other string (version, description, help, default, choices, compiler, log lines) up to
+ *    KEEL_STRING_CAPACITY - 1 bytes. A name that does not end within its bound is refused
+ *    (naming the plugin); any other string is cut at its bound.
  *  - No exception, no C++ type and no ownership crosses the boundary implicitly. A function
  *    that can fail returns keel_status and, on KEEL_ERR, writes a NUL-terminated message into
  *    the caller's keel_error. The kernel reports it prefixed with the plugin and component.
@@ -61,6 +73,11 @@ extern "C" {
 typedef enum keel_status { KEEL_OK = 0, KEEL_ERR = 1 } keel_status;
 
 #define KEEL_ERROR_CAPACITY 1024
+/* Longest name (with its NUL) the kernel reads from a plugin: plugin, component, option key,
+ * parameter and state entry names. */
+#define KEEL_NAME_CAPACITY 256
+/* Longest other string (with its NUL) the kernel reads from a plugin. */
+#define KEEL_STRING_CAPACITY 4096
 
 /* Caller-owned buffer for one error message. The caller zeroes `message[0]` before a call;
  * the callee writes at most KEEL_ERROR_CAPACITY bytes, NUL-terminated, and only on KEEL_ERR.
@@ -241,8 +258,6 @@ typedef struct keel_state_writer {
   int (*put)(struct keel_state_writer* writer, const char* name, keel_tensor* tensor);
 } keel_state_writer;
 
-/* Longest name (with its NUL) the kernel reads from a state entry. */
-#define KEEL_NAME_CAPACITY 256
 
 /* ------------------------------------------------------------------------------------------
  * Components
@@ -427,7 +442,9 @@ typedef struct keel_grad_clipper {
 typedef struct keel_mfu {
   KEEL_INSTANCE_HEADER;
   /* Model FLOPs utilisation (0..1) given the model's training FLOPs per sample and the
-   * measured samples per second of the whole job. [train] */
+   * measured samples per second per device: the whole job's samples per second divided by
+   * the number of ranks (one device each), so that MFU compares against one device's peak.
+   * [train] */
   double (*compute)(void* self, double flops_per_sample, double samples_per_second);
 } keel_mfu;
 
@@ -558,7 +575,7 @@ typedef enum keel_event_kind {
   KEEL_EVENT_EVAL_END = 8,
   KEEL_EVENT_METRICS = 9,
   KEEL_EVENT_CHECKPOINT_SAVED = 10,
-  /* (1.1) */
+  /* (1.1) Sent only to hooks of plugins that declare ABI 1.1 or later. */
   KEEL_EVENT_AFTER_DATA = 11,             /* a micro-batch was fetched (event.micro_batch) */
   KEEL_EVENT_AFTER_BACKWARD = 12,         /* gradients accumulated, before clipping */
   KEEL_EVENT_BEFORE_OPTIMIZER_STEP = 13,  /* after clipping, before the update */

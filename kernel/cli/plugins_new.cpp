@@ -1,0 +1,300 @@
+// keel plugins new NAME --kind KIND [--lang c|cpp] DIR: writes a plugin project into DIR.
+//
+// The project comes from the templates under sdk/templates/ (embedded at build time as
+// scaffold_templates.hpp): meson.build and the plugin's source from the language's skeleton
+// (cpp/, c/), the component and its test from kinds/KIND/ (component.cpp or component.c, and
+// test.cpp, a C++ test for both languages), plus README.md and keel-plugin.toml.in. A kind can
+// be written in C when kinds/KIND/component.c exists. Templates use @{key} placeholders; the
+// leading preprocessor lines of a kind's file go where its skeleton says @{includes}.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "manifest.hpp"
+#include "plugins_commands.hpp"
+#include "scaffold_templates.hpp"
+
+namespace keel::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What the templates need to know of each kind beyond its files.
+struct KindInfo {
+  const char* kind;
+  const char* table;    // the manifest table that names a component of the kind
+  const char* summary;  // the component's (and plugin's) description
+  const char* example;  // a manifest line setting the component's option
+};
+constexpr KindInfo kKinds[] = {
+    {"model", "[model]", "a multi-layer perceptron with configurable layer sizes",
+     "layers = [784, 256, 10]"},
+    {"dataset", "[data.train]", "256 grid points classified by the sign of x * y",
+     "batch_size = 32"},
+    {"optimizer", "[optimizer]", "plain stochastic gradient descent", "lr = 0.01"},
+    {"lr_scheduler", "[lr_scheduler]", "exponential decay of the learning rate", "gamma = 0.999"},
+    {"loss", "[loss]", "cross-entropy with label smoothing", "label_smoothing = 0.1"},
+    {"grad_clipper", "[grad_clipper]", "clips gradients to a maximum global L2 norm",
+     "max_norm = 1.0"},
+    {"mfu", "[mfu]", "model FLOPs utilisation against a given hardware peak",
+     "peak_tflops = 312.0"},
+    {"profiler", "[profiler]", "total time and calls of each training-loop phase",
+     "path = \"phases.tsv\""},
+    {"checkpoint", "[checkpoint]", "one file per object, with a checksum per tensor",
+     "checksum = true"},
+    {"hook", "[[hooks]]", "stops the run once the training loss falls below a target",
+     "target_loss = 0.05"},
+};
+constexpr size_t kMaxNameBytes = 64;  // a package name's limit (package/package.hpp)
+
+const char* find_template(const std::string& path) {
+  for (const auto& t : scaffold::kTemplates)
+    if (path == t.path) return t.text;
+  return nullptr;
+}
+
+const char* template_text(const std::string& path) {
+  const char* text = find_template(path);
+  if (text == nullptr)
+    throw Error("keel plugins new: template '" + path + "' is missing from this keel build; "
+                "hint: rebuild keel (its templates come from sdk/templates/)");
+  return text;
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+std::vector<std::string> kind_names() {
+  std::vector<std::string> out;
+  for (const auto& k : kKinds) out.emplace_back(k.kind);
+  return out;
+}
+
+std::vector<std::string> c_kinds() {
+  std::vector<std::string> out;
+  for (const auto& k : kKinds)
+    if (find_template(std::string("kinds/") + k.kind + "/component.c")) out.emplace_back(k.kind);
+  return out;
+}
+
+// Why NAME is not a plugin name, or "".
+std::string name_problem(const std::string& name) {
+  if (name.empty()) return "it is empty";
+  if (name.size() > kMaxNameBytes)
+    return "it is longer than " + std::to_string(kMaxNameBytes) + " bytes";
+  if (name[0] < 'a' || name[0] > 'z') return "it does not start with a lowercase letter";
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_'))
+      return std::string("it holds '") + c + "'";
+  return "";
+}
+
+// "acme_loss" -> "AcmeLoss": the C++ class of the component.
+std::string class_name(const std::string& component) {
+  std::string out;
+  bool upper = true;
+  for (char c : component) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    out += upper && c >= 'a' && c <= 'z' ? static_cast<char>(c - 'a' + 'A') : c;
+    upper = false;
+  }
+  return out;
+}
+
+// `text` with every @{key} replaced by vars[key].
+std::string render(const std::string& text, const std::map<std::string, std::string>& vars,
+                   const std::string& path) {
+  std::string out;
+  size_t i = 0;
+  for (;;) {
+    const size_t at = text.find("@{", i);
+    if (at == std::string::npos) break;
+    const size_t end = text.find('}', at);
+    const std::string key = text.substr(at + 2, end == std::string::npos ? 0 : end - at - 2);
+    const auto it = vars.find(key);
+    if (end == std::string::npos || it == vars.end())
+      throw Error("keel plugins new: template '" + path + "' uses an unknown placeholder '@{" +
+                  key + "}'; hint: the placeholders are " + [&] {
+                    std::vector<std::string> keys;
+                    for (const auto& [k, v] : vars) keys.push_back("@{" + k + "}");
+                    return joined(keys);
+                  }());
+    out.append(text, i, at - i);
+    out += it->second;
+    i = end + 1;
+  }
+  out.append(text, i, std::string::npos);
+  return out;
+}
+
+// A kind's file split into its leading preprocessor lines (with the blank line after them) and
+// the rest, without trailing newlines.
+std::pair<std::string, std::string> split_includes(const std::string& text) {
+  size_t body = 0;
+  for (size_t line = 0; line < text.size();) {
+    const size_t next = text.find('\n', line);
+    const std::string l = text.substr(line, next == std::string::npos ? std::string::npos
+                                                                       : next - line);
+    if (!l.empty() && l[0] != '#') break;
+    line = next == std::string::npos ? text.size() : next + 1;
+    body = line;
+  }
+  std::string rest = text.substr(body);
+  while (!rest.empty() && rest.back() == '\n') rest.pop_back();
+  return {text.substr(0, body), rest};
+}
+
+[[noreturn]] void fail_io(const std::string& what, const std::string& path, int err) {
+  throw Error(what + " '" + path + "' failed: " + std::strerror(err) +
+              "; hint: check that its directory is writable");
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wx");
+  if (f == nullptr) fail_io("creating", path.string(), errno);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const int err = errno;
+  if (std::fclose(f) != 0 || !ok) fail_io("writing", path.string(), ok ? errno : err);
+}
+
+}  // namespace
+
+int plugins_new(const PluginsArgs& args) {
+  args.only_flags({"kind", "lang"});
+  const char* example = "keel plugins new acme-loss --kind loss acme-loss";
+  if (args.positional.size() < 2)
+    throw ArgError("keel plugins new: needs NAME and DIR, got " +
+                   std::to_string(args.positional.size()) + " arguments; hint: " + example);
+  if (args.positional.size() > 2)
+    throw ArgError(args.positional[2] + ": unexpected argument (`keel plugins new` takes NAME and "
+                   "DIR); hint: " + example);
+  const std::string& name = args.positional[0];
+  const std::string& dir = args.positional[1];
+
+  const std::string problem = name_problem(name);
+  if (!problem.empty())
+    throw ArgError("NAME '" + name + "': not a plugin name: " + problem + "; hint: lowercase "
+                   "letters, digits, '-' and '_', starting with a letter, at most " +
+                   std::to_string(kMaxNameBytes) + " bytes, e.g. acme-loss");
+
+  if (!args.kind)
+    throw ArgError("keel plugins new: needs --kind KIND; hint: --kind loss (kinds: " +
+                   joined(kind_names()) + ")");
+  const KindInfo* kind = nullptr;
+  for (const auto& k : kKinds)
+    if (*args.kind == k.kind) kind = &k;
+  if (kind == nullptr) {
+    const std::string near = closest(*args.kind, kind_names());
+    throw ArgError("--kind '" + *args.kind + "': not a component kind; hint: " +
+                   (near.empty() ? "" : "did you mean '" + near + "'? ") +
+                   "kinds: " + joined(kind_names()));
+  }
+
+  const std::string lang = args.lang.value_or("cpp");
+  if (lang != "c" && lang != "cpp")
+    throw ArgError("--lang '" + lang + "': not a language `keel plugins new` writes; hint: "
+                   "--lang c or --lang cpp (the default)");
+  const std::string kind_dir = std::string("kinds/") + kind->kind + "/";
+  if (lang == "c" && find_template(kind_dir + "component.c") == nullptr)
+    throw ArgError("--lang c: a " + std::string(kind->kind) + " needs LibTorch (autograd or "
+                   "direct access to the model's tensors), which the host functions of "
+                   "keel/abi.h do not give a C plugin; hint: --lang cpp, or a kind C can "
+                   "implement: " + joined(c_kinds()));
+
+  std::error_code ec;
+  fs::path target = fs::absolute(dir, ec).lexically_normal();
+  if (ec || dir.empty())
+    throw ArgError("DIR '" + dir + "': not a usable path; hint: name a new directory, e.g. " +
+                   name);
+  if (target.filename().empty()) target = target.parent_path();  // "dir/" or "."
+  const fs::file_status st = fs::status(target, ec);
+  const bool existed = fs::exists(st);
+  if (existed) {
+    if (!fs::is_directory(st))
+      throw ArgError("DIR '" + dir + "' exists and is not a directory; hint: name a new "
+                     "directory, e.g. " + name);
+    const bool empty = fs::is_empty(target, ec);
+    if (ec) fail_io("listing directory", dir, ec.value());
+    if (!empty)
+      throw ArgError("DIR '" + dir + "' exists and is not empty; hint: name a new directory, "
+                     "or empty this one first");
+  }
+
+  // The files, rendered in memory first: a template problem leaves nothing behind.
+  std::string component = name;
+  for (char& c : component)
+    if (c == '-') c = '_';
+  const std::string ext = lang == "c" ? "c" : "cpp";
+  const std::string source = "src/" + component + "." + ext;
+  std::map<std::string, std::string> vars = {
+      {"name", name},
+      {"component", component},
+      {"Class", class_name(component)},
+      {"kind", kind->kind},
+      {"summary", kind->summary},
+      {"table", kind->table},
+      {"option_example", kind->example},
+      {"source", source},
+      {"language", lang == "c" ? "plain C99" : "C++"},
+      {"torch_note", lang == "c" ? "The plugin itself needs no LibTorch; its test does "
+                                   "(keel/testing.hpp runs the component over at::Tensor)."
+                                 : "Build with the LibTorch the loading keel was built with: "
+                                   "keel refuses a C++ plugin built with another."},
+  };
+  auto with_kind_file = [&](const std::string& skeleton, const std::string& kind_file) {
+    const auto [includes, body] = split_includes(template_text(kind_dir + kind_file));
+    std::map<std::string, std::string> v = vars;
+    v["includes"] = render(includes, vars, kind_dir + kind_file);
+    v["body"] = render(body, vars, kind_dir + kind_file);
+    return render(template_text(skeleton), v, skeleton);
+  };
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"meson.build", render(template_text(lang + "/meson.build.in"), vars, lang + "/meson.build.in")},
+      {"README.md", render(template_text("README.md"), vars, "README.md")},
+      {"keel-plugin.toml.in", render(template_text("keel-plugin.toml.in"), vars,
+                                     "keel-plugin.toml.in")},
+      {source, with_kind_file(lang + "/plugin." + ext, "component." + ext)},
+      {"tests/test_" + component + ".cpp", with_kind_file("test.cpp", "test.cpp")},
+  };
+
+  // On a failure DIR is left as it was: removed when this created it, else emptied again.
+  try {
+    for (const auto& [path, text] : files) {
+      const fs::path p = target / path;
+      fs::create_directories(p.parent_path(), ec);
+      if (ec) fail_io("creating directory", p.parent_path().string(), ec.value());
+      write_file(p, text);
+    }
+  } catch (...) {
+    if (!existed) {
+      fs::remove_all(target, ec);
+    } else {
+      std::vector<fs::path> written;
+      for (const auto& entry : fs::directory_iterator(target, ec)) written.push_back(entry);
+      for (const auto& p : written) fs::remove_all(p, ec);
+    }
+    throw;
+  }
+
+  std::vector<std::string> written;
+  for (const auto& f : files) written.push_back(f.first);
+  std::printf("wrote the %s plugin %s (%s `%s`) into %s: %s\nnext: cd %s && meson setup build "
+              "&& meson test -C build\n",
+              lang == "c" ? "C" : "C++", name.c_str(), kind->kind, component.c_str(),
+              target.c_str(), joined(written).c_str(), dir.c_str());
+  return 0;
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,121 @@
+#include "lock.hpp"
+
+#include <toml++/toml.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "checkpoint/durable.hpp"
+#include "error.hpp"
+#include "manifest.hpp"
+
+namespace fs = std::filesystem;
+
+namespace keel {
+namespace {
+
+bool is_sha256(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+}  // namespace
+
+const LockEntry* Lock::by_sha256(const std::string& sha256) const {
+  for (const auto& e : entries)
+    if (e.sha256 == sha256) return &e;
+  return nullptr;
+}
+
+const LockEntry* Lock::by_path(const std::string& path) const {
+  std::error_code ec;
+  const fs::path want = fs::weakly_canonical(path, ec);
+  for (const auto& e : entries)
+    if (e.path == path || fs::weakly_canonical(e.path, ec) == want) return &e;
+  return nullptr;
+}
+
+std::string lock_path_for(const std::string& manifest_path) { return manifest_path + ".lock"; }
+
+std::optional<Lock> read_lock(const std::string& manifest_path) {
+  const std::string file = lock_path_for(manifest_path);
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return std::nullopt;
+  const std::string hint = "; hint: regenerate it with `keel plugins lock " + manifest_path + "`";
+  toml::table root;
+  try {
+    root = toml::parse_file(file);
+  } catch (const toml::parse_error& e) {
+    throw Error(where(e.source()) + ": not a valid lock file: " + std::string(e.description()) +
+                hint);
+  }
+  Lock lock;
+  lock.file = file;
+  for (const auto& [k, v] : root)
+    if (k.str() != "plugin")
+      throw Error(where(k.source()) + ": unknown key '" + std::string(k.str()) +
+                  "' in a lock file (it holds [[plugin]] tables)" + hint);
+  const toml::array* plugins = root["plugin"].as_array();
+  if (!plugins) return lock;
+  for (const auto& node : *plugins) {
+    const toml::table* t = node.as_table();
+    if (!t) throw Error(where(node.source()) + ": [[plugin]] must be a table" + hint);
+    LockEntry e;
+    auto text = [&](const char* key, std::string* out) {
+      const toml::node* n = t->get(key);
+      if (!n || !n->is_string())
+        throw Error(where(n ? n->source() : t->source()) + ": [[plugin]] needs " + key +
+                    " = \"...\" (a string)" + hint);
+      *out = n->as_string()->get();
+    };
+    text("name", &e.name);
+    text("version", &e.version);
+    text("path", &e.path);
+    text("sha256", &e.sha256);
+    if (!is_sha256(e.sha256))
+      throw Error(where(t->get("sha256")->source()) + ": sha256 must be 64 lowercase hex digits" +
+                  hint);
+    if (const toml::array* cs = t->get_as<toml::array>("components"))
+      for (const auto& c : *cs)
+        if (c.is_string()) e.components.push_back(c.as_string()->get());
+    for (const auto& [k, v] : *t) {
+      const std::string key(k.str());
+      if (key != "name" && key != "version" && key != "path" && key != "sha256" &&
+          key != "components")
+        throw Error(where(k.source()) + ": unknown key '" + key +
+                    "' in [[plugin]] (name, version, path, sha256, components)" + hint);
+    }
+    lock.entries.push_back(std::move(e));
+  }
+  return lock;
+}
+
+void write_lock(const Lock& lock, const std::string& manifest) {
+  toml::array plugins;
+  for (const auto& e : lock.entries) {
+    toml::array comps;
+    for (const auto& c : e.components) comps.push_back(c);
+    plugins.push_back(toml::table{{"name", e.name},
+                                  {"version", e.version},
+                                  {"path", e.path},
+                                  {"sha256", e.sha256},
+                                  {"components", std::move(comps)}});
+  }
+  toml::table root{{"plugin", std::move(plugins)}};
+  std::ostringstream text;
+  text << "# The plugin files `keel train " << manifest << "` may load, written by `keel plugins "
+       << "lock " << manifest << "`.\n# A plugin file whose sha256 is not listed here is refused "
+       << "before any of its code runs.\n\n"
+       << root << "\n";
+  const std::string tmp =
+      lock.file + ".tmp-" + std::to_string(getpid());
+  std::remove(tmp.c_str());
+  write_file_durably(tmp, text.str());
+  durable_rename(tmp, lock.file);
+}
+
+}  // namespace keel

@@ -1,0 +1,1184 @@
+#include "package/package.hpp"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <toml++/toml.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "error.hpp"
+#include "keel/abi.h"
+#include "loader/bounded.hpp"
+#include "loader/digest.hpp"
+#include "loader/elf.hpp"
+#include "loader/registry.hpp"
+#include "manifest.hpp"  // closest()
+
+namespace fs = std::filesystem;
+
+namespace keel {
+namespace {
+
+#define KEEL_PKG_STR2(x) #x
+#define KEEL_PKG_STR(x) KEEL_PKG_STR2(x)
+// This keel's plugin ABI as "MAJOR.MINOR".
+#define KEEL_PKG_ABI KEEL_PKG_STR(KEEL_ABI_MAJOR) "." KEEL_PKG_STR(KEEL_ABI_MINOR)
+
+constexpr size_t kMaxNameBytes = 64;
+constexpr const char* kLayoutHint =
+    "a package holds only keel-plugin.toml and the plugin .so files its [files] table lists, "
+    "with no subdirectories or links; make one with `keel plugins pack BUILD_DIR`";
+constexpr const char* kTarballHint =
+    "a package .tar.gz holds one directory NAME-VERSION/ with keel-plugin.toml and the plugin "
+    ".so files; make one with `keel plugins pack BUILD_DIR`";
+
+// ------------------------------------------------------------------------------------------
+// Small file-system helpers. Each failure throws keel::Error naming the operation and path.
+
+[[noreturn]] void sys_fail(const std::string& what, const std::string& path, int err) {
+  std::string hint = "check that its directory exists and that you may write there";
+  if (err == ENOSPC || err == EDQUOT) hint = "free some space on that file system";
+  throw Error(what + " " + path + " failed: " + std::strerror(err) + "; hint: " + hint);
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  // close() reports deferred write errors: checked on every file written.
+  int close() { return ::close(std::exchange(fd_, -1)); }
+
+ private:
+  int fd_;
+};
+
+// `path` made absolute and normal, without a trailing '/' ("pkg/" -> "/cwd/pkg").
+std::string absolute_path(const std::string& path) {
+  fs::path p = fs::absolute(path).lexically_normal();
+  if (p.has_parent_path() && p.filename().empty()) p = p.parent_path();
+  return p.string();
+}
+
+std::string parent_of(const std::string& path) {
+  const fs::path p = fs::path(path).parent_path();
+  return p.empty() ? "." : p.string();
+}
+
+void fsync_dir(const std::string& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) sys_fail("opening", dir, errno);
+  if (::fsync(fd.get()) != 0) sys_fail("fsync of", dir, errno);
+}
+
+void write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) sys_fail("writing", path, n < 0 ? errno : EIO);
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// A new file `path` (it must not exist) holding `text`, mode 0644, fsync'd.
+void write_new_file(const std::string& path, const std::string& text) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (fd.get() < 0) sys_fail("creating", path, errno);
+  write_all(fd.get(), text.data(), text.size(), path);
+  if (::fchmod(fd.get(), 0644) != 0) sys_fail("chmod of", path, errno);
+  if (::fsync(fd.get()) != 0) sys_fail("fsync of", path, errno);
+  if (fd.close() != 0) sys_fail("closing", path, errno);
+}
+
+
+// Copies the regular file `from` (not through a link) to the new file `to` (mode 0644,
+// fsync'd); returns the SHA-256 of the bytes copied.
+std::string copy_file(const std::string& from, const std::string& to) {
+  Fd in(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (in.get() < 0) sys_fail("opening", from, errno);
+  Fd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (out.get() < 0) sys_fail("creating", to, errno);
+  Sha256 sha;
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(in.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) sys_fail("reading", from, errno);
+    if (n == 0) break;
+    sha.update(buf.data(), static_cast<size_t>(n));
+    write_all(out.get(), buf.data(), static_cast<size_t>(n), to);
+  }
+  if (::fchmod(out.get(), 0644) != 0) sys_fail("chmod of", to, errno);
+  if (::fsync(out.get()) != 0) sys_fail("fsync of", to, errno);
+  if (out.close() != 0) sys_fail("closing", to, errno);
+  return sha.hex();
+}
+
+// A directory removed (with everything in it) when this goes out of scope, unless released.
+class ScratchDir {
+ public:
+  // Creates a fresh directory `<dir>/<prefix>XXXXXX` (mode 0700 until chmod'ed).
+  ScratchDir(const std::string& dir, const std::string& prefix) {
+    std::string tmpl = dir + "/" + prefix + "XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) sys_fail("creating a directory in", dir, errno);
+    path_ = tmpl;
+  }
+  ~ScratchDir() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+  void release() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+// The directories made by make_dirs(), removed again (when still empty) unless kept.
+class CreatedDirs {
+ public:
+  ~CreatedDirs() {
+    if (keep_) return;
+    for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) ::rmdir(it->c_str());
+  }
+  void add(const std::string& d) { dirs_.push_back(d); }
+  void keep() { keep_ = true; }
+
+ private:
+  std::vector<std::string> dirs_;
+  bool keep_ = false;
+};
+
+// mkdir -p `dir` (mode 0755), recording each directory it creates.
+void make_dirs(const std::string& dir, CreatedDirs& created) {
+  std::vector<fs::path> missing;
+  fs::path p = dir;
+  struct stat st;
+  while (::stat(p.c_str(), &st) != 0) {  // a link to a directory will do
+    if (errno != ENOENT) sys_fail("checking", p.string(), errno);
+    missing.push_back(p);
+    p = p.parent_path();
+  }
+  if (!S_ISDIR(st.st_mode))
+    throw Error(p.string() +
+                ": not a directory; hint: choose a plugin directory (--prefix) "
+                "whose path holds no files in the way");
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (::mkdir(it->c_str(), 0755) != 0) {
+      if (errno == EEXIST && fs::is_directory(*it)) continue;
+      sys_fail("creating the directory", it->string(), errno);
+    }
+    created.add(it->string());
+  }
+}
+
+bool lexists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+std::string joined(const std::vector<std::string>& items, const std::string& sep = ", ") {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// ------------------------------------------------------------------------------------------
+// keel-plugin.toml
+
+std::string at(const std::string& path, const toml::source_region& r) {
+  if (r.begin.line == 0) return path;
+  return path + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
+}
+
+// A TOML basic string ("..." with escapes).
+std::string toml_quoted(const std::string& s) {
+  std::ostringstream out;
+  out << toml::toml_formatter{toml::value<std::string>(s), toml::format_flags::none};
+  return out.str();
+}
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+[[noreturn]] void fail_at(const std::string& where, const std::string& what,
+                          const std::string& hint) {
+  throw Error(one_line(where + ": " + what + "; hint: " + hint));
+}
+
+std::string file_name_problem(const std::string& n) {
+  if (n.empty()) return "an empty file name";
+  if (n.find('/') != std::string::npos || n.find('\0') != std::string::npos)
+    return "a file name must not contain '/'";
+  if (n[0] == '.') return "a file name must not start with '.'";
+  if (n.size() < 4 || n.compare(n.size() - 3, 3, ".so") != 0)
+    return "a plugin file name must end in .so";
+  if (n.size() > 255) return "a file name must be at most 255 bytes";
+  return "";
+}
+
+bool is_sha256_hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+enum class Keys { full, build };
+
+struct Key {
+  const char* name;
+  bool in_build;  // read by `keel plugins pack` from BUILD_DIR/keel-plugin.toml
+  bool optional;
+  const char* example;  // for "add it" hints
+};
+constexpr Key kKeys[] = {
+    {"name", true, false, "name = \"acme-losses\""},
+    {"version", true, false, "version = \"1.2.0\""},
+    {"description", true, false, "description = \"what the plugin provides\""},
+    {"license", true, false, "license = \"MIT\" (an SPDX identifier)"},
+    {"abi", false, false, "abi = \"" KEEL_PKG_ABI "\""},
+    {"torch_version", false, true, ""},
+    {"cxx11_abi", false, true, ""},
+    {"components", false, false, "components = [\"loss:my_ce\"]"},
+    {"files", false, false, "[files] \"libacme.so\" = \"<sha256>\""},
+};
+
+// keel-plugin.toml's content, and where each value sits ("path:line:col"; [files] entries
+// under "files.<name>").
+struct Located {
+  PackageInfo info;
+  std::map<std::string, std::string> where;
+};
+
+Located parse_info(const std::string& text, const std::string& shown, Keys keys) {
+  toml::table t;
+  try {
+    t = toml::parse(text, shown);
+  } catch (const toml::parse_error& e) {
+    fail_at(at(shown, e.source()), "not valid TOML: " + std::string(e.description()),
+            "fix the TOML syntax at that place");
+  }
+  std::vector<std::string> names;
+  for (const Key& k : kKeys)
+    if (keys == Keys::full || k.in_build) names.push_back(k.name);
+  for (const auto& [k, v] : t) {
+    const std::string key(k.str());
+    if (std::find(names.begin(), names.end(), key) != names.end()) continue;
+    if (keys == Keys::build)
+      for (const Key& known : kKeys)
+        if (key == known.name)
+          fail_at(at(shown, k.source()), "'" + key + "' is filled in by `keel plugins pack`",
+                  "remove it: the build directory's keel-plugin.toml holds only name, version, "
+                  "description and license");
+    const std::string near = closest(key, names);
+    fail_at(
+        at(shown, k.source()), "unknown key " + toml_quoted(key),
+        near.empty() ? "keel-plugin.toml holds " + joined(names) : "did you mean '" + near + "'?");
+  }
+  Located out;
+  PackageInfo& info = out.info;
+  auto node = [&](const Key& k) -> const toml::node* {
+    const toml::node* n = t.get(k.name);
+    if (n == nullptr && !k.optional)
+      fail_at(shown, std::string("no '") + k.name + "'",
+              std::string("add ") + k.example +
+                  (k.in_build ? "" : " (`keel plugins pack BUILD_DIR` fills it in)"));
+    if (n) out.where[k.name] = at(shown, n->source());
+    return n;
+  };
+  auto str = [&](const Key& k) -> std::optional<std::string> {
+    const toml::node* n = node(k);
+    if (!n) return std::nullopt;
+    const auto* s = n->as_string();
+    if (!s)
+      fail_at(
+          at(shown, n->source()), std::string("'") + k.name + "' must be a string",
+          std::string("write it quoted") + (*k.example ? std::string(", e.g. ") + k.example : ""));
+    return s->get();
+  };
+  for (const Key& k : kKeys) {
+    if (keys == Keys::build && !k.in_build) continue;
+    const std::string key = k.name;
+    if (key == "name") {
+      info.name = *str(k);
+      const std::string bad = package_name_problem(info.name);
+      if (!bad.empty())
+        fail_at(out.where["name"], bad, "use lowercase letters, digits, '.', '_' and '-'");
+    } else if (key == "version") {
+      info.version = *str(k);
+      try {
+        Version::parse(info.version);
+      } catch (const Error& e) {
+        fail_at(out.where["version"], std::string("version ") + e.what(),
+                "write a semantic version, e.g. version = \"1.2.0\"");
+      }
+    } else if (key == "description") {
+      info.description = *str(k);
+    } else if (key == "license") {
+      info.license = *str(k);
+      if (info.license.empty())
+        fail_at(out.where["license"], "'license' is empty",
+                "name an SPDX identifier, e.g. \"MIT\"");
+    } else if (key == "abi") {
+      const std::string abi = *str(k);
+      const size_t dot = abi.find('.');
+      auto digits = [](const std::string& s) {
+        return !s.empty() && s.size() <= 9 &&
+               std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+      };
+      if (dot == std::string::npos || !digits(abi.substr(0, dot)) || !digits(abi.substr(dot + 1)))
+        fail_at(out.where["abi"], "'abi' is " + toml_quoted(abi) + ", not MAJOR.MINOR",
+                std::string("write the plugin ABI the plugins were built for, e.g. abi = \"") +
+                    KEEL_PKG_ABI + "\"");
+      info.abi_major = static_cast<uint32_t>(std::stoul(abi.substr(0, dot)));
+      info.abi_minor = static_cast<uint32_t>(std::stoul(abi.substr(dot + 1)));
+    } else if (key == "torch_version") {
+      info.torch_version = str(k);
+      if (info.torch_version && info.torch_version->empty())
+        fail_at(out.where[key], "'torch_version' is empty",
+                "leave it out for plain C plugins, else write the LibTorch version, e.g. \"" +
+                    std::string(kernel_torch_version()) + "\"");
+    } else if (key == "cxx11_abi") {
+      if (const toml::node* n = node(k)) {
+        const auto* i = n->as_integer();
+        if (!i || (i->get() != 0 && i->get() != 1))
+          fail_at(at(shown, n->source()), "'cxx11_abi' must be 0 or 1",
+                  "write the _GLIBCXX_USE_CXX11_ABI the plugins were built with");
+        info.cxx11_abi = static_cast<int>(i->get());
+      }
+    } else if (key == "components") {
+      const toml::node* n = node(k);
+      const auto* a = n->as_array();
+      if (!a)
+        fail_at(at(shown, n->source()), "'components' must be a list of strings",
+                "write it as components = [\"loss:my_ce\"]");
+      std::set<std::string> seen;
+      for (const toml::node& e : *a) {
+        const auto* s = e.as_string();
+        std::string c = s ? s->get() : "";
+        const size_t colon = c.find(':');
+        keel_kind kind;
+        if (!s || colon == std::string::npos || colon + 1 == c.size() ||
+            c.find(':', colon + 1) != std::string::npos ||
+            !kind_from_name(c.substr(0, colon), &kind))
+          fail_at(at(shown, e.source()),
+                  "a component must be a string KIND:NAME with a known kind" +
+                      (s ? " (got " + toml_quoted(c) + ")" : std::string()),
+                  "KIND is model, dataset, optimizer, lr_scheduler, loss, grad_clipper, mfu, "
+                  "profiler, checkpoint or hook, e.g. \"loss:my_ce\"");
+        if (!seen.insert(c).second)
+          fail_at(at(shown, e.source()), "component " + toml_quoted(c) + " is listed twice",
+                  "list each component once");
+        info.components.push_back(c);
+      }
+    } else if (key == "files") {
+      const toml::node* n = node(k);
+      const auto* ft = n->as_table();
+      if (!ft)
+        fail_at(at(shown, n->source()), "'files' must be a table",
+                "write it as a [files] header followed by \"FILE.so\" = \"<sha256>\" lines");
+      if (ft->empty())
+        fail_at(at(shown, n->source()), "[files] lists no file",
+                "list each plugin .so with its sha256 (`keel plugins pack` does)");
+      for (const auto& [fk, fv] : *ft) {
+        const std::string file(fk.str());
+        const std::string bad = file_name_problem(file);
+        if (!bad.empty())
+          fail_at(at(shown, fk.source()), "[files] " + toml_quoted(file) + ": " + bad,
+                  "list only the plugin .so files at the package's top level");
+        const auto* s = fv.as_string();
+        if (!s || !is_sha256_hex(s->get()))
+          fail_at(at(shown, fv.source()),
+                  "[files] " + toml_quoted(file) + " must be a sha256: 64 lowercase hex digits",
+                  "`sha256sum FILE` prints it; `keel plugins pack` fills [files] in");
+        info.files[file] = s->get();
+        out.where["files." + file] = at(shown, fk.source());
+      }
+    }
+  }
+  if (keys == Keys::full && info.torch_version.has_value() != info.cxx11_abi.has_value())
+    fail_at(shown,
+            std::string("'") + (info.torch_version ? "torch_version" : "cxx11_abi") +
+                "' is given without '" + (info.torch_version ? "cxx11_abi" : "torch_version") + "'",
+            "C++ plugins give both; plain C plugins neither");
+  return out;
+}
+
+// The content of the regular file `path` (not read through a link).
+std::string read_regular(const std::string& path, const std::string& shown) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ELOOP) fail_at(shown, "a symbolic link", kLayoutHint);
+    sys_fail("opening", shown, errno);
+  }
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) sys_fail("reading", shown, errno);
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+Located read_info(const std::string& path, const std::string& shown, Keys keys) {
+  return parse_info(read_regular(path, shown), shown, keys);
+}
+
+// ------------------------------------------------------------------------------------------
+// Checking a package directory
+
+std::string abi_text(uint32_t major, uint32_t minor) {
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+// Checks the package directory `dir` completely, naming it `shown` in messages; returns its
+// metadata. Only reads: nothing of it is loaded.
+Located verify_package_dir(const std::string& dir, const std::string& shown) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::end(it); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const fs::file_status st = it->symlink_status(ec);
+    if (ec) break;
+    const std::string where = shown + "/" + name;
+    if (fs::is_symlink(st)) fail_at(where, "a symbolic link", kLayoutHint);
+    if (fs::is_directory(st)) fail_at(where, "a subdirectory", kLayoutHint);
+    if (!fs::is_regular_file(st)) fail_at(where, "not a regular file", kLayoutHint);
+    names.push_back(name);
+  }
+  if (ec)
+    throw Error(shown + ": cannot read it: " + ec.message() + "; hint: check its permissions");
+  std::sort(names.begin(), names.end());
+  const std::string toml_shown = shown + "/" + kPackageMetadataFile;
+  if (std::find(names.begin(), names.end(), kPackageMetadataFile) == names.end())
+    fail_at(shown, std::string("no ") + kPackageMetadataFile + " in it; not a plugin package",
+            "make packages from a plugin's build with `keel plugins pack BUILD_DIR`");
+  Located l = read_info(dir + "/" + kPackageMetadataFile, toml_shown, Keys::full);
+  const PackageInfo& info = l.info;
+
+  // Compatible with this keel?
+  const std::string mine = abi_text(KEEL_ABI_MAJOR, KEEL_ABI_MINOR);
+  const std::string theirs = abi_text(info.abi_major, info.abi_minor);
+  if (info.abi_major != KEEL_ABI_MAJOR)
+    fail_at(l.where["abi"],
+            info.name + " " + info.version + " needs plugin ABI " + theirs + ", this keel speaks " +
+                mine,
+            "get a build of " + info.name + " made for plugin ABI " +
+                std::to_string(KEEL_ABI_MAJOR) + " (this keel's SDK)");
+  if (info.abi_minor > KEEL_ABI_MINOR)
+    fail_at(l.where["abi"],
+            info.name + " " + info.version + " needs plugin ABI " + theirs +
+                ", newer than this keel's " + mine,
+            "upgrade keel, or get a build of " + info.name + " made against this keel's SDK");
+  if (info.torch_version &&
+      (*info.torch_version != kernel_torch_version() || *info.cxx11_abi != kernel_cxx11_abi()))
+    fail_at(l.where["torch_version"],
+            info.name + " " + info.version + " was built with LibTorch " + *info.torch_version +
+                " (_GLIBCXX_USE_CXX11_ABI=" + std::to_string(*info.cxx11_abi) +
+                "), this keel uses LibTorch " + kernel_torch_version() +
+                " (_GLIBCXX_USE_CXX11_ABI=" + std::to_string(kernel_cxx11_abi()) + ")",
+            "get a build of " + info.name + " made against this keel's SDK");
+
+  // Exactly the files listed, each the one hashed, each a keel plugin.
+  for (const auto& name : names)
+    if (name != kPackageMetadataFile && !info.files.count(name))
+      fail_at(shown + "/" + name, std::string("not listed in [files] of ") + kPackageMetadataFile,
+              kLayoutHint);
+  for (const auto& [file, expected] : info.files) {
+    const std::string where = shown + "/" + file;
+    const std::string listed = l.where["files." + file];
+    if (std::find(names.begin(), names.end(), file) == names.end())
+      fail_at(listed, "[files] lists " + toml_quoted(file) + ", which the package does not hold",
+              "get the package again from its source, or re-pack it with `keel plugins pack`");
+    Fd fd(::open((dir + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) sys_fail("opening", where, errno);
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) sys_fail("checking", where, errno);
+    if (!S_ISREG(st.st_mode)) fail_at(where, "not a regular file", kLayoutHint);
+    const std::string actual = sha256_hex(fd.get(), where);
+    if (actual != expected)
+      fail_at(where,
+              "sha256 " + actual.substr(0, 16) + "... differs from " + expected.substr(0, 16) +
+                  "... listed at " + listed,
+              "the file changed after the package was made: get the package again from its "
+              "source, or re-pack it with `keel plugins pack`");
+    const std::string not_plugin = elf_plugin_check(fd.get());
+    if (!not_plugin.empty())
+      fail_at(where, "not a keel plugin: " + not_plugin,
+              "a package holds only keel plugin libraries (ones that export keel_plugin_entry)");
+  }
+  return l;
+}
+
+// ------------------------------------------------------------------------------------------
+// Reading a package .tar.gz
+
+using ReadArchive = std::unique_ptr<struct archive, decltype(&archive_read_free)>;
+using WriteArchive = std::unique_ptr<struct archive, decltype(&archive_write_free)>;
+
+// Extracts the package tarball's files into the empty directory `dest` (files only, mode 0644,
+// each fsync'd); returns the name of its one top-level directory. Refuses absolute paths, '..',
+// links, devices and anything but regular files one level below the top-level directory.
+std::string extract_package(const std::string& tarball, const std::string& dest) {
+  ReadArchive a(archive_read_new(), archive_read_free);
+  if (!a) throw Error("libarchive could not start reading " + tarball);
+  archive_read_support_filter_gzip(a.get());
+  archive_read_support_format_tar(a.get());
+  if (archive_read_open_filename(a.get(), tarball.c_str(), 1 << 16) != ARCHIVE_OK)
+    fail_at(tarball, std::string("cannot read it as a .tar.gz: ") + archive_error_string(a.get()),
+            kTarballHint);
+  std::string top;
+  std::set<std::string> seen;
+  for (;;) {
+    struct archive_entry* e = nullptr;
+    const int r = archive_read_next_header(a.get(), &e);
+    if (r == ARCHIVE_EOF) break;
+    if (r < ARCHIVE_WARN)
+      fail_at(tarball, std::string("cannot read it as a .tar.gz: ") + archive_error_string(a.get()),
+              kTarballHint);
+    const char* raw = archive_entry_pathname(e);
+    if (raw == nullptr) fail_at(tarball, "an entry without a readable path", kTarballHint);
+    const std::string path = raw;
+    auto bad = [&](const std::string& why) {
+      fail_at(tarball, "entry " + toml_quoted(path) + ": " + why, kTarballHint);
+    };
+    if (!path.empty() && path[0] == '/') bad("an absolute path");
+    std::vector<std::string> parts;
+    {
+      std::string p = path;
+      while (p.rfind("./", 0) == 0) p.erase(0, 2);
+      size_t start = 0;
+      while (start <= p.size()) {
+        const size_t slash = p.find('/', start);
+        const std::string part =
+            p.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+        if (part == "..") bad("a path with '..'");
+        if (!part.empty() && part != ".") parts.push_back(part);
+        if (slash == std::string::npos) break;
+        start = slash + 1;
+      }
+    }
+    const mode_t type = archive_entry_filetype(e);
+    if (archive_entry_hardlink(e) != nullptr) bad("a hard link");
+    if (type == AE_IFLNK) bad("a symbolic link");
+    if (type != AE_IFREG && type != AE_IFDIR) bad("not a regular file or directory");
+    if (parts.empty()) {
+      if (type == AE_IFDIR) continue;  // "./"
+      bad("an empty path");
+    }
+    if (top.empty()) top = parts[0];
+    if (parts[0] != top) bad("a second top-level entry beside " + toml_quoted(top + "/"));
+    if (parts.size() == 1) {
+      if (type != AE_IFDIR) bad("a file outside the package's top-level directory");
+      continue;
+    }
+    if (parts.size() > 2 || type == AE_IFDIR) bad("a subdirectory");
+    const std::string& name = parts[1];
+    if (name == kInstalledMetadataFile || name[0] == '.') bad("a file name a package must not use");
+    if (!seen.insert(name).second) bad("appears twice");
+    const std::string out = dest + "/" + name;
+    Fd fd(::open(out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (fd.get() < 0) sys_fail("creating", out, errno);
+    char buf[1 << 16];
+    for (;;) {
+      const la_ssize_t n = archive_read_data(a.get(), buf, sizeof buf);
+      if (n < 0)
+        fail_at(tarball,
+                "entry " + toml_quoted(path) + ": cannot read it: " + archive_error_string(a.get()),
+                kTarballHint);
+      if (n == 0) break;
+      write_all(fd.get(), buf, static_cast<size_t>(n), out);
+    }
+    if (::fchmod(fd.get(), 0644) != 0) sys_fail("chmod of", out, errno);
+    if (::fsync(fd.get()) != 0) sys_fail("fsync of", out, errno);
+    if (fd.close() != 0) sys_fail("closing", out, errno);
+  }
+  if (top.empty()) fail_at(tarball, "an empty archive", kTarballHint);
+  return top;
+}
+
+// ------------------------------------------------------------------------------------------
+// Installed packages
+
+std::string installed_toml(const std::string& source, const std::string& when) {
+  return "# Written by `keel plugins install`.\nsource = " + toml_quoted(source) +
+         "\ninstalled = " + toml_quoted(when) + "\n";
+}
+
+std::vector<std::string> subdirs(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::end(it); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    std::error_code sec;
+    if (fs::is_directory(it->symlink_status(sec))) out.push_back(name);
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw Error(dir + ": cannot read it: " + ec.message() + "; hint: check its permissions");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+InstalledPackage read_installed(const std::string& dir, const std::string& name,
+                                const std::string& version) {
+  InstalledPackage p;
+  p.dir = dir;
+  p.info.name = name;
+  p.info.version = version;
+  try {
+    const std::string shown = dir + "/" + kPackageMetadataFile;
+    p.info = read_info(shown, shown, Keys::full).info;
+    if (p.info.name != name || p.info.version != version)
+      p.problem = shown + " says " + p.info.name + " " + p.info.version +
+                  ", not what its directory is named";
+    const std::string ipath = dir + "/" + kInstalledMetadataFile;
+    const toml::table t = toml::parse(read_regular(ipath, ipath), ipath);
+    if (const auto s = t["source"].value<std::string>()) p.source = *s;
+    if (const auto s = t["installed"].value<std::string>()) p.installed_at = *s;
+    if (p.problem.empty() && (p.source.empty() || p.installed_at.empty()))
+      p.problem = ipath + " lacks 'source' or 'installed'";
+  } catch (const toml::parse_error& e) {
+    p.problem = std::string(e.source().path ? e.source().path->c_str() : dir.c_str()) +
+                ": not valid TOML: " + std::string(e.description());
+  } catch (const std::exception& e) {
+    p.problem = e.what();
+  }
+  return p;
+}
+
+void sort_by_version(std::vector<InstalledPackage>& v) {
+  std::stable_sort(v.begin(), v.end(), [](const InstalledPackage& a, const InstalledPackage& b) {
+    const bool va = Version::valid(a.info.version), vb = Version::valid(b.info.version);
+    if (va != vb) return va;  // unparsable last
+    if (!va) return a.dir < b.dir;
+    const int c = compare(Version::parse(a.info.version), Version::parse(b.info.version));
+    return c != 0 ? c < 0 : a.dir < b.dir;
+  });
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+
+std::string package_name_problem(const std::string& name) {
+  const std::string q = "'" + name + "': ";
+  if (name.empty()) return "an empty package name";
+  if (name.size() > kMaxNameBytes)
+    return q + "a package name is at most " + std::to_string(kMaxNameBytes) + " bytes";
+  auto lower_or_digit = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!lower_or_digit(name[0]))
+    return q + "a package name starts with a lowercase letter or a digit";
+  for (char c : name)
+    if (!lower_or_digit(c) && c != '.' && c != '_' && c != '-')
+      return q + "a package name holds only a-z, 0-9, '.', '_' and '-'";
+  return "";
+}
+
+PackageInfo read_package_info(const std::string& path) {
+  return read_info(path, path, Keys::full).info;
+}
+
+std::string package_info_toml(const PackageInfo& info) {
+  std::string s;
+  s += "name = " + toml_quoted(info.name) + "\n";
+  s += "version = " + toml_quoted(info.version) + "\n";
+  s += "description = " + toml_quoted(info.description) + "\n";
+  s += "license = " + toml_quoted(info.license) + "\n";
+  s += "abi = " + toml_quoted(abi_text(info.abi_major, info.abi_minor)) + "\n";
+  if (info.torch_version) s += "torch_version = " + toml_quoted(*info.torch_version) + "\n";
+  if (info.cxx11_abi) s += "cxx11_abi = " + std::to_string(*info.cxx11_abi) + "\n";
+  std::vector<std::string> comps;
+  for (const auto& c : info.components) comps.push_back(toml_quoted(c));
+  s += "components = [" + joined(comps) + "]\n";
+  s += "\n[files]\n";
+  for (const auto& [file, sha] : info.files)
+    s += toml_quoted(file) + " = " + toml_quoted(sha) + "\n";
+  return s;
+}
+
+std::string default_install_root() {
+  const char* xdg = std::getenv("XDG_DATA_HOME");
+  if (xdg && xdg[0] == '/') return std::string(xdg) + "/keel/plugins";
+  const char* home = std::getenv("HOME");
+  if (home && home[0] == '/') return std::string(home) + "/.local/share/keel/plugins";
+  throw Error(
+      "cannot tell the plugin directory: neither XDG_DATA_HOME nor HOME is set to an "
+      "absolute path; hint: set HOME, or name the directory with --prefix DIR");
+}
+
+std::vector<InstalledPackage> list_installed(const std::string& root) {
+  std::vector<InstalledPackage> out;
+  for (const auto& name : subdirs(root)) {
+    std::vector<InstalledPackage> versions;
+    for (const auto& version : subdirs(root + "/" + name))
+      versions.push_back(read_installed(root + "/" + name + "/" + version, name, version));
+    sort_by_version(versions);
+    for (auto& v : versions) out.push_back(std::move(v));
+  }
+  return out;
+}
+
+PackageSelection select_installed(const std::string& root,
+                                  const std::map<std::string, VersionRequirement>& requirements) {
+  std::map<std::string, std::vector<InstalledPackage>> by_name;  // intact, ascending
+  for (auto& p : list_installed(root))
+    if (p.problem.empty() && Version::valid(p.info.version))
+      by_name[p.info.name].push_back(std::move(p));
+  PackageSelection sel;
+  for (const auto& [name, req] : requirements) {
+    const auto it = by_name.find(name);
+    bool met = false;
+    if (it != by_name.end())
+      for (auto v = it->second.rbegin(); v != it->second.rend() && !met; ++v)
+        if (req.matches(Version::parse(v->info.version))) {
+          sel.chosen.push_back(*v);
+          met = true;
+        }
+    if (!met) {
+      UnmetRequirement u{name, req.str(), {}};
+      if (it != by_name.end())
+        for (const auto& v : it->second) u.found.push_back(v.info.version);
+      sel.unmet.push_back(std::move(u));
+    }
+  }
+  for (const auto& [name, versions] : by_name)
+    if (!requirements.count(name)) sel.chosen.push_back(versions.back());
+  std::sort(sel.chosen.begin(), sel.chosen.end(),
+            [](const InstalledPackage& a, const InstalledPackage& b) {
+              return a.info.name < b.info.name;
+            });
+  return sel;
+}
+
+InstalledPackage install_package(const std::string& package, const std::string& root_in, bool force,
+                                 bool* replaced) {
+  if (replaced) *replaced = false;
+  const std::string source = absolute_path(package);
+  const std::string root = absolute_path(root_in);
+  struct stat st;
+  if (::stat(source.c_str(), &st) != 0) {
+    if (errno == ENOENT)
+      throw Error(package +
+                  ": no such file or directory; hint: name a package directory or "
+                  ".tar.gz made by `keel plugins pack`");
+    sys_fail("checking", package, errno);
+  }
+  const bool is_dir = S_ISDIR(st.st_mode);
+  if (!is_dir && !S_ISREG(st.st_mode))
+    throw Error(package +
+                ": neither a directory nor a file; hint: name a package directory or "
+                ".tar.gz made by `keel plugins pack`");
+  // A directory package is checked where it is, before anything is created or copied (and its
+  // copy again, below).
+  std::string shown = package;  // as the user named it, for messages
+  while (shown.size() > 1 && shown.back() == '/') shown.pop_back();
+  if (is_dir) verify_package_dir(source, shown);
+
+  CreatedDirs created;
+  make_dirs(root, created);
+  ScratchDir staging(root, ".keel-install-");
+  const std::string named = shown;
+  if (is_dir) {
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(source, ec); !ec && it != fs::end(it); it.increment(ec))
+      copy_file(it->path().string(), staging.path() + "/" + it->path().filename().string());
+    if (ec)
+      throw Error(package + ": cannot read it: " + ec.message() + "; hint: check its permissions");
+  } else {
+    const std::string top = extract_package(source, staging.path());
+    shown = named + ":" + top;
+  }
+  const Located l = verify_package_dir(staging.path(), shown);
+  const PackageInfo& info = l.info;
+  const std::string expected_top = info.name + "-" + info.version;
+  if (!is_dir && shown != named + ":" + expected_top)
+    fail_at(named,
+            "its top-level directory is " + toml_quoted(shown.substr(named.size() + 1) + "/") +
+                ", not " + toml_quoted(expected_top + "/") +
+                " as keel-plugin.toml's name and version say",
+            kTarballHint);
+
+  const std::string name_dir = root + "/" + info.name;
+  const std::string target = name_dir + "/" + info.version;
+  const std::string already = info.name + " " + info.version + " is already installed in " +
+                              target +
+                              "; hint: add --force to replace it, or `keel plugins remove " +
+                              info.name + "@" + info.version + "` first";
+  if (lexists(target) && !force) throw Error(already);
+
+  InstalledPackage result;
+  result.info = info;
+  result.dir = target;
+  result.source = source;
+  result.installed_at = utc_now();
+  write_new_file(staging.path() + "/" + kInstalledMetadataFile,
+                 installed_toml(result.source, result.installed_at));
+  if (::chmod(staging.path().c_str(), 0755) != 0) sys_fail("chmod of", staging.path(), errno);
+  fsync_dir(staging.path());
+  make_dirs(name_dir, created);
+
+  if (!lexists(target)) {
+    int rc =
+        ::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE);
+    // Without RENAME_NOREPLACE, rename() still refuses a non-empty existing directory.
+    if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
+      rc = ::rename(staging.path().c_str(), target.c_str());
+    if (rc != 0) {
+      if (errno == EEXIST || errno == ENOTEMPTY) throw Error(already);  // installed meanwhile
+      sys_fail("renaming " + staging.path() + " to", target, errno);
+    }
+    staging.release();
+  } else if (::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(),
+                         RENAME_EXCHANGE) == 0) {
+    // The old package now sits in the staging directory, which goes away with `staging`.
+    if (replaced) *replaced = true;
+  } else {
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+      sys_fail("exchanging " + staging.path() + " and", target, errno);
+    // No atomic exchange here: move the old one aside (onto an empty scratch directory), move
+    // the new one in, and put the old one back if that fails.
+    ScratchDir aside(root, ".keel-replaced-");
+    if (::rename(target.c_str(), aside.path().c_str()) != 0)
+      sys_fail("renaming " + target + " to", aside.path(), errno);
+    if (::rename(staging.path().c_str(), target.c_str()) != 0) {
+      const int err = errno;
+      if (::rename(aside.path().c_str(), target.c_str()) == 0) aside.release();
+      sys_fail("renaming " + staging.path() + " to", target, err);
+    }
+    staging.release();
+    if (replaced) *replaced = true;
+  }
+  fsync_dir(name_dir);
+  fsync_dir(root);
+  created.keep();
+  return result;
+}
+
+std::string remove_package(const std::string& root_in, const std::string& name,
+                           const std::optional<std::string>& version) {
+  const std::string root = absolute_path(root_in);
+  const std::vector<std::string> names = subdirs(root);
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    const std::string near = closest(name, names);
+    throw Error(
+        name + ": no package of that name is installed in " + root +
+        (names.empty() ? " (none is)" : " (installed: " + joined(names) + ")") + "; hint: " +
+        (near.empty()
+             ? std::string("`keel plugins --prefix ") + root + "` lists the installed packages"
+             : "did you mean '" + near + "'?"));
+  }
+  const std::string name_dir = root + "/" + name;
+  const std::vector<std::string> versions = [&] {
+    std::vector<InstalledPackage> v;
+    for (const auto& d : subdirs(name_dir))
+      v.push_back(read_installed(name_dir + "/" + d, name, d));
+    sort_by_version(v);
+    std::vector<std::string> out;
+    for (const auto& p : v) out.push_back(fs::path(p.dir).filename().string());
+    return out;
+  }();
+  std::string chosen;
+  if (version) {
+    if (std::find(versions.begin(), versions.end(), *version) == versions.end())
+      throw Error(name + "@" + *version + ": that version is not installed in " + root +
+                  " (installed: " + (versions.empty() ? "none" : joined(versions)) + ")" +
+                  (versions.empty() ? "; hint: nothing of " + name + " is left to remove"
+                                    : "; hint: name one of these, e.g. `keel plugins remove " +
+                                          name + "@" + versions.back() + "`"));
+    chosen = *version;
+  } else if (versions.size() == 1) {
+    chosen = versions[0];
+  } else if (versions.empty()) {
+    throw Error(name + ": no version of it is installed in " + root + " (" + name_dir +
+                " is empty); hint: remove that directory by hand");
+  } else {
+    throw Error(name + ": " + std::to_string(versions.size()) + " versions are installed in " +
+                root + " (" + joined(versions) + "); hint: name one, e.g. `keel plugins remove " +
+                name + "@" + versions.back() + "`");
+  }
+  const std::string target = name_dir + "/" + chosen;
+  // Moved out of sight in one step (onto an empty scratch directory), then deleted.
+  ScratchDir trash(root, ".keel-remove-");
+  if (::rename(target.c_str(), trash.path().c_str()) != 0)
+    sys_fail("renaming " + target + " to", trash.path(), errno);
+  fsync_dir(name_dir);
+  fsync_dir(root);
+  std::error_code ec;
+  fs::remove_all(trash.path(), ec);
+  if (ec)
+    throw Error(name + " " + chosen + " is no longer installed, but deleting its files from " +
+                trash.path() + " failed: " + ec.message() +
+                "; hint: delete that directory by hand");
+  trash.release();
+  if (::rmdir(name_dir.c_str()) == 0) fsync_dir(root);
+  return chosen;
+}
+
+// ------------------------------------------------------------------------------------------
+// pack
+
+namespace {
+
+struct PackFile {
+  std::string name;    // in the package
+  std::string path;    // in the build directory
+  std::string sha256;  // what the loader hashed
+};
+
+// Streams `path` into the archive as the current entry's data; throws when its bytes no longer
+// hash to `sha256`.
+void write_entry_data(struct archive* a, const PackFile& f, const std::string& out) {
+  Fd fd(::open(f.path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) sys_fail("opening", f.path, errno);
+  Sha256 sha;
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) sys_fail("reading", f.path, errno);
+    if (n == 0) break;
+    sha.update(buf.data(), static_cast<size_t>(n));
+    if (archive_write_data(a, buf.data(), static_cast<size_t>(n)) != n)
+      throw Error("writing " + out + " failed: " + archive_error_string(a) +
+                  "; hint: check that its directory is writable and has free space");
+  }
+  if (sha.hex() != f.sha256)
+    throw Error(f.path +
+                ": changed while it was packed; hint: pack again once the build has "
+                "finished");
+}
+
+int64_t source_date() {
+  const char* s = std::getenv("SOURCE_DATE_EPOCH");
+  if (!s || !*s) return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s, &end, 10);
+  return (*end == '\0' && v >= 0) ? static_cast<int64_t>(v) : 0;
+}
+
+void write_tarball(const std::string& out, const PackageInfo& info,
+                   const std::vector<PackFile>& files) {
+  const std::string dir = parent_of(out);
+  std::string tmp = dir + "/." + fs::path(out).filename().string() + ".XXXXXX";
+  Fd fd(::mkstemp(tmp.data()));
+  if (fd.get() < 0) sys_fail("creating a file in", dir, errno);
+  struct Unlink {
+    std::string path;
+    ~Unlink() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } cleanup{tmp};
+  if (::fchmod(fd.get(), 0644) != 0) sys_fail("chmod of", tmp, errno);
+
+  WriteArchive a(archive_write_new(), archive_write_free);
+  auto check = [&](int r) {
+    if (r < ARCHIVE_WARN)
+      throw Error("writing " + out + " failed: " + archive_error_string(a.get()) +
+                  "; hint: check that its directory is writable and has free space");
+  };
+  if (!a) throw Error("libarchive could not start writing " + out);
+  check(archive_write_add_filter_gzip(a.get()));
+  check(archive_write_set_format_pax_restricted(a.get()));
+  archive_write_set_options(a.get(), "gzip:!timestamp");  // reproducible: no time in the header
+  check(archive_write_open_fd(a.get(), fd.get()));
+  const std::string top = info.name + "-" + info.version;
+  const int64_t mtime = source_date();
+  auto header = [&](const std::string& path, mode_t type, mode_t perm, int64_t size) {
+    std::unique_ptr<struct archive_entry, decltype(&archive_entry_free)> e(archive_entry_new(),
+                                                                           archive_entry_free);
+    archive_entry_set_pathname(e.get(), path.c_str());
+    archive_entry_set_filetype(e.get(), type);
+    archive_entry_set_perm(e.get(), perm);
+    archive_entry_set_size(e.get(), size);
+    archive_entry_set_mtime(e.get(), mtime, 0);
+    archive_entry_set_uid(e.get(), 0);
+    archive_entry_set_gid(e.get(), 0);
+    check(archive_write_header(a.get(), e.get()));
+  };
+  header(top + "/", AE_IFDIR, 0755, 0);
+  const std::string meta = package_info_toml(info);
+  header(top + "/" + kPackageMetadataFile, AE_IFREG, 0644, static_cast<int64_t>(meta.size()));
+  if (archive_write_data(a.get(), meta.data(), meta.size()) != static_cast<la_ssize_t>(meta.size()))
+    check(ARCHIVE_FATAL);
+  for (const auto& f : files) {
+    struct stat st;
+    if (::stat(f.path.c_str(), &st) != 0) sys_fail("checking", f.path, errno);
+    header(top + "/" + f.name, AE_IFREG, 0644, st.st_size);
+    write_entry_data(a.get(), f, out);
+  }
+  check(archive_write_close(a.get()));
+  if (::fsync(fd.get()) != 0) sys_fail("fsync of", tmp, errno);
+  if (fd.close() != 0) sys_fail("closing", tmp, errno);
+  if (::rename(tmp.c_str(), out.c_str()) != 0) sys_fail("renaming " + tmp + " to", out, errno);
+  cleanup.path.clear();
+  fsync_dir(dir);
+}
+
+void write_package_dir(const std::string& out, const PackageInfo& info,
+                       const std::vector<PackFile>& files) {
+  const std::string dir = parent_of(out);
+  ScratchDir tmp(dir, "." + fs::path(out).filename().string() + ".");
+  for (const auto& f : files)
+    if (copy_file(f.path, tmp.path() + "/" + f.name) != f.sha256)
+      throw Error(f.path +
+                  ": changed while it was packed; hint: pack again once the build has "
+                  "finished");
+  write_new_file(tmp.path() + "/" + kPackageMetadataFile, package_info_toml(info));
+  if (::chmod(tmp.path().c_str(), 0755) != 0) sys_fail("chmod of", tmp.path(), errno);
+  fsync_dir(tmp.path());
+  int rc = ::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
+    rc = ::rename(tmp.path().c_str(), out.c_str());
+  if (rc != 0) {
+    if (errno == EEXIST || errno == ENOTEMPTY)
+      throw Error(out +
+                  ": already exists; hint: remove it, or write the package elsewhere with "
+                  "--output");
+    sys_fail("renaming " + tmp.path() + " to", out, errno);
+  }
+  tmp.release();
+  fsync_dir(dir);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::string pack_package(const std::string& build_dir, const std::optional<std::string>& output,
+                         PackageInfo* packed) {
+  const std::string bd = absolute_path(build_dir);
+  if (!fs::is_directory(bd))
+    throw Error(build_dir +
+                ": not a directory; hint: name the plugin's build directory (the "
+                "one `meson setup` made)");
+  const std::string toml_path = bd + "/" + kPackageMetadataFile;
+  if (!lexists(toml_path))
+    throw Error(toml_path +
+                ": not found; hint: the plugin's meson.build writes it into the "
+                "build directory (`keel plugins new` sets that up); else write name, version, "
+                "description and license there");
+  const Located l = read_info(toml_path, toml_path, Keys::build);
+  PackageInfo info = l.info;
+
+  // The plugin libraries: regular *.so files at the top level that export the entry symbol.
+  std::vector<std::string> candidates, skipped, plugins;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(bd, ec); !ec && it != fs::end(it); it.increment(ec)) {
+    std::error_code sec;
+    const std::string name = it->path().filename().string();
+    if (fs::is_regular_file(it->symlink_status(sec)) && ends_with(name, ".so"))
+      candidates.push_back(name);
+  }
+  if (ec)
+    throw Error(build_dir + ": cannot read it: " + ec.message() + "; hint: check its permissions");
+  std::sort(candidates.begin(), candidates.end());
+  for (const auto& name : candidates) {
+    Fd fd(::open((bd + "/" + name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) sys_fail("opening", bd + "/" + name, errno);
+    const std::string why = elf_plugin_check(fd.get());
+    if (why.empty())
+      plugins.push_back(name);
+    else
+      skipped.push_back(name + " (" + why + ")");
+  }
+  if (plugins.empty())
+    throw Error(build_dir + ": no keel plugin .so in it" +
+                (skipped.empty() ? std::string() : " (skipped: " + joined(skipped, "; ") + ")") +
+                "; hint: build the plugin first (`meson compile -C " + build_dir + "`)");
+
+  Registry registry;
+  std::vector<PackFile> files;
+  const LoadedPlugin* cxx = nullptr;  // the first C++ plugin (with a LibTorch fingerprint)
+  for (const auto& name : plugins) {
+    const std::string path = bd + "/" + name;
+    if (!registry.load(path))
+      throw Error(one_line(path + ": cannot pack it: " + registry.refusals().back().reason));
+    const LoadedPlugin& p = *registry.plugins().back();
+    if (p.version != info.version)
+      fail_at(l.where.at("version"),
+              "says version " + info.version + ", but " + name + " declares " + p.version,
+              "make them agree (the plugin's KEEL_PLUGIN(...) version and its meson.build "
+              "project version), rebuild, and pack again");
+    const keel_build_fingerprint& f = p.descriptor->fingerprint;
+    if (f.torch_version != nullptr) {
+      const std::string tv = bounded(f.torch_version);
+      if (cxx && (tv != *info.torch_version || f.cxx11_abi != *info.cxx11_abi))
+        throw Error(path + ": built with LibTorch " + tv +
+                    " (_GLIBCXX_USE_CXX11_ABI=" + std::to_string(f.cxx11_abi) + "), but " +
+                    cxx->path + " with LibTorch " + *info.torch_version +
+                    " (_GLIBCXX_USE_CXX11_ABI=" + std::to_string(*info.cxx11_abi) +
+                    "); hint: build every plugin of a package "
+                    "against the same SDK");
+      if (!cxx) {
+        cxx = &p;
+        info.torch_version = tv;
+        info.cxx11_abi = f.cxx11_abi;
+      }
+    }
+    info.abi_major = KEEL_ABI_MAJOR;  // the loader refuses every other major
+    info.abi_minor = std::max(info.abi_minor, p.descriptor->abi_minor);
+    info.files[name] = p.sha256;
+    files.push_back({name, path, p.sha256});
+  }
+  for (const auto& c : registry.components())
+    info.components.push_back(std::string(kind_name(c->kind)) + ":" + c->name);
+
+  std::string out = output ? *output : info.name + "-" + info.version + ".tar.gz";
+  out = absolute_path(out);
+  if (ends_with(out, ".tar.gz")) {
+    write_tarball(out, info, files);
+  } else {
+    if (lexists(out))
+      throw Error(out +
+                  ": already exists; hint: remove it, or write the package elsewhere with "
+                  "--output");
+    write_package_dir(out, info, files);
+  }
+  if (packed) *packed = info;
+  return out;
+}
+
+}  // namespace keel

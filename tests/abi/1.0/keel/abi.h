@@ -1,0 +1,468 @@
+/*
+ * keel plugin ABI, version 1.
+ *
+ * This header is the whole contract between the keel kernel and a plugin. It is plain C99
+ * (it compiles with -std=c99 -pedantic) so that a plugin may be written in any language that
+ * can export a C symbol. C++ plugins normally use <keel/plugin.hpp>, which builds these
+ * structs for them and catches every exception before it could cross the boundary.
+ *
+ * Rules that hold for everything below:
+ *  - A plugin exports exactly one symbol, `keel_plugin_entry` (KEEL_ENTRY_SYMBOL), returning a
+ *    pointer to a constant keel_plugin_descriptor that lives as long as the library.
+ *  - Every struct that may grow starts with (or carries) a `struct_size`. Structs only grow by
+ *    appending fields; a reader never touches a field that lies beyond the size the writer
+ *    declared (see KEEL_HAS_FIELD). Adding a field bumps KEEL_ABI_MINOR; removing, reordering
+ *    or changing a field bumps KEEL_ABI_MAJOR, and the kernel refuses a plugin whose major
+ *    differs from its own.
+ *  - No exception, no C++ type and no ownership crosses the boundary implicitly. A function
+ *    that can fail returns keel_status and, on KEEL_ERR, writes a NUL-terminated message into
+ *    the caller's keel_error. The kernel reports it prefixed with the plugin and component.
+ *  - Objects a plugin creates are destroyed by that plugin (the `destroy` slot). Tensor handles
+ *    are reference counted by the host (see "Tensors").
+ *  - Threading: unless a tag says otherwise, the kernel calls every slot of one instance from
+ *    one thread (the training thread) and never concurrently. Tags used below:
+ *      [load]   called while the library is being loaded, before any run exists;
+ *      [setup]  called while the run is being assembled, before step 1;
+ *      [train]  called from the training thread during the run;
+ *      [any]    may be called from any thread (host functions only; they are thread safe).
+ */
+#ifndef KEEL_ABI_H
+#define KEEL_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KEEL_ABI_MAJOR 1
+#define KEEL_ABI_MINOR 0
+
+/* The one exported symbol. Its type is keel_plugin_entry_fn. */
+#define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
+
+#if defined(_WIN32)
+#define KEEL_EXPORT __declspec(dllexport)
+#else
+#define KEEL_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`. */
+#define KEEL_HAS_FIELD(ptr, type, field) \
+  ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
+
+/* ------------------------------------------------------------------------------------------
+ * Status and errors
+ * ---------------------------------------------------------------------------------------- */
+
+typedef enum keel_status { KEEL_OK = 0, KEEL_ERR = 1 } keel_status;
+
+#define KEEL_ERROR_CAPACITY 1024
+
+/* Caller-owned buffer for one error message. The caller zeroes `message[0]` before a call;
+ * the callee writes at most KEEL_ERROR_CAPACITY bytes, NUL-terminated, and only on KEEL_ERR. */
+typedef struct keel_error {
+  char message[KEEL_ERROR_CAPACITY];
+} keel_error;
+
+/* ------------------------------------------------------------------------------------------
+ * Tensors
+ *
+ * keel_tensor is an opaque, reference-counted handle owned by the host. Two kinds of handle
+ * appear in signatures:
+ *  - borrowed: valid for the duration of the call (arguments), or, for handles a plugin
+ *    reports about its own tensors (keel_model.param/state), as long as the instance lives.
+ *    Do not release a borrowed handle.
+ *  - new reference: returned through a `keel_tensor**` out parameter documented as "new"; the
+ *    receiver owns it and must give it back with keel_host.tensor_release (or hand it on).
+ * Plain C plugins read and create tensors through the host functions. C++ plugins whose build
+ * fingerprint matches the kernel's LibTorch may convert handles to at::Tensor directly
+ * (keel::borrow / keel::give in <keel/plugin.hpp>).
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct keel_tensor keel_tensor;
+
+typedef enum keel_dtype {
+  KEEL_DTYPE_UNKNOWN = 0,
+  KEEL_DTYPE_F32 = 1,
+  KEEL_DTYPE_F64 = 2,
+  KEEL_DTYPE_F16 = 3,
+  KEEL_DTYPE_BF16 = 4,
+  KEEL_DTYPE_I64 = 5,
+  KEEL_DTYPE_I32 = 6,
+  KEEL_DTYPE_U8 = 7,
+  KEEL_DTYPE_I8 = 8,
+  KEEL_DTYPE_BOOL = 9
+} keel_dtype;
+
+/* Opaque, host-owned view of one component's validated options. */
+typedef struct keel_options keel_options;
+
+/* Log levels for keel_host.log. */
+typedef enum keel_log_level {
+  KEEL_LOG_DEBUG = 0,
+  KEEL_LOG_INFO = 1,
+  KEEL_LOG_WARN = 2,
+  KEEL_LOG_ERROR = 3
+} keel_log_level;
+
+/* Services the kernel offers to plugins. One instance lives for the whole process; every
+ * function is thread safe. [any] */
+typedef struct keel_host {
+  uint32_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  /* LibTorch version the kernel was built with, e.g. "1.13.0". */
+  const char* torch_version;
+
+  /* Element type of `t`. */
+  keel_dtype (*tensor_dtype)(const keel_tensor* t);
+  /* Number of dimensions of `t`. */
+  int32_t (*tensor_ndim)(const keel_tensor* t);
+  /* Extent of dimension `dim` (0 <= dim < ndim), or -1 when out of range. */
+  int64_t (*tensor_size)(const keel_tensor* t, int32_t dim);
+  /* Number of elements. */
+  int64_t (*tensor_numel)(const keel_tensor* t);
+  /* Pointer to the elements when `t` lives on the CPU and is contiguous, else NULL. The data
+   * stays valid while the handle is held. Use tensor_contiguous_cpu to get such a tensor. */
+  void* (*tensor_cpu_data)(const keel_tensor* t);
+  /* New reference to a contiguous CPU tensor with the values of `t` (t itself if it already
+   * is one). */
+  keel_tensor* (*tensor_contiguous_cpu)(const keel_tensor* t);
+  /* New reference to a fresh CPU tensor of `dtype` and `shape` (ndim entries) holding a copy
+   * of `data` (numel * element size bytes, may be NULL for zeros). NULL on bad arguments. */
+  keel_tensor* (*tensor_from_buffer)(keel_dtype dtype, const int64_t* shape, int32_t ndim,
+                                     const void* data);
+  /* Adds a reference: returns `t` as a new reference. */
+  keel_tensor* (*tensor_retain)(keel_tensor* t);
+  /* Drops one reference. NULL is ignored. */
+  void (*tensor_release)(keel_tensor* t);
+
+  /* Option accessors. Options were validated against the component's schema before the
+   * factory runs, and every declared key has a value (its default when the manifest left it
+   * out), so these fail (return 0) only on a key the schema does not declare or a type
+   * mismatch. Strings are valid until the factory returns: copy what you keep. [setup] */
+  int (*option_bool)(const keel_options* o, const char* key, int* out);
+  int (*option_int)(const keel_options* o, const char* key, int64_t* out);
+  int (*option_float)(const keel_options* o, const char* key, double* out);
+  const char* (*option_string)(const keel_options* o, const char* key);
+  /* Lists: size, then elements. An INT_LIST element can be read with option_list_float too. */
+  int64_t (*option_list_size)(const keel_options* o, const char* key);
+  int (*option_list_int)(const keel_options* o, const char* key, int64_t index, int64_t* out);
+  int (*option_list_float)(const keel_options* o, const char* key, int64_t index, double* out);
+
+  /* Writes one line to the run's log, prefixed with `origin` (normally the component). */
+  void (*log)(keel_log_level level, const char* origin, const char* message);
+} keel_host;
+
+/* ------------------------------------------------------------------------------------------
+ * Option schema: what a component accepts in its manifest table.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef enum keel_option_type {
+  KEEL_OPT_BOOL = 1,
+  KEEL_OPT_INT = 2,
+  KEEL_OPT_FLOAT = 3, /* an integer literal is accepted too */
+  KEEL_OPT_STRING = 4,
+  KEEL_OPT_INT_LIST = 5,
+  KEEL_OPT_FLOAT_LIST = 6
+} keel_option_type;
+
+typedef struct keel_option_desc {
+  const char* key;
+  keel_option_type type;
+  /* Default as a TOML value ("0.9", "true", "\"relu\"", "[256, 128]"); NULL = required. */
+  const char* default_toml;
+  const char* help;
+  /* Inclusive bounds for INT/FLOAT values and list elements; ignored when min > max. */
+  double min;
+  double max;
+  /* STRING only: allowed values separated by '|' ("mean|sum"), or NULL for any string. */
+  const char* choices;
+} keel_option_desc;
+
+/* ------------------------------------------------------------------------------------------
+ * Components
+ * ---------------------------------------------------------------------------------------- */
+
+typedef enum keel_kind {
+  KEEL_KIND_MODEL = 1,
+  KEEL_KIND_DATASET = 2,
+  KEEL_KIND_OPTIMIZER = 3,
+  KEEL_KIND_LR_SCHEDULER = 4,
+  KEEL_KIND_LOSS = 5,
+  KEEL_KIND_GRAD_CLIPPER = 6,
+  KEEL_KIND_MFU = 7,
+  KEEL_KIND_PROFILER = 8,
+  KEEL_KIND_CHECKPOINT = 9,
+  /* Hooks observe the loop; metric sinks are hooks that act on KEEL_EVENT_METRICS. */
+  KEEL_KIND_HOOK = 10
+} keel_kind;
+
+/* What a factory gets. Fields that do not apply to the component's kind are zero/NULL. */
+typedef struct keel_create_context {
+  uint32_t struct_size;
+  const keel_host* host;
+  const keel_options* options;
+  /* Manifest section the component comes from ("optimizer", "data.train", "hooks[1]"). */
+  const char* section;
+  /* The run's seed; a component that draws random numbers derives its streams from it. */
+  uint64_t seed;
+  int32_t rank;
+  int32_t world_size;
+  /* The run directory (exists before any factory runs). */
+  const char* run_dir;
+  /* optimizer, grad_clipper: the model's trainable parameters, borrowed for the run. */
+  keel_tensor* const* params;
+  const char* const* param_names;
+  size_t param_count;
+  /* lr_scheduler: optimizer steps the run plans to take (0 when unknown). */
+  int64_t total_steps;
+} keel_create_context;
+
+/* Every instance struct begins with these three fields. `destroy` frees `self` and everything
+ * the instance owns; the kernel calls it exactly once. [setup|train] */
+#define KEEL_INSTANCE_HEADER \
+  uint32_t struct_size;      \
+  void* self;                \
+  void (*destroy)(void* self)
+
+/* model ------------------------------------------------------------------------------------ */
+typedef struct keel_model {
+  KEEL_INSTANCE_HEADER;
+  /* Computes the output for a batch of inputs; `output` is new. [train] */
+  keel_status (*forward)(void* self, keel_tensor* input, keel_tensor** output, keel_error* err);
+  /* Switches between training (1) and evaluation (0) behaviour (dropout, batch norm). [train] */
+  void (*set_training)(void* self, int training);
+  /* Trainable parameters, in a fixed order; handles are borrowed for the instance's life. */
+  size_t (*param_count)(void* self);
+  keel_status (*param)(void* self, size_t index, const char** name, keel_tensor** tensor,
+                       keel_error* err);
+  /* Everything a checkpoint must hold (parameters and buffers); borrowed handles. */
+  size_t (*state_count)(void* self);
+  keel_status (*state)(void* self, size_t index, const char** name, keel_tensor** tensor,
+                       keel_error* err);
+  /* Training FLOPs (forward + backward) for one sample, or 0 when unknown. [setup] */
+  double (*flops_per_sample)(void* self);
+} keel_model;
+
+/* dataset ---------------------------------------------------------------------------------- */
+typedef struct keel_batch {
+  keel_tensor* inputs;  /* new */
+  keel_tensor* targets; /* new */
+  int64_t samples;      /* samples in this batch */
+  int64_t tokens;       /* tokens in this batch (equal to samples for non-sequence data) */
+} keel_batch;
+
+typedef struct keel_dataset {
+  KEEL_INSTANCE_HEADER;
+  /* Samples in one epoch. */
+  int64_t (*size)(void* self);
+  /* Batches in one epoch. */
+  int64_t (*batches_per_epoch)(void* self);
+  /* Rewinds to the first batch of epoch `epoch` (0-based; reshuffles when shuffling). [train] */
+  keel_status (*start_epoch)(void* self, int64_t epoch, keel_error* err);
+  /* Fills `out` with the next batch and sets *has_batch = 1, or sets *has_batch = 0 at the
+   * end of the epoch. [train] */
+  keel_status (*next)(void* self, keel_batch* out, int* has_batch, keel_error* err);
+} keel_dataset;
+
+/* optimizer -------------------------------------------------------------------------------- */
+typedef struct keel_optimizer {
+  KEEL_INSTANCE_HEADER;
+  /* Updates the parameters from their gradients. [train] */
+  keel_status (*step)(void* self, keel_error* err);
+  /* Clears the parameters' gradients. [train] */
+  void (*zero_grad)(void* self);
+  /* Parameter groups and their learning rates. [setup|train] */
+  size_t (*group_count)(void* self);
+  double (*get_lr)(void* self, size_t group);
+  void (*set_lr)(void* self, size_t group, double lr);
+} keel_optimizer;
+
+/* lr_scheduler ----------------------------------------------------------------------------- */
+typedef struct keel_lr_scheduler {
+  KEEL_INSTANCE_HEADER;
+  /* Multiplier of each group's base learning rate for optimizer step `step` (0-based). A pure
+   * function of its arguments, so resuming at a step restores the schedule. [train] */
+  double (*factor)(void* self, int64_t step);
+} keel_lr_scheduler;
+
+/* loss ------------------------------------------------------------------------------------- */
+typedef struct keel_loss {
+  KEEL_INSTANCE_HEADER;
+  /* Mean loss over the items of a batch; `loss` (a 0-dim tensor) is new. `count` receives the
+   * number of items averaged over (e.g. targets not equal to ignore_index). [train] */
+  keel_status (*compute)(void* self, keel_tensor* output, keel_tensor* target, keel_tensor** loss,
+                         int64_t* count, keel_error* err);
+} keel_loss;
+
+/* grad_clipper ----------------------------------------------------------------------------- */
+typedef struct keel_grad_clipper {
+  KEEL_INSTANCE_HEADER;
+  /* Clips the gradients of the parameters given at creation; writes the global L2 norm of
+   * the gradients before clipping to *total_norm. [train] */
+  keel_status (*clip)(void* self, double* total_norm, keel_error* err);
+} keel_grad_clipper;
+
+/* mfu -------------------------------------------------------------------------------------- */
+typedef struct keel_mfu {
+  KEEL_INSTANCE_HEADER;
+  /* Model FLOPs utilisation (0..1) given the model's training FLOPs per sample and the
+   * measured samples per second of the whole job. [train] */
+  double (*compute)(void* self, double flops_per_sample, double samples_per_second);
+} keel_mfu;
+
+/* profiler --------------------------------------------------------------------------------- */
+typedef struct keel_profiler {
+  KEEL_INSTANCE_HEADER;
+  /* Marks the start and end of a phase ("data", "forward", "backward", "optimizer", "hooks",
+   * "eval", "checkpoint") of optimizer step `step`. Must be cheap. [train] */
+  void (*begin)(void* self, const char* phase, int64_t step);
+  void (*end)(void* self, const char* phase, int64_t step);
+  /* Writes what was recorded; called once, at train end. [train] */
+  keel_status (*flush)(void* self, keel_error* err);
+} keel_profiler;
+
+/* checkpoint backend ----------------------------------------------------------------------- */
+typedef struct keel_named_tensor {
+  const char* name;
+  keel_tensor* tensor; /* borrowed */
+} keel_named_tensor;
+
+typedef struct keel_checkpoint {
+  KEEL_INSTANCE_HEADER;
+  /* Writes `tensors` into directory `dir` (which exists) as the object `stem` ("model").
+   * The kernel owns the commit protocol: `dir` is a staging directory it renames once every
+   * object is written, so the backend only writes files. [train] */
+  keel_status (*save)(void* self, const char* dir, const char* stem,
+                      const keel_named_tensor* tensors, size_t count, keel_error* err);
+  /* Reads object `stem` from `dir` and copies each stored tensor into the tensor of the same
+   * name in `into`; a missing name or a shape mismatch is an error naming the tensor. [setup] */
+  keel_status (*load)(void* self, const char* dir, const char* stem,
+                      const keel_named_tensor* into, size_t count, keel_error* err);
+} keel_checkpoint;
+
+/* hook ------------------------------------------------------------------------------------- */
+
+/* The call order, as the kernel runs it:
+ *
+ *   TRAIN_START
+ *   for each epoch:
+ *     EPOCH_START
+ *     for each optimizer step:
+ *       STEP_START
+ *       (data, forward, backward, clip, optimizer step)
+ *       STEP_END
+ *       METRICS (split "train")              every log_every steps
+ *       CHECKPOINT_SAVED                     when a checkpoint was committed
+ *       if a stop target is reached: leave both loops
+ *     EPOCH_END
+ *     EVAL_START, (evaluation), EVAL_END, METRICS (split "test")   when evaluating
+ *   TRAIN_END
+ *
+ * Hooks are called in manifest order. Any hook may set bits of `requests`; the kernel acts on
+ * them after the event (KEEL_REQUEST_STOP ends the run after the current step). */
+typedef enum keel_event_kind {
+  KEEL_EVENT_TRAIN_START = 1,
+  KEEL_EVENT_TRAIN_END = 2,
+  KEEL_EVENT_EPOCH_START = 3,
+  KEEL_EVENT_EPOCH_END = 4,
+  KEEL_EVENT_STEP_START = 5,
+  KEEL_EVENT_STEP_END = 6,
+  KEEL_EVENT_EVAL_START = 7,
+  KEEL_EVENT_EVAL_END = 8,
+  KEEL_EVENT_METRICS = 9,
+  KEEL_EVENT_CHECKPOINT_SAVED = 10
+} keel_event_kind;
+
+#define KEEL_REQUEST_STOP 1u
+
+typedef struct keel_trainer_state {
+  uint32_t struct_size;
+  int64_t step;      /* optimizer steps completed */
+  int64_t epoch;     /* current epoch, 0-based */
+  int64_t samples;   /* training samples consumed */
+  int64_t tokens;    /* training tokens consumed */
+  int64_t max_steps; /* planned optimizer steps (0 when unknown) */
+  int64_t epochs;    /* planned epochs (0 when unknown) */
+  double lr;         /* learning rate of group 0 */
+  double loss;       /* loss of the latest step */
+} keel_trainer_state;
+
+typedef struct keel_metric {
+  const char* key;
+  double value;
+} keel_metric;
+
+typedef struct keel_event {
+  uint32_t struct_size;
+  keel_event_kind kind;
+  const keel_trainer_state* state;
+  /* METRICS, EVAL_*: "train" or the evaluated split ("test"); NULL otherwise. */
+  const char* split;
+  /* METRICS: the record, in a fixed order; NULL otherwise. */
+  const keel_metric* metrics;
+  size_t metric_count;
+  /* CHECKPOINT_SAVED: the committed checkpoint directory; NULL otherwise. */
+  const char* path;
+  /* Out: KEEL_REQUEST_* bits the hook asks for. */
+  uint32_t requests;
+} keel_event;
+
+typedef struct keel_hook {
+  KEEL_INSTANCE_HEADER;
+  /* Observes one event; an error ends the run. [train] */
+  keel_status (*on_event)(void* self, keel_event* event, keel_error* err);
+} keel_hook;
+
+/* ------------------------------------------------------------------------------------------
+ * The plugin descriptor
+ * ---------------------------------------------------------------------------------------- */
+
+/* Creates one instance. On KEEL_OK, *out_instance points to the kind's instance struct
+ * (keel_model, keel_dataset, ...), which the instance's `destroy` frees. [setup] */
+typedef keel_status (*keel_factory_fn)(const keel_create_context* ctx, void** out_instance,
+                                       keel_error* err);
+
+typedef struct keel_component_desc {
+  keel_kind kind;
+  const char* name; /* the `type` a manifest uses: unique per kind across loaded plugins */
+  const char* description;
+  const keel_option_desc* options; /* array of option_count entries, option_size bytes apart */
+  uint32_t option_count;
+  uint32_t option_size;
+  keel_factory_fn create;
+} keel_component_desc;
+
+/* Identifies the C++ toolchain a plugin was built with. A plugin that uses LibTorch's C++ API
+ * across the boundary (converting handles to at::Tensor) must match the kernel exactly; a
+ * plain C plugin sets torch_version to NULL and uses only the host functions. */
+typedef struct keel_build_fingerprint {
+  const char* torch_version; /* TORCH_VERSION, or NULL for a plain C plugin */
+  const char* compiler;      /* e.g. "gcc 12.2.0" (informational) */
+  int32_t cxx11_abi;         /* _GLIBCXX_USE_CXX11_ABI, or -1 for a plain C plugin */
+} keel_build_fingerprint;
+
+typedef struct keel_plugin_descriptor {
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  uint32_t struct_size;
+  const char* name;
+  const char* version;
+  const char* description;
+  keel_build_fingerprint fingerprint;
+  const keel_component_desc* components; /* component_count entries, component_size apart */
+  uint32_t component_count;
+  uint32_t component_size;
+} keel_plugin_descriptor;
+
+/* The entry point. Called once per process, right after the library is loaded. [load] */
+typedef const keel_plugin_descriptor* (*keel_plugin_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KEEL_ABI_H */

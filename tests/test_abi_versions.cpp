@@ -1,0 +1,316 @@
+// The current ABI against the frozen 1.0 and 1.1 headers (tests/abi/), asserted at compile time:
+// a plugin built against an older minor keeps finding every field where it was, and the kernel
+// keeps asking it for no more than that minor had. This is a compile-time test: the executable
+// only builds when every static_assert holds, and main() has nothing left to check.
+//
+// The frozen headers are included under other names: the build generates keel10_abi.h and
+// keel11_abi.h from them, with keel_ -> keel10_ / keel11_ and KEEL_ -> KEEL10_ / KEEL11_.
+#include <cstddef>
+
+#include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
+#include "keel10_abi.h"
+#include "keel11_abi.h"
+
+static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
+static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
+                  KEEL11_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL11_ABI_MINOR == 1,
+              "tests/abi/1.0 and tests/abi/1.1 must hold the frozen 1.0 and 1.1 headers");
+
+#define ABI_10 "1.0"
+#define ABI_11 "1.1"
+// A field of minor V (10: 1.0, 11: 1.1) keeps its offset and size.
+#define SAME(V, T, field)                                                                    \
+  static_assert(offsetof(keel_##T, field) == offsetof(keel##V##_##T, field) &&               \
+                    sizeof(keel_##T::field) == sizeof(keel##V##_##T::field),                 \
+                "keel_" #T "." #field " moved or changed size since ABI " ABI_##V)
+// A field added after minor V lies at or beyond the end of the struct as V had it, so a
+// struct_size from a plugin or kernel of minor V never covers it.
+#define APPENDED(T, field, V)                                                                \
+  static_assert(offsetof(keel_##T, field) >= sizeof(keel##V##_##T),                          \
+                "keel_" #T "." #field " was added after ABI " ABI_##V " but lies inside it")
+// A struct only grows.
+#define GROWN(T) \
+  static_assert(sizeof(keel_##T) >= sizeof(keel10_##T), "keel_" #T " shrank since ABI 1.0")
+// Structs without a struct_size, and the descriptor, have not grown since 1.0. When one does
+// (abi.h allows it in a new minor), the kernel must keep accepting and handing plugins of older
+// minors the layout of their minor; today Registry::check refuses a descriptor, component table
+// or option table smaller than the current struct. Replace this assert with a test of that code.
+#define UNCHANGED_SIZE(T)                                                                    \
+  static_assert(sizeof(keel_##T) == sizeof(keel10_##T),                                      \
+                "keel_" #T " changed size since ABI 1.0; see UNCHANGED_SIZE")
+
+// keel_error
+GROWN(error);
+UNCHANGED_SIZE(error);
+SAME(10, error, message);
+
+// keel_host
+GROWN(host);
+SAME(10, host, struct_size);
+SAME(10, host, abi_major);
+SAME(10, host, abi_minor);
+SAME(10, host, torch_version);
+SAME(10, host, tensor_dtype);
+SAME(10, host, tensor_ndim);
+SAME(10, host, tensor_size);
+SAME(10, host, tensor_numel);
+SAME(10, host, tensor_cpu_data);
+SAME(10, host, tensor_contiguous_cpu);
+SAME(10, host, tensor_from_buffer);
+SAME(10, host, tensor_retain);
+SAME(10, host, tensor_release);
+SAME(10, host, option_bool);
+SAME(10, host, option_int);
+SAME(10, host, option_float);
+SAME(10, host, option_string);
+SAME(10, host, option_list_size);
+SAME(10, host, option_list_int);
+SAME(10, host, option_list_float);
+SAME(10, host, log);
+APPENDED(host, report_error, 11);
+
+// keel_option_desc
+GROWN(option_desc);
+UNCHANGED_SIZE(option_desc);
+SAME(10, option_desc, key);
+SAME(10, option_desc, type);
+SAME(10, option_desc, default_toml);
+SAME(10, option_desc, help);
+SAME(10, option_desc, min);
+SAME(10, option_desc, max);
+SAME(10, option_desc, choices);
+
+// keel_named_tensor
+GROWN(named_tensor);
+UNCHANGED_SIZE(named_tensor);
+SAME(10, named_tensor, name);
+SAME(10, named_tensor, tensor);
+
+// keel_state_writer: new in 1.3, nothing to compare.
+
+// keel_create_context
+GROWN(create_context);
+SAME(10, create_context, struct_size);
+SAME(10, create_context, host);
+SAME(10, create_context, options);
+SAME(10, create_context, section);
+SAME(10, create_context, seed);
+SAME(10, create_context, rank);
+SAME(10, create_context, world_size);
+SAME(10, create_context, run_dir);
+SAME(10, create_context, params);
+SAME(10, create_context, param_names);
+SAME(10, create_context, param_count);
+SAME(10, create_context, total_steps);
+SAME(11, create_context, param_group);
+APPENDED(create_context, param_group, 10);
+SAME(11, create_context, group_count);
+APPENDED(create_context, group_count, 10);
+SAME(11, create_context, group_lr);
+APPENDED(create_context, group_lr, 10);
+SAME(11, create_context, group_weight_decay);
+APPENDED(create_context, group_weight_decay, 10);
+APPENDED(create_context, resume_step, 11);
+
+// keel_model
+GROWN(model);
+SAME(10, model, struct_size);
+SAME(10, model, self);
+SAME(10, model, destroy);
+SAME(10, model, forward);
+SAME(10, model, set_training);
+SAME(10, model, param_count);
+SAME(10, model, param);
+SAME(10, model, state_count);
+SAME(10, model, state);
+SAME(10, model, flops_per_sample);
+APPENDED(model, state_save, 11);
+APPENDED(model, state_load, 11);
+
+// keel_batch
+GROWN(batch);
+UNCHANGED_SIZE(batch);
+SAME(10, batch, inputs);
+SAME(10, batch, targets);
+SAME(10, batch, samples);
+SAME(10, batch, tokens);
+
+// keel_dataset
+GROWN(dataset);
+SAME(10, dataset, struct_size);
+SAME(10, dataset, self);
+SAME(10, dataset, destroy);
+SAME(10, dataset, size);
+SAME(10, dataset, batches_per_epoch);
+SAME(10, dataset, start_epoch);
+SAME(10, dataset, next);
+APPENDED(dataset, seek, 11);
+APPENDED(dataset, state_save, 11);
+APPENDED(dataset, state_load, 11);
+
+// keel_optimizer
+GROWN(optimizer);
+SAME(10, optimizer, struct_size);
+SAME(10, optimizer, self);
+SAME(10, optimizer, destroy);
+SAME(10, optimizer, step);
+SAME(10, optimizer, zero_grad);
+SAME(10, optimizer, group_count);
+SAME(10, optimizer, get_lr);
+SAME(10, optimizer, set_lr);
+APPENDED(optimizer, state_save, 11);
+APPENDED(optimizer, state_load, 11);
+
+// keel_lr_scheduler
+GROWN(lr_scheduler);
+SAME(10, lr_scheduler, struct_size);
+SAME(10, lr_scheduler, self);
+SAME(10, lr_scheduler, destroy);
+SAME(10, lr_scheduler, factor);
+
+// keel_loss
+GROWN(loss);
+SAME(10, loss, struct_size);
+SAME(10, loss, self);
+SAME(10, loss, destroy);
+SAME(10, loss, compute);
+SAME(11, loss, count_items);
+APPENDED(loss, count_items, 10);
+
+// keel_grad_clipper
+GROWN(grad_clipper);
+SAME(10, grad_clipper, struct_size);
+SAME(10, grad_clipper, self);
+SAME(10, grad_clipper, destroy);
+SAME(10, grad_clipper, clip);
+
+// keel_mfu
+GROWN(mfu);
+SAME(10, mfu, struct_size);
+SAME(10, mfu, self);
+SAME(10, mfu, destroy);
+SAME(10, mfu, compute);
+
+// keel_profiler
+GROWN(profiler);
+SAME(10, profiler, struct_size);
+SAME(10, profiler, self);
+SAME(10, profiler, destroy);
+SAME(10, profiler, begin);
+SAME(10, profiler, end);
+SAME(10, profiler, flush);
+
+// keel_checkpoint
+GROWN(checkpoint);
+SAME(10, checkpoint, struct_size);
+SAME(10, checkpoint, self);
+SAME(10, checkpoint, destroy);
+SAME(10, checkpoint, save);
+SAME(10, checkpoint, load);
+
+// keel_metric
+GROWN(metric);
+UNCHANGED_SIZE(metric);
+SAME(10, metric, key);
+SAME(10, metric, value);
+
+// keel_trainer_state
+GROWN(trainer_state);
+SAME(10, trainer_state, struct_size);
+SAME(10, trainer_state, step);
+SAME(10, trainer_state, epoch);
+SAME(10, trainer_state, samples);
+SAME(10, trainer_state, tokens);
+SAME(10, trainer_state, max_steps);
+SAME(10, trainer_state, epochs);
+SAME(10, trainer_state, lr);
+SAME(10, trainer_state, loss);
+SAME(11, trainer_state, skipped_steps);
+APPENDED(trainer_state, skipped_steps, 10);
+SAME(11, trainer_state, grad_norm);
+APPENDED(trainer_state, grad_norm, 10);
+SAME(11, trainer_state, train_metrics);
+APPENDED(trainer_state, train_metrics, 10);
+SAME(11, trainer_state, train_metric_count);
+APPENDED(trainer_state, train_metric_count, 10);
+SAME(11, trainer_state, eval_metrics);
+APPENDED(trainer_state, eval_metrics, 10);
+SAME(11, trainer_state, eval_metric_count);
+APPENDED(trainer_state, eval_metric_count, 10);
+
+// keel_event
+GROWN(event);
+SAME(10, event, struct_size);
+SAME(10, event, kind);
+SAME(10, event, state);
+SAME(10, event, split);
+SAME(10, event, metrics);
+SAME(10, event, metric_count);
+SAME(10, event, path);
+SAME(10, event, requests);
+SAME(11, event, micro_batch);
+APPENDED(event, micro_batch, 10);
+SAME(11, event, message);
+APPENDED(event, message, 10);
+
+// keel_hook
+GROWN(hook);
+SAME(10, hook, struct_size);
+SAME(10, hook, self);
+SAME(10, hook, destroy);
+SAME(10, hook, on_event);
+SAME(11, hook, state_count);
+APPENDED(hook, state_count, 10);
+SAME(11, hook, state);
+APPENDED(hook, state, 10);
+
+// keel_component_desc
+GROWN(component_desc);
+UNCHANGED_SIZE(component_desc);
+SAME(10, component_desc, kind);
+SAME(10, component_desc, name);
+SAME(10, component_desc, description);
+SAME(10, component_desc, options);
+SAME(10, component_desc, option_count);
+SAME(10, component_desc, option_size);
+SAME(10, component_desc, create);
+
+// keel_build_fingerprint
+GROWN(build_fingerprint);
+UNCHANGED_SIZE(build_fingerprint);
+SAME(10, build_fingerprint, torch_version);
+SAME(10, build_fingerprint, compiler);
+SAME(10, build_fingerprint, cxx11_abi);
+
+// keel_plugin_descriptor
+GROWN(plugin_descriptor);
+UNCHANGED_SIZE(plugin_descriptor);
+SAME(10, plugin_descriptor, abi_major);
+SAME(10, plugin_descriptor, abi_minor);
+SAME(10, plugin_descriptor, struct_size);
+SAME(10, plugin_descriptor, name);
+SAME(10, plugin_descriptor, version);
+SAME(10, plugin_descriptor, description);
+SAME(10, plugin_descriptor, fingerprint);
+SAME(10, plugin_descriptor, components);
+SAME(10, plugin_descriptor, component_count);
+SAME(10, plugin_descriptor, component_size);
+
+// The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
+// NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never
+// refused for lacking a slot that came later.
+#define REQUIRED(T)                                                                          \
+  static_assert(keel::required_size<keel_##T>() == sizeof(keel10_##T),                       \
+                "required_size<keel_" #T ">() differs from sizeof(keel_" #T ") in ABI 1.0")
+REQUIRED(model);
+REQUIRED(dataset);
+REQUIRED(optimizer);
+REQUIRED(lr_scheduler);
+REQUIRED(loss);
+REQUIRED(grad_clipper);
+REQUIRED(mfu);
+REQUIRED(profiler);
+REQUIRED(checkpoint);
+REQUIRED(hook);
+
+int main() { return 0; }

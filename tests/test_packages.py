@@ -1,0 +1,443 @@
+"""Plugin packages end to end: `keel plugins pack` a build directory made of fixture plugins,
+`install` it (--prefix, and the XDG default), list it, `remove` it; two versions side by side;
+--force; and every refusal: one error line, and the plugin directory exactly as it was.
+Usage: test_packages.py KEEL_BINARY FIXTURE_DIR"""
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+import unittest
+
+KEEL, FIXTURES = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+C_PLUGIN = "c_hook.so"                 # plain C, version 0.1.0, components hook:c_event_log ...
+CXX_PLUGIN = "throwing_factory.so"     # C++ (LibTorch fingerprint), version 0.1.0
+MARKED_PLUGIN = "constructor_plugin.so"  # plain C, 1.0.0; its constructor appends to a mark file
+PLAIN_LIB = "constructor_lib.so"       # not a plugin; its constructor appends to a mark file
+WRONG_ABI = "wrong_abi.so"             # declares ABI major 2
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def snapshot(root):
+    """Every path under root (hidden ones too) with its mode and, for files, content hash."""
+    if not os.path.exists(root):
+        return None
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_mode, sha256(p) if n in files else None)
+    return out
+
+
+class Packages(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="keel-packages-")
+        self.home = os.path.join(self.tmp, "home")
+        os.mkdir(self.home)
+        self.mark = os.path.join(self.tmp, "constructor-mark")
+        self.root = os.path.join(self.tmp, "plugins")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def keel(self, *args, env=None, cwd=None):
+        full = {k: v for k, v in os.environ.items()
+                if k not in ("KEEL_LOG_LEVEL", "XDG_DATA_HOME", "KEEL_PLUGIN_PATH",
+                             "SOURCE_DATE_EPOCH", "KEEL_ALLOW_WRITABLE_PLUGINS")}
+        full.update({"HOME": self.home, "KEEL_TEST_CONSTRUCTOR_MARK": self.mark})
+        full.update(env or {})
+        p = subprocess.run([KEEL, *args], capture_output=True, text=True, env=full,
+                           cwd=cwd or self.tmp, timeout=120)
+        return p.returncode, p.stdout, p.stderr
+
+    def ok(self, *args, **kw):
+        rc, out, err = self.keel(*args, **kw)
+        self.assertEqual(rc, 0, f"keel {' '.join(args)}: {err}")
+        return out
+
+    def assert_one_error_line(self, rc, err, *parts):
+        self.assertEqual(rc, 1, err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, err)
+        self.assertTrue(lines[0].startswith("keel: error: "), err)
+        self.assertIn("; hint: ", lines[0])
+        for part in parts:
+            self.assertIn(part, lines[0])
+
+    def build_dir(self, plugins, name="acme-hooks", version="0.1.0", where="build", extra=""):
+        """A plugin 'build directory': fixture .so files plus the keel-plugin.toml a plugin's
+        meson.build writes (name, version, description, license)."""
+        d = os.path.join(self.tmp, where)
+        os.mkdir(d)
+        for p in plugins:
+            shutil.copy(os.path.join(FIXTURES, p), d)
+        with open(os.path.join(d, "keel-plugin.toml"), "w") as f:
+            f.write(f'name = "{name}"\nversion = "{version}"\ndescription = "test package"\n'
+                    f'license = "MIT"\n{extra}')
+        return d
+
+    def package_dir(self, plugins=(C_PLUGIN,), where="pkg", **kw):
+        """A package directory packed from fixture plugins."""
+        build = self.build_dir(list(plugins), where=where + "-build", **kw)
+        out = os.path.join(self.tmp, where)
+        self.ok("plugins", "pack", build, "--output", out)
+        return out
+
+    def edit_toml(self, pkg, pattern, new):
+        """Replaces the first match of the regex `pattern` in pkg/keel-plugin.toml."""
+        path = os.path.join(pkg, "keel-plugin.toml")
+        with open(path) as f:
+            text = f.read()
+        edited, n = re.subn(pattern, new, text, count=1, flags=re.M)
+        self.assertEqual(n, 1, f"{pattern!r} not in {text}")
+        with open(path, "w") as f:
+            f.write(edited)
+
+    # ---- pack ------------------------------------------------------------------------------
+
+    def test_pack_writes_a_complete_reproducible_tarball(self):
+        build = self.build_dir([C_PLUGIN, CXX_PLUGIN, PLAIN_LIB])
+        out = self.ok("plugins", "pack", build)
+        tarball = os.path.join(self.tmp, "acme-hooks-0.1.0.tar.gz")
+        self.assertIn(f"packed acme-hooks 0.1.0 ({C_PLUGIN}, {CXX_PLUGIN}) into {tarball}", out)
+        with tarfile.open(tarball) as t:
+            members = {m.name: m for m in t.getmembers()}
+            self.assertEqual(sorted(members), sorted([
+                "acme-hooks-0.1.0", "acme-hooks-0.1.0/keel-plugin.toml",
+                "acme-hooks-0.1.0/" + C_PLUGIN, "acme-hooks-0.1.0/" + CXX_PLUGIN]))
+            self.assertTrue(members["acme-hooks-0.1.0"].isdir())
+            self.assertEqual(members["acme-hooks-0.1.0/" + C_PLUGIN].mode, 0o644)
+            meta = tomllib.loads(t.extractfile("acme-hooks-0.1.0/keel-plugin.toml").read().decode())
+        self.assertEqual(meta["name"], "acme-hooks")
+        self.assertEqual(meta["version"], "0.1.0")
+        self.assertEqual(meta["license"], "MIT")
+        self.assertRegex(meta["abi"], r"^1\.\d+$")
+        self.assertIn("hook:c_event_log", meta["components"])
+        self.assertIn("hook:throws_on_create", meta["components"])
+        # The C++ plugin's fingerprint; the plain C one has none.
+        self.assertRegex(meta["torch_version"], r"^\d+\.\d+")
+        self.assertIn(meta["cxx11_abi"], (0, 1))
+        # The non-plugin library beside them is skipped.
+        self.assertEqual(meta["files"], {C_PLUGIN: sha256(os.path.join(FIXTURES, C_PLUGIN)),
+                                         CXX_PLUGIN: sha256(os.path.join(FIXTURES, CXX_PLUGIN))})
+        with open(tarball, "rb") as f:
+            first = f.read()
+        time.sleep(1.1)  # a time in the gzip header would now differ
+        self.ok("plugins", "pack", build)
+        with open(tarball, "rb") as f:
+            self.assertEqual(f.read(), first, "packing twice gave different bytes")
+        self.assertEqual([n for n in os.listdir(self.tmp) if n.startswith(".")], [])
+
+    def test_pack_plain_c_has_no_fingerprint(self):
+        pkg = self.package_dir([C_PLUGIN])
+        self.assertEqual(sorted(os.listdir(pkg)), [C_PLUGIN, "keel-plugin.toml"])
+        with open(os.path.join(pkg, "keel-plugin.toml"), "rb") as f:
+            meta = tomllib.load(f)
+        self.assertNotIn("torch_version", meta)
+        self.assertNotIn("cxx11_abi", meta)
+
+    def test_pack_refusals(self):
+        build = self.build_dir([C_PLUGIN], version="0.2.0")
+        rc, _, err = self.keel("plugins", "pack", build)
+        self.assert_one_error_line(rc, err, f"{build}/keel-plugin.toml:2:11: says version 0.2.0, "
+                                   f"but {C_PLUGIN} declares 0.1.0")
+        build = self.build_dir([PLAIN_LIB], where="nothing")
+        rc, _, err = self.keel("plugins", "pack", build)
+        self.assert_one_error_line(rc, err, f"{build}: no keel plugin .so in it (skipped: "
+                                   f"{PLAIN_LIB} (", "hint: build the plugin first")
+        build = self.build_dir([WRONG_ABI], where="wrong-abi")
+        rc, _, err = self.keel("plugins", "pack", build)
+        self.assert_one_error_line(rc, err, f"{build}/{WRONG_ABI}: cannot pack it: built for "
+                                   "plugin ABI 2.0")
+        build = self.build_dir([C_PLUGIN], where="typo", extra='licence = "MIT"\n')
+        rc, _, err = self.keel("plugins", "pack", build)
+        self.assert_one_error_line(rc, err, f"{build}/keel-plugin.toml:5:1: unknown key "
+                                   '"licence"', "did you mean 'license'?")
+        build = self.build_dir([C_PLUGIN], where="badname", name="Acme")
+        rc, _, err = self.keel("plugins", "pack", build)
+        self.assert_one_error_line(rc, err, f"{build}/keel-plugin.toml:1:8: 'Acme': a package "
+                                   "name starts with a lowercase letter or a digit")
+        self.assertEqual([n for n in os.listdir(self.tmp) if n.endswith(".tar.gz")], [])
+
+    # ---- install, list, remove -------------------------------------------------------------
+
+    def test_pack_install_list_remove(self):
+        build = self.build_dir([C_PLUGIN, MARKED_PLUGIN], version="0.1.0")
+        # The marked plugin says 1.0.0: pack refuses the mix; pack the C plugin alone.
+        rc, _, err = self.keel("plugins", "pack", build)
+        self.assert_one_error_line(rc, err, f"declares 1.0.0")
+        os.remove(os.path.join(build, MARKED_PLUGIN))
+        self.ok("plugins", "pack", build)
+        tarball = os.path.join(self.tmp, "acme-hooks-0.1.0.tar.gz")
+        out = self.ok("plugins", "install", tarball, "--prefix", self.root)
+        target = os.path.join(self.root, "acme-hooks", "0.1.0")
+        self.assertIn(f"installed acme-hooks 0.1.0 into {target} (components: hook:c_event_log",
+                      out)
+        self.assertEqual(sorted(os.listdir(target)), [C_PLUGIN, "installed.toml",
+                                                      "keel-plugin.toml"])
+        self.assertEqual(os.stat(target).st_mode & 0o777, 0o755)
+        for f in os.listdir(target):
+            self.assertEqual(os.stat(os.path.join(target, f)).st_mode & 0o777, 0o644, f)
+        self.assertEqual(sha256(os.path.join(target, C_PLUGIN)),
+                         sha256(os.path.join(FIXTURES, C_PLUGIN)))
+        with open(os.path.join(target, "installed.toml"), "rb") as f:
+            installed = tomllib.load(f)
+        self.assertEqual(installed["source"], tarball)
+        self.assertRegex(installed["installed"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+        self.assertEqual([n for n in os.listdir(self.root) if n.startswith(".")], [])
+
+        listing = self.ok("plugins", "--prefix", self.root)
+        self.assertRegex(listing, rf"acme-hooks +0\.1\.0 .*from {re.escape(tarball)}, "
+                                  rf"{installed['installed']}")
+
+        out = self.ok("plugins", "remove", "acme-hooks", "--prefix", self.root)
+        self.assertIn(f"removed acme-hooks 0.1.0 from {self.root}", out)
+        self.assertEqual(os.listdir(self.root), [])
+        rc, _, err = self.keel("plugins", "remove", "acme-hooks", "--prefix", self.root)
+        self.assert_one_error_line(rc, err, "acme-hooks: no package of that name is installed")
+
+    def test_install_into_the_xdg_data_dir_and_the_loader_finds_it(self):
+        pkg = self.package_dir([C_PLUGIN])
+        xdg = os.path.join(self.tmp, "xdg")
+        self.ok("plugins", "install", pkg, env={"XDG_DATA_HOME": xdg})
+        target = os.path.join(xdg, "keel", "plugins", "acme-hooks", "0.1.0")
+        self.assertTrue(os.path.isfile(os.path.join(target, C_PLUGIN)))
+        # Without XDG_DATA_HOME: ~/.local/share.
+        self.ok("plugins", "install", pkg)
+        self.assertTrue(os.path.isfile(os.path.join(
+            self.home, ".local", "share", "keel", "plugins", "acme-hooks", "0.1.0", C_PLUGIN)))
+        # Discovery searches the installed package and loads its plugin from there.
+        out = self.ok("plugins", env={"XDG_DATA_HOME": xdg})
+        plugin = re.escape(os.path.join(target, C_PLUGIN))
+        self.assertRegex(out, rf"\nhook +c_event_log .* {plugin}\n")
+        self.assertRegex(out, r"\n +acme-hooks +0\.1\.0 +\(searched\) +from ")
+
+    def test_install_never_runs_plugin_code(self):
+        build = self.build_dir([MARKED_PLUGIN], name="marked", version="1.0.0")
+        pkg = os.path.join(self.tmp, "marked-pkg")
+        self.ok("plugins", "pack", build, "--output", pkg)
+        self.assertTrue(os.path.exists(self.mark), "pack loads the plugin, so the mark is real")
+        os.remove(self.mark)
+        self.ok("plugins", "install", pkg, "--prefix", self.root)
+        self.assertFalse(os.path.exists(self.mark), "install ran the plugin's constructor")
+
+    def test_two_versions_side_by_side(self):
+        pkg1 = self.package_dir([C_PLUGIN])
+        pkg2 = os.path.join(self.tmp, "pkg2")
+        shutil.copytree(pkg1, pkg2)
+        self.edit_toml(pkg2, r'^version = "0\.1\.0"', 'version = "0.2.0"')
+        self.ok("plugins", "install", pkg1, "--prefix", self.root)
+        self.ok("plugins", "install", pkg2, "--prefix", self.root)
+        self.assertEqual(sorted(os.listdir(os.path.join(self.root, "acme-hooks"))),
+                         ["0.1.0", "0.2.0"])
+        listing = self.ok("plugins", "--prefix", self.root)
+        self.assertRegex(listing, r"acme-hooks +0\.1\.0 [^\n]*\n +acme-hooks +0\.2\.0 ")
+        before = snapshot(self.root)
+        rc, _, err = self.keel("plugins", "remove", "acme-hooks", "--prefix", self.root)
+        self.assert_one_error_line(rc, err, "acme-hooks: 2 versions are installed in "
+                                   f"{self.root} (0.1.0, 0.2.0); hint: name one, e.g. "
+                                   "`keel plugins remove acme-hooks@0.2.0`")
+        rc, _, err = self.keel("plugins", "remove", "acme-hooks@0.3.0", "--prefix", self.root)
+        self.assert_one_error_line(rc, err, "acme-hooks@0.3.0: that version is not installed",
+                                   "(installed: 0.1.0, 0.2.0)")
+        rc, _, err = self.keel("plugins", "remove", "acme-hook", "--prefix", self.root)
+        self.assert_one_error_line(rc, err, "(installed: acme-hooks)", "did you mean 'acme-hooks'?")
+        self.assertEqual(snapshot(self.root), before)
+        self.ok("plugins", "remove", "acme-hooks@0.1.0", "--prefix", self.root)
+        self.assertEqual(os.listdir(os.path.join(self.root, "acme-hooks")), ["0.2.0"])
+        self.ok("plugins", "remove", "acme-hooks", "--prefix", self.root)
+        self.assertEqual(os.listdir(self.root), [])
+
+    def test_force_replaces_an_installed_version(self):
+        pkg = self.package_dir([C_PLUGIN])
+        self.ok("plugins", "install", pkg, "--prefix", self.root)
+        before = snapshot(self.root)
+        again = os.path.join(self.tmp, "again")
+        shutil.copytree(pkg, again)
+        self.edit_toml(again, 'description = "test package"', 'description = "second build"')
+        rc, _, err = self.keel("plugins", "install", again, "--prefix", self.root)
+        target = os.path.join(self.root, "acme-hooks", "0.1.0")
+        self.assert_one_error_line(rc, err, f"acme-hooks 0.1.0 is already installed in {target}",
+                                   "hint: add --force to replace it")
+        self.assertEqual(snapshot(self.root), before)
+        out = self.ok("plugins", "install", again, "--prefix", self.root, "--force")
+        self.assertIn(f"replaced acme-hooks 0.1.0 into {target}", out)
+        with open(os.path.join(target, "installed.toml"), "rb") as f:
+            self.assertEqual(tomllib.load(f)["source"], again)
+        with open(os.path.join(target, "keel-plugin.toml"), "rb") as f:
+            self.assertEqual(tomllib.load(f)["description"], "second build")
+        self.assertEqual(sorted(os.listdir(self.root)), ["acme-hooks"])  # no scratch left
+
+    # ---- refusals: one line, and the plugin directory untouched ----------------------------
+
+    def assert_refused(self, package, *parts, root=None):
+        root = root or self.root
+        before = snapshot(root)
+        rc, _, err = self.keel("plugins", "install", package, "--prefix", root)
+        self.assert_one_error_line(rc, err, *parts)
+        self.assertEqual(snapshot(root), before, "a refused install changed " + root)
+        self.assertFalse(os.path.exists(self.mark), "a refused install ran plugin code")
+
+    def installed_one(self):
+        """Installs a good package first, so that each refusal must leave it alone."""
+        self.ok("plugins", "install", self.package_dir([C_PLUGIN], where="good"),
+                "--prefix", self.root)
+
+    def test_refused_directory_packages(self):
+        self.installed_one()
+        pkg = self.package_dir([C_PLUGIN, CXX_PLUGIN])
+        toml = os.path.join(pkg, "keel-plugin.toml")
+
+        def variant(name, change):
+            d = os.path.join(self.tmp, name)
+            shutil.copytree(pkg, d)
+            change(d)
+            return d
+
+        def append(d, file, data):
+            with open(os.path.join(d, file), "ab") as f:
+                f.write(data)
+
+        d = variant("tampered", lambda d: append(d, C_PLUGIN, b"\0"))
+        self.assert_refused(d, f"{d}/{C_PLUGIN}: sha256 ", "differs from",
+                            f"listed at {d}/keel-plugin.toml:")
+        d = variant("extra", lambda d: shutil.copy(os.path.join(FIXTURES, C_PLUGIN),
+                                                   os.path.join(d, "extra.so")))
+        self.assert_refused(d, f"{d}/extra.so: not listed in [files] of keel-plugin.toml")
+        d = variant("missing", lambda d: os.remove(os.path.join(d, CXX_PLUGIN)))
+        self.assert_refused(d, f"[files] lists \"{CXX_PLUGIN}\", which the package does not hold")
+        d = variant("no-license", lambda d: self.edit_toml(d, 'license = "MIT"\n', ""))
+        self.assert_refused(d, f"{d}/keel-plugin.toml: no 'license'; hint: add license = ")
+        d = variant("abi-major", lambda d: self.edit_toml(d, r'^abi = "1\.', 'abi = "2.'))
+        self.assert_refused(d, f"{d}/keel-plugin.toml:5:7: acme-hooks 0.1.0 needs plugin ABI 2.",
+                            ", this keel speaks 1.")
+        d = variant("abi-minor", lambda d: self.edit_toml(d, r'^abi = .*$', 'abi = "1.99"'))
+        self.assert_refused(d, "acme-hooks 0.1.0 needs plugin ABI 1.99",
+                            ", newer than this keel's 1.")
+        d = variant("torch", lambda d: self.edit_toml(d, r'^torch_version = "',
+                                                      'torch_version = "0.0.1-'))
+        self.assert_refused(d, f"{d}/keel-plugin.toml:6:17: acme-hooks 0.1.0 was built with "
+                            "LibTorch 0.0.1-", "this keel uses LibTorch ")
+        d = variant("link", lambda d: os.symlink(C_PLUGIN, os.path.join(d, "link.so")))
+        self.assert_refused(d, f"{d}/link.so: a symbolic link")
+        d = variant("subdir", lambda d: os.mkdir(os.path.join(d, "sub")))
+        self.assert_refused(d, f"{d}/sub: a subdirectory")
+
+        # A non-plugin library, listed with its right hash: still refused, never loaded.
+        def plain_lib(d):
+            shutil.copy(os.path.join(FIXTURES, PLAIN_LIB), d)
+            self.edit_toml(d, r"^\[files\]\n", f'[files]\n"{PLAIN_LIB}" = '
+                           f'"{sha256(os.path.join(FIXTURES, PLAIN_LIB))}"\n')
+        d = variant("plain-lib", plain_lib)
+        self.assert_refused(d, f"{d}/{PLAIN_LIB}: not a keel plugin: ", "keel_plugin_entry")
+        self.assertTrue(os.path.exists(toml))
+
+    def tarball(self, name, entries):
+        """A .tar.gz from (TarInfo fields, data) pairs."""
+        path = os.path.join(self.tmp, name)
+        with tarfile.open(path, "w:gz") as t:
+            for info, data in entries:
+                t.addfile(info, io.BytesIO(data) if data is not None else None)
+        return path
+
+    def test_refused_tarballs(self):
+        self.installed_one()
+        pkg = self.package_dir([C_PLUGIN])
+        top = "acme-hooks-0.1.0"
+
+        def member(name, type=tarfile.REGTYPE, data=b"", linkname=""):
+            info = tarfile.TarInfo(name)
+            info.type = type
+            info.mode = 0o755 if type == tarfile.DIRTYPE else 0o644
+            info.linkname = linkname
+            info.size = len(data) if type == tarfile.REGTYPE else 0
+            return info, (data if type == tarfile.REGTYPE else None)
+
+        def good():
+            out = [member(top + "/", tarfile.DIRTYPE)]
+            for f in sorted(os.listdir(pkg)):
+                with open(os.path.join(pkg, f), "rb") as fh:
+                    out.append(member(f"{top}/{f}", data=fh.read()))
+            return out
+
+        # The hand-made good tarball installs: the refusals below differ only in the fault.
+        ok = self.tarball("good.tar.gz", good())
+        fresh = os.path.join(self.tmp, "fresh-root")
+        self.ok("plugins", "install", ok, "--prefix", fresh)
+
+        t = self.tarball("dotdot.tar.gz", good() + [member("../evil", data=b"x")])
+        self.assert_refused(t, f"{t}: entry \"../evil\": a path with '..'")
+        t = self.tarball("dotdot2.tar.gz", good() + [member(f"{top}/../../evil", data=b"x")])
+        self.assert_refused(t, "a path with '..'")
+        t = self.tarball("absolute.tar.gz", good() + [member("/tmp/evil.so", data=b"x")])
+        self.assert_refused(t, f"{t}: entry \"/tmp/evil.so\": an absolute path")
+        t = self.tarball("symlink.tar.gz",
+                         good() + [member(f"{top}/link.so", tarfile.SYMTYPE, linkname=C_PLUGIN)])
+        self.assert_refused(t, f"{t}: entry \"{top}/link.so\": a symbolic link")
+        t = self.tarball("hardlink.tar.gz",
+                         good() + [member(f"{top}/hard.so", tarfile.LNKTYPE,
+                                          linkname=f"{top}/{C_PLUGIN}")])
+        self.assert_refused(t, "a hard link")
+        t = self.tarball("device.tar.gz", good() + [member(f"{top}/dev", tarfile.CHRTYPE)])
+        self.assert_refused(t, "not a regular file or directory")
+        t = self.tarball("two-tops.tar.gz", good() + [member("other/", tarfile.DIRTYPE)])
+        self.assert_refused(t, "a second top-level entry beside \"acme-hooks-0.1.0/\"")
+        t = self.tarball("nested.tar.gz", good() + [member(f"{top}/sub/x.so", data=b"x")])
+        self.assert_refused(t, "a subdirectory")
+        t = self.tarball("renamed.tar.gz",
+                         [member("acme-hooks-9.9.9" + info.name[len(top):], info.type, data or b"")
+                          for info, data in good()])
+        self.assert_refused(t, "its top-level directory is \"acme-hooks-9.9.9/\", not "
+                            "\"acme-hooks-0.1.0/\"")
+        t = os.path.join(self.tmp, "not-gzip.tar.gz")
+        with open(t, "w") as f:
+            f.write("not an archive\n")
+        self.assert_refused(t, f"{t}: cannot read it as a .tar.gz")
+        tampered = []
+        for info, data in good():
+            if info.name == f"{top}/{C_PLUGIN}":
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            tampered.append(member(info.name, info.type, data or b""))
+        t = self.tarball("tampered.tar.gz", tampered)
+        self.assert_refused(t, f"{t}:{top}/{C_PLUGIN}: sha256 ", "differs from")
+
+        # Into a plugin directory that does not exist yet: a refusal leaves none behind.
+        missing = os.path.join(self.tmp, "new", "plugins")
+        t = self.tarball("dotdot3.tar.gz", good() + [member("../evil", data=b"x")])
+        self.assert_refused(t, "a path with '..'", root=missing)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "new")))
+        tampered_root = os.path.join(self.tmp, "new2")
+        t = self.tarball("tampered2.tar.gz", tampered)
+        self.assert_refused(t, "differs from", root=tampered_root)
+        self.assertFalse(os.path.exists(tampered_root))
+
+    def test_bad_arguments(self):
+        rc, _, err = self.keel("plugins", "install")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("keel plugins install: needs exactly one PACKAGE, got 0 arguments", err)
+        rc, _, err = self.keel("plugins", "remove", "x@", "--prefix", self.root)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("'x@': not NAME or NAME@VERSION", err)
+        rc, _, err = self.keel("plugins", "pack", self.tmp, "--force")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--force: `keel plugins pack` does not take it", err)
+        rc, _, err = self.keel("plugins", "install", os.path.join(self.tmp, "nope.tar.gz"),
+                               "--prefix", self.root)
+        self.assert_one_error_line(rc, err, "nope.tar.gz: no such file or directory")
+        self.assertFalse(os.path.exists(self.root))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
