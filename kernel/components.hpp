@@ -124,6 +124,10 @@ template <>
 constexpr size_t required_size<keel_optimizer>() {
   return offsetof(keel_optimizer, state_save);
 }
+template <>
+constexpr size_t required_size<keel_mfu>() {
+  return offsetof(keel_mfu, peak_flops);
+}
 // Names of the required slots of each kind, in struct order from `destroy` (for messages);
 // the static_assert in create_instance keeps them in step with abi.h.
 template <class Abi>

@@ -1,7 +1,10 @@
 #include "run_config.hpp"
 
 #include <filesystem>
+#include <map>
 #include <regex>
+
+#include <nlohmann/json.hpp>
 
 #include "error.hpp"
 #include "keel/schema.hpp"
@@ -340,6 +343,25 @@ std::vector<const ComponentSpec*> used_components(const RunConfig& cfg) {
     if (*o) specs.push_back(&**o);
   for (const auto& h : cfg.hooks) specs.push_back(&h);
   return specs;
+}
+
+std::string used_plugins_json(const RunConfig& cfg) {
+  // One entry per plugin file, in the order of first use, with the components it provides.
+  nlohmann::ordered_json plugins = nlohmann::ordered_json::array();
+  std::map<const LoadedPlugin*, size_t> index;
+  for (const ComponentSpec* spec : used_components(cfg)) {
+    const LoadedPlugin* p = spec->component->plugin;
+    if (!p) continue;
+    auto [it, added] = index.emplace(p, plugins.size());
+    if (added)
+      plugins.push_back({{"name", p->name},
+                         {"version", p->version},
+                         {"sha256", p->sha256},
+                         {"path", p->path},
+                         {"components", nlohmann::ordered_json::array()}});
+    plugins[it->second]["components"].push_back(spec->section + ":" + spec->component->name);
+  }
+  return nlohmann::ordered_json{{"plugins", plugins}}.dump(2) + "\n";
 }
 
 namespace {

@@ -136,4 +136,8 @@ PluginsTable manifest_plugins(const Manifest& manifest);
 // Every component the run uses (model, data, optimizer, loss, the optional ones, hooks).
 std::vector<const ComponentSpec*> used_components(const RunConfig& config);
 
+// The plugins a run uses, as the run directory's plugins.json: {"plugins": [{"name", "version",
+// "sha256", "path", "components": ["<section>:<component>", ...]}, ...]}.
+std::string used_plugins_json(const RunConfig& config);
+
 }  // namespace keel

@@ -322,9 +322,38 @@ struct MicroBatch {
   int64_t samples = 0, tokens = 0;
 };
 
+// The index in `ts` of a tensor that is `t` (the same TensorImpl, or a view of the same
+// storage with the same offset, sizes, strides and dtype), or -1.
+int64_t same_tensor_as(const std::vector<at::Tensor>& ts, const at::Tensor& t) {
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const at::Tensor& u = ts[i];
+    if (u.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return static_cast<int64_t>(i);
+    if (u.has_storage() && t.has_storage() && u.storage().is_alias_of(t.storage()) &&
+        u.storage_offset() == t.storage_offset() && u.sizes() == t.sizes() &&
+        u.strides() == t.strides() && u.dtype() == t.dtype())
+      return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// Adds the seconds from its construction to its destruction to `to`.
+class AddElapsed {
+ public:
+  explicit AddElapsed(double& to) : to_(to) {}
+  ~AddElapsed() { to_ += std::chrono::duration<double>(Clock::now() - t0_).count(); }
+  AddElapsed(const AddElapsed&) = delete;
+  AddElapsed& operator=(const AddElapsed&) = delete;
+
+ private:
+  double& to_;
+  Clock::time_point t0_ = Clock::now();
+};
+
 // Sums over one log_every window.
 struct Window {
   double loss = 0, grad_norm = 0, data_s = 0;
+  // Evaluation and checkpoint time inside the window: not training, so not in its throughput.
+  double eval_s = 0, checkpoint_s = 0;
   int64_t steps = 0, norms = 0, samples = 0, tokens = 0;
   Clock::time_point start = Clock::now();
 };
@@ -368,6 +397,7 @@ struct Trainer::State {
   std::vector<double> base_lrs;
   double flops_per_sample = 0;
   int64_t total_steps = 0;
+  double mfu_peak = 0;  // FLOP/s the mfu divides by (keel_mfu.peak_flops), 0: not reported
   bool items_normalization = false;
   bool use_scaler = false;
   LossScaler scaler;
@@ -601,6 +631,7 @@ struct Trainer::State {
   }
 
   void save_checkpoint() {
+    const AddElapsed timed(window.checkpoint_s);
     begin("checkpoint");
     finish_async_save(/*block=*/true);  // at most one in flight
     Snapshot snap = snapshot();
@@ -1257,12 +1288,18 @@ struct Trainer::State {
   }
 
   void log_train_metrics() {
-    double secs = std::chrono::duration<double>(Clock::now() - window.start).count();
-    double data_s = window.data_s;
+    // Training time only: the window's wall time less its evaluations and checkpoint saves
+    // (reported on their own below), so that throughput and MFU describe training steps.
+    double secs = std::chrono::duration<double>(Clock::now() - window.start).count() -
+                  window.eval_s - window.checkpoint_s;
+    double data_s = window.data_s, eval_s = window.eval_s, checkpoint_s = window.checkpoint_s;
     if (dist) {  // the slowest rank's times
-      const std::vector<double> v = dist->max({secs, data_s}, "reducing step times");
+      const std::vector<double> v =
+          dist->max({secs, data_s, eval_s, checkpoint_s}, "reducing step times");
       secs = v[0];
       data_s = v[1];
+      eval_s = v[2];
+      checkpoint_s = v[3];
     }
     const double sps = window.samples / std::max(secs, 1e-9);
     const double steps = std::max<int64_t>(window.steps, 1);
@@ -1279,6 +1316,8 @@ struct Trainer::State {
         {"step_time_ms", 1e3 * secs / steps},
         {"data_time_ms", 1e3 * data_s / steps},
     };
+    if (test_data) last_train.push_back({"eval_time_s", eval_s});
+    if (store) last_train.push_back({"checkpoint_time_s", checkpoint_s});
     if (clipper) {
       last_train.push_back({"grad_norm", window.norms ? window.grad_norm / window.norms : NAN});
       last_train.push_back({"grad_norm_last", ts.grad_norm});
@@ -1293,6 +1332,7 @@ struct Trainer::State {
         throw mfu.error("compute returned " + num(v) +
                         "; an mfu must be a finite value >= 0 (a fraction of the peak)");
       last_train.push_back({"mfu", v});
+      if (mfu_peak > 0) last_train.push_back({"mfu_peak_tflops", mfu_peak / 1e12});
     }
     ts.train_metrics = last_train.data();
     ts.train_metric_count = last_train.size();
@@ -1307,6 +1347,7 @@ struct Trainer::State {
 
   void evaluate(RunSummary& summary) {
     if (!test_data || last_eval_step == ts.step) return;
+    const AddElapsed timed(window.eval_s);
     last_eval_step = ts.step;
     emit(KEEL_EVENT_EVAL_START, "test");
     begin("eval");
@@ -1493,16 +1534,26 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     if (!p.is_floating_point() || !p.requires_grad())
       throw s.model.error(what + " '" + n + "' is not a floating-point tensor that requires "
                           "grad; parameters are the tensors the optimizer trains");
+    // A parameter shared between modules (weight tying: lm_head.weight is wte.weight) is
+    // trained, counted and saved once, under its first name.
+    if (const int64_t first = same_tensor_as(s.params, p); first >= 0) {
+      spdlog::info("{}: parameter '{}' is '{}' (shared): trained and saved once, as '{}'",
+                   s.model.label(), n, s.param_names[first], s.param_names[first]);
+      continue;
+    }
     s.param_names.push_back(name);
     s.param_handles.push_back(t);
     s.params.push_back(p);
   }
   const size_t ns = s.model.get("state_count", s.model->state_count);
   seen.clear();
+  std::vector<at::Tensor> state_tensors;
   for (size_t i = 0; i < ns; ++i) {
     const keel_named_tensor nt = named_entry(s.model, "state", s.model->state, i);
     if (!seen.insert(nt.name).second)
       throw s.model.error("duplicate state name '" + std::string(nt.name) + "'");
+    if (same_tensor_as(state_tensors, borrow(nt.tensor)) >= 0) continue;  // shared: saved once
+    state_tensors.push_back(borrow(nt.tensor));
     s.model_state.push_back(nt);
   }
   if (!s.device.is_cpu()) {
@@ -1537,6 +1588,23 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     // Samples of all ranks per optimizer step (size and batches are this rank's shard's).
     const double per_step = static_cast<double>(size) / batches * config.grad_accum * s.world;
     plans.push_back(static_cast<int64_t>(std::ceil(config.max_samples / per_step)));
+  }
+  if (config.max_tokens > 0) {
+    // Tokens of all ranks per optimizer step, from the dataset's tokens per sample (ABI 1.4).
+    const int64_t tps = KEEL_HAS_SLOT(s.train_data, keel_dataset, tokens_per_sample)
+                            ? s.train_data.get("tokens_per_sample", s.train_data->tokens_per_sample)
+                            : 0;
+    const int64_t size = s.train_data.get("size", s.train_data->size);
+    if (tps > 0 && size > 0) {
+      const double per_step =
+          static_cast<double>(size) / batches * config.grad_accum * s.world * static_cast<double>(tps);
+      plans.push_back(static_cast<int64_t>(std::ceil(config.max_tokens / per_step)));
+    } else {
+      spdlog::warn("{}: does not report a fixed number of tokens per sample, so train.max_tokens "
+                   "stops the run but does not plan its length (schedules and progress use the "
+                   "other targets{})",
+                   s.train_data.label(), plans.empty() ? "; there are none: the length is unknown" : "");
+    }
   }
   s.total_steps = plans.empty() ? 0 : *std::min_element(plans.begin(), plans.end());
 
@@ -1580,7 +1648,16 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     s.clipper = create_instance<keel_grad_clipper>(*config.grad_clipper->component,
                                                    s.param_context(*config.grad_clipper));
   }
-  if (config.mfu) s.mfu = s.make<keel_mfu>(*config.mfu);
+  if (config.mfu) {
+    // The parameters too (deduplicated): a calculator may derive FLOPs from their count.
+    s.mfu = create_instance<keel_mfu>(*config.mfu->component, s.param_context(*config.mfu));
+    if (KEEL_HAS_SLOT(s.mfu, keel_mfu, peak_flops)) {
+      s.mfu_peak = s.mfu.get("peak_flops", s.mfu->peak_flops);
+      if (!std::isfinite(s.mfu_peak) || s.mfu_peak <= 0)
+        throw s.mfu.error("peak_flops returned " + num(s.mfu_peak) +
+                          "; a peak is a finite FLOP/s value > 0");
+    }
+  }
   if (config.profiler) s.profiler = s.make<keel_profiler>(*config.profiler);
 
   // Hooks in call order: ascending priority, ties in manifest order.
@@ -1658,6 +1735,11 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
   resolved << s.resolved_text;
   resolved.close();
   if (!resolved) throw Error("cannot write " + resolved_path.string() + hint);
+  const fs::path plugins_path = s.run_dir / "plugins.json";
+  std::ofstream plugins(plugins_path);
+  plugins << used_plugins_json(config);
+  plugins.close();
+  if (!plugins) throw Error("cannot write " + plugins_path.string() + hint);
   attach_run_log((s.run_dir / "run.log").string());  // with what was logged until now
   s.run_log_attached = true;
 }

@@ -108,7 +108,7 @@ AT(keel_batch, targets, 8, 8);
 AT(keel_batch, samples, 16, 8);
 AT(keel_batch, tokens, 24, 8);
 
-SIZE(keel_dataset, 80);
+SIZE(keel_dataset, 88);
 AT(keel_dataset, struct_size, 0, 4);
 AT(keel_dataset, self, 8, 8);
 AT(keel_dataset, destroy, 16, 8);
@@ -119,6 +119,7 @@ AT(keel_dataset, next, 48, 8);
 AT(keel_dataset, seek, 56, 8);
 AT(keel_dataset, state_save, 64, 8);
 AT(keel_dataset, state_load, 72, 8);
+AT(keel_dataset, tokens_per_sample, 80, 8);
 
 SIZE(keel_optimizer, 80);
 AT(keel_optimizer, struct_size, 0, 4);
@@ -151,11 +152,12 @@ AT(keel_grad_clipper, self, 8, 8);
 AT(keel_grad_clipper, destroy, 16, 8);
 AT(keel_grad_clipper, clip, 24, 8);
 
-SIZE(keel_mfu, 32);
+SIZE(keel_mfu, 40);
 AT(keel_mfu, struct_size, 0, 4);
 AT(keel_mfu, self, 8, 8);
 AT(keel_mfu, destroy, 16, 8);
 AT(keel_mfu, compute, 24, 8);
+AT(keel_mfu, peak_flops, 32, 8);
 
 SIZE(keel_profiler, 48);
 AT(keel_profiler, struct_size, 0, 4);

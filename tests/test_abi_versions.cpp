@@ -147,6 +147,7 @@ SAME(10, dataset, next);
 APPENDED(dataset, seek, 11);
 APPENDED(dataset, state_save, 11);
 APPENDED(dataset, state_load, 11);
+APPENDED(dataset, tokens_per_sample, 11);
 
 // keel_optimizer
 GROWN(optimizer);
@@ -190,6 +191,7 @@ SAME(10, mfu, struct_size);
 SAME(10, mfu, self);
 SAME(10, mfu, destroy);
 SAME(10, mfu, compute);
+APPENDED(mfu, peak_flops, 11);
 
 // keel_profiler
 GROWN(profiler);

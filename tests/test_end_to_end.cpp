@@ -40,7 +40,7 @@ double field(const std::string& record, const std::string& key) {
 
 std::string strip_timing(const std::string& record) {
   static const std::regex timing(
-      "\"(samples_per_s|tokens_per_s|step_time_ms|data_time_ms)\": [-0-9.eE+]+");
+      "\"(samples_per_s|tokens_per_s|step_time_ms|data_time_ms|eval_time_s|checkpoint_time_s)\": [-0-9.eE+]+");
   return std::regex_replace(record, timing, "");
 }
 

@@ -1,6 +1,12 @@
 // The chrome_trace profiler records each phase of the steps in its range as a Chrome trace
-// (each rank its own file), and the peak_flops MFU plugin turns the model's FLOPs per sample
-// into a utilisation.
+// (each rank its own file); the MFU plugins (peak_flops from the model's FLOPs per sample,
+// transformer from the parameter count) turn throughput into a utilisation of a given or
+// measured and cached peak; throughput covers training steps only.
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <regex>
 
 #include "components.hpp"
@@ -13,6 +19,7 @@
 #include "trainer.hpp"
 
 using keel_test::TempDir;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -96,4 +103,127 @@ TEST_CASE("peak_flops reports MFU from the model's FLOPs per sample") {
     ++records;
   }
   CHECK(records == 4);
+}
+
+namespace {
+
+// Each training record's value of `key` (REQUIREd present).
+std::vector<double> train_values(const fs::path& metrics, const std::string& key) {
+  std::stringstream s(keel_test::read(metrics));
+  std::vector<double> out;
+  for (std::string line; std::getline(s, line);) {
+    if (line.find("\"split\": \"train\"") == std::string::npos) continue;
+    std::smatch m;
+    REQUIRE(std::regex_search(line, m, std::regex("\"" + key + "\": ([-0-9.eE+]+)")));
+    out.push_back(std::stod(m[1]));
+  }
+  return out;
+}
+
+void train(const fs::path& manifest) {
+  keel::Registry registry;
+  const keel::RunConfig rc = keel::resolve(keel::load_manifest(manifest.string(), {}), registry);
+  keel::apply_process_settings(rc);
+  keel::Trainer(rc).train();
+}
+
+// Sets an environment variable for the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE("the peak an mfu divides by is recorded as mfu_peak_tflops") {
+  TempDir d;
+  train(d.write("m.toml", keel_test::small_run(d.path / "run") +
+                              "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 0.001\n"));
+  const auto peaks = train_values(d.path / "run/metrics.jsonl", "mfu_peak_tflops");
+  REQUIRE(peaks.size() == 4);
+  for (double p : peaks) CHECK(p == doctest::Approx(0.001).epsilon(1e-12));
+}
+
+TEST_CASE("peak_tflops = 0 measures the peak once and caches it per machine and thread count") {
+  TempDir d;
+  const ScopedEnv cache("XDG_CACHE_HOME", (d.path / "cache").string());
+  const std::string mfu = "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 0\n";
+  train(d.write("a.toml", keel_test::small_run(d.path / "a") + mfu));
+  const fs::path file = d.path / "cache/keel/peak_flops.json";
+  REQUIRE(fs::exists(file));
+  const std::string cached = keel_test::read(file);
+  // One entry, keyed by host, CPU, device and thread count, holding the measured FLOP/s.
+  CHECK(cached.find("| cpu | threads=" + std::to_string(at::get_num_threads()) + " |") !=
+        std::string::npos);
+  const double measured = train_values(d.path / "a/metrics.jsonl", "mfu_peak_tflops").at(0);
+  CHECK(measured > 1e-4);  // > 0.1 GFLOP/s: a matmul calibration, not a placeholder
+  CHECK(measured < 1e3);
+  // A second run reads the cache instead of measuring: rewrite the cached value and see it used.
+  std::smatch m;
+  REQUIRE(std::regex_search(cached, m, std::regex("\"flops\": ([-0-9.eE+]+)")));
+  std::string edited = cached;
+  edited.replace(m.position(1), m.length(1), "2.5e9");
+  d.write("cache/keel/peak_flops.json", edited);
+  train(d.write("b.toml", keel_test::small_run(d.path / "b") + mfu));
+  for (double p : train_values(d.path / "b/metrics.jsonl", "mfu_peak_tflops"))
+    CHECK(p == doctest::Approx(0.0025).epsilon(1e-12));
+  // recalibrate = true measures again and replaces the cached value.
+  train(d.write("c.toml", keel_test::small_run(d.path / "c") + mfu + "recalibrate = true\n"));
+  CHECK(train_values(d.path / "c/metrics.jsonl", "mfu_peak_tflops").at(0) != 0.0025);
+  CHECK(keel_test::read(file).find("2.5e9") == std::string::npos);
+}
+
+TEST_CASE("transformer: MFU from 6N + 12*L*width*T FLOPs per token, N from the parameters") {
+  // The mlp 784 -> 32 -> 10 stands in for a transformer: the calculator counts its parameters
+  // (N) and takes L, width and T from its options.
+  const double weights = 784 * 32 + 32 * 10, biases = 32 + 10;
+  for (const auto& [exclude, n] : {std::pair<std::string, double>{"^$", weights + biases},
+                                   std::pair<std::string, double>{"bias", weights}}) {
+    CAPTURE(exclude);
+    TempDir d;
+    train(d.write("m.toml", keel_test::small_run(d.path / "run") +
+                                "[mfu]\ntype = \"transformer\"\nlayers = 2\nwidth = 8\n"
+                                "context = 4\npeak_tflops = 0.001\nexclude = '" +
+                                exclude + "'\n"));
+    const auto mfu = train_values(d.path / "run/metrics.jsonl", "mfu");
+    const auto sps = train_values(d.path / "run/metrics.jsonl", "samples_per_s");
+    REQUIRE(mfu.size() == 4);
+    const double per_token = 6 * n + 12.0 * 2 * 8 * 4;
+    for (size_t i = 0; i < mfu.size(); ++i)
+      CHECK(mfu[i] == doctest::Approx(per_token * 4 * sps[i] / 1e9).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("throughput covers training steps only: evaluation and checkpoint time are reported apart") {
+  // An evaluation of 2000 test samples after every training step of 32 samples: under the old
+  // accounting the step time included it; now step_time_ms is the training step alone.
+  TempDir d;
+  std::string m = keel_test::small_run(d.path / "run");
+  m = std::regex_replace(m, std::regex("limit = 200\n"), "limit = 2000\n");
+  m = std::regex_replace(m, std::regex("epochs = 2\n"), "epochs = 1\neval_every_steps = 1\n");
+  m += "[checkpoint]\ntype = \"safetensors\"\nevery_steps = 2\n";
+  train(d.write("m.toml", m));
+  const auto metrics = d.path / "run/metrics.jsonl";
+  const auto step_ms = train_values(metrics, "step_time_ms");
+  const auto eval_s = train_values(metrics, "eval_time_s");
+  const auto ckpt_s = train_values(metrics, "checkpoint_time_s");
+  REQUIRE(step_ms.size() == 2);  // 8 steps, log_every = 4
+  for (size_t i = 0; i < step_ms.size(); ++i) {
+    CAPTURE(i);
+    CHECK(eval_s[i] > 0);
+    CHECK(ckpt_s[i] > 0);
+    // 4 evaluations of 2000 samples take longer than 4 training steps of 32.
+    CHECK(4 * step_ms[i] / 1e3 < eval_s[i]);
+  }
 }

@@ -1,8 +1,8 @@
 """Exact resume: a run stopped at step k and continued with `keel train --resume` ends with the
 same parameters and optimizer state (bit for bit: np.array_equal on the raw tensors) and writes
 the same metrics records after step k (every key but the timing ones: samples_per_s,
-tokens_per_s, step_time_ms and data_time_ms, which measure this machine) as a run that never
-stopped. The run has AdamW, a warmup-cosine schedule, gradient clipping, shuffling, dropout and
+tokens_per_s, step_time_ms, data_time_ms, eval_time_s and checkpoint_time_s, which measure this
+machine) as a run that never stopped. The run has AdamW, a warmup-cosine schedule, gradient clipping, shuffling, dropout and
 grad_accum = 2: exactness needs the optimizer's moments, the data position (shuffle order and
 offset), LibTorch's generator (dropout), the counters, the log window and the schedule position.
 
@@ -74,7 +74,8 @@ patience = 100
 type = "csv"
 """
 
-TIMING = {"samples_per_s", "tokens_per_s", "step_time_ms", "data_time_ms"}
+TIMING = {"samples_per_s", "tokens_per_s", "step_time_ms", "data_time_ms", "eval_time_s",
+          "checkpoint_time_s"}
 def keel(*args, ok=True):
     r = subprocess.run([KEEL, *args], capture_output=True, text=True, timeout=300)
     if ok and r.returncode != 0:

@@ -49,7 +49,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 3
+#define KEEL_ABI_MINOR 4
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -61,7 +61,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)", "(1.2)" or "(1.3)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.4)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -384,6 +384,12 @@ typedef struct keel_dataset {
   keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
   keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
                             keel_error* err);
+  /* (1.4) Optional: the tokens each sample holds (a language-model window of `context`
+   * tokens: context), the same for every sample, so that the kernel can plan a run whose
+   * target is [train] max_tokens (steps = max_tokens / tokens per step) before step 1. A
+   * value <= 0 means "varies or unknown": then max_tokens still stops the run, but does not
+   * plan its length. [setup] */
+  int64_t (*tokens_per_sample)(void* self);
 } keel_dataset;
 
 /* optimizer -------------------------------------------------------------------------------- */
@@ -446,6 +452,9 @@ typedef struct keel_mfu {
    * the number of ranks (one device each), so that MFU compares against one device's peak.
    * [train] */
   double (*compute)(void* self, double flops_per_sample, double samples_per_second);
+  /* (1.4) Optional: the peak FLOP/s of one device that `compute` divides by (> 0), which the
+   * kernel records in the metrics beside MFU (`mfu_peak_tflops`). [setup|train] */
+  double (*peak_flops)(void* self);
 } keel_mfu;
 
 /* profiler --------------------------------------------------------------------------------- */

@@ -201,6 +201,9 @@ class Dataset {
   // would leave the dataset. Override it to offer the slot; without it a resumed run replays
   // the batches.
   virtual void seek(int64_t /*epoch*/, int64_t /*batch*/) {}
+  // Optional (abi.h, keel_dataset.tokens_per_sample, ABI 1.4): tokens in every sample, so that
+  // train.max_tokens plans the run's length; override it to offer the slot.
+  virtual int64_t tokens_per_sample() { return 0; }
   // State the data position does not capture; override both to offer the slots.
   virtual NamedTensors state_save() { return {}; }
   virtual void state_load(const NamedTensors& /*state*/) {}
@@ -255,6 +258,9 @@ class Mfu {
   static constexpr keel_kind kKind = KEEL_KIND_MFU;
   virtual ~Mfu() = default;
   virtual double compute(double flops_per_sample, double samples_per_second) = 0;
+  // Optional (abi.h, keel_mfu.peak_flops, ABI 1.4): the peak FLOP/s compute divides by;
+  // override it to offer the slot.
+  virtual double peak_flops() { return 0.0; }
 };
 
 class Profiler {
@@ -432,6 +438,11 @@ inline void fill(BoxOf<Dataset>& b) {
     X::quiet(s, [&] { v = X::of(s)->obj->batches_per_epoch(); });
     return v;
   };
+  b.vt.tokens_per_sample = [](void* s) noexcept {
+    int64_t v = -1;
+    X::quiet(s, [&] { v = X::of(s)->obj->tokens_per_sample(); });
+    return v;
+  };
   b.vt.start_epoch = [](void* s, int64_t epoch, keel_error* e) noexcept {
     return guard(e, [&] { X::of(s)->obj->start_epoch(epoch); });
   };
@@ -511,6 +522,11 @@ inline void fill(BoxOf<Mfu>& b) {
     X::quiet(s, [&] { v = X::of(s)->obj->compute(flops, sps); });
     return v;
   };
+  b.vt.peak_flops = [](void* s) noexcept {
+    double v = std::numeric_limits<double>::quiet_NaN();
+    X::quiet(s, [&] { v = X::of(s)->obj->peak_flops(); });
+    return v;
+  };
 }
 
 inline void fill(BoxOf<Profiler>& b) {
@@ -584,6 +600,10 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
     }
     if constexpr (std::is_same<B, Dataset>::value) {
       if (!KEEL_SDK_OVERRIDES(T, Dataset, seek)) box->vt.seek = nullptr;
+      if (!KEEL_SDK_OVERRIDES(T, Dataset, tokens_per_sample)) box->vt.tokens_per_sample = nullptr;
+    }
+    if constexpr (std::is_same<B, Mfu>::value) {
+      if (!KEEL_SDK_OVERRIDES(T, Mfu, peak_flops)) box->vt.peak_flops = nullptr;
     }
     *out = &box.release()->vt;
   });
