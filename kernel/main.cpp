@@ -1,4 +1,4 @@
-// keel command line: train, evaluate, validate, plugins [show NAME], options [TABLE],
+// keel command line: train, evaluate, validate, plugins [show NAME], options [TABLE], prepare,
 // --version, --help (Boost.Program_options).
 //
 // Exit status: 0 success; 1 bad input or a failed run ("keel: error: ..."); 2 command-line
@@ -25,6 +25,7 @@
 #include "manifest.hpp"
 #include "options.hpp"
 #include "cli/plugins_commands.hpp"
+#include "cli/prepare.hpp"
 #include "loader/registry.hpp"
 #include "package/package.hpp"
 #include "run_config.hpp"
@@ -72,6 +73,8 @@ const CommandInfo kCommands[] = {
      "and lock plugin packages"},
     {"options", "[TABLE] [--log-level LEVEL]",
      "every key of the kernel's own tables ([run], [train], ...), or of one"},
+    {"prepare", "INPUT --output DIR [--level char|byte] [--log-level LEVEL]",
+     "tokenize a text file into DIR/tokens.bin and DIR/vocab.json for the tokens dataset"},
     {"help", "[COMMAND]", "this help, or a command's"},
 };
 
@@ -86,7 +89,7 @@ std::string usage_line(const std::string& command) {
     return std::string("keel ") + c->name + " " + c->args + "  (`keel " + c->name +
            " --help` for more)";
   return "keel COMMAND [ARGS] [FLAGS], COMMAND one of train, evaluate, validate, plugins, "
-         "options  (`keel --help` for more)";
+         "options, prepare  (`keel --help` for more)";
 }
 
 // One line: newlines and tabs of a message (a plugin's, LibTorch's) become spaces.
@@ -161,6 +164,12 @@ po::options_description command_flags(const std::string& command) {
         "pack: the package to write (default NAME-VERSION.tar.gz in the working directory; a path "
         "not ending in .tar.gz writes a package directory)")(
         "force", "install: replace an installed package of the same name and version");
+  if (command == "prepare")
+    d.add_options()("output,o", po::value<std::string>()->value_name("DIR"),
+                    "the directory to write tokens.bin and vocab.json into (created when "
+                    "missing)")(
+        "level", po::value<std::string>()->value_name("LEVEL"),
+        "char: one token per UTF-8 character (the default); byte: one per byte");
   add_log_level_flag(d);
   d.add_options()("help,h", "show this help");
   return d;
@@ -289,6 +298,8 @@ void print_command_help(const std::string& command) {
                 "left out)\n");
   if (command == "plugins")
     std::printf("NAME: a component (adamw, mlp, ...) or a plugin (keel-optimizers, ...)\n");
+  if (command == "prepare")
+    std::printf("INPUT: a text file; the files' format: README, \"Preparing token files\"\n");
   if (command == "help") return;
   std::ostringstream flags;
   flags << command_flags(command);
@@ -306,6 +317,7 @@ struct Parsed {
   std::optional<std::string> log_level;
   bool help = false;
   keel::cli::PluginsArgs plugins;  // `keel plugins` flags
+  keel::cli::PrepareArgs prepare;  // `keel prepare` arguments and flags
 };
 
 Parsed parse_command(const std::string& command, const std::vector<std::string>& args) {
@@ -330,6 +342,9 @@ Parsed parse_command(const std::string& command, const std::vector<std::string>&
   if (vm.count("prefix")) p.plugins.prefix = vm["prefix"].as<std::string>();
   if (vm.count("output")) p.plugins.output = vm["output"].as<std::string>();
   p.plugins.force = vm.count("force") > 0;
+  p.prepare.positional = p.positional;
+  p.prepare.output = p.plugins.output;
+  if (vm.count("level")) p.prepare.level = vm["level"].as<std::string>();
   if (!p.positional.empty()) {
     p.plugins.subcommand = p.positional[0];
     p.plugins.positional.assign(p.positional.begin() + 1, p.positional.end());
@@ -527,6 +542,16 @@ int cmd_options(const Parsed& p) {
   throw keel::Error("keel options " + p.positional[0] + ": no kernel table named '" + want +
                     "'; hint: " + did_you_mean(want, names) + "tables: " + all +
                     " (`keel options` lists them all)");
+}
+
+// keel prepare: its argument errors (ArgError) are usage errors with prepare's usage line.
+int cmd_prepare(const Parsed& p) {
+  g_activity = "while preparing token files";
+  try {
+    return keel::cli::prepare(p.prepare);
+  } catch (const keel::cli::ArgError& e) {
+    throw UsageError(e.what(), usage_line("prepare"));
+  }
 }
 
 using PluginsCommand = int (*)(const keel::cli::PluginsArgs&);
@@ -727,6 +752,7 @@ int run(int argc, char** argv) {
   start_logging(p, command, global_level, argv_all);
   if (command == "plugins") return cmd_plugins(p);
   if (command == "options") return cmd_options(p);
+  if (command == "prepare") return cmd_prepare(p);
   return cmd_run(command, p);
 }
 

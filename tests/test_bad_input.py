@@ -184,6 +184,31 @@ def both(*fs):
     return f
 
 
+def write_bytes(name, data):
+    def f(d):
+        with open(os.path.join(d, name), "wb") as fh:
+            fh.write(data)
+    return f
+
+
+def token_files(d):
+    """vocab.json (10 ids, uint16) and token files for the tokens dataset: ok.bin (100 tokens),
+    odd.bin (41 bytes)."""
+    with open(os.path.join(d, "vocab.json"), "w") as f:
+        f.write('{"format": "keel-tokens", "version": 1, "level": "char", "dtype": "uint16", '
+                '"size": 10, "tokens": 100, "vocab": ["0","1","2","3","4","5","6","7","8","9"]}')
+    with open(os.path.join(d, "ok.bin"), "wb") as f:
+        f.write(bytes([3, 0]) * 100)
+    with open(os.path.join(d, "odd.bin"), "wb") as f:
+        f.write(b"\0" * 41)
+
+
+def tokens_manifest(path, context=8):
+    """A whole manifest whose [data.train] is the tokens dataset reading `path`."""
+    return standalone(["data.train", "data.test"], extra=(
+        f'[data.train]\ntype = "tokens"\npath = "{path}"\ncontext = {context}\nbatch_size = 2\n'))
+
+
 Q = "{m}"
 CMD = "{cmd}"
 
@@ -445,6 +470,13 @@ CASES = [
       status=1, commands=("-",)),
     F("options_two_tables", ("options", "run", "train"), "train", "unexpected argument",
       commands=("-",)),
+    F("prepare_bad_level", ("prepare", "{d}/in.txt", "--output", "{d}/out", "--level", "word"),
+      "--level word", "--level char", "--level byte", commands=("-",),
+      setup=write("in.txt", "abc\n")),
+    F("prepare_without_output", ("prepare", "{d}/in.txt"), "keel prepare", "needs --output DIR",
+      commands=("-",), setup=write("in.txt", "abc\n")),
+    F("prepare_without_input", ("prepare", "--output", "{d}/out"), "keel prepare",
+      "needs an INPUT", commands=("-",)),
     # files --------------------------------------------------------------------------------------
     X("manifest_missing", (CMD, "{d}/nope.toml"), "{d}/nope.toml", "not found"),
     X("manifest_directory", (CMD, "{d}/sub"), "{d}/sub", "is a directory", setup=mkdir("sub")),
@@ -515,6 +547,23 @@ CASES = [
       "[data.train]", "no batch"),
     D("data_error_keeps_existing_run_dir", ("data.train.path={d}/nope",), "{d}/nope",
       keep_run_dir=True),
+    # data: the tokens dataset (plugins/tokens) and keel prepare
+    Case("tokens_file_missing", "data", text=tokens_manifest("nope.bin"), standalone=True,
+         where="{d}/nope.bin", phrases=("cannot open the token file", "[data.train] path"),
+         setup=token_files),
+    Case("tokens_file_odd_size", "data", text=tokens_manifest("odd.bin"), standalone=True,
+         where="{d}/odd.bin", phrases=("size 41 bytes is not a multiple of 2",),
+         setup=token_files),
+    Case("tokens_context_longer_than_split", "data", text=tokens_manifest("ok.bin", 200),
+         standalone=True, where="{d}/ok.bin",
+         phrases=("split 'train' holds 90 tokens (of 100", "context 200"), setup=token_files),
+    Case("tokens_vocab_missing", "data", text=tokens_manifest("sub/ok.bin"), standalone=True,
+         where="{d}/sub/vocab.json", phrases=("keel prepare",), setup=mkdir("sub")),
+    X("prepare_input_missing", ("prepare", "{d}/nope.txt", "--output", "{d}/out"),
+      "{d}/nope.txt", "cannot open the text file", commands=("-",)),
+    X("prepare_invalid_utf8", ("prepare", "{d}/in.txt", "--output", "{d}/out"), "{d}/in.txt",
+      "invalid UTF-8 at byte offset 3", "--level byte", commands=("-",),
+      setup=write_bytes("in.txt", b"abc\xff\n")),
 ]
 
 

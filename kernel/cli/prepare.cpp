@@ -1,0 +1,203 @@
+// keel prepare INPUT --output DIR [--level char|byte] (the format: prepare.hpp).
+#include "prepare.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/durable.hpp"
+#include "plugins_commands.hpp"
+
+namespace fs = std::filesystem;
+
+namespace keel::cli {
+namespace {
+
+constexpr uint32_t kCodePoints = 0x110000;
+
+// UTF-8 of one code point (the caller passes a valid one).
+std::string utf8(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+// The code points of `text`, which must be UTF-8 as RFC 3629 defines it (no overlong forms,
+// no surrogates, nothing above U+10FFFF); the first bad byte is an error naming its offset.
+std::vector<uint32_t> decode_utf8(const std::string& text, const std::string& path) {
+  std::vector<uint32_t> out;
+  out.reserve(text.size());
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned b = s[i];
+    size_t len = 0;
+    uint32_t cp = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (b < 0x80) {
+      out.push_back(b);
+      ++i;
+      continue;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      len = 2, cp = b & 0x1F;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3, cp = b & 0x0F;
+      if (b == 0xE0) lo = 0xA0;  // overlong
+      if (b == 0xED) hi = 0x9F;  // surrogates
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4, cp = b & 0x07;
+      if (b == 0xF0) lo = 0x90;  // overlong
+      if (b == 0xF4) hi = 0x8F;  // above U+10FFFF
+    }
+    size_t bad = i;  // the offending byte's offset
+    bool ok = len > 0;
+    for (size_t k = 1; ok && k < len; ++k) {
+      bad = i + k;
+      const unsigned c = bad < n ? s[bad] : 0;
+      ok = bad < n && c >= (k == 1 ? lo : 0x80u) && c <= (k == 1 ? hi : 0xBFu);
+      cp = cp << 6 | (c & 0x3F);
+    }
+    if (!ok) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02X", bad < n ? s[bad] : 0u);
+      throw Error(path + ": invalid UTF-8 at byte offset " + std::to_string(bad) +
+                  (bad < n ? std::string(" (byte ") + byte + ")" : " (the text ends inside a "
+                                                                   "character)") +
+                  "; hint: use --level byte for text that is not UTF-8");
+    }
+    out.push_back(cp);
+    i += len;
+  }
+  return out;
+}
+
+void append_id(std::string& out, uint32_t id, int bytes) {
+  out += static_cast<char>(id & 0xFF);
+  out += static_cast<char>((id >> 8) & 0xFF);
+  if (bytes == 4) {
+    out += static_cast<char>((id >> 16) & 0xFF);
+    out += static_cast<char>((id >> 24) & 0xFF);
+  }
+}
+
+// Writes `data` to `path` through a temporary name in the same directory: write, fsync,
+// rename. The temporary file is removed when any step fails.
+void write_replacing(const std::string& path, const std::string& data) {
+  const fs::path p(path);
+  const std::string tmp =
+      (p.parent_path() / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid())))
+          .string();
+  ::unlink(tmp.c_str());  // left by a killed run of the same pid
+  try {
+    write_file_durably(tmp, data);
+    durable_rename(tmp, path);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+}  // namespace
+
+int prepare(const PrepareArgs& args) {
+  const std::string example = "keel prepare input.txt --output data/";
+  if (args.positional.empty())
+    throw ArgError("keel prepare: needs an INPUT text file; hint: " + example);
+  if (args.positional.size() > 1)
+    throw ArgError(args.positional[1] + ": unexpected argument (`keel prepare` takes one INPUT); "
+                   "hint: " + example);
+  if (!args.output || args.output->empty())
+    throw ArgError("keel prepare: needs --output DIR (where tokens.bin and vocab.json go); "
+                   "hint: " + example);
+  const std::string level = args.level ? *args.level : "char";
+  if (level != "char" && level != "byte")
+    throw ArgError("--level " + level + ": not a level; hint: use --level char (one token per "
+                   "UTF-8 character) or --level byte (one per byte)");
+  const std::string& input = args.positional[0];
+  const std::string& dir = *args.output;
+
+  struct stat st {};
+  if (::stat(input.c_str(), &st) != 0)
+    throw Error(input + ": cannot open the text file (" + std::strerror(errno) +
+                "); hint: check the path");
+  if (!S_ISREG(st.st_mode))
+    throw Error(input + ": is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                "; hint: name a text file");
+  const std::string text = read_file(input);
+  if (text.empty())
+    throw Error(input + ": is empty, so there are no tokens to write; hint: name a non-empty "
+                "text file");
+
+  // Ids and vocabulary.
+  std::vector<uint32_t> ids;
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::array();
+  if (level == "byte") {
+    ids.assign(reinterpret_cast<const unsigned char*>(text.data()),
+               reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+    for (uint32_t b = 0; b < 256; ++b) vocab.push_back(utf8(b));
+  } else {
+    ids = decode_utf8(text, input);
+    std::vector<uint32_t> id_of(kCodePoints, 0);
+    std::vector<char> seen(kCodePoints, 0);
+    for (const uint32_t cp : ids) seen[cp] = 1;
+    uint32_t next = 0;
+    for (uint32_t cp = 0; cp < kCodePoints; ++cp)
+      if (seen[cp]) {
+        id_of[cp] = next++;
+        vocab.push_back(utf8(cp));
+      }
+    for (uint32_t& id : ids) id = id_of[id];
+  }
+  const size_t size = vocab.size();
+  const int bytes = size <= 65536 ? 2 : 4;
+  const std::string dtype = bytes == 2 ? "uint16" : "uint32";
+  std::string data;
+  data.reserve(ids.size() * static_cast<size_t>(bytes));
+  for (const uint32_t id : ids) append_id(data, id, bytes);
+
+  nlohmann::ordered_json meta;
+  meta["format"] = "keel-tokens";
+  meta["version"] = 1;
+  meta["level"] = level;
+  meta["dtype"] = dtype;
+  meta["size"] = size;
+  meta["tokens"] = ids.size();
+  meta["vocab"] = std::move(vocab);
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Error(dir + ": cannot create the output directory (" +
+                (ec ? ec.message() : std::string("a file of that name exists")) +
+                "); hint: choose another --output");
+  const std::string tokens_path = (fs::path(dir) / "tokens.bin").string();
+  const std::string vocab_path = (fs::path(dir) / "vocab.json").string();
+  write_replacing(tokens_path, data);
+  write_replacing(vocab_path, meta.dump(1) + "\n");
+  std::printf("%s: %zu tokens, vocabulary of %zu (%s level), %s -> %s, %s\n", input.c_str(),
+              ids.size(), size, level.c_str(), dtype.c_str(), tokens_path.c_str(),
+              vocab_path.c_str());
+  return 0;
+}
+
+}  // namespace keel::cli

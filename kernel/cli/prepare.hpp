@@ -1,0 +1,44 @@
+// keel prepare INPUT --output DIR [--level char|byte]: tokenizes a text file for the `tokens`
+// dataset (plugins/tokens/tokens.cpp).
+//
+// It writes two files into DIR (created when missing; existing files of these names are
+// replaced):
+//   tokens.bin  the token ids, one per character (char level) or byte (byte level) of INPUT,
+//               in order: raw little-endian uint16 when the vocabulary has at most 65536 ids,
+//               else uint32; no header (nanoGPT's train.bin layout).
+//   vocab.json  {"format": "keel-tokens", "version": 1,
+//                "level": "char" | "byte",
+//                "dtype": "uint16" | "uint32",       the ids' type in tokens.bin
+//                "size": V,                          ids are 0 .. V - 1
+//                "tokens": N,                        ids in tokens.bin (its size / 2 or / 4)
+//                "vocab": [V strings]}               id i stands for vocab[i]
+//   Char level: vocab holds the distinct Unicode code points of INPUT, one per string, sorted by
+//   code point; INPUT must be valid UTF-8 (else an error names the first bad byte's offset).
+//   Byte level: V = 256 and id i is byte value i; vocab[i] is the one-character string of code
+//   point i (its Latin-1 reading), so that at either level the code point of vocab[i] decodes
+//   id i: the character itself, or the byte's value.
+// Each file is written under a temporary name in DIR, fsync'd, and renamed over its final name
+// (checkpoint/durable.hpp); tokens.bin comes first, vocab.json last. A failure removes the
+// temporary file and leaves earlier files as they were. On success it prints one line: tokens,
+// vocabulary size, dtype and the two paths.
+//
+// A missing INPUT or --output, an extra argument or a --level other than char or byte throws
+// ArgError (main.cpp: exit 2 with prepare's usage line); an unreadable or empty INPUT, invalid
+// UTF-8 at char level, or a failed write throws keel::Error (exit 1).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace keel::cli {
+
+struct PrepareArgs {
+  std::vector<std::string> positional;  // INPUT
+  std::optional<std::string> output;    // --output, -o
+  std::optional<std::string> level;     // --level (default char)
+};
+
+int prepare(const PrepareArgs& args);
+
+}  // namespace keel::cli

@@ -1,0 +1,338 @@
+// dataset component: tokens, next-token windows of a flat token file for language models.
+//
+// The token file (option `path`) is the layout of nanoGPT's train.bin and Modalities' packed
+// data: token ids as raw little-endian uint16, or uint32, one after the other, no header. The
+// vocabulary file beside it (option `vocab`, default vocab.json in the token file's directory;
+// `keel prepare` writes both, see kernel/cli/prepare.hpp for its format) gives the dtype and the
+// vocabulary size. The token file is memory-mapped read-only and must not be truncated or
+// rewritten while a run reads it.
+//
+// Splits: the file's N tokens are cut once, deterministically: "val" is the last
+// floor(N * val_fraction) tokens, "train" the ones before them; the two never overlap.
+// At construction the split's tokens (only those: the other split's dataset scans its own) are
+// checked once to be below the vocabulary size.
+//
+// A sample is a window at offset o of the split (L tokens): inputs are tokens o .. o+context-1,
+// targets tokens o+1 .. o+context (the inputs shifted by one), both int64 [batch_size, context].
+// So a window reads context + 1 tokens and o ranges over 0 .. L - context - 1.
+//  - sampling "sequential": window k starts at k * context (inputs do not overlap); an epoch
+//    has W = floor((L - 1) / context) windows, the same every epoch.
+//  - sampling "random": sample i of epoch e starts at
+//      o = floor(draw(e, i) * (L - context) / 2^64),
+//      draw(e, i) = mix(key(e) + (i + 1) * 0x9E3779B97F4A7C15),  key(e) = mix(seed + mix(e + 1)),
+//    where mix is SplitMix64's finaliser and all arithmetic is modulo 2^64: a counter-based
+//    generator of the run's seed and the epoch, so any sample is computed without drawing the
+//    ones before it, and seek(epoch, batch) is exact. An epoch has samples_per_epoch samples
+//    (0: W, the number of non-overlapping windows).
+// With world_size R > 1, rank r takes the epoch's samples r, r + R, r + 2R, ... (so the R ranks'
+// batch t together hold the samples of batch t of one rank with batch_size * R).
+// Every batch is full: a rank's batches per epoch are floor(samples / (R * batch_size)), and
+// the samples after the last full batch are dropped (the last partial batch is never yielded),
+// so every step sees batch_size * context tokens. size() is the samples a rank's epoch yields
+// (batches * batch_size); Batch.tokens is batch_size * context, the target tokens of the batch.
+#include <endian.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "keel/plugin.hpp"
+
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& what, const std::string& hint) {
+  throw std::runtime_error("tokens: " + path + ": " + what + "; hint: " + hint);
+}
+
+std::string number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+uint64_t mix(uint64_t z) {  // SplitMix64's finaliser
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string file_kind(const struct stat& st) {
+  return S_ISDIR(st.st_mode)                           ? "a directory"
+         : S_ISFIFO(st.st_mode)                        ? "a FIFO"
+         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                       : "a socket or other special file";
+}
+
+struct Vocab {
+  int bytes = 2;        // 2: uint16, 4: uint32
+  int64_t size = 0;     // token ids are 0 .. size - 1
+  int64_t tokens = -1;  // the "tokens" count, when present
+};
+
+Vocab check_vocab(const nlohmann::json& j, const std::string& path, const std::string& hint);
+
+// Reads and checks vocab.json (the keys the dataset needs; see kernel/cli/prepare.hpp).
+Vocab read_vocab(const std::string& path, const std::string& hint) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    fail(path, std::string("cannot open the vocabulary file (") + std::strerror(errno) + ")",
+         hint);
+  if (!S_ISREG(st.st_mode)) fail(path, "the vocabulary file is " + file_kind(st), hint);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot read the vocabulary file", hint);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("the vocabulary file is not valid JSON (") + e.what() + ")", hint);
+  }
+  try {
+    return check_vocab(j, path, hint);
+  } catch (const nlohmann::json::exception& e) {  // a key of the wrong type
+    fail(path, std::string("malformed vocabulary (") + e.what() + ")", hint);
+  }
+}
+
+Vocab check_vocab(const nlohmann::json& j, const std::string& path, const std::string& hint) {
+  if (!j.is_object() || j.value("format", std::string()) != "keel-tokens")
+    fail(path, "not a keel-tokens vocabulary (no \"format\": \"keel-tokens\")", hint);
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != 1)
+    fail(path, "vocabulary \"version\" must be 1", hint);
+  Vocab v;
+  const std::string dtype = j.value("dtype", std::string());
+  if (dtype == "uint16") v.bytes = 2;
+  else if (dtype == "uint32") v.bytes = 4;
+  else fail(path, "vocabulary \"dtype\" must be \"uint16\" or \"uint32\"", hint);
+  if (!j.contains("size") || !j["size"].is_number_integer() || j["size"].get<int64_t>() < 1)
+    fail(path, "vocabulary \"size\" must be an integer >= 1", hint);
+  v.size = j["size"].get<int64_t>();
+  if (v.bytes == 2 && v.size > 65536)
+    fail(path, "vocabulary \"size\" " + std::to_string(v.size) + " does not fit uint16 ids",
+         hint);
+  if (j.contains("tokens") && j["tokens"].is_number_integer()) v.tokens = j["tokens"].get<int64_t>();
+  return v;
+}
+
+class Tokens : public keel::Dataset {
+ public:
+  explicit Tokens(const keel::Context& ctx)
+      : path_(ctx.get_string("path")),
+        context_(ctx.get_int("context")),
+        batch_(ctx.get_int("batch_size")),
+        random_(ctx.get_string("sampling") == "random"),
+        seed_(ctx.seed()),
+        rank_(ctx.rank()),
+        world_(ctx.world_size()) {
+    const std::string split = ctx.get_string("split"), section = ctx.section();
+    if (world_ < 1 || rank_ < 0 || rank_ >= world_)
+      throw std::runtime_error("tokens: rank " + std::to_string(rank_) + " of world_size " +
+                               std::to_string(world_) +
+                               " is out of range; hint: the kernel must pass 0 <= rank < "
+                               "world_size");
+    std::string vocab_path = ctx.get_string("vocab");
+    if (vocab_path.empty())
+      vocab_path = (std::filesystem::path(path_).parent_path() / "vocab.json").string();
+    const Vocab vocab = read_vocab(
+        vocab_path, "write it with `keel prepare TEXT --output DIR` or set [" + section +
+                        "] vocab to the token file's vocabulary");
+    bytes_ = vocab.bytes;
+    const std::string hint = "set [" + section + "] path to a token file written by `keel "
+                             "prepare` (raw little-endian " +
+                             (bytes_ == 2 ? "uint16" : "uint32") + " ids, as " + vocab_path +
+                             " says)";
+
+    // Open and map the token file (read-only).
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block
+    if (fd < 0) fail(path_, std::string("cannot open the token file (") + std::strerror(errno) + ")", hint);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      ::close(fd);
+      fail(path_, std::string("cannot stat the token file (") + std::strerror(e) + ")", hint);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      fail(path_, "the token file is " + file_kind(st) + ", not a regular file", hint);
+    }
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size % static_cast<uint64_t>(bytes_) != 0) {
+      ::close(fd);
+      fail(path_,
+           "size " + std::to_string(size) + " bytes is not a multiple of " +
+               std::to_string(bytes_) + " (" + (bytes_ == 2 ? "uint16" : "uint32") +
+               " tokens, as " + vocab_path + " says)",
+           "the file is truncated, or it and the vocabulary do not belong together: re-run "
+           "`keel prepare`");
+    }
+    if (size > 0) {
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) {
+        const int e = errno;
+        ::close(fd);
+        fail(path_, std::string("cannot map the token file (") + std::strerror(e) + ")", hint);
+      }
+      map_ = p;
+      map_size_ = size;
+    }
+    ::close(fd);  // the mapping keeps the file
+    const int64_t n = static_cast<int64_t>(size / static_cast<uint64_t>(bytes_));
+
+    // The split: "val" is the last floor(n * val_fraction) tokens, "train" the rest.
+    const double fraction = ctx.get_float("val_fraction");
+    const int64_t n_val = static_cast<int64_t>(static_cast<double>(n) * fraction);
+    begin_ = split == "val" ? n - n_val : 0;
+    length_ = split == "val" ? n_val : n - n_val;
+    if (length_ < context_ + 1)
+      fail(path_,
+           "split '" + split + "' holds " + std::to_string(length_) + " tokens (of " +
+               std::to_string(n) + ", val_fraction " + number(fraction) +
+               "), too few for one window of context " + std::to_string(context_) + " (" +
+               std::to_string(context_ + 1) + " tokens: the inputs and the next-token target)",
+           "lower [" + section + "] context, adjust val_fraction, or use a longer token file");
+    windows_ = (length_ - 1) / context_;
+
+    const int64_t spe = ctx.get_int("samples_per_epoch");
+    if (!random_ && spe > 0)
+      throw std::runtime_error("tokens: samples_per_epoch = " + std::to_string(spe) +
+                               " applies to sampling = \"random\" only; hint: remove it from [" +
+                               section + "], or set sampling = \"random\"");
+    samples_ = random_ && spe > 0 ? spe : windows_;
+    batches_ = samples_ / world_ / batch_;
+    if (batches_ == 0)
+      throw std::runtime_error(
+          "tokens: " + path_ + ": an epoch of split '" + split + "' has " +
+          std::to_string(samples_) + (random_ ? " samples" : " windows of context " +
+                                                                 std::to_string(context_)) +
+          (world_ > 1 ? " shared by " + std::to_string(world_) + " ranks" : std::string()) +
+          ", fewer than batch_size " + std::to_string(batch_) +
+          (world_ > 1 ? " per rank" : "") + ", so it has no batch (the last partial batch is "
+          "dropped); hint: lower batch_size or context" +
+          (random_ ? std::string(", or raise samples_per_epoch") : std::string()));
+
+    // Every token of the split must be a vocabulary id (checked once, here).
+    const uint64_t limit = static_cast<uint64_t>(vocab.size);
+    for (int64_t i = begin_; i < begin_ + length_; ++i)
+      if (token(i) >= limit)
+        fail(path_,
+             "token " + std::to_string(i) + " is id " + std::to_string(token(i)) +
+                 ", outside the vocabulary of " + std::to_string(vocab.size) + " ids (" +
+                 vocab_path + ")",
+             "the token file and the vocabulary do not belong together: re-run `keel prepare`, "
+             "or set [" + section + "] vocab");
+    if (vocab.tokens >= 0 && vocab.tokens != n)
+      ctx.log(KEEL_LOG_WARN, path_ + " holds " + std::to_string(n) + " tokens, " + vocab_path +
+                                 " says " + std::to_string(vocab.tokens) +
+                                 " (a vocabulary shared by several token files, or a stale one)");
+  }
+
+  ~Tokens() override {
+    if (map_ != nullptr) ::munmap(map_, map_size_);
+  }
+  Tokens(const Tokens&) = delete;
+  Tokens& operator=(const Tokens&) = delete;
+
+  int64_t size() override { return batches_ * batch_; }
+  int64_t batches_per_epoch() override { return batches_; }
+  int64_t tokens_per_sample() override { return context_; }
+
+  void start_epoch(int64_t epoch) override { seek(epoch, 0); }
+  // Stateless: batch t of epoch e is a function of (seed, e, t), so positioning is exact.
+  void seek(int64_t epoch, int64_t batch) override {
+    epoch_ = epoch;
+    cursor_ = std::min(std::max<int64_t>(batch, 0), batches_);
+  }
+
+  bool next(keel::Batch& out) override {
+    if (cursor_ >= batches_) return false;
+    const auto longs = at::TensorOptions().dtype(at::kLong);
+    at::Tensor inputs = at::empty({batch_, context_}, longs);
+    at::Tensor targets = at::empty({batch_, context_}, longs);
+    int64_t* in = inputs.data_ptr<int64_t>();
+    int64_t* tg = targets.data_ptr<int64_t>();
+    const uint64_t key = mix(seed_ + mix(static_cast<uint64_t>(epoch_) + 1));
+    for (int64_t row = 0; row < batch_; ++row) {
+      // This rank's sample cursor_ * batch_ + row is the epoch's sample g.
+      const uint64_t g = static_cast<uint64_t>((cursor_ * batch_ + row) * world_ + rank_);
+      int64_t o = 0;
+      if (random_) {
+        const uint64_t d = mix(key + (g + 1) * 0x9E3779B97F4A7C15ull);
+        o = static_cast<int64_t>((static_cast<unsigned __int128>(d) *
+                                  static_cast<uint64_t>(length_ - context_)) >> 64);
+      } else {
+        o = static_cast<int64_t>(g) * context_;
+      }
+      const int64_t at = begin_ + o;
+      for (int64_t j = 0; j < context_; ++j) {
+        in[row * context_ + j] = static_cast<int64_t>(token(at + j));
+        tg[row * context_ + j] = static_cast<int64_t>(token(at + j + 1));
+      }
+    }
+    ++cursor_;
+    out.inputs = std::move(inputs);
+    out.targets = std::move(targets);
+    out.samples = batch_;
+    out.tokens = batch_ * context_;
+    return true;
+  }
+
+ private:
+  uint64_t token(int64_t i) const {
+    if (bytes_ == 2) return le16toh(static_cast<const uint16_t*>(map_)[i]);
+    return le32toh(static_cast<const uint32_t*>(map_)[i]);
+  }
+
+  std::string path_;
+  int64_t context_, batch_;
+  bool random_;
+  uint64_t seed_;
+  int64_t rank_, world_;
+  int bytes_ = 2;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  int64_t begin_ = 0, length_ = 0, windows_ = 0, samples_ = 0, batches_ = 0;
+  int64_t epoch_ = 0, cursor_ = 0;
+};
+
+const keel_option_desc kOptions[] = {
+    keel::opt_path("path", nullptr,
+                   "the token file: raw little-endian uint16 or uint32 ids, no header (`keel "
+                   "prepare` writes one)"),
+    keel::opt_path("vocab", "\"\"",
+                   "its vocabulary file, which gives dtype and size (\"\": vocab.json in the "
+                   "token file's directory)"),
+    keel::opt_int("context", "256", "tokens per sample (the targets are the next tokens)", 1,
+                  1e9),
+    keel::opt_int("batch_size", "32", "samples per batch (a last partial batch is dropped)", 1,
+                  1e9),
+    keel::opt_string("split", "\"train\"",
+                     "train: the tokens before the last val_fraction of the file; val: those",
+                     "train|val"),
+    keel::opt_float("val_fraction", "0.1", "the share of the file (its end) that is split val",
+                    0, 1),
+    keel::opt_string("sampling", "\"random\"",
+                     "random: windows at offsets drawn from the run's seed and the epoch; "
+                     "sequential: consecutive non-overlapping windows",
+                     "random|sequential"),
+    keel::opt_int("samples_per_epoch", "0",
+                  "random sampling: windows per epoch (0: the split's non-overlapping windows)",
+                  0, 1e15),
+};
+const keel_component_desc kComponents[] = {
+    keel::component<Tokens>("tokens",
+                            "next-token windows of a memory-mapped flat token file (uint16 or "
+                            "uint32 ids, as `keel prepare` writes)",
+                            kOptions),
+};
+
+}  // namespace
+
+KEEL_PLUGIN("keel-tokens", "0.1.0", "Language-model windows of flat token files", kComponents)
