@@ -17,14 +17,20 @@
 //
 // Both sides compute the same numbers, so the final losses are compared as a sanity check.
 //
-// Protocol: one warm-up run of each, then R rounds of one keel run and one hand run (the order
-// alternates between rounds). Reports the median and min ms/step of each side and the ratio
-// keel/hand. Each run also records the CPU that other processes used meanwhile; rounds where
-// that exceeds 0.05 cores are left out of the summary when at least 3 clean rounds remain.
+// Protocol: one warm-up run of each, then C paired chunks: chunk i runs keel and the hand loop
+// for N steps each, back to back on the same thread count (keel first in even chunks, hand
+// first in odd ones), and gives one ratio keel ms/step / hand ms/step. The one statistic is the
+// median of those paired ratios, with a 95% distribution-free confidence interval (the sign
+// test's order statistics); the last line says whether the interval is narrow enough (at most
+// 2% wide) to judge a 1% difference, and if so how keel compares with 1.01. Each run also
+// records the CPU that other processes used meanwhile; pairs where that exceeds 0.05 cores are
+// left out when at least 9 clean pairs remain.
 //
-// Usage: bench_loop [--steps N] [--repeats R] [--manifest PATH] [--out DIR] [--hand-zero MODE]
-//                   [--hand-as-keel LIST] [--only keel|hand] [--set KEY=VALUE]...
-//   env: BENCH_STEPS, BENCH_REPEATS (argv wins). MODE: none (default, = keel) | inplace
+// Usage: bench_loop [--steps N] [--chunks C] [--threads T] [--verbose] [--manifest PATH] [--out DIR]
+//                   [--hand-zero MODE] [--hand-as-keel LIST] [--only keel|hand] [--set KEY=VALUE]...
+//   N: steps per run (default 200), C: chunks (default 41), T: LibTorch intra-op threads of
+//   both sides (default 0: one per core), --verbose: a line per chunk.
+//   env: BENCH_STEPS, BENCH_CHUNKS (argv wins). MODE: none (default, = keel) | inplace
 //   (LibTorch 1.13's Optimizer::zero_grad(), which zeroes gradients in place; informational).
 //   --hand-as-keel: a comma-separated subset of seq, loss, clip, weights (or all): the hand loop
 //   does that part the way keel does it (seq: the model as the mlp plugin's nn::Sequential;
@@ -33,9 +39,10 @@
 //   to attribute a keel/hand difference to a component (diagnostic).
 //   --set: an extra override for the keel side (after the bench's own), e.g.
 //   --set train.accum_normalization=mean (diagnostic; the hand loop does not follow it).
-//   --only: run one side only (a warm-up and R timed runs), e.g. under `perf record`.
+//   --only: run one side only (a warm-up and C timed runs), e.g. under `perf record`.
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/resource.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -72,8 +79,10 @@ namespace {
 using keel_bench::OtherLoad;
 
 struct Options {
-  int64_t steps = 1500;
-  int repeats = 7;
+  int64_t steps = 200;  // per chunk
+  int repeats = 41;     // chunks (pairs of one keel and one hand run)
+  bool verbose = false; // print every chunk
+  int64_t threads = 0;  // LibTorch intra-op threads of both sides (0: one per core)
   std::string manifest = KEEL_SOURCE_ROOT "/configs/quickstart.toml";
   std::string out;  // run directory of the keel side; default /tmp/keel-bench-<pid>
   // Diagnostics (see Usage above): variants of the hand loop.
@@ -90,9 +99,9 @@ struct Options {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "bench_loop: " << why
-            << "\nusage: bench_loop [--steps N] [--repeats R] [--manifest PATH] [--out DIR] "
+            << "\nusage: bench_loop [--steps N] [--chunks C] [--threads T] [--verbose] [--manifest PATH] [--out DIR] "
                "[--hand-zero none|inplace] [--hand-as-keel seq,loss,clip,weights|all] [--only keel|hand] "
-               "[--set KEY=VALUE]...\n  env: BENCH_STEPS, BENCH_REPEATS\n";
+               "[--set KEY=VALUE]...\n  env: BENCH_STEPS, BENCH_CHUNKS\n";
   std::exit(2);
 }
 
@@ -110,8 +119,8 @@ int64_t to_int(const std::string& s, const char* what) {
 Options parse(int argc, char** argv) {
   Options o;
   if (const char* e = std::getenv("BENCH_STEPS")) o.steps = to_int(e, "BENCH_STEPS");
-  if (const char* e = std::getenv("BENCH_REPEATS"))
-    o.repeats = static_cast<int>(to_int(e, "BENCH_REPEATS"));
+  if (const char* e = std::getenv("BENCH_CHUNKS"))
+    o.repeats = static_cast<int>(to_int(e, "BENCH_CHUNKS"));
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -119,7 +128,9 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--steps") o.steps = to_int(value(), "--steps");
-    else if (a == "--repeats") o.repeats = static_cast<int>(to_int(value(), "--repeats"));
+    else if (a == "--chunks") o.repeats = static_cast<int>(to_int(value(), "--chunks"));
+    else if (a == "--verbose") o.verbose = true;
+    else if (a == "--threads") o.threads = to_int(value(), "--threads");
     else if (a == "--manifest") o.manifest = value();
     else if (a == "--out") o.out = value();
     else if (a == "--hand-zero") {
@@ -432,11 +443,52 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
+// Linear-interpolated quantile q of sorted values.
+double quantile(const std::vector<double>& sorted, double q) {
+  const double at = q * static_cast<double>(sorted.size() - 1);
+  const size_t i = static_cast<size_t>(at);
+  if (i + 1 >= sorted.size()) return sorted.back();
+  return sorted[i] + (at - static_cast<double>(i)) * (sorted[i + 1] - sorted[i]);
+}
+
+// The median of sorted values and a distribution-free confidence interval for it: the order
+// statistics x(k) and x(n+1-k) with the largest k such that P(k <= B <= n-k) >= level for
+// B ~ Binomial(n, 1/2) (the sign test's interval). `coverage` is that probability (below
+// `level` when n is too small for any k: then the interval is [min, max]).
+struct MedianCi {
+  double median, low, high, coverage;
+};
+MedianCi median_ci(const std::vector<double>& sorted, double level) {
+  const size_t n = sorted.size();
+  // pmf of Binomial(n, 1/2), in log space for large n.
+  std::vector<double> pmf(n + 1);
+  for (size_t j = 0; j <= n; ++j)
+    pmf[j] = std::exp(std::lgamma(n + 1.0) - std::lgamma(j + 1.0) - std::lgamma(n - j + 1.0) -
+                      static_cast<double>(n) * std::log(2.0));
+  size_t best_k = 1;
+  double coverage = 1.0;  // k = 1: [x(1), x(n)] covers all but P(B = 0) + P(B = n)
+  coverage = 1.0 - 2 * pmf[0];
+  for (size_t k = 2; 2 * k <= n + 1; ++k) {
+    // P(k <= B <= n-k) = 1 - 2 * P(B <= k-1)
+    double tail = 0;
+    for (size_t j = 0; j < k; ++j) tail += pmf[j];
+    const double c = 1.0 - 2 * tail;
+    if (c < level) break;
+    best_k = k;
+    coverage = c;
+  }
+  return {median(sorted), sorted[best_k - 1], sorted[n - best_k], coverage};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  keel::configure_threads(0);  // both sides: every core for LibTorch, single-threaded BLAS
+  // keel's per-run log lines (e.g. the schedule's warm-up warning for short chunks) would
+  // repeat once per chunk; --verbose keeps them.
+  if (!o.verbose) spdlog::set_level(spdlog::level::err);
+  // Both sides: the same LibTorch threads (default one per core), single-threaded BLAS.
+  keel::configure_threads(o.threads);
 
   std::vector<std::string> overrides = {
       "train.epochs=0",
@@ -459,7 +511,7 @@ int main(int argc, char** argv) try {
   const Hyper h = hyper_from(rc);
   const Data data = load_train(h.data_path);
 
-  std::printf("bench_loop: %s, %lld steps/run, %d rounds, batch %lld, %d intra-op threads, "
+  std::printf("bench_loop: %s, %lld steps/run, %d chunks, batch %lld, %d intra-op threads, "
               "hand zero_grad: %s%s%s%s\n",
               o.manifest.c_str(), static_cast<long long>(o.steps), o.repeats,
               static_cast<long long>(h.batch), at::get_num_threads(),
@@ -493,17 +545,23 @@ int main(int argc, char** argv) try {
   std::printf("  warm-up   keel %.4f ms/step  hand %.4f ms/step  (last loss keel %.6f, hand %.6f)\n",
               wk.ms_per_step, wh.ms_per_step, wk.last_loss, wh.last_loss);
 
-  // Rounds where other processes used more than this many cores (in either run) are reported
-  // but left out of the summary, as long as at least 3 clean rounds remain.
+  // Paired chunks: chunk i runs keel and the hand loop back to back (the order alternates:
+  // keel first in even chunks), each for `steps` steps on the same threads, and gives one ratio
+  // keel/hand. Pairing cancels what drifts slower than a chunk (frequency, other load); the
+  // median of the ratios, with a distribution-free confidence interval, is the one statistic.
+  // Pairs where other processes used more than kIdle cores are reported and left out, as long
+  // as at least kMinPairs clean pairs remain.
   constexpr double kIdle = 0.05;
-  struct Round {
+  constexpr size_t kMinPairs = 9;
+  struct Pair {
     RunResult keel, hand;
     bool clean() const { return keel.other_load <= kIdle && hand.other_load <= kIdle; }
+    double ratio() const { return keel.ms_per_step / hand.ms_per_step; }
   };
-  std::vector<Round> rounds;
+  std::vector<Pair> pairs;
   double max_loss_diff = std::fabs(wk.last_loss - wh.last_loss);
   for (int r = 0; r < o.repeats; ++r) {
-    Round x{};
+    Pair x{};
     if (r % 2 == 0) {
       x.keel = keel_run(rc, o.steps);
       x.hand = hand_run(data, h, o.steps, o.hand);
@@ -511,44 +569,54 @@ int main(int argc, char** argv) try {
       x.hand = hand_run(data, h, o.steps, o.hand);
       x.keel = keel_run(rc, o.steps);
     }
-    rounds.push_back(x);
+    pairs.push_back(x);
     max_loss_diff = std::max(max_loss_diff, std::fabs(x.keel.last_loss - x.hand.last_loss));
-    std::printf("  round %d%s  keel %.4f ms/step  hand %.4f ms/step  ratio %.4f  other load "
-                "%.2f/%.2f cores%s\n",
-                r + 1, r % 2 ? " (hand first)" : "             ", x.keel.ms_per_step,
-                x.hand.ms_per_step, x.keel.ms_per_step / x.hand.ms_per_step, x.keel.other_load,
-                x.hand.other_load, x.clean() ? "" : "  (busy)");
+    if (o.verbose)
+      std::printf("  chunk %3d%s  keel %.4f  hand %.4f ms/step  ratio %.4f  other load "
+                  "%.2f/%.2f cores%s\n",
+                  r + 1, r % 2 ? " (hand first)" : "             ", x.keel.ms_per_step,
+                  x.hand.ms_per_step, x.ratio(), x.keel.other_load, x.hand.other_load,
+                  x.clean() ? "" : "  (busy)");
     std::fflush(stdout);
   }
   std::error_code ec;
   fs::remove_all(o.out, ec);
 
-  const size_t clean = std::count_if(rounds.begin(), rounds.end(),
-                                     [](const Round& x) { return x.clean(); });
-  const bool only_clean = clean >= 3;
-  std::vector<double> keel_ms, hand_ms, ratios;
-  for (const Round& x : rounds) {
+  const size_t clean = std::count_if(pairs.begin(), pairs.end(),
+                                     [](const Pair& x) { return x.clean(); });
+  const bool only_clean = clean >= kMinPairs;
+  std::vector<double> ratios, keel_ms, hand_ms;
+  for (const Pair& x : pairs) {
     if (only_clean && !x.clean()) continue;
+    ratios.push_back(x.ratio());
     keel_ms.push_back(x.keel.ms_per_step);
     hand_ms.push_back(x.hand.ms_per_step);
-    ratios.push_back(x.keel.ms_per_step / x.hand.ms_per_step);
   }
-  const double km = median(keel_ms), hm = median(hand_ms);
-  const double kmin = *std::min_element(keel_ms.begin(), keel_ms.end());
-  const double hmin = *std::min_element(hand_ms.begin(), hand_ms.end());
-  std::printf("  %zu of %zu rounds ran on an idle machine (other load <= %.2f cores)%s\n", clean,
-              rounds.size(), kIdle, only_clean && clean < rounds.size() ? "; summary over those" : "");
-  if (!only_clean)
-    std::printf("  WARNING: fewer than 3 rounds ran on an idle machine: the summary uses every "
-                "round and is NOT reliable; rerun when the machine is idle\n");
-  std::printf("  keel ms/step: median %.4f  min %.4f\n", km, kmin);
-  std::printf("  hand ms/step: median %.4f  min %.4f\n", hm, hmin);
-  std::printf("  ratio of mins %.4f, median of per-round ratios %.4f, max |last loss keel - "
-              "hand| %.3g\n",
-              kmin / hmin, median(ratios), max_loss_diff);
-  std::printf("bench_loop: keel/hand step-time ratio (median of %zu) = %.3f  [keel %.3f ms/step, "
-              "hand %.3f ms/step]%s\n",
-              keel_ms.size(), km / hm, km, hm, only_clean ? "" : "  (machine busy: unreliable)");
+  std::sort(ratios.begin(), ratios.end());
+  const MedianCi ci = median_ci(ratios, 0.95);
+  std::printf("  %zu of %zu pairs ran on an idle machine (other load <= %.2f cores)%s\n", clean,
+              pairs.size(), kIdle,
+              only_clean ? (clean < pairs.size() ? "; the statistic uses those" : "")
+                         : "; too few: the statistic uses every pair");
+  std::printf("  paired ratios: min %.4f  quartiles %.4f %.4f  max %.4f; keel %.4f ms/step, "
+              "hand %.4f ms/step (medians); max |last loss keel - hand| %.3g\n",
+              ratios.front(), quantile(ratios, 0.25), quantile(ratios, 0.75), ratios.back(),
+              median(keel_ms), median(hand_ms), max_loss_diff);
+  // A 1% difference can be judged only when the interval is at most 2% wide (+-1%).
+  const bool judgeable = ci.high - ci.low <= 0.02 && ci.coverage >= 0.95;
+  std::string verdict;
+  if (!judgeable)
+    verdict = "interval too wide to judge a 1% difference: rerun with more --chunks on an "
+              "idle machine";
+  else if (ci.high <= 1.01)
+    verdict = "keel is within 1% of the hand loop";
+  else if (ci.low > 1.01)
+    verdict = "keel is more than 1% slower than the hand loop";
+  else
+    verdict = "the interval straddles 1.01: cannot tell whether keel is within 1%";
+  std::printf("bench_loop: keel/hand step time, median of %zu paired ratios = %.4f, %.0f%% CI "
+              "[%.4f, %.4f]: %s\n",
+              ratios.size(), ci.median, 100 * ci.coverage, ci.low, ci.high, verdict.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::cerr << "bench_loop: " << e.what() << "\n";

@@ -58,12 +58,17 @@ class Mlp : public keel::ModuleModel<nn::Sequential> {
     const size_t layers = widths.size() - 1;
     for (size_t i = 0; i < layers; ++i) {
       const std::string id = std::to_string(i + 1);
-      module_->push_back("fc" + id, nn::Linear(widths[i], widths[i + 1]));
+      nn::Linear fc(widths[i], widths[i + 1]);
+      module_->push_back("fc" + id, fc);
       forward_flops_ += 2.0 * static_cast<double>(widths[i] * widths[i + 1]);
+      steps_.push_back({fc, false});
       if (i + 1 == layers) break;  // no activation after the output layer
       module_->push_back("act" + id, make_activation(activation));
+      steps_.push_back({nullptr, true});
       if (dropout > 0) module_->push_back("drop" + id, nn::Dropout(dropout));
     }
+    activation_ = activation == "gelu" ? Act::kGelu : activation == "tanh" ? Act::kTanh : Act::kRelu;
+    dropout_ = dropout;
   }
 
   at::Tensor forward(const at::Tensor& input) override {
@@ -72,11 +77,30 @@ class Mlp : public keel::ModuleModel<nn::Sequential> {
                                shape_str(input_shape_).substr(1) + " (" +
                                std::to_string(in_features_) + " values per sample), got " +
                                shape_str(input.sizes()) + "; hint: set [model] input_shape");
-    return module_->forward(input.reshape({input.size(0), in_features_}));
+    // The Sequential's layers, called directly: nn::Sequential::forward dispatches each one
+    // through AnyModule (type-erased arguments and results), measurable at this model's size.
+    at::Tensor x = input.reshape({input.size(0), in_features_});
+    for (Step& step : steps_) {
+      if (!step.activation) {
+        x = step.fc->forward(x);
+        continue;
+      }
+      x = activation_ == Act::kGelu ? at::gelu(x) : activation_ == Act::kTanh ? at::tanh(x) : at::relu(x);
+      if (dropout_ > 0) x = at::dropout(x, dropout_, module_->is_training());
+    }
+    return x;
   }
   double flops_per_sample() override { return 3.0 * forward_flops_; }
 
  private:
+  // One Linear layer, or the activation (and dropout) after it.
+  struct Step {
+    nn::Linear fc;
+    bool activation;
+  };
+  std::vector<Step> steps_;
+  enum class Act { kRelu, kGelu, kTanh } activation_ = Act::kRelu;
+  double dropout_ = 0;
   std::vector<int64_t> input_shape_;
   int64_t in_features_ = 0;
   double forward_flops_ = 0;
