@@ -1357,6 +1357,8 @@ struct Trainer::State {
     double loss_sum = 0;
     int64_t items = 0, correct = 0, rows = 0, samples = 0, batches = 0;
     bool classification = true;
+    // Next-token prediction: [batch, time, vocab] outputs for [batch, time] integer targets.
+    bool sequence = true;
     while (cfg.eval_max_batches == 0 || batches < cfg.eval_max_batches) {
       keel_batch b{};
       int has = 0;
@@ -1382,6 +1384,8 @@ struct Trainer::State {
       } else {
         classification = false;
       }
+      sequence = sequence && out.dim() == 3 && y.dim() == 2 && !y.is_floating_point() &&
+                 out.size(0) == y.size(0) && out.size(1) == y.size(1);
       ++batches;
     }
     model.get("set_training", model->set_training, 1);
@@ -1389,7 +1393,7 @@ struct Trainer::State {
       // Exact over the ranks' shards: sums of losses, items and correct predictions.
       const std::vector<double> v = dist->sum(
           {loss_sum, double(items), double(correct), double(rows), double(samples),
-           classification ? 0.0 : 1.0},
+           classification ? 0.0 : 1.0, sequence ? 0.0 : 1.0},
           "reducing the evaluation at step " + std::to_string(ts.step));
       loss_sum = v[0];
       items = static_cast<int64_t>(v[1]);
@@ -1397,6 +1401,7 @@ struct Trainer::State {
       rows = static_cast<int64_t>(v[3]);
       samples = static_cast<int64_t>(v[4]);
       classification = v[5] == 0;
+      sequence = v[6] == 0;
     }
     end("eval");
     last_eval = {{"step", double(ts.step)},
@@ -1407,6 +1412,10 @@ struct Trainer::State {
       last_eval.push_back({"accuracy", static_cast<double>(correct) / rows});
       summary.eval_accuracy = last_eval.back().value;
     }
+    // The mean loss in bits: bits per character for a character-level language model (for
+    // a cross-entropy loss in nats, as every first-party loss computes it).
+    if (sequence && batches > 0 && items > 0)
+      last_eval.push_back({"bits_per_token", loss_sum / items / std::log(2.0)});
     last_eval.push_back({"samples", static_cast<double>(samples)});
     ts.eval_metrics = last_eval.data();
     ts.eval_metric_count = last_eval.size();
