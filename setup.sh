@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up keel on Debian 12: installs the missing Debian packages, makes sure the system BLAS
-# is OpenBLAS (not the 25x slower reference BLAS), then configures and builds into ./build.
+# is OpenBLAS (not the 25x slower reference BLAS), then configures and builds into ./build and
+# tokenizes the fortunes corpus for configs/char_gpt.toml into ./data/fortunes.
 #   ./setup.sh            install what is missing + build
 #   BUILD_DIR=out ./setup.sh
 set -euo pipefail
@@ -20,6 +21,7 @@ PACKAGES=(
   libarchive-dev                      # .tar.gz plugin packages
   python3-torch                       # the same LibTorch build, for tests against PyTorch
   dataset-fashion-mnist
+  fortunes                            # text for configs/char_gpt.toml (configs/prepare_fortunes.sh)
   clang-14 libclang-rt-14-dev         # .ci/run: the libFuzzer targets (tests/fuzz)
   abigail-tools                       # tests: abidiff of the ABI against tests/abi/
 )
@@ -52,3 +54,7 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 ninja -C "$BUILD_DIR"
 echo "setup: built into $BUILD_DIR (keel: $BUILD_DIR/kernel/keel)"
+# The character-level corpus of configs/char_gpt.toml (once; a few seconds).
+if [ ! -f data/fortunes/tokens.bin ]; then
+  configs/prepare_fortunes.sh "$BUILD_DIR/kernel/keel" data/fortunes
+fi

@@ -13,7 +13,9 @@ same LibTorch build), through real `keel train` runs on a tiny character corpus:
 - train.max_tokens plans the run's length from the dataset's tokens per sample (the progress
   line "step k/N" and the cosine schedule's end);
 - a width not divisible by heads, and a window longer than the model's context, fail with one
-  line naming the plugin.
+  line naming the plugin;
+- configs/char_gpt.toml trains 12 steps on the fortunes corpus (configs/prepare_fortunes.sh),
+  reports bits_per_token = loss / ln 2, and its transformer MFU counts N without wpe.
 
 Usage: test_gpt.py KEEL_BINARY
 """
@@ -217,6 +219,29 @@ type = "jsonl"
     r = keel("train", manifest("too_long"), "--set", "data.train.context=32")
     check(r.returncode != 0 and "gpt: expected int64 token ids of shape [batch, time] with 1 <= time <= context (16), got Long [4, 32]" in r.stderr and
           "keel-gpt" in r.stderr, f"too long: {r.stderr[-600:]}")
+
+    # configs/char_gpt.toml as shipped (on a fresh prepare of the fortunes corpus, 12 steps):
+    # it trains, evaluates with bits_per_token = loss / ln 2, and its transformer MFU counts the
+    # gpt's parameters but wpe (N = 807808 for vocab 113, width 128, 4 layers, context 128).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data = os.path.join(tmp, "fortunes")
+    r = subprocess.run([os.path.join(root, "configs", "prepare_fortunes.sh"), KEEL, data],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"prepare_fortunes.sh: {r.stderr}")
+    path = os.path.join(data, "tokens.bin")
+    r = keel("train", os.path.join(root, "configs", "char_gpt.toml"), "--set", "train.max_tokens=0",
+             "--set", "train.max_steps=12", "--set", "train.log_every=6",
+             "--set", "train.eval_every_steps=12", "--set", f"data.train.path=\"{path}\"",
+             "--set", f"data.test.path=\"{path}\"", "--set", "data.test.samples_per_epoch=64",
+             "--set", "mfu.peak_tflops=0.1",
+             "--set", f"run.output_dir=\"{os.path.join(tmp, 'char_gpt')}\"")
+    check(r.returncode == 0, f"char_gpt.toml: {r.stderr[-1500:]}")
+    records = [json.loads(l) for l in open(os.path.join(tmp, "char_gpt", "metrics.jsonl"))]
+    evals = [x for x in records if x.get("split") == "test"]
+    check(len(evals) == 1 and abs(evals[0]["bits_per_token"] - evals[0]["loss"] / math.log(2)) < 1e-9,
+          f"char_gpt evaluation: {evals}")
+    check("N = 807808 parameters (16384 excluded)" in open(os.path.join(tmp, "char_gpt", "run.log")).read(),
+          "the transformer MFU's N")
 
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
