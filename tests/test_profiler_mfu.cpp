@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <optional>
 #include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "components.hpp"
 #include "host.hpp"
@@ -226,4 +229,53 @@ TEST_CASE("throughput covers training steps only: evaluation and checkpoint time
     // 4 evaluations of 2000 samples take longer than 4 training steps of 32.
     CHECK(4 * step_ms[i] / 1e3 < eval_s[i]);
   }
+}
+
+TEST_CASE("chrome_trace with operators = true records LibTorch's operators of the same steps") {
+  TempDir d;
+  // Steps 2..3 of 8 with the mlp 784 -> 32 -> 10: two addmm forward per step.
+  train(d.write("m.toml", keel_test::small_run(d.path / "run") +
+                              "[profiler]\ntype = \"chrome_trace\"\nstart_step = 2\n"
+                              "end_step = 3\noperators = true\n"));
+  const auto trace = nlohmann::json::parse(keel_test::read(d.path / "run/trace.json"));
+  double phase_begin = 1e300, phase_end = -1e300;
+  int addmm = 0, backward = 0, memory = 0, outside = 0;
+  std::set<int64_t> steps;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["pid"] == 0) {
+      steps.insert(e["args"]["step"].get<int64_t>());
+      phase_begin = std::min(phase_begin, e["ts"].get<double>());
+      phase_end = std::max(phase_end, e["ts"].get<double>() + e["dur"].get<double>());
+    }
+  }
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["pid"] != 1) continue;
+    const double ts = e["ts"].get<double>();
+    if (ts < phase_begin - 1 || ts > phase_end + 1) ++outside;  // 1 us: the two clocks' rounding
+    if (e["name"] == "[memory]") {
+      ++memory;
+      CHECK(e["ph"] == "i");
+      continue;
+    }
+    CHECK(e["ph"] == "X");
+    if (e["name"] == "aten::addmm") {
+      const std::string shapes = e["args"]["input_shapes"];
+      CHECK((shapes == "[[32], [32, 784], [784, 32], [], []]" ||
+             shapes == "[[10], [32, 32], [32, 10], [], []]"));
+      ++addmm;
+    }
+    if (e["name"] == "AddmmBackward0") ++backward;
+  }
+  CHECK(steps == std::set<int64_t>{2, 3});
+  CHECK(addmm == 4);     // 2 layers x 2 steps
+  CHECK(backward == 4);
+  CHECK(memory > 0);     // allocations and frees, with their sizes
+  CHECK(outside == 0);   // only operators of the recorded steps, on the phases' time axis
+
+  // Without `operators`, the trace holds the phases only.
+  TempDir e;
+  train(e.write("m.toml", keel_test::small_run(e.path / "run") +
+                              "[profiler]\ntype = \"chrome_trace\"\nstart_step = 2\nend_step = 3\n"));
+  const auto phases = nlohmann::json::parse(keel_test::read(e.path / "run/trace.json"));
+  for (const auto& ev : phases["traceEvents"]) CHECK(ev["pid"] == 0);
 }

@@ -1,8 +1,19 @@
 // profiler component: records phase timings and writes them as a Chrome trace
-// (chrome://tracing, Perfetto).
+// (chrome://tracing, Perfetto). With `operators = true` it also records the LibTorch operators
+// that run during the same steps (name, duration, input shapes, CPU memory allocated and freed)
+// into the same file, through LibTorch's autograd profiler.
+//
+// Debian's LibTorch 1.13 is built without Kineto (torch.autograd.kineto_available() is False in
+// its python3-torch), so the Kineto profiler (profiler_kineto.h) records nothing there; this
+// component uses the legacy autograd profiler (profiler_legacy.h: enableProfilerLegacy /
+// disableProfilerLegacy), which that build has, and writes its events itself. See
+// docs/profiling.md.
+#include <torch/csrc/autograd/profiler_legacy.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,20 +31,35 @@ class ChromeTrace : public keel::Profiler {
         start_step_(ctx.get_int("start_step")),
         end_step_(ctx.get_int("end_step")),
         max_events_(static_cast<size_t>(ctx.get_int("max_events"))),
+        operators_(ctx.get_bool("operators")),
         log_(ctx),
-        origin_(std::chrono::steady_clock::now()) {
+        origin_(std::chrono::steady_clock::now()),
+        wall_origin_(std::chrono::duration<double, std::micro>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count()) {
     if (!path_.empty() && path_[0] != '/') path_ = ctx.run_dir() + "/" + path_;
     path_ = keel_plugins::rank_path(path_, ctx.rank());  // each rank writes its own trace
     events_.reserve(max_events_);
     open_.reserve(16);
   }
 
+  ~ChromeTrace() override {
+    if (ops_on_) {  // a run that failed: stop the profiler of this thread, drop its events
+      try {
+        torch::autograd::profiler::disableProfilerLegacy();
+      } catch (...) {
+      }
+    }
+  }
+
   void begin(const char* phase, int64_t step) override {
+    if (operators_) operators_at(step);
     if (!recording(step)) return;
     open_.push_back({intern(phase), step, now_us()});
   }
 
   void end(const char* phase, int64_t step) override {
+    if (operators_) operators_at(step);
     if (!recording(step)) return;
     const double t = now_us();
     const uint32_t id = intern(phase);
@@ -52,6 +78,7 @@ class ChromeTrace : public keel::Profiler {
   }
 
   void flush() override {
+    if (ops_on_) collect_operators();
     const std::string tmp = path_ + ".tmp";
     std::FILE* f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr)
@@ -69,6 +96,26 @@ class ChromeTrace : public keel::Profiler {
                                             {"tid", 0},
                                             {"args", {{"step", e.step}}}};
       std::fputs(i == 0 ? "\n" : ",\n", f);
+      std::fputs(event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), f);
+    }
+    // Operators: process 1, one track per thread; memory as instant events.
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const Op& o = ops_[i];
+      nlohmann::ordered_json event = {{"name", o.name},
+                                      {"cat", o.memory ? "memory" : "operator"},
+                                      {"ph", o.memory ? "i" : "X"},
+                                      {"ts", microseconds(o.ts)}};
+      if (!o.memory) event["dur"] = microseconds(o.dur);
+      event["pid"] = 1;
+      event["tid"] = o.tid;
+      if (o.memory) {
+        event["s"] = "t";
+        event["args"] = {{"bytes", o.bytes}};
+      } else {
+        event["args"] = {{"input_shapes", o.shapes}};
+        if (o.bytes != 0) event["args"]["cpu_memory_bytes"] = o.bytes;
+      }
+      std::fputs(events_.empty() && i == 0 ? "\n" : ",\n", f);
       std::fputs(event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str(), f);
     }
     std::fputs("\n],\"displayTimeUnit\":\"ms\"}\n", f);
@@ -113,12 +160,81 @@ class ChromeTrace : public keel::Profiler {
     return static_cast<uint32_t>(names_.size() - 1);
   }
 
+  // The operator profiler runs from the first mark of a step in range to the first mark of a
+  // step after it (or flush): outside the range it costs this test and nothing else.
+  void operators_at(int64_t step) {
+    if (!ops_on_ && !ops_done_ && recording(step)) {
+      torch::autograd::profiler::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
+          torch::profiler::impl::ProfilerState::CPU, /*report_input_shapes=*/true,
+          /*profile_memory=*/true));
+      ops_on_ = true;
+    } else if (ops_on_ && !recording(step)) {
+      collect_operators();
+    }
+  }
+
+  void collect_operators() {
+    ops_on_ = false;
+    ops_done_ = true;
+    const auto lists = torch::autograd::profiler::disableProfilerLegacy();
+    // The legacy profiler stamps events with the wall clock (microseconds since the epoch);
+    // the phases use the steady clock from origin_. wall_origin_ was read at the same moment.
+    const double origin = wall_origin_;
+    using Kind = torch::autograd::profiler::EventKind;
+    for (const auto& list : lists) {
+      std::vector<const torch::autograd::profiler::LegacyEvent*> open;
+      for (const auto& e : list) {
+        if (e.kind() == Kind::PushRange) {
+          open.push_back(&e);
+        } else if (e.kind() == Kind::PopRange) {
+          // The pop closes the innermost push with its handle.
+          for (size_t i = open.size(); i-- > 0;) {
+            if (open[i]->handle() != e.handle()) continue;
+            const auto& b = *open[i];
+            std::ostringstream shapes;
+            shapes << "[";
+            const auto sh = b.shapes();
+            for (size_t k = 0; k < sh.size(); ++k) {
+              shapes << (k ? ", " : "") << "[";
+              for (size_t d = 0; d < sh[k].size(); ++d) shapes << (d ? ", " : "") << sh[k][d];
+              shapes << "]";
+            }
+            shapes << "]";
+            add_op({b.name(), b.cpuUs() - origin, e.cpuUs() - b.cpuUs(), shapes.str(),
+                    b.cpuMemoryUsage(), static_cast<int64_t>(b.threadId()), false});
+            open.resize(i);
+            break;
+          }
+        } else if (e.kind() == Kind::MemoryAlloc) {
+          add_op({"[memory]", e.cpuUs() - origin, 0, "", e.cpuMemoryUsage(),
+                  static_cast<int64_t>(e.threadId()), true});
+        }
+      }
+    }
+  }
+  struct Op {
+    std::string name;
+    double ts, dur;
+    std::string shapes;
+    int64_t bytes;
+    int64_t tid;
+    bool memory;
+  };
+  void add_op(Op op) {
+    if (events_.size() + ops_.size() < max_events_) ops_.push_back(std::move(op));
+    else dropped_++;
+  }
+
   std::string path_;
   int64_t start_step_, end_step_;
   size_t max_events_;
+  bool operators_;
+  bool ops_on_ = false, ops_done_ = false;
+  std::vector<Op> ops_;
   size_t dropped_ = 0;
   keel::Logger log_;
   std::chrono::steady_clock::time_point origin_;
+  double wall_origin_;  // the wall clock at origin_, in microseconds since the epoch
   std::vector<std::string> names_;
   std::vector<Open> open_;
   std::vector<Event> events_;
@@ -132,9 +248,14 @@ const keel_option_desc kChromeTraceOptions[] = {
     keel::opt_int("end_step", "-1", "last optimizer step to record (-1: until the end)", -1, 1e18),
     keel::opt_int("max_events", "1000000", "events kept at most (memory is reserved up front)", 1,
                   1e8),
+    keel::opt_bool("operators", "false",
+                   "also record LibTorch's operators in the same steps, with input shapes and "
+                   "CPU memory (the autograd profiler), into the same trace"),
 };
 const keel_component_desc kComponents[] = {
-    keel::component<ChromeTrace>("chrome_trace", "phase timings as a Chrome trace JSON file",
+    keel::component<ChromeTrace>("chrome_trace",
+                                 "phase timings (and optionally operators) as a Chrome trace JSON "
+                                 "file",
                                  kChromeTraceOptions),
 };
 
