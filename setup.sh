@@ -22,6 +22,7 @@ PACKAGES=(
   python3-torch                       # the same LibTorch build, for tests against PyTorch
   dataset-fashion-mnist
   fortunes                            # text for configs/char_gpt.toml (configs/prepare_fortunes.sh)
+  chromium                            # tests: test_report.py renders `keel report` headless
   clang-14 libclang-rt-14-dev         # .ci/run: the libFuzzer targets (tests/fuzz)
   abigail-tools                       # tests: abidiff of the ABI against tests/abi/
 )

@@ -1,4 +1,5 @@
 // keel command line: train, evaluate, validate, plugins [show NAME], options [TABLE], prepare,
+// report,
 // --version, --help (Boost.Program_options).
 //
 // Exit status: 0 success; 1 bad input or a failed run ("keel: error: ..."); 2 command-line
@@ -26,6 +27,7 @@
 #include "options.hpp"
 #include "cli/plugins_commands.hpp"
 #include "cli/prepare.hpp"
+#include "report/report.hpp"
 #include "loader/registry.hpp"
 #include "package/package.hpp"
 #include "run_config.hpp"
@@ -75,6 +77,8 @@ const CommandInfo kCommands[] = {
      "every key of the kernel's own tables ([run], [train], ...), or of one"},
     {"prepare", "INPUT --output DIR [--level char|byte] [--log-level LEVEL]",
      "tokenize a text file into DIR/tokens.bin and DIR/vocab.json for the tokens dataset"},
+    {"report", "RUN_DIR [--output FILE] [--log-level LEVEL]",
+     "write one self-contained HTML page of a run's metrics, phases, manifest and plugins"},
     {"help", "[COMMAND]", "this help, or a command's"},
 };
 
@@ -89,7 +93,7 @@ std::string usage_line(const std::string& command) {
     return std::string("keel ") + c->name + " " + c->args + "  (`keel " + c->name +
            " --help` for more)";
   return "keel COMMAND [ARGS] [FLAGS], COMMAND one of train, evaluate, validate, plugins, "
-         "options, prepare  (`keel --help` for more)";
+         "options, prepare, report  (`keel --help` for more)";
 }
 
 // One line: newlines and tabs of a message (a plugin's, LibTorch's) become spaces.
@@ -164,6 +168,9 @@ po::options_description command_flags(const std::string& command) {
         "pack: the package to write (default NAME-VERSION.tar.gz in the working directory; a path "
         "not ending in .tar.gz writes a package directory)")(
         "force", "install: replace an installed package of the same name and version");
+  if (command == "report")
+    d.add_options()("output,o", po::value<std::string>()->value_name("FILE"),
+                    "the HTML file to write (default RUN_DIR/report.html)");
   if (command == "prepare")
     d.add_options()("output,o", po::value<std::string>()->value_name("DIR"),
                     "the directory to write tokens.bin and vocab.json into (created when "
@@ -300,6 +307,9 @@ void print_command_help(const std::string& command) {
     std::printf("NAME: a component (adamw, mlp, ...) or a plugin (keel-optimizers, ...)\n");
   if (command == "prepare")
     std::printf("INPUT: a text file; the files' format: README, \"Preparing token files\"\n");
+  if (command == "report")
+    std::printf("RUN_DIR: the run directory of `keel train` ([run] output_dir); the page: README, "
+                "\"Run report\"\n");
   if (command == "help") return;
   std::ostringstream flags;
   flags << command_flags(command);
@@ -544,6 +554,19 @@ int cmd_options(const Parsed& p) {
                     " (`keel options` lists them all)");
 }
 
+// keel report RUN_DIR [--output FILE].
+int cmd_report(const Parsed& p) {
+  g_activity = "while writing the report";
+  if (p.positional.size() != 1)
+    throw UsageError(p.positional.empty() ? "keel report needs RUN_DIR"
+                                          : "keel report takes one RUN_DIR, got " +
+                                                std::to_string(p.positional.size()) + " arguments",
+                     usage_line("report"));
+  const std::string out = keel::report::write_report(p.positional[0], p.plugins.output.value_or(""));
+  std::printf("keel report: wrote %s\n", out.c_str());
+  return 0;
+}
+
 // keel prepare: its argument errors (ArgError) are usage errors with prepare's usage line.
 int cmd_prepare(const Parsed& p) {
   g_activity = "while preparing token files";
@@ -753,6 +776,7 @@ int run(int argc, char** argv) {
   if (command == "plugins") return cmd_plugins(p);
   if (command == "options") return cmd_options(p);
   if (command == "prepare") return cmd_prepare(p);
+  if (command == "report") return cmd_report(p);
   return cmd_run(command, p);
 }
 
