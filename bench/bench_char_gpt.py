@@ -1,0 +1,170 @@
+"""char-GPT tokens/s through keel against the same training in a plain Python PyTorch loop.
+
+Both sides train configs/char_gpt.toml's model (the `gpt` plugin: a decoder-only transformer as
+nanoGPT's, with tied embeddings) on the prepared fortunes tokens (configs/prepare_fortunes.sh)
+with the same batch, context, AdamW, gradient-norm clipping and per-token cross entropy, on the
+same LibTorch build (python3-torch 1.13.1 and Debian's libtorch) with the same thread settings
+(LibTorch intra-op threads on every core, single-threaded OpenBLAS). Neither evaluates nor
+saves checkpoints while timed.
+
+keel's tokens/s is the `tokens_per_s` of its last log window (metrics.jsonl), so start-up and
+the first window (warm-up) are excluded; the Python loop is timed over the same window of
+steps. Rounds alternate which side runs first. keel's MFU (the `transformer` calculator against
+the measured, cached float32 matmul peak) is reported too.
+
+Usage: bench_char_gpt.py KEEL_BINARY SOURCE_ROOT [--rounds R] [--steps S] [--window W]
+           [--set KEY=VALUE]...
+Prints one line per round, then the median ratio keel/python of tokens/s (> 1: keel faster).
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ["OPENBLAS_NUM_THREADS"] = "1"  # one pool, as keel runs it
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+THREADS = os.cpu_count()
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads, context):
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(width)
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.c_proj = nn.Linear(width, width)
+        self.ln_2 = nn.LayerNorm(width)
+        self.c_fc = nn.Linear(width, 4 * width)
+        self.mlp_proj = nn.Linear(4 * width, width)
+        self.register_buffer("mask", torch.tril(torch.ones(context, context, dtype=torch.bool)))
+
+    def attn(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, context, layers, heads, width):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(context, width)
+        self.h = nn.ModuleList(Block(width, heads, context) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+
+    def forward(self, idx):
+        t = idx.size(1)
+        x = self.wte(idx) + self.wpe(torch.arange(t, dtype=torch.long))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def python_run(cfg, tokens, steps, window):
+    torch.manual_seed(cfg["seed"])
+    torch.set_num_threads(THREADS)
+    m = cfg["model"]
+    model = GPT(m["vocab_size"], m["context"], m["layers"], m["heads"], m["width"])
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    rng = np.random.default_rng(cfg["seed"])
+    ctx, batch = m["context"], cfg["batch_size"]
+    n = len(tokens) - ctx - 1
+    t0 = None
+    for step in range(steps):
+        if step == steps - window:
+            t0 = time.perf_counter()
+        offs = rng.integers(0, n, size=batch)
+        x = torch.from_numpy(np.stack([tokens[o:o + ctx] for o in offs]).astype(np.int64))
+        y = torch.from_numpy(np.stack([tokens[o + 1:o + 1 + ctx] for o in offs]).astype(np.int64))
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_norm"])
+        opt.step()
+        loss.item()
+    secs = time.perf_counter() - t0
+    return window * batch * ctx / secs
+
+
+def keel_run(keel, manifest, out, steps, window, sets):
+    args = [keel, "train", manifest, "--set", "train.max_tokens=0",
+            "--set", f"train.max_steps={steps}", "--set", f"train.log_every={window}",
+            "--set", "train.eval_every_steps=0", "--set", "run.mode=\"train\"",
+            "--set", f"run.output_dir=\"{out}\"", "--set", "hooks=[{type=\"jsonl\"}]"]
+    for s in sets:
+        args += ["--set", s]
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    last = [r for r in records if r.get("split") == "train"][-1]
+    return last["tokens_per_s"], last.get("mfu"), last.get("mfu_peak_tflops")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("keel")
+    ap.add_argument("root")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--window", type=int, default=40)
+    ap.add_argument("--set", action="append", default=[])
+    a = ap.parse_args()
+    import tomllib
+    manifest = os.path.join(a.root, "configs/char_gpt.toml")
+    t = tomllib.loads(open(manifest).read())
+    cfg = {"seed": t["run"]["seed"], "model": t["model"], "lr": t["optimizer"]["lr"],
+           "weight_decay": t["optimizer"]["weight_decay"],
+           "batch_size": t["data"]["train"]["batch_size"],
+           "max_norm": t["grad_clipper"]["max_norm"]}
+    path = os.path.join(os.path.dirname(manifest), t["data"]["train"]["path"])
+    vocab = json.load(open(os.path.join(os.path.dirname(path), "vocab.json")))
+    tokens = np.memmap(path, dtype=np.dtype(vocab["dtype"]).newbyteorder("<"), mode="r")
+    tokens = tokens[: int(len(tokens) * 0.9)]  # the train split (val_fraction 0.1)
+    print(f"bench_char_gpt: {manifest}: {a.steps} steps/run, window of the last {a.window}, "
+          f"{a.rounds} rounds, {THREADS} LibTorch threads, batch {cfg['batch_size']} x "
+          f"{cfg['model']['context']} tokens")
+    ratios, mfus = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.rounds):
+            out = os.path.join(tmp, f"run{r}")
+            if r % 2 == 0:
+                k, mfu, peak = keel_run(a.keel, manifest, out, a.steps, a.window, a.set)
+                p = python_run(cfg, tokens, a.steps, a.window)
+            else:
+                p = python_run(cfg, tokens, a.steps, a.window)
+                k, mfu, peak = keel_run(a.keel, manifest, out, a.steps, a.window, a.set)
+            ratios.append(k / p)
+            mfus.append(mfu)
+            print(f"  round {r + 1}{' (python first)' if r % 2 else ''}: keel {k:.0f} tokens/s, "
+                  f"python {p:.0f} tokens/s, ratio {k / p:.3f}; keel MFU {mfu:.3f} of "
+                  f"{peak:.4f} TFLOP/s (measured peak)", flush=True)
+    print(f"bench_char_gpt: keel/python tokens/s, median of {len(ratios)} rounds = "
+          f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
+          f"keel MFU median {statistics.median(mfus):.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
