@@ -558,9 +558,13 @@ int cmd_options(const Parsed& p) {
 int cmd_report(const Parsed& p) {
   g_activity = "while writing the report";
   if (p.positional.size() != 1)
-    throw UsageError(p.positional.empty() ? "keel report needs RUN_DIR"
-                                          : "keel report takes one RUN_DIR, got " +
-                                                std::to_string(p.positional.size()) + " arguments",
+    throw UsageError(p.positional.empty()
+                         ? "keel report: needs RUN_DIR (a run directory); hint: keel report "
+                           "runs/quickstart"
+                         : "keel report: takes one RUN_DIR, got " +
+                               std::to_string(p.positional.size()) +
+                               " arguments; hint: one run directory per call, --output FILE "
+                               "for the page",
                      usage_line("report"));
   const std::string out = keel::report::write_report(p.positional[0], p.plugins.output.value_or(""));
   std::printf("keel report: wrote %s\n", out.c_str());

@@ -345,7 +345,7 @@ CASES = [
     M("plugins_require_bad_syntax", '[plugins]\nrequire = { "keel-losses" = ">=1.x" }\n',
       "{m}:2:", "plugins.require.keel-losses", "'>=1.x'"),
     M("plugins_require_unmet", '[plugins]\nrequire = { "keel-losses" = ">=9" }\n', "{m}:2:",
-      "found keel-losses 0.1.0", "does not satisfy it"),
+      "found keel-losses 0.2.0", "does not satisfy it"),
     M("plugins_require_missing", '[plugins]\nrequire = { "acme-losses" = "*" }\n', "{m}:2:",
       "no plugin named 'acme-losses' was found", "keel plugins install"),
     M("component_in_two_plugins",
@@ -477,6 +477,9 @@ CASES = [
       commands=("-",), setup=write("in.txt", "abc\n")),
     F("prepare_without_input", ("prepare", "--output", "{d}/out"), "keel prepare",
       "needs an INPUT", commands=("-",)),
+    F("report_without_run_dir", ("report",), "keel report", "needs RUN_DIR", commands=("-",)),
+    F("report_two_run_dirs", ("report", "{d}/a", "{d}/b"), "keel report", "takes one RUN_DIR",
+      commands=("-",)),
     # files --------------------------------------------------------------------------------------
     X("manifest_missing", (CMD, "{d}/nope.toml"), "{d}/nope.toml", "not found"),
     X("manifest_directory", (CMD, "{d}/sub"), "{d}/sub", "is a directory", setup=mkdir("sub")),
@@ -564,6 +567,18 @@ CASES = [
     X("prepare_invalid_utf8", ("prepare", "{d}/in.txt", "--output", "{d}/out"), "{d}/in.txt",
       "invalid UTF-8 at byte offset 3", "--level byte", commands=("-",),
       setup=write_bytes("in.txt", b"abc\xff\n")),
+    # files: keel report (not the case's run directory: the check wants that one absent)
+    X("report_run_dir_missing", ("report", "{d}/nope"), "{d}/nope", "is not a directory",
+      commands=("-",)),
+    X("report_without_metrics", ("report", "{d}/r"), "{d}/r/metrics.jsonl", "does not exist",
+      commands=("-",), setup=mkdir("r")),
+    X("report_metrics_malformed", ("report", "{d}/r"), "{d}/r/metrics.jsonl:2",
+      "not a metrics record", commands=("-",),
+      setup=write("r/metrics.jsonl", '{"split": "train", "step": 4, "loss": 2.3}\n{"step": \n')),
+    X("report_metrics_without_step", ("report", "{d}/r"), "{d}/r/metrics.jsonl:1",
+      "numeric \"step\"", commands=("-",), setup=write("r/metrics.jsonl", '{"loss": 2.3}\n')),
+    X("report_output_is_a_directory", ("report", "{d}/r", "--output", "{d}/r"), "{d}/r",
+      "is a directory", commands=("-",), setup=write("r/metrics.jsonl", '{"step": 1}\n')),
 ]
 
 

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <toml++/toml.h>
+
 #include "error.hpp"
 #include "report_assets.hpp"
 
@@ -25,46 +27,69 @@ std::string read_text(const fs::path& p) {
   return s.str();
 }
 
-// The chrome_trace profiler's phases (process 0): per phase, the mean over the recorded steps
-// of the milliseconds that phase took in a step.
+// j[key] when j is an object whose key holds a string, else "".
+std::string string_at(const nlohmann::json& j, const char* key) {
+  if (!j.is_object()) return "";
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// The chrome_trace profiler's trace: the [profiler] path of the resolved manifest (relative
+// paths: inside the run directory), else trace.json.
+fs::path trace_path(const fs::path& run_dir, const std::string& manifest_text) {
+  std::string path = "trace.json";
+  try {
+    const auto m = toml::parse(manifest_text);
+    if (const auto p = m["profiler"]["path"].value<std::string>(); p && !p->empty()) path = *p;
+  } catch (const toml::parse_error&) {
+  }
+  const fs::path tp(path);
+  return tp.is_absolute() ? tp : run_dir / tp;
+}
+
+// The chrome_trace profiler's phases (process 0, complete "X" events): per phase, its total
+// milliseconds over the recorded steps divided by the number of recorded steps (the steps that
+// have any phase event), so that the means of phases that do not nest add up to the mean
+// recorded step. null when the file is not a Chrome trace or holds no phase event.
 ordered_json phase_breakdown(const fs::path& trace) {
   const auto j = nlohmann::json::parse(read_text(trace), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array()) return nullptr;
-  std::map<std::string, std::map<int64_t, double>> per_step;  // phase -> step -> us
-  std::vector<std::string> order;
+  std::map<std::string, double> total_us;  // phase -> us over all recorded steps
+  std::vector<std::string> order;          // phases in order of first appearance
+  std::set<int64_t> steps;
   for (const auto& e : j["traceEvents"]) {
-    if (!e.is_object() || e.value("pid", -1) != 0 || !e.contains("dur") || !e["dur"].is_number())
+    if (!e.is_object() || !e.contains("pid") || !e["pid"].is_number_integer() ||
+        e["pid"].get<int64_t>() != 0 || string_at(e, "ph") != "X" || !e.contains("dur") ||
+        !e["dur"].is_number() || !e.contains("name") || !e["name"].is_string())
       continue;
-    const std::string name = e.value("name", "");
-    int64_t step = 0;
+    const std::string name = e["name"].get<std::string>();
+    int64_t step = -1;
     if (e.contains("args") && e["args"].is_object() && e["args"].contains("step") &&
         e["args"]["step"].is_number_integer())
       step = e["args"]["step"].get<int64_t>();
-    if (!per_step.count(name)) order.push_back(name);
-    per_step[name][step] += e["dur"].get<double>();
+    steps.insert(step);
+    if (!total_us.count(name)) order.push_back(name);
+    total_us[name] += e["dur"].get<double>();
   }
-  ordered_json out = ordered_json::array();
-  for (const auto& name : order) {
-    double sum = 0;
-    for (const auto& [step, us] : per_step[name]) sum += us;
-    const auto steps = static_cast<double>(per_step[name].size());
-    out.push_back({{"phase", name}, {"mean_ms", sum / steps / 1e3}, {"steps", per_step[name].size()}});
-  }
-  return out;
+  if (order.empty()) return nullptr;
+  ordered_json phases = ordered_json::array();
+  for (const auto& name : order)
+    phases.push_back({{"phase", name},
+                      {"mean_ms", total_us[name] / static_cast<double>(steps.size()) / 1e3}});
+  return {{"steps", steps.size()}, {"phases", phases}};
 }
 
-// The page's data as JSON that is safe inside <script>: "</" cannot close the element.
+// The page's data as JSON that is safe inside <script>: every '<' (found only inside JSON
+// strings) is written as \u003c, so neither "</script" nor "<!--" can appear in the element.
 std::string script_json(const ordered_json& data) {
-  std::string s = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string s = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::string out;
   out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '<' && i + 1 < s.size() && s[i + 1] == '/') {
-      out += "<\\/";
-      ++i;
-    } else {
-      out += s[i];
-    }
+  for (const char c : s) {
+    if (c == '<')
+      out += "\\u003c";
+    else
+      out += c;
   }
   return out;
 }
@@ -78,29 +103,37 @@ constexpr const char kScript[] = R"keel_js(
   try {
     const data = JSON.parse(document.getElementById('data').textContent);
     const rendered = [];
-    const skip = new Set(['step', 'epoch', 'samples', 'tokens', 'split', 'loss_last',
-                          'grad_norm_last']);
+    // The known metrics, in this order, some sharing a chart; every other numeric key of a
+    // split gets a chart of its own after them, the progress counters last.
     const groups = [
-      ['Loss', [['train', 'loss'], ['test', 'loss']]],
-      ['Accuracy', [['test', 'accuracy']]],
-      ['Bits per token', [['test', 'bits_per_token']]],
+      ['Loss', [['train', 'loss'], ['train', 'loss_last'], ['test', 'loss']]],
+      ['Accuracy', [['train', 'accuracy'], ['test', 'accuracy']]],
+      ['Bits per character', [['train', 'bits_per_char'], ['test', 'bits_per_char']]],
+      ['Bits per token', [['train', 'bits_per_token'], ['test', 'bits_per_token']]],
       ['Learning rate', [['train', 'lr']]],
-      ['Gradient norm (before clipping)', [['train', 'grad_norm']]],
+      ['Gradient norm (before clipping)', [['train', 'grad_norm'], ['train', 'grad_norm_last']]],
       ['Samples per second', [['train', 'samples_per_s']]],
       ['Tokens per second', [['train', 'tokens_per_s']]],
       ['MFU', [['train', 'mfu']]],
+      ['MFU peak (TFLOP/s)', [['train', 'mfu_peak_tflops']]],
       ['Step time (ms)', [['train', 'step_time_ms'], ['train', 'data_time_ms']]],
       ['Evaluation and checkpoint time in the window (s)',
-       [['train', 'eval_time_s'], ['train', 'checkpoint_time_s']]],
+       [['train', 'eval_time_s'], ['train', 'eval_seconds'], ['train', 'checkpoint_time_s'],
+        ['train', 'checkpoint_seconds']]],
     ];
+    const progress = ['epoch', 'samples', 'tokens'];
     const used = new Set();
     for (const [, series] of groups) for (const [split, key] of series) used.add(split + ':' + key);
+    const rest = [];
     for (const split of ['train', 'test']) {
       const keys = new Set();
       for (const r of data[split]) for (const k in r) if (typeof r[k] === 'number') keys.add(k);
       for (const k of keys)
-        if (!skip.has(k) && !used.has(split + ':' + k)) groups.push([split + ' ' + k, [[split, k]]]);
+        if (k !== 'step' && !used.has(split + ':' + k)) rest.push([split + ' ' + k, [[split, k]]]);
     }
+    const late = g => progress.includes(g[1][0][1]) ? 1 : 0;
+    rest.sort((a, b) => late(a) - late(b));  // stable: otherwise in order of first appearance
+    groups.push(...rest);
     const charts = document.getElementById('charts');
     const width = Math.min(560, Math.max(320, window.innerWidth / 2 - 40));
     const colors = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e'];
@@ -135,24 +168,25 @@ constexpr const char kScript[] = R"keel_js(
       }, columns, div);
       rendered.push(summary);
     }
-    if (data.phases && data.phases.length) {
+    const phases = document.getElementById('phases');
+    if (data.phases) {
       const div = document.createElement('div');
       div.className = 'chart';
-      document.getElementById('phases').appendChild(div);
-      const names = data.phases.map(p => p.phase);
+      phases.appendChild(div);
+      const names = data.phases.phases.map(p => p.phase);
+      const ms = data.phases.phases.map(p => p.mean_ms);
+      const sum = ms.reduce((a, b) => a + b, 0);
       new uPlot({
-        title: 'Mean ms per phase of a step (' + data.phases[0].steps + ' steps recorded)',
+        title: 'Mean ms per phase of a step (' + data.phases.steps + ' steps recorded, ' +
+               Number(sum.toPrecision(3)) + ' ms in all)',
         width: width, height: 240,
         scales: {x: {time: false, range: [-0.5, names.length - 0.5]}},
         axes: [{values: (u, ticks) => ticks.map(t => names[t] || ''), splits: () => names.map((_, i) => i)}, yaxis],
         series: [{label: 'phase'}, {label: 'ms', fill: '#1f77b488', stroke: '#1f77b4',
                   paths: uPlot.paths.bars({size: [0.6]}), points: {show: false}}],
-      }, [names.map((_, i) => i), data.phases.map(p => p.mean_ms)], div);
+      }, [names.map((_, i) => i), ms], div);
       rendered.push({title: 'phases', series: [{label: 'ms', points: names.length,
-                     last: data.phases[data.phases.length - 1].mean_ms}]});
-    } else {
-      document.getElementById('phases').textContent =
-          'No phase timings: run with a [profiler] type = "chrome_trace" table to record them.';
+                     last: ms[ms.length - 1]}], phases: names, values: ms});
     }
     document.getElementById('rendered').textContent = JSON.stringify(rendered);
   } catch (e) {
@@ -196,7 +230,7 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
                 "([run] output_dir, default runs/<name>)");
   const fs::path metrics = run_dir / "metrics.jsonl";
   std::ifstream in(metrics);
-  if (!in)
+  if (!fs::is_regular_file(metrics, ec) || !in)
     throw Error("keel report: " + metrics.string() +
                 " does not exist; hint: the run must have the jsonl hook (the default hooks "
                 "include it)");
@@ -209,59 +243,80 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
       throw Error("keel report: " + metrics.string() + ":" + std::to_string(n) +
                   ": not a metrics record (a JSON object with a numeric \"step\"); hint: the "
                   "file is the jsonl hook's output, one record per line");
-    (r.value("split", "train") == "train" ? train : test).push_back(std::move(r));
+    const auto split = r.find("split");
+    const bool is_train = split == r.end() || !split->is_string() || *split == "train";
+    (is_train ? train : test).push_back(std::move(r));
   }
-
-  ordered_json data = {{"run_dir", fs::absolute(run_dir).string()},
-                       {"train", train},
-                       {"test", test},
-                       {"phases", nullptr}};
-  const fs::path trace = run_dir / "trace.json";
-  if (fs::exists(trace, ec)) data["phases"] = phase_breakdown(trace);
 
   const fs::path manifest = run_dir / "manifest.resolved.toml";
   const std::string manifest_text = fs::exists(manifest, ec) ? read_text(manifest) : "";
+
+  const fs::path run_abs = fs::weakly_canonical(fs::absolute(run_dir), ec);  // no "." at the end
+  ordered_json data = {{"run_dir", run_abs.string()},
+                       {"train", train},
+                       {"test", test},
+                       {"phases", nullptr}};
+  const fs::path trace = trace_path(run_dir, manifest_text);
+  std::string phases_html;
+  if (!fs::is_regular_file(trace, ec))
+    phases_html = "<p>No profiler trace (" + escape_html(trace.string()) +
+                  " does not exist): run with a [profiler] type = \"chrome_trace\" table to "
+                  "record the phases of a step.</p>";
+  else if ((data["phases"] = phase_breakdown(trace)).is_null())
+    phases_html = "<p>" + escape_html(trace.string()) +
+                  " is not a Chrome trace with phase events (complete events of process 0).</p>";
+
   std::string plugins_html;
   const fs::path plugins = run_dir / "plugins.json";
-  const auto pj = fs::exists(plugins, ec)
-                      ? nlohmann::json::parse(read_text(plugins), nullptr, false)
-                      : nlohmann::json();
+  const bool have_plugins = fs::exists(plugins, ec);
+  const auto pj = have_plugins ? nlohmann::json::parse(read_text(plugins), nullptr, false)
+                               : nlohmann::json();
   if (pj.is_object() && pj.contains("plugins") && pj["plugins"].is_array()) {
     plugins_html = "<table><tr><th>plugin</th><th>version</th><th>components</th><th>sha256</th>"
                    "<th>file</th></tr>";
     for (const auto& p : pj["plugins"]) {
       std::string components;
-      if (p.contains("components") && p["components"].is_array())
+      if (p.is_object() && p.contains("components") && p["components"].is_array())
         for (const auto& c : p["components"])
-          components += (components.empty() ? "" : ", ") + c.get<std::string>();
-      plugins_html += "<tr><td>" + escape_html(p.value("name", "")) + "</td><td>" +
-                      escape_html(p.value("version", "")) + "</td><td>" + escape_html(components) +
-                      "</td><td><code>" + escape_html(p.value("sha256", "").substr(0, 16)) +
-                      "...</code></td><td><code>" + escape_html(p.value("path", "")) +
-                      "</code></td></tr>";
+          if (c.is_string()) components += (components.empty() ? "" : ", ") + c.get<std::string>();
+      const std::string sha = string_at(p, "sha256");
+      plugins_html += "<tr><td>" + escape_html(string_at(p, "name")) + "</td><td>" +
+                      escape_html(string_at(p, "version")) + "</td><td>" +
+                      escape_html(components) + "</td><td><code title=\"" + escape_html(sha) +
+                      "\">" + escape_html(sha.substr(0, 16)) + "...</code></td><td><code>" +
+                      escape_html(string_at(p, "path")) + "</code></td></tr>";
     }
     plugins_html += "</table>";
+  } else if (have_plugins) {
+    plugins_html = "<p>" + escape_html(plugins.string()) +
+                   " is not a {\"plugins\": [...]} JSON object: the plugins are not shown.</p>";
   } else {
     plugins_html = "<p>No plugins.json in the run directory (a run from before keel recorded "
-                   "its plugins).</p>";
+                   "its plugins): the plugins are not known.</p>";
   }
 
   std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\n<title>keel report: " +
-                     escape_html(run_dir.filename().string()) + "</title>\n<style>" + kUplotCss +
+                     escape_html(run_abs.filename().string()) + "</title>\n<style>" + kUplotCss +
                      "</style>\n<style>" + kStyle + "</style>\n<script>" + kUplotJs +
                      "</script>\n</head><body>\n<h1>keel run " +
-                     escape_html(fs::absolute(run_dir).string()) + "</h1>\n" +
+                     escape_html(run_abs.string()) + "</h1>\n" +
                      "<p>" + std::to_string(train.size()) + " training records, " +
                      std::to_string(test.size()) + " evaluation records.</p>\n" +
                      "<pre id=\"errors\"></pre>\n<h2>Metrics over steps</h2>\n<div id=\"charts\"></div>\n" +
-                     "<h2>Phase breakdown of a step</h2>\n<div id=\"phases\"></div>\n" +
+                     "<h2>Phase breakdown of a step</h2>\n<div id=\"phases\">" + phases_html + "</div>\n" +
                      "<h2>Plugins</h2>\n" + plugins_html + "\n<h2>Resolved manifest</h2>\n" +
                      (manifest_text.empty() ? std::string("<p>No manifest.resolved.toml.</p>")
                                             : "<pre class=\"text\">" + escape_html(manifest_text) + "</pre>") +
                      "\n<pre id=\"rendered\"></pre>\n<script type=\"application/json\" id=\"data\">" +
-                     script_json(data) + "</script>\n<script>" + kScript + "</script>\n</body></html>\n";
+                     script_json(data) + "</script>\n<script>" + kScript + "</script>\n" +
+                     "<details><summary>The charts are drawn by uPlot, inlined into this page "
+                     "(its licence)</summary><pre class=\"text\">" + escape_html(kUplotLicense) +
+                     "</pre></details>\n</body></html>\n";
 
   const fs::path output = output_arg.empty() ? run_dir / "report.html" : fs::path(output_arg);
+  if (fs::is_directory(output, ec))
+    throw Error("keel report: cannot write " + output.string() +
+                ": it is a directory; hint: pass --output FILE, a file name");
   const fs::path tmp = output.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -275,8 +330,11 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
   }
   fs::rename(tmp, output, ec);
   if (ec) {
+    const std::string why = ec.message();
     fs::remove(tmp, ec);
-    throw Error("keel report: cannot write " + output.string() + ": " + ec.message());
+    throw Error("keel report: cannot write " + output.string() + ": " + why +
+                "; hint: check that it is not a directory and that its directory is writable, or "
+                "pass --output");
   }
   return output.string();
 }
