@@ -1,15 +1,25 @@
-"""The language-model losses of plugins/losses against PyTorch's F.cross_entropy (python3-torch,
-the same LibTorch build), through tests/lm_losses_probe (the plugin loaded with keel/testing.hpp):
+"""The losses of plugins/losses against PyTorch's F.cross_entropy (python3-torch, the same LibTorch
+build), through tests/lm_losses_probe (the plugin loaded with keel/testing.hpp):
 
 - token_cross_entropy and chunked_cross_entropy on [batch, time, vocab] float32 logits: the loss
   and every element of its gradient within 1e-6 (absolute) of F.cross_entropy's over the
-  flattened tokens, with and without ignored targets, for chunk sizes that divide the token
-  count and that do not (chunked computes in float64, F.cross_entropy in float32);
-- every target ignored: NaN, as F.cross_entropy's mean gives;
-- count and count_items: the tokens not equal to ignore_index;
-- cross_entropy with class_dim = -1 on [batch, time, vocab] equals token_cross_entropy, and with
-  class_dim = 1 on [batch, vocab, time] too (the same logits, moved);
-- a target of the wrong shape: one error line naming both shapes and class_dim.
+  flattened tokens, without ignore_index and with it (0 and 5 of 21 targets ignored), for chunk
+  sizes that divide the token count (1, 7, 21) and that do not (4, 1000); the loss computed
+  again under no_grad equals it and does not require grad;
+- count and count_items: every target without ignore_index, those not equal to it with it;
+  without ignore_index count_items needs no target values (it answers for a meta tensor, which
+  has none), with it it reads them (it fails on a meta tensor);
+- every target ignored: loss 0 (F.cross_entropy gives NaN), count 0, gradient 0 (as
+  F.cross_entropy's), for all three losses;
+- without ignore_index a target of -100 is an error pointing at ignore_index;
+- cross_entropy's class_dim: -1 on [batch, time, vocab], 1 and -2 on [batch, vocab, time], the
+  default on [N, C], all within 1e-6 of F.cross_entropy (loss and gradient);
+- a target of the wrong shape: one error line naming both shapes and class_dim; class_dim out of
+  range: one line naming it and the output's shape;
+- memory: the growth of the peak resident set over a loss and its backward on [1, 8192, 4096]
+  logits (128 MiB): token_cross_entropy at least 2.5 times the logits' size (its log-softmax
+  and two logits-sized gradients in backward), chunked_cross_entropy (chunk_tokens 256) at most
+  1.5 times (its gradient buffer and one chunk's float64 temporaries); both printed.
 
 Usage: test_lm_losses.py PROBE PLUGIN.so
 """
@@ -19,7 +29,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
+import numpy
 import torch
 import torch.nn.functional as F
 
@@ -45,69 +57,161 @@ def probe(tmp, component, logits, targets, **options):
     if r.returncode != 0:
         return None, None, r.stderr.strip()
     out = json.loads(r.stdout)
-    grad = torch.from_numpy(__import__("numpy").fromfile(gpath, dtype="float32")).view(logits.shape)
+    grad = torch.from_numpy(numpy.fromfile(gpath, dtype="float32")).view(logits.shape)
     return out, grad, None
 
 
-def reference(logits, targets, ignore_index=-100):
+def probe_mode(mode, component, shape, **options):
+    args = [PROBE, mode, PLUGIN, component, ",".join(map(str, shape))]
+    args += [f"{k}={v}" for k, v in options.items()]
+    r = subprocess.run(args, capture_output=True, text=True)
+    return (json.loads(r.stdout), None) if r.returncode == 0 else (None, r.stderr.strip())
+
+
+def reference(logits, targets, class_dim=-1, **kw):
+    """F.cross_entropy and its gradient with the classes moved to dimension 1."""
     x = logits.clone().requires_grad_(True)
-    loss = F.cross_entropy(x.view(-1, x.size(-1)), targets.view(-1), ignore_index=ignore_index)
+    loss = F.cross_entropy(x.movedim(class_dim, 1) if x.dim() > 2 else x, targets, **kw)
     loss.backward()
     return loss.item(), x.grad
 
 
+def agrees(what, out, grad, want, want_grad, count):
+    loss_diff = abs(out["loss"] - want)
+    check(loss_diff <= TOL, f"{what}: loss {out['loss']} vs {want}")
+    diff = (grad - want_grad).abs().max().item()
+    check(diff <= TOL, f"{what}: max gradient difference {diff}")
+    check(out["count"] == count, f"{what}: count {out['count']}, expected {count}")
+    check(out["count_items"] == count, f"{what}: count_items {out['count_items']} vs {count}")
+    check(out["requires_grad"], f"{what}: the loss does not require grad")
+    check(out["no_grad_loss"] == out["loss"] and not out["no_grad_requires_grad"],
+          f"{what}: under no_grad {out['no_grad_loss']} (requires grad: "
+          f"{out['no_grad_requires_grad']})")
+    return loss_diff, diff
+
+
+t0 = time.time()
 torch.manual_seed(0)
+worst = [0.0, 0.0]
 with tempfile.TemporaryDirectory() as tmp:
     b, t, v = 3, 7, 11  # 21 tokens
     logits = torch.randn(b, t, v) * 3
-    for ignored in (0, 5):
+    cases = [("token_cross_entropy", {})] + [
+        ("chunked_cross_entropy", {"chunk_tokens": c}) for c in (1, 4, 7, 21, 1000)]
+    for ignored, ignore in ((0, None), (0, -100), (5, -100)):
         targets = torch.randint(0, v, (b, t))
         if ignored:
             targets.view(-1)[torch.randperm(b * t)[:ignored]] = -100
-        want, want_grad = reference(logits, targets)
-        cases = [("token_cross_entropy", {})] + [
-            ("chunked_cross_entropy", {"chunk_tokens": c}) for c in (1, 4, 7, 21, 1000)]
+        kw = {} if ignore is None else {"ignore_index": ignore}
+        want, want_grad = reference(logits, targets, **kw)
         for component, opts in cases:
-            what = f"{component} {opts} with {ignored} ignored targets"
-            out, grad, err = probe(tmp, component, logits, targets, **opts)
+            what = f"{component} {opts} ignore_index={ignore} with {ignored} ignored targets"
+            out, grad, err = probe(tmp, component, logits, targets, **opts, **kw)
             if err:
                 check(False, f"{what}: {err}")
                 continue
-            check(abs(out["loss"] - want) <= TOL, f"{what}: loss {out['loss']} vs {want}")
-            diff = (grad - want_grad).abs().max().item()
-            check(diff <= TOL, f"{what}: max gradient difference {diff}")
-            check(out["count"] == b * t - ignored, f"{what}: count {out['count']}")
-            check(out["count_items"] == b * t - ignored, f"{what}: count_items {out['count_items']}")
+            for i, d in enumerate(agrees(what, out, grad, want, want_grad, b * t - ignored)):
+                worst[i] = max(worst[i], d)
 
-    # Every target ignored: NaN (F.cross_entropy's mean of nothing).
+    # Every target ignored: loss 0, count 0 and PyTorch's gradient (zeros), where PyTorch's
+    # mean is NaN.
     targets = torch.full((b, t), -100, dtype=torch.long)
-    check(math.isnan(reference(logits, targets)[0]), "reference NaN")
-    for component in ("token_cross_entropy", "chunked_cross_entropy"):
-        out, _, err = probe(tmp, component, logits, targets)
-        check(err is None and math.isnan(out["loss"]) and out["count"] == 0,
+    want, want_grad = reference(logits, targets)
+    check(math.isnan(want) and not want_grad.any(), "reference: NaN and a zero gradient")
+    for component, opts in (("token_cross_entropy", {}), ("chunked_cross_entropy", {"chunk_tokens": 4}),
+                            ("cross_entropy", {"class_dim": -1})):
+        out, grad, err = probe(tmp, component, logits, targets, ignore_index=-100, **opts)
+        check(err is None and out["loss"] == 0.0 and out["no_grad_loss"] == 0.0 and
+              out["count"] == 0 and out["count_items"] == 0 and out["requires_grad"] and
+              torch.equal(grad, want_grad),
               f"{component}, every target ignored: {out or err}")
 
-    # cross_entropy's class_dim: the same value as token_cross_entropy.
+    # Without ignore_index, -100 is a target like any other: out of range, and the error says
+    # how to ignore it.
     targets = torch.randint(0, v, (b, t))
-    want, want_grad = reference(logits, targets)
-    out, grad, err = probe(tmp, "cross_entropy", logits, targets, class_dim=-1)
-    check(err is None and abs(out["loss"] - want) <= TOL and (grad - want_grad).abs().max() <= TOL,
-          f"cross_entropy class_dim=-1: {out or err}")
-    moved = logits.transpose(1, 2).contiguous()  # [b, v, t]
-    out, grad, err = probe(tmp, "cross_entropy", moved, targets, class_dim=1)
-    check(err is None and abs(out["loss"] - want) <= TOL and
-          (grad.transpose(1, 2) - want_grad).abs().max() <= TOL,
-          f"cross_entropy class_dim=1 on [b, v, t]: {out or err}")
+    targets[1, 2] = -100
+    for component, opts in (("token_cross_entropy", {}), ("chunked_cross_entropy", {"chunk_tokens": 4}),
+                            ("cross_entropy", {"class_dim": -1})):
+        _, _, err = probe(tmp, component, logits, targets, **opts)
+        check(err is not None and "out of range" in err and "-100" in err and
+              "set ignore_index" in err and "\n" not in err,
+              f"{component}, -100 without ignore_index: {err}")
 
-    # Shape mismatches: one line naming both shapes.
+    # count_items without ignore_index reads no target values (a meta tensor has none).
+    for component, shape, opts in (("token_cross_entropy", (4, 16), {}),
+                                   ("chunked_cross_entropy", (4, 16), {}),
+                                   ("cross_entropy", (4, 16), {"class_dim": -1}),
+                                   ("cross_entropy", (64,), {})):
+        out, err = probe_mode("count", component, shape, **opts)
+        check(err is None and out["count_items"] == 64,
+              f"{component} count_items of a meta {shape} target: {out or err}")
+        _, err = probe_mode("count", component, shape, ignore_index=-100, **opts)
+        check(err is not None and "meta" in err.lower(),
+              f"{component} with ignore_index reads the targets (fails on meta): {err}")
+
+    # cross_entropy's class_dim against F.cross_entropy with the classes in dimension 1.
+    targets = torch.randint(0, v, (b, t))
+    targets[0, 3] = 5  # ignored below
+    moved = logits.transpose(1, 2).contiguous()  # [b, v, t]
+    for ignore in (None, 5):
+        kw = {} if ignore is None else {"ignore_index": ignore}
+        n = b * t - (0 if ignore is None else int((targets == ignore).sum()))
+        want, want_grad = reference(logits, targets, **kw)
+        for x, class_dim, back in ((logits, -1, lambda g: g), (moved, 1, lambda g: g.transpose(1, 2)),
+                                   (moved, -2, lambda g: g.transpose(1, 2))):
+            what = f"cross_entropy class_dim={class_dim} on {list(x.shape)} ignore_index={ignore}"
+            out, grad, err = probe(tmp, "cross_entropy", x, targets, class_dim=class_dim, **kw)
+            if err:
+                check(False, f"{what}: {err}")
+                continue
+            agrees(what, out, back(grad), want, want_grad, n)
+    x2, y2 = torch.randn(16, 5), torch.randint(0, 5, (16,))
+    want, want_grad = reference(x2, y2)
+    out, grad, err = probe(tmp, "cross_entropy", x2, y2)
+    if err:
+        check(False, f"cross_entropy on [16, 5]: {err}")
+    else:
+        agrees("cross_entropy (default class_dim) on [16, 5]", out, grad, want, want_grad, 16)
+
+    # Shape mismatches: one line naming both shapes and class_dim.
     _, _, err = probe(tmp, "token_cross_entropy", logits, torch.zeros(b, t - 1, dtype=torch.long))
+    check(err is not None and "model output [3, 7, 11] and target [3, 6] do not match: with "
+          "class_dim = -1 the target must be [3, 7]" in err and "\n" not in err,
+          f"token shape mismatch: {err}")
+    _, _, err = probe(tmp, "chunked_cross_entropy", logits, torch.zeros(b, t - 1, dtype=torch.long))
     check(err is not None and "model output [3, 7, 11] and target [3, 6]" in err and
-          "must be [3, 7]" in err and "\n" not in err, f"token shape mismatch: {err}")
+          "\n" not in err, f"chunked shape mismatch: {err}")
+    _, _, err = probe(tmp, "cross_entropy", logits, torch.zeros(b, t - 1, dtype=torch.long),
+                      class_dim=-1)
+    check(err is not None and "model output [3, 7, 11] and target [3, 6] do not match: with "
+          "class_dim = -1 the target must be [3, 7]" in err and "\n" not in err,
+          f"cross_entropy class_dim=-1 shape mismatch: {err}")
     _, _, err = probe(tmp, "cross_entropy", logits, torch.zeros(b, t, dtype=torch.long))
     check(err is not None and "with class_dim = 1 the target must be [3, 11]" in err,
           f"cross_entropy default class_dim on [b, t, v]: {err}")
-    _, _, err = probe(tmp, "cross_entropy", logits, targets, class_dim=3)
-    check(err is not None and "class_dim = 3 is out of range" in err, f"class_dim 3: {err}")
+    for class_dim in (3, -4):
+        _, _, err = probe(tmp, "cross_entropy", logits, targets, class_dim=class_dim)
+        check(err is not None and f"class_dim = {class_dim} is out of range for a model output "
+              "of shape [3, 7, 11]" in err and "\n" not in err, f"class_dim {class_dim}: {err}")
 
-print(f"{len(failures)} failure(s)")
+print(f"largest differences from F.cross_entropy (token losses): loss {worst[0]:.2e}, "
+      f"gradient {worst[1]:.2e} (tolerance {TOL:g})")
+
+# Memory: the growth of the peak RSS over one loss and its backward.
+shape = (1, 8192, 4096)
+growth = {}
+for component, opts in (("token_cross_entropy", {}), ("chunked_cross_entropy", {"chunk_tokens": 256})):
+    out, err = probe_mode("memory", component, shape, **opts)
+    if err:
+        check(False, f"{component} memory: {err}")
+        continue
+    growth[component] = out["peak_growth_bytes"] / out["logits_bytes"]
+    print(f"{component} {opts} on {list(shape)}: peak RSS grows by "
+          f"{out['peak_growth_bytes'] / 2**20:.0f} MiB = {growth[component]:.2f} x the logits "
+          f"({out['logits_bytes'] / 2**20:.0f} MiB)")
+if len(growth) == 2:
+    check(growth["token_cross_entropy"] >= 2.5, f"token_cross_entropy grows {growth}")
+    check(growth["chunked_cross_entropy"] <= 1.5, f"chunked_cross_entropy grows {growth}")
+
+print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
 sys.exit(1 if failures else 0)

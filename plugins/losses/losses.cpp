@@ -5,12 +5,29 @@
 //                          logits, [batch, time] next-token ids (cross_entropy, class_dim = -1)
 //   chunked_cross_entropy  the same value and gradient, computed over chunks of `chunk_tokens`
 //                          tokens so that no full-size log-softmax is kept for the backward
-//                          (MindSpeed-LLM's chunk loss; see ChunkedCrossEntropy below)
+//                          (a logits-sized gradient is, instead) and backward allocates
+//                          nothing logits-sized (MindSpeed-LLM's chunk loss; see
+//                          ChunkedCrossEntropyFn below)
+//
+// ignore_index: the option schema (abi.h) has no "optional, no default" option (a NULL default
+// means required), so absence is a sentinel default, kNoIgnore (the smallest int64, which is
+// never a class index). With that value, every class-index target counts: count and
+// count_items are the target's numel, with no host sync, and a negative target is an error
+// (except kNoIgnore itself, which the losses leave out of the mean although it is counted).
+// With ignore_index set, the targets equal to it are left out of the mean and counting them
+// syncs with the host once (.item()).
+// A batch of class indices in which none counts (all ignored, or none at all) has loss 0 and
+// gradient 0; PyTorch's mean gives NaN (0/0) there, which would make keel's step loss (each
+// micro-batch's loss times its weight, here 0) and evaluation sum (loss times count) NaN too.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "keel/plugin.hpp"
 
@@ -18,19 +35,31 @@ namespace {
 
 namespace F = torch::nn::functional;
 
+constexpr int64_t kNoIgnore = std::numeric_limits<int64_t>::min();
+// kNoIgnore as the option's TOML default.
+const char* const kNoIgnoreToml = "-9223372036854775808";
+
 std::string shape_str(at::IntArrayRef shape) {
   std::ostringstream s;
   s << shape;
   return s.str();
 }
 
+// Class-index targets that count: all of them (numel, no host sync) without an ignore_index,
+// else those not equal to it (one host sync).
+int64_t count_targets(const at::Tensor& ids, int64_t ignore_index) {
+  if (ignore_index == kNoIgnore) return ids.numel();
+  return ids.ne(ignore_index).sum().item<int64_t>();
+}
+
 // Class indices along `class_dim` of `output`: the target must be the output's shape without
 // that dimension. Throws one line naming both shapes otherwise. Returns the non-negative dim.
-int64_t check_index_target(const char* who, const at::Tensor& output, const at::Tensor& target,
-                           int64_t class_dim) {
+// Reads sizes only (no host sync).
+int64_t check_index_target(const std::string& who, const at::Tensor& output,
+                           const at::Tensor& target, int64_t class_dim) {
   const int64_t nd = output.dim();
   if (nd < 1 || class_dim < -nd || class_dim >= nd)
-    throw std::invalid_argument(std::string(who) + ": class_dim = " + std::to_string(class_dim) +
+    throw std::invalid_argument(who + ": class_dim = " + std::to_string(class_dim) +
                                 " is out of range for a model output of shape " +
                                 shape_str(output.sizes()) + "; hint: class_dim counts from 0 " +
                                 "(1 for [N, C] logits) or from the end (-1 for [batch, time, vocab])");
@@ -38,7 +67,7 @@ int64_t check_index_target(const char* who, const at::Tensor& output, const at::
   std::vector<int64_t> expected = output.sizes().vec();
   expected.erase(expected.begin() + dim);
   if (target.sizes() != at::IntArrayRef(expected))
-    throw std::invalid_argument(std::string(who) + ": model output " + shape_str(output.sizes()) +
+    throw std::invalid_argument(who + ": model output " + shape_str(output.sizes()) +
                                 " and target " + shape_str(target.sizes()) +
                                 " do not match: with class_dim = " + std::to_string(class_dim) +
                                 " the target must be " + shape_str(expected) +
@@ -47,14 +76,46 @@ int64_t check_index_target(const char* who, const at::Tensor& output, const at::
   return dim;
 }
 
+// Runs `body` (a loss over class-index targets); on the CPU a target outside [0, classes)
+// fails inside LibTorch ("Target -100 is out of bounds."), which this rethrows naming the loss,
+// and, when no ignore_index is set, pointing at it: PyTorch ignores -100 by default, keel does
+// not. (On CUDA such a target trips a device-side assert instead, which this does not catch.)
+template <class Body>
+at::Tensor with_target_hint(const std::string& who, int64_t ignore_index, Body&& body) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.find("out of bounds") == std::string::npos) throw;
+    std::string line = what.substr(0, what.find('\n'));
+    while (!line.empty() && (line.back() == '.' || line.back() == ' ')) line.pop_back();
+    throw std::invalid_argument(
+        who + ": a target class index is out of range (" + line + "); hint: " +
+        (ignore_index == kNoIgnore
+             ? "no ignore_index is set, so every target must be a class index; set "
+               "ignore_index (e.g. -100, PyTorch's default) to leave padding out of the loss"
+             : "targets must be class indices from 0 to the number of classes - 1, or " +
+                   std::to_string(ignore_index) + " (ignore_index)"));
+  }
+}
+
+// F::cross_entropy of class-index targets, as a mean over the `count` targets that count; when
+// none does, the sum over none: 0, with a zero gradient (F::cross_entropy's mean would be NaN).
+at::Tensor index_cross_entropy(const at::Tensor& logits, const at::Tensor& ids, int64_t count,
+                               F::CrossEntropyFuncOptions options) {
+  options.reduction(count > 0 ? F::CrossEntropyFuncOptions::reduction_t(torch::kMean)
+                              : F::CrossEntropyFuncOptions::reduction_t(torch::kSum));
+  return F::cross_entropy(logits, ids, options);
+}
+
 class CrossEntropy : public keel::Loss {
  public:
   explicit CrossEntropy(const keel::Context& ctx)
       : class_dim_(ctx.get_int("class_dim")),
+        ignore_index_(ctx.get_int("ignore_index")),
         options_(F::CrossEntropyFuncOptions()
-                     .ignore_index(ctx.get_int("ignore_index"))
-                     .label_smoothing(ctx.get_float("label_smoothing"))
-                     .reduction(torch::kMean)) {}
+                     .ignore_index(ignore_index_)
+                     .label_smoothing(ctx.get_float("label_smoothing"))) {}
 
   // output: logits with the classes along class_dim; target: class indices shaped like the
   // output without class_dim (any integer type), or class probabilities shaped like the output.
@@ -72,17 +133,20 @@ class CrossEntropy : public keel::Loss {
     }
     const int64_t dim = check_index_target("cross_entropy", output, target, class_dim_);
     const at::Tensor labels = target.to(at::kLong);
-    *count = labels.ne(options_.ignore_index()).sum().item<int64_t>();
-    return F::cross_entropy(to_class_dim_1(output, dim), labels, options_);
+    *count = count_targets(labels, ignore_index_);
+    return with_target_hint("cross_entropy", ignore_index_, [&] {
+      return index_cross_entropy(to_class_dim_1(output, dim), labels, *count, options_);
+    });
   }
 
-  // Targets that count: class indices other than ignore_index, or rows of probabilities.
+  // What compute reports as count: rows of probabilities, or class indices (all of them
+  // without ignore_index, with no host sync; those other than ignore_index otherwise).
   int64_t count_items(const at::Tensor& target) override {
     if (target.is_floating_point()) {
       const int64_t dim = class_dim_ < 0 ? class_dim_ + target.dim() : class_dim_;
       return target.dim() < 2 ? 1 : target.numel() / std::max<int64_t>(1, target.size(dim));
     }
-    return target.ne(options_.ignore_index()).sum().item<int64_t>();
+    return count_targets(target, ignore_index_);
   }
 
  private:
@@ -91,7 +155,8 @@ class CrossEntropy : public keel::Loss {
     if (nd >= 1 && class_dim_ >= -nd && class_dim_ < nd) return class_dim_ < 0 ? class_dim_ + nd : class_dim_;
     throw std::invalid_argument("cross_entropy: class_dim = " + std::to_string(class_dim_) +
                                 " is out of range for a model output of shape " +
-                                shape_str(output.sizes()));
+                                shape_str(output.sizes()) + "; hint: class_dim counts from 0 " +
+                                "(1 for [N, C] logits) or from the end (-1 for [batch, time, vocab])");
   }
   // F::cross_entropy takes the classes in dimension 1 (or 0 for a 1-d output).
   static at::Tensor to_class_dim_1(const at::Tensor& t, int64_t dim) {
@@ -99,26 +164,38 @@ class CrossEntropy : public keel::Loss {
   }
 
   int64_t class_dim_;
+  int64_t ignore_index_;
   F::CrossEntropyFuncOptions options_;
 };
 
-// Mean cross entropy of rows of logits [n, v] against ids [n], ignoring `ignore_index`,
-// computed chunk by chunk. Forward walks chunks of `chunk` rows: for each it computes the
-// log-softmax in float64, adds the chunk's loss, and writes the chunk's gradient of the mean,
-// (softmax - onehot) / count, into one gradient buffer shaped like the logits. Backward scales
-// that buffer by the incoming gradient. What autograd would keep for F::cross_entropy is the
-// full [n, v] log-softmax (plus the full-size temporaries of its backward); here the only
-// full-size tensor besides the logits is the gradient buffer, which backward has to produce
-// anyway, and the float64 temporaries are [chunk, v].
+// Mean cross entropy of rows of logits [n, v] against ids [n] (`count` of them not equal to
+// ignore_index), computed chunk by chunk. Forward walks chunks of `chunk` rows: for each it
+// computes the log-softmax in float64, adds the chunk's loss, and, when `need_grad`, writes the
+// chunk's gradient of the mean, (softmax - onehot) / count on the rows that count and 0 on the
+// others, into one gradient buffer shaped like the logits (in their dtype). Backward takes that
+// buffer out of the context, scales it in place by the incoming gradient and returns it.
+//
+// Memory, in units of one logits-sized tensor L (the logits themselves, an input, are not
+// counted, and neither is their gradient once backward has returned it):
+//  - F::cross_entropy under autograd keeps the log-softmax (1 L) from forward to backward; its
+//    backward then allocates nll_loss's gradient (1 L) and log_softmax's (1 L) while the saved
+//    log-softmax is still held: a peak of about 3 L.
+//  - here the gradient buffer (1 L) is held from forward to backward, and backward allocates
+//    nothing logits-sized: a peak of 1 L plus the float64 temporaries of one chunk,
+//    a few [chunk, v] tensors of 8-byte values. Without need_grad (evaluation) there is no
+//    buffer at all.
+// tests/test_lm_losses.py measures both peaks (the growth of the process's peak RSS).
 class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntropyFn> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& ids, int64_t ignore_index, int64_t chunk,
-                            int64_t count) {
+                            int64_t count, bool need_grad) {
     at::NoGradGuard no_grad;
     const int64_t n = logits.size(0);
-    at::Tensor grad = at::empty_like(logits);
+    at::Tensor grad = need_grad ? at::empty_like(logits, at::MemoryFormat::Contiguous) : at::Tensor();
     at::Tensor total = at::zeros({}, logits.options().dtype(at::kDouble));
+    // With no target counted (all ignored, or no rows) the loss and the gradient are 0.
+    const double scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const int64_t end = std::min(n, begin + chunk);
       const at::Tensor z = logits.slice(0, begin, end).to(at::kDouble);
@@ -128,21 +205,27 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
       const at::Tensor logp = at::log_softmax(z, 1);
       const at::Tensor picked = logp.gather(1, safe.unsqueeze(1)).squeeze(1);
       total.sub_(at::where(keep, picked, at::zeros_like(picked)).sum());
+      if (!need_grad) continue;
       // d(mean)/dz = (softmax - onehot) / count on kept rows, 0 on ignored ones.
-      at::Tensor g = logp.exp();
+      at::Tensor g = logp.exp_();
       g.scatter_add_(1, safe.unsqueeze(1), at::full({end - begin, 1}, -1.0, g.options()));
-      g.mul_(keep.unsqueeze(1).to(at::kDouble) / static_cast<double>(std::max<int64_t>(count, 1)));
+      g.mul_(keep.unsqueeze(1).to(at::kDouble) * scale);
       grad.slice(0, begin, end).copy_(g);
     }
-    ctx->saved_data["grad"] = grad;
-    // All targets ignored: NaN, as F::cross_entropy's mean gives (0/0).
-    return (total / static_cast<double>(count)).to(logits.scalar_type());
+    if (need_grad) ctx->saved_data["grad"] = grad;
+    return (total * scale).to(logits.scalar_type());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_out) {
-    const at::Tensor grad = ctx->saved_data["grad"].toTensor();
-    return {grad * grad_out[0].to(grad.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    const auto it = ctx->saved_data.find("grad");
+    if (it == ctx->saved_data.end())
+      throw std::runtime_error("chunked_cross_entropy: backward ran a second time through the "
+                               "same loss, whose gradient buffer the first backward consumed; "
+                               "hint: compute the loss again");
+    at::Tensor grad = it->second.toTensor();
+    ctx->saved_data.erase(it);
+    grad.mul_(grad_out[0].to(grad.scalar_type()));
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -153,8 +236,10 @@ class TokenLossBase : public keel::Loss {
   explicit TokenLossBase(const keel::Context& ctx, const char* name)
       : name_(name), ignore_index_(ctx.get_int("ignore_index")) {}
 
+  // What compute reports as count: every token without ignore_index (no host sync), those
+  // other than ignore_index otherwise.
   int64_t count_items(const at::Tensor& target) override {
-    return target.ne(ignore_index_).sum().item<int64_t>();
+    return count_targets(target, ignore_index_);
   }
 
  protected:
@@ -164,10 +249,10 @@ class TokenLossBase : public keel::Loss {
       throw std::invalid_argument(name_ + ": model output " + shape_str(output.sizes()) +
                                   " is not [batch, time, vocab] logits; hint: use cross_entropy "
                                   "(with class_dim) for other shapes");
-    check_index_target(name_.c_str(), output, target, -1);
+    check_index_target(name_, output, target, -1);
     if (target.is_floating_point())
       throw std::invalid_argument(name_ + ": the target holds floating-point values; it must "
-                                  "hold token ids (integers)");
+                                  "hold token ids (integers); hint: check the dataset's targets");
     return {output.reshape({-1, output.size(2)}), target.reshape({-1}).to(at::kLong)};
   }
   std::string name_;
@@ -180,9 +265,11 @@ class TokenCrossEntropy : public TokenLossBase {
       : TokenLossBase(ctx, "token_cross_entropy") {}
   at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
     const auto [logits, ids] = rows(output, target);
-    *count = ids.ne(ignore_index_).sum().item<int64_t>();
-    return F::cross_entropy(logits, ids,
-                            F::CrossEntropyFuncOptions().ignore_index(ignore_index_).reduction(torch::kMean));
+    *count = count_targets(ids, ignore_index_);
+    return with_target_hint(name_, ignore_index_, [&] {
+      return index_cross_entropy(logits, ids, *count,
+                                 F::CrossEntropyFuncOptions().ignore_index(ignore_index_));
+    });
   }
 };
 
@@ -192,27 +279,37 @@ class ChunkedCrossEntropy : public TokenLossBase {
       : TokenLossBase(ctx, "chunked_cross_entropy"), chunk_(ctx.get_int("chunk_tokens")) {}
   at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
     const auto [logits, ids] = rows(output, target);
-    *count = ids.ne(ignore_index_).sum().item<int64_t>();
-    return ChunkedCrossEntropyFn::apply(logits, ids, ignore_index_, chunk_, *count);
+    *count = count_targets(ids, ignore_index_);
+    const bool need_grad = at::GradMode::is_enabled() && logits.requires_grad();
+    return with_target_hint(name_, ignore_index_, [&] {
+      return ChunkedCrossEntropyFn::apply(logits, ids, ignore_index_, chunk_, *count, need_grad);
+    });
   }
 
  private:
   int64_t chunk_;
 };
 
-const char* const kIgnoreHelp = "target value that is ignored (not averaged over)";
+// class_dim's bounds, checked when the manifest is validated (LibTorch itself has no such
+// limit; an output with more dimensions can still put its classes within these).
+constexpr double kMaxClassDims = 64;
+const char* const kIgnoreHelp =
+    "target value left out of the mean; the default (the smallest int64) means none: every "
+    "target counts, and counting them needs no host sync";
 const keel_option_desc kOptions[] = {
-    keel::opt_int("ignore_index", "-100", kIgnoreHelp),
+    keel::opt_int("ignore_index", kNoIgnoreToml, kIgnoreHelp),
     keel::opt_float("label_smoothing", "0.0", "mass spread uniformly over all classes", 0, 1),
     keel::opt_int("class_dim", "1",
                   "dimension of the output that holds the classes (negative: from the end, -1 "
-                  "for [batch, time, vocab])"),
+                  "for [batch, time, vocab]); a dimension the output lacks is an error at its "
+                  "first batch",
+                  -kMaxClassDims, kMaxClassDims - 1),
 };
 const keel_option_desc kTokenOptions[] = {
-    keel::opt_int("ignore_index", "-100", kIgnoreHelp),
+    keel::opt_int("ignore_index", kNoIgnoreToml, kIgnoreHelp),
 };
 const keel_option_desc kChunkedOptions[] = {
-    keel::opt_int("ignore_index", "-100", kIgnoreHelp),
+    keel::opt_int("ignore_index", kNoIgnoreToml, kIgnoreHelp),
     keel::opt_int("chunk_tokens", "1024", "tokens (rows of logits) per chunk", 1, 1e12),
 };
 const keel_component_desc kComponents[] = {
@@ -224,8 +321,9 @@ const keel_component_desc kComponents[] = {
         kTokenOptions),
     keel::component<ChunkedCrossEntropy>(
         "chunked_cross_entropy",
-        "token_cross_entropy computed in chunks of tokens: no full-size log-softmax kept for "
-        "the backward",
+        "token_cross_entropy computed in chunks of tokens: keeps a logits-sized gradient "
+        "instead of the full log-softmax for the backward, which then allocates nothing "
+        "logits-sized",
         kChunkedOptions),
 };
 
