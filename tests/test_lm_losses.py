@@ -19,7 +19,9 @@ build), through tests/lm_losses_probe (the plugin loaded with keel/testing.hpp):
 - memory: the growth of the peak resident set over a loss and its backward on [1, 8192, 4096]
   logits (128 MiB): token_cross_entropy at least 2.5 times the logits' size (its log-softmax
   and two logits-sized gradients in backward), chunked_cross_entropy (chunk_tokens 256) at most
-  1.5 times (its gradient buffer and one chunk's float64 temporaries); both printed.
+  1.5 times (its gradient buffer and one chunk's float64 temporaries); both printed. Asserted
+  only without AddressSanitizer (ASAN_OPTIONS unset): its quarantine keeps freed memory
+  resident, so under it the chunked loss's peak measured 3.3 times the logits.
 
 Usage: test_lm_losses.py PROBE PLUGIN.so
 """
@@ -209,7 +211,9 @@ for component, opts in (("token_cross_entropy", {}), ("chunked_cross_entropy", {
     print(f"{component} {opts} on {list(shape)}: peak RSS grows by "
           f"{out['peak_growth_bytes'] / 2**20:.0f} MiB = {growth[component]:.2f} x the logits "
           f"({out['logits_bytes'] / 2**20:.0f} MiB)")
-if len(growth) == 2:
+if "ASAN_OPTIONS" in os.environ:
+    print("memory bounds not asserted: under AddressSanitizer freed memory stays resident")
+elif len(growth) == 2:
     check(growth["token_cross_entropy"] >= 2.5, f"token_cross_entropy grows {growth}")
     check(growth["chunked_cross_entropy"] <= 1.5, f"chunked_cross_entropy grows {growth}")
 
