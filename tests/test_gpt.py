@@ -1,6 +1,26 @@
-"""The gpt model plugin against a PyTorch reference of the same architecture (python3-torch, the
-same LibTorch build), through real `keel train` runs on a tiny character corpus:
+"""The gpt model plugin against a PyTorch reference of the same architecture (nanoGPT's model,
+written below; python3-torch, the same LibTorch build).
 
+Through gpt_probe (tests/gpt_probe.cpp: the plugin's model driven by keel/testing.hpp):
+- logits on a fixed batch, the mean cross-entropy loss and the gradient of that loss w.r.t.
+  every parameter agree with the reference loaded with the plugin's weights, each within an
+  absolute tolerance of 1e-5 (float32; ATOL): at initialisation (context 32, 3 layers, 4 heads,
+  width 64), with the weights perturbed by noise of std 0.3, with bias = false on a sequence
+  shorter than the context, and with dropout 0.3 in evaluation mode (in training mode dropout
+  changes the logits by more than 1e-3);
+- parameter and state names are the reference's state_dict keys, in its order; lm_head.weight
+  is the same tensor (TensorImpl) as transformer.wte.weight and no other parameter is shared,
+  and its gradient is the reference's tied gradient (both uses summed);
+- flops_per_sample equals T * (6N + 12*L*H*Q*T) computed from the reference (N: its parameters,
+  the tied weight once, less wpe);
+- initialisation: Linear and Embedding weights of mean 0 and std 0.02, attn.c_proj and
+  mlp.c_proj of std 0.02 / sqrt(2 layers) (std within 10%, mean within 20% of the std),
+  biases 0 and LayerNorm weights 1; the same seed gives the same weights, another seed others;
+- width 16 with 3 heads, and a [2, 9] input for context 8, fail with "gpt: width (16) is not
+  divisible by heads (3)" and "gpt: expected int64 token ids of shape [batch, time] with
+  1 <= time <= context (8), got Long [2, 9]".
+
+Through real `keel train` runs on a tiny character corpus:
 - keel trains 3 SGD steps (lr 0.5, no momentum, dropout 0) on sequential windows of the tokens
   dataset from its initial weights, saved as the step-0 checkpoint (safetensors); the reference
   (nanoGPT's model, tied lm_head) loads those weights, trains on the same windows, and every
@@ -10,14 +30,14 @@ same LibTorch build), through real `keel train` runs on a tiny character corpus:
   which a double update of the shared tensor would not give;
 - the run log says lm_head.weight is shared; flops_per_sample follows T * (6N + 12*L*width*T)
   through the peak_flops MFU (mfu * peak = flops_per_sample * samples/s);
-- train.max_tokens plans the run's length from the dataset's tokens per sample (the progress
-  line "step k/N" and the cosine schedule's end);
+- train.max_tokens plans the run's length from the dataset's tokens per sample (max_tokens
+  640 with 4 x 16 tokens per step: the progress line reads "step 10/10" and no step 11 runs);
 - a width not divisible by heads, and a window longer than the model's context, fail with one
   line naming the plugin;
 - configs/char_gpt.toml trains 12 steps on the fortunes corpus (configs/prepare_fortunes.sh),
   reports bits_per_token = loss / ln 2, and its transformer MFU counts N without wpe.
 
-Usage: test_gpt.py KEEL_BINARY
+Usage: test_gpt.py KEEL_BINARY GPT_PROBE GPT_PLUGIN.so
 """
 import json
 import math
@@ -33,7 +53,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-KEEL = sys.argv[1]
+KEEL, PROBE, PLUGIN = sys.argv[1:4]
 failures = []
 
 
@@ -58,18 +78,30 @@ def read_safetensors(path):
     return out
 
 
+class LayerNorm(nn.Module):
+    """nanoGPT's LayerNorm: a weight and an optional bias."""
+
+    def __init__(self, width, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
 class Block(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, bias):
         super().__init__()
         self.heads = heads
-        self.ln_1 = nn.LayerNorm(width)
+        self.ln_1 = LayerNorm(width, bias)
         self.attn = nn.Module()
-        self.attn.c_attn = nn.Linear(width, 3 * width)
-        self.attn.c_proj = nn.Linear(width, width)
-        self.ln_2 = nn.LayerNorm(width)
+        self.attn.c_attn = nn.Linear(width, 3 * width, bias=bias)
+        self.attn.c_proj = nn.Linear(width, width, bias=bias)
+        self.ln_2 = LayerNorm(width, bias)
         self.mlp = nn.Module()
-        self.mlp.c_fc = nn.Linear(width, 4 * width)
-        self.mlp.c_proj = nn.Linear(4 * width, width)
+        self.mlp.c_fc = nn.Linear(width, 4 * width, bias=bias)
+        self.mlp.c_proj = nn.Linear(4 * width, width, bias=bias)
 
     def forward(self, x):
         b, t, c = x.shape
@@ -84,13 +116,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, context, layers, heads, width):
+    """nanoGPT's model without dropout (the tests compare with dropout 0 or in eval mode)."""
+
+    def __init__(self, vocab, context, layers, heads, width, bias=True):
         super().__init__()
         self.transformer = nn.Module()
         self.transformer.wte = nn.Embedding(vocab, width)
         self.transformer.wpe = nn.Embedding(context, width)
-        self.transformer.h = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.transformer.ln_f = nn.LayerNorm(width)
+        self.transformer.h = nn.ModuleList(Block(width, heads, bias) for _ in range(layers))
+        self.transformer.ln_f = LayerNorm(width, bias)
         self.lm_head = nn.Linear(width, vocab, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
 
@@ -102,8 +136,144 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
 
+def flops_per_sample(model, context, layers, heads, width):
+    """nanoGPT's estimate_mfu: T (6N + 12 L H Q T), N without wpe, the tied weight once."""
+    n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
+    return context * (6 * n + 12 * layers * heads * (width // heads) * context)
+
+
 def keel(*args):
     return subprocess.run([KEEL, *args], capture_output=True, text=True)
+
+
+# Logits and gradients, through gpt_probe (the plugin's model driven by keel/testing.hpp).
+ATOL = 1e-5
+DIFFS = []  # (case, "logits" or parameter name, max |keel - reference|)
+
+
+def probe(tmp, tag, seed, mode, tokens, targets, perturb=0.0, **options):
+    """Runs gpt_probe; returns (its JSON line, its tensors) or (None, stderr) when it fails."""
+    path = os.path.join(tmp, tag + ".bin")
+    np.concatenate([tokens.numpy().ravel(), targets.numpy().ravel()]).astype("<i8").tofile(path)
+    out = os.path.join(tmp, tag + ".safetensors")
+    args = ["--perturb", str(perturb)] if perturb else []
+    args += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
+    r = subprocess.run([PROBE, PLUGIN, str(seed), mode, path,
+                        f"{tokens.shape[0]},{tokens.shape[1]}", out, *args],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr
+    return json.loads(r.stdout), read_safetensors(out)
+
+
+def compare(tmp, tag, seed, mode, batch, time, vocab, context, layers, heads, width, bias=True,
+            dropout=0.0, perturb=0.0):
+    """The plugin's logits, loss and every gradient against the reference on the same weights
+    (the plugin's initial ones, plus noise of std `perturb`)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(vocab, (batch, time), generator=g)
+    targets = torch.randint(vocab, (batch, time), generator=g)
+    info, t = probe(tmp, tag, seed, mode, tokens, targets, perturb, vocab_size=vocab,
+                    context=context, layers=layers, heads=heads, width=width, bias=bias,
+                    dropout=dropout)
+    if info is None:
+        check(False, f"{tag}: gpt_probe failed: {t}")
+        return None, None
+    ref = GPT(vocab, context, layers, heads, width, bias)
+    names = list(ref.state_dict())  # nanoGPT's names; lm_head.weight (tied) last
+    check(info["params"] == names, f"{tag}: parameter names {info['params']} vs {names}")
+    check(info["state"] == names, f"{tag}: state names {info['state']}")
+    # The tied weight: lm_head.weight is the same tensor as transformer.wte.weight, and no other
+    # parameter is shared.
+    wte = names.index("transformer.wte.weight")
+    want_same = [wte if n == "lm_head.weight" else -1 for n in names]
+    check(info["same_as"] == want_same, f"{tag}: shared parameters {info['same_as']}")
+    ref.load_state_dict({n: t["param/" + n] for n in info["params"]}, strict=True)
+    check(flops_per_sample(ref, context, layers, heads, width) == info["flops_per_sample"],
+          f"{tag}: flops_per_sample {info['flops_per_sample']} vs "
+          f"{flops_per_sample(ref, context, layers, heads, width)}")
+    logits = ref(tokens)
+    loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+    loss.backward()
+    d = (t["logits"] - logits.detach()).abs().max().item()
+    DIFFS.append((tag, "logits", d))
+    check(t["logits"].shape == (batch, time, vocab) and d <= ATOL, f"{tag}: logits differ by {d}")
+    check(abs(info["loss"] - loss.item()) <= ATOL, f"{tag}: loss {info['loss']} vs {loss.item()}")
+    params = dict(ref.named_parameters())  # the tied weight once, as transformer.wte.weight
+    params["lm_head.weight"] = ref.lm_head.weight
+    for n in names:
+        if "grad/" + n not in t:
+            check(False, f"{tag}: {n} has no gradient")
+            continue
+        d = (t["grad/" + n] - params[n].grad).abs().max().item()
+        DIFFS.append((tag, n, d))
+        check(d <= ATOL, f"{tag}: gradient of {n} differs by {d}")
+    return info, t
+
+
+def probe_checks(tmp):
+    # At initialisation, full context: names, tying, FLOPs, logits and gradients; nanoGPT's
+    # initialisation statistics.
+    info, t = compare(tmp, "full", 5, "train", batch=2, time=32, vocab=50, context=32, layers=3,
+                      heads=4, width=64)
+    if t is not None:
+        proj_std = 0.02 / math.sqrt(2 * 3)
+        for n, v in t.items():
+            if not n.startswith("param/"):
+                continue
+            if n.endswith("c_proj.weight"):
+                want = proj_std
+            elif n.endswith(("wte.weight", "wpe.weight", "lm_head.weight", "c_attn.weight",
+                             "c_fc.weight")):
+                want = 0.02
+            elif n.endswith("bias"):
+                check(bool((v == 0).all()), f"init: {n} is not zero")
+                continue
+            else:  # LayerNorm weights
+                check(bool((v == 1).all()), f"init: {n} is not one")
+                continue
+            std, mean = v.std().item(), v.mean().item()
+            check(abs(std - want) <= 0.1 * want and abs(mean) <= 0.2 * want,
+                  f"init: {n} has mean {mean}, std {std}, expected 0 and {want}")
+        # The seed decides the weights: the same seed again gives the same ones, another seed
+        # others.
+        tokens = torch.zeros(1, 4, dtype=torch.long)
+        opts = dict(vocab_size=50, context=32, layers=3, heads=4, width=64)
+        _, same = probe(tmp, "same_seed", 5, "eval", tokens, tokens, **opts)
+        _, other = probe(tmp, "other_seed", 6, "eval", tokens, tokens, **opts)
+        initial = {n: v for n, v in t.items() if n.startswith("param/")}
+        check(isinstance(same, dict) and all(torch.equal(same[n], v) for n, v in initial.items()),
+              "the same seed gives the same initial weights")
+        check(isinstance(other, dict) and not any(torch.equal(other[n], v)
+                                                  for n, v in initial.items() if v.dim() == 2),
+              "another seed gives other initial weights")
+    # Perturbed weights (std 0.3: pre-activations of order 1, LayerNorm weights away from 1,
+    # nonzero biases): with biases; bias = false (no Linear or LayerNorm biases) on a sequence
+    # shorter than the context.
+    compare(tmp, "perturbed", 9, "train", batch=3, time=16, vocab=29, context=16, layers=2,
+            heads=4, width=32, perturb=0.3)
+    compare(tmp, "no_bias", 7, "train", batch=3, time=5, vocab=13, context=8, layers=2, heads=2,
+            width=16, bias=False, perturb=0.3)
+    # Dropout: in evaluation mode the model is the reference; in training mode it drops.
+    _, ev = compare(tmp, "dropout_eval", 8, "eval", batch=2, time=8, vocab=13, context=8,
+                    layers=2, heads=2, width=16, dropout=0.3, perturb=0.3)
+    g = torch.Generator().manual_seed(8)
+    tokens = torch.randint(13, (2, 8), generator=g)
+    _, tr = probe(tmp, "dropout_train", 8, "train", tokens, tokens, 0.3, vocab_size=13,
+                  context=8, layers=2, heads=2, width=16, dropout=0.3)
+    check(isinstance(tr, dict) and ev is not None and
+          (tr["logits"] - ev["logits"]).abs().max().item() > 1e-3,
+          "dropout = 0.3 changes the logits in training mode")
+    # Errors: one message naming the expected and the actual shapes, or width and heads.
+    _, err = probe(tmp, "bad_heads", 0, "eval", tokens, tokens, vocab_size=13, context=8,
+                   layers=2, heads=3, width=16)
+    check(isinstance(err, str) and "gpt: width (16) is not divisible by heads (3)" in err,
+          f"width not divisible by heads: {err}")
+    long = torch.zeros(2, 9, dtype=torch.long)
+    _, err = probe(tmp, "too_long", 0, "eval", long, long, vocab_size=13, context=8, layers=2,
+                   heads=2, width=16)
+    check(isinstance(err, str) and "gpt: expected int64 token ids of shape [batch, time] with "
+          "1 <= time <= context (8), got Long [2, 9]" in err, f"too long: {err}")
 
 
 VOCAB_TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "
@@ -111,6 +281,8 @@ VOCAB_TEXT = ("It is a truth universally acknowledged, that a single man in poss
 CTX, BATCH, LAYERS, HEADS, WIDTH, LR, STEPS = 16, 4, 2, 2, 32, 0.5, 3
 
 with tempfile.TemporaryDirectory() as tmp:
+    probe_checks(tmp)
+
     text = os.path.join(tmp, "corpus.txt")
     open(text, "w").write(VOCAB_TEXT)
     r = keel("prepare", text, "--output", os.path.join(tmp, "data"))
@@ -173,7 +345,7 @@ type = "jsonl"
     records = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
     train = [x for x in records if x.get("split") == "train"]
 
-    model = GPT(V, CTX, LAYERS, HEADS, WIDTH)
+    model = GPT(V, CTX, LAYERS, HEADS, WIDTH, bias=True)
     missing = model.load_state_dict(start, strict=False)
     check(missing.missing_keys == ["lm_head.weight"] and not missing.unexpected_keys,
           f"reference loads the checkpoint: {missing}")
@@ -243,5 +415,7 @@ type = "jsonl"
     check("N = 807808 parameters (16384 excluded)" in open(os.path.join(tmp, "char_gpt", "run.log")).read(),
           "the transformer MFU's N")
 
+if DIFFS:
+    print("largest logits/gradient difference from the reference:", max(d for _, _, d in DIFFS))
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)

@@ -8,6 +8,8 @@
 //           attention weights, output Linear(width, width), dropout
 //     mlp:  Linear(width, 4 width), GELU (erf form), Linear(4 width, width), dropout
 //   logits [B, T, vocab] = ln_f(x) @ wte^T   (weight tying: the output layer IS wte)
+// With bias = false (nanoGPT's option) the Linear layers and LayerNorms have no bias; the
+// output layer never has one.
 //
 // Parameter names are nanoGPT's state_dict names (transformer.wte.weight, transformer.h.0.ln_1.
 // weight, transformer.h.0.attn.c_attn.weight, ..., transformer.ln_f.bias, lm_head.weight), so
@@ -16,12 +18,18 @@
 // a shared parameter once, under its first name (transformer.wte.weight).
 //
 // Initialisation (nanoGPT's): Linear and Embedding weights ~ N(0, 0.02), biases 0, the two
-// residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 layers)), LayerNorms 1 and
-// 0; drawn from LibTorch's default generator, which keel seeds with [run] seed.
+// residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 layers)), LayerNorm
+// weights 1 and biases 0; drawn from LibTorch's default generator, which keel seeds with
+// [run] seed before it creates the model (as for the models plugin), so a seed gives the same
+// weights every run.
 //
 // Training FLOPs per sample (PaLM appendix B, nanoGPT's estimate_mfu): T * (6N + 12*L*H*Q*T)
-// with T = context, L = layers, H*Q = width, and N the parameters less the position embedding
-// (a lookup), the tied wte counted once (it is the output layer's matmul). See docs/mfu.md.
+// with T = context, L = layers, H = heads, Q = width / heads (so H*Q = width), and N the
+// parameters less the position embedding (a lookup, no matmul), the tied wte counted once (as
+// the output layer's matmul; its lookup is free). 6N: the estimate charges every parameter one
+// multiply-add (2 FLOPs) per token forward and two backward; 12*L*H*Q*T: attention's two
+// matmuls (q k^T and att v) per layer, 2 * 2 * T * width FLOPs per token forward, times 3 for
+// the training step. Counted for full context-length windows (T = context). See docs/mfu.md.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -44,13 +52,33 @@ std::string shape_str(at::IntArrayRef shape) {
 struct Config {
   int64_t vocab, context, layers, heads, width;
   double dropout;
+  bool bias;
 };
+
+nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return nn::Linear(nn::LinearOptions(in, out).bias(bias));
+}
+
+// nanoGPT's LayerNorm: a weight and an optional bias (torch::nn::LayerNorm has both or none),
+// eps 1e-5.
+struct NormImpl : nn::Module {
+  NormImpl(int64_t width, bool with_bias) : width(width) {
+    weight = register_parameter("weight", at::ones({width}));
+    if (with_bias) bias = register_parameter("bias", at::zeros({width}));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return at::layer_norm(x, {width}, weight, bias, 1e-5);  // an undefined bias: none
+  }
+  int64_t width;
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(Norm);
 
 struct CausalSelfAttentionImpl : nn::Module {
   explicit CausalSelfAttentionImpl(const Config& c)
       : heads(c.heads),
-        c_attn(register_module("c_attn", nn::Linear(c.width, 3 * c.width))),
-        c_proj(register_module("c_proj", nn::Linear(c.width, c.width))),
+        c_attn(register_module("c_attn", linear(c.width, 3 * c.width, c.bias))),
+        c_proj(register_module("c_proj", linear(c.width, c.width, c.bias))),
         attn_dropout(register_module("attn_dropout", nn::Dropout(c.dropout))),
         resid_dropout(register_module("resid_dropout", nn::Dropout(c.dropout))) {}
 
@@ -76,8 +104,8 @@ TORCH_MODULE(CausalSelfAttention);
 
 struct MlpImpl : nn::Module {
   explicit MlpImpl(const Config& c)
-      : c_fc(register_module("c_fc", nn::Linear(c.width, 4 * c.width))),
-        c_proj(register_module("c_proj", nn::Linear(4 * c.width, c.width))),
+      : c_fc(register_module("c_fc", linear(c.width, 4 * c.width, c.bias))),
+        c_proj(register_module("c_proj", linear(4 * c.width, c.width, c.bias))),
         dropout(register_module("dropout", nn::Dropout(c.dropout))) {}
   at::Tensor forward(const at::Tensor& x) {
     return dropout->forward(c_proj->forward(at::gelu(c_fc->forward(x))));
@@ -89,17 +117,17 @@ TORCH_MODULE(Mlp);
 
 struct BlockImpl : nn::Module {
   explicit BlockImpl(const Config& c)
-      : ln_1(register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({c.width})))),
+      : ln_1(register_module("ln_1", Norm(c.width, c.bias))),
         attn(register_module("attn", CausalSelfAttention(c))),
-        ln_2(register_module("ln_2", nn::LayerNorm(nn::LayerNormOptions({c.width})))),
+        ln_2(register_module("ln_2", Norm(c.width, c.bias))),
         mlp(register_module("mlp", Mlp(c))) {}
   at::Tensor forward(at::Tensor x, const at::Tensor& mask) {
     x = x + attn->forward(ln_1->forward(x), mask);
     return x + mlp->forward(ln_2->forward(x));
   }
-  nn::LayerNorm ln_1;
+  Norm ln_1;
   CausalSelfAttention attn;
-  nn::LayerNorm ln_2;
+  Norm ln_2;
   Mlp mlp;
 };
 TORCH_MODULE(Block);
@@ -111,7 +139,7 @@ struct TransformerImpl : nn::Module {
         wpe(register_module("wpe", nn::Embedding(c.context, c.width))),
         drop(register_module("drop", nn::Dropout(c.dropout))),
         h(register_module("h", nn::ModuleList())),
-        ln_f(register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.width})))) {
+        ln_f(register_module("ln_f", Norm(c.width, c.bias))) {
     for (int64_t i = 0; i < c.layers; ++i) {
       blocks.push_back(Block(c));
       h->push_back(blocks.back());
@@ -121,7 +149,7 @@ struct TransformerImpl : nn::Module {
   nn::Dropout drop;
   nn::ModuleList h;
   std::vector<Block> blocks;  // h's entries, typed
-  nn::LayerNorm ln_f;
+  Norm ln_f;
 };
 TORCH_MODULE(Transformer);
 
@@ -191,7 +219,8 @@ class GptModel : public keel::ModuleModel<Gpt> {
  private:
   static Config config(const keel::Context& ctx) {
     Config c{ctx.get_int("vocab_size"), ctx.get_int("context"), ctx.get_int("layers"),
-             ctx.get_int("heads"),      ctx.get_int("width"),   ctx.get_float("dropout")};
+             ctx.get_int("heads"),      ctx.get_int("width"),   ctx.get_float("dropout"),
+             ctx.get_bool("bias")};
     if (c.width % c.heads != 0)
       throw std::runtime_error("gpt: width (" + std::to_string(c.width) +
                                ") is not divisible by heads (" + std::to_string(c.heads) +
@@ -211,6 +240,7 @@ const keel_option_desc kOptions[] = {
     keel::opt_int("width", "128", "embedding width", 1, 1e6),
     keel::opt_float("dropout", "0.0", "dropout on embeddings, attention weights and residuals",
                     0, 1),
+    keel::opt_bool("bias", "true", "biases in the Linear layers and LayerNorms (not lm_head)"),
 };
 const keel_component_desc kComponents[] = {
     keel::component<GptModel>("gpt",

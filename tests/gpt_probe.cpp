@@ -1,0 +1,187 @@
+// Drives the gpt model of the gpt plugin (plugins/gpt) through keel/testing.hpp for
+// tests/test_gpt.py:
+//
+//   gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors [--perturb STD]
+//             [KEY=VALUE]...
+//
+// Creates the model with the options KEY=VALUE ("true"/"false": a bool, a value with '.': a
+// float, else an integer) and seed SEED; with --perturb, adds noise ~ N(0, STD) to every
+// parameter in place (drawn after the model's initialisation, so from the same seeded
+// generator), so that a comparison does not rest on the initial values alone (LayerNorms at 1
+// and 0, small weights). Then it switches the model to training or evaluation mode and runs
+// it on int64 token ids [B, T] (the first B*T int64 values of TOKENS.bin; the next B*T are the
+// targets), then the mean cross-entropy of the logits against the targets and its backward.
+// OUT.safetensors receives, as float32, "param/NAME" (each parameter's values before the
+// backward), "grad/NAME" (its gradient; absent when it has none) and "logits" ([B, T, vocab]).
+// stdout gets one JSON line: {"params": [names in the model's order], "same_as": [for each
+// parameter, the index of the first earlier one that is the same tensor (same TensorImpl), or
+// -1], "state": [names], "flops_per_sample": .., "loss": ..}. Any failure prints its message on
+// stderr and exits 1.
+#include "keel/testing.hpp"
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+
+namespace {
+
+std::vector<char> read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<int64_t> parse_shape(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream s(text);
+  for (std::string e; std::getline(s, e, ',');) out.push_back(std::stoll(e));
+  return out;
+}
+
+keel::testing::Options parse_options(int argc, char** argv, int first) {
+  keel::testing::Options options;
+  for (int i = first; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos) throw std::runtime_error("expected KEY=VALUE, got " + a);
+    const std::string key = a.substr(0, eq), value = a.substr(eq + 1);
+    if (value == "true" || value == "false")
+      options.emplace_back(key, value == "true");
+    else if (value.find('.') != std::string::npos)
+      options.emplace_back(key, std::stod(value));
+    else
+      options.emplace_back(key, static_cast<int64_t>(std::stoll(value)));
+  }
+  return options;
+}
+
+const keel_plugin_descriptor* open_plugin(const char* path) {
+  void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) throw std::runtime_error(std::string("dlopen: ") + ::dlerror());
+  using Entry = const keel_plugin_descriptor* (*)();
+  auto entry = reinterpret_cast<Entry>(::dlsym(lib, "keel_plugin_entry"));
+  if (entry == nullptr) throw std::runtime_error("no keel_plugin_entry");
+  return entry();
+}
+
+std::string json_number(double x) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.17g", x);
+  return text;
+}
+
+// Writes float32 tensors as a safetensors file (8-byte little-endian header length, JSON
+// header, data).
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::string header = "{";
+  std::vector<at::Tensor> data;
+  int64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const at::Tensor t = tensor.detach().to(at::kFloat).contiguous();
+    std::string shape;
+    for (const int64_t e : t.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(e);
+    const int64_t bytes = static_cast<int64_t>(t.nbytes());
+    header += (data.empty() ? "\"" : ",\"") + name + "\":{\"dtype\":\"F32\",\"shape\":[" + shape +
+              "],\"data_offsets\":[" + std::to_string(offset) + "," +
+              std::to_string(offset + bytes) + "]}";
+    offset += bytes;
+    data.push_back(t);
+  }
+  header += "}";
+  while (header.size() % 8 != 0) header += ' ';
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  uint64_t n = header.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  f.write(reinterpret_cast<const char*>(len), 8);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  for (const at::Tensor& t : data)
+    f.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+  if (!f.flush()) throw std::runtime_error("cannot write " + path);
+}
+
+int run(int argc, char** argv) {
+  if (argc < 7)
+    throw std::runtime_error(
+        "usage: gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors "
+        "[--perturb STD] [KEY=VALUE]...");
+  keel::testing::Plugin plugin(open_plugin(argv[1]));
+  keel::testing::Setup setup;
+  setup.seed = std::stoull(argv[2]);
+  const std::string mode = argv[3];
+  const std::vector<int64_t> shape = parse_shape(argv[5]);
+  std::vector<char> tb = read(argv[4]);
+  const at::Tensor all = at::from_blob(tb.data(), {2, shape[0], shape[1]}, at::kLong).clone();
+  const at::Tensor tokens = all[0], targets = all[1];
+
+  double perturb = 0;
+  int first_option = 7;
+  if (argc > 8 && std::string(argv[7]) == "--perturb") {
+    perturb = std::stod(argv[8]);
+    first_option = 9;
+  }
+  auto model = plugin.create<keel_model>("gpt", parse_options(argc, argv, first_option), setup);
+  const size_t np = model.call(model->param_count);
+  std::vector<std::pair<std::string, at::Tensor>> params, out;
+  std::string names, same_as;
+  for (size_t i = 0; i < np; ++i) {
+    const char* name = nullptr;
+    keel_tensor* t = nullptr;
+    model.call(model->param, i, &name, &t);
+    const at::Tensor p = keel::borrow(t);
+    int64_t first = -1;
+    for (size_t j = 0; j < params.size() && first < 0; ++j)
+      if (params[j].second.unsafeGetTensorImpl() == p.unsafeGetTensorImpl())
+        first = static_cast<int64_t>(j);
+    if (perturb > 0 && first < 0) {
+      at::NoGradGuard no_grad;
+      p.add_(at::randn_like(p) * perturb);
+    }
+    names += std::string(i ? "," : "") + "\"" + name + "\"";
+    same_as += std::string(i ? "," : "") + std::to_string(first);
+    params.emplace_back(name, p);
+    out.emplace_back(std::string("param/") + name, p.detach().clone());
+  }
+  std::string state;
+  const size_t ns = model.call(model->state_count);
+  for (size_t i = 0; i < ns; ++i) {
+    const char* name = nullptr;
+    keel_tensor* t = nullptr;
+    model.call(model->state, i, &name, &t);
+    state += std::string(i ? "," : "") + "\"" + name + "\"";
+  }
+  const double flops = model.call(model->flops_per_sample);
+
+  model.call(model->set_training, mode == "train" ? 1 : 0);
+  keel_tensor* o = nullptr;
+  model.call(model->forward, keel::peek(tokens), &o);
+  const at::Tensor logits = keel::adopt(o);
+  const at::Tensor loss =
+      at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  loss.backward();
+  for (const auto& [name, p] : params)
+    if (p.grad().defined()) out.emplace_back("grad/" + name, p.grad());
+  out.emplace_back("logits", logits);
+  write_safetensors(argv[6], out);
+  std::printf("{\"params\": [%s], \"same_as\": [%s], \"state\": [%s], \"flops_per_sample\": %s, "
+              "\"loss\": %s}\n",
+              names.c_str(), same_as.c_str(), state.c_str(), json_number(flops).c_str(),
+              json_number(loss.item<double>()).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
