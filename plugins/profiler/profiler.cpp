@@ -1,18 +1,22 @@
 // profiler component: records phase timings and writes them as a Chrome trace
 // (chrome://tracing, Perfetto). With `operators = true` it also records the LibTorch operators
-// that run during the same steps (name, duration, input shapes, CPU memory allocated and freed)
-// into the same file, through LibTorch's autograd profiler.
+// that run during the same steps (name, duration, input shapes, FLOPs, CPU memory allocated and
+// freed) into the same file, through LibTorch's profiler.
 //
-// Debian's LibTorch 1.13 is built without Kineto (torch.autograd.kineto_available() is False in
-// its python3-torch), so the Kineto profiler (profiler_kineto.h) records nothing there; this
-// component uses the legacy autograd profiler (profiler_legacy.h: enableProfilerLegacy /
-// disableProfilerLegacy), which that build has, and writes its events itself. See
-// docs/profiling.md.
-#include <torch/csrc/autograd/profiler_legacy.h>
+// Debian's LibTorch 1.13 is built without Kineto, but the profiler API of profiler_kineto.h
+// (prepareProfiler / enableProfiler / disableProfiler) works there without it: it is what
+// PyTorch's own torch.profiler calls on that build, and it returns the operators as
+// KinetoEvents. Only ProfilerResult::save, which writes Kineto's trace, needs Kineto (it throws
+// there), so this component writes the events itself. See docs/profiling.md.
+#include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,6 +36,8 @@ class ChromeTrace : public keel::Profiler {
         end_step_(ctx.get_int("end_step")),
         max_events_(static_cast<size_t>(ctx.get_int("max_events"))),
         operators_(ctx.get_bool("operators")),
+        record_shapes_(ctx.get_bool("record_shapes")),
+        profile_memory_(ctx.get_bool("profile_memory")),
         log_(ctx),
         origin_(std::chrono::steady_clock::now()),
         wall_origin_(std::chrono::duration<double, std::micro>(
@@ -39,6 +45,14 @@ class ChromeTrace : public keel::Profiler {
                          .count()) {
     if (!path_.empty() && path_[0] != '/') path_ = ctx.run_dir() + "/" + path_;
     path_ = keel_plugins::rank_path(path_, ctx.rank());  // each rank writes its own trace
+    // LibTorch's profiler keeps every event until it stops: an open-ended range would grow
+    // without bound.
+    if (operators_ && end_step_ < 0)
+      throw std::invalid_argument("operators = true needs an end_step (>= start_step): LibTorch's "
+                                  "profiler keeps every operator it records in memory until it "
+                                  "stops; keep the range a few steps long");
+    if (operators_ && end_step_ < start_step_)
+      throw std::invalid_argument("operators = true with end_step < start_step records nothing");
     events_.reserve(max_events_);
     open_.reserve(16);
   }
@@ -46,7 +60,7 @@ class ChromeTrace : public keel::Profiler {
   ~ChromeTrace() override {
     if (ops_on_) {  // a run that failed: stop the profiler of this thread, drop its events
       try {
-        torch::autograd::profiler::disableProfilerLegacy();
+        torch::autograd::profiler::disableProfiler();
       } catch (...) {
       }
     }
@@ -80,6 +94,9 @@ class ChromeTrace : public keel::Profiler {
   void flush() override {
     if (ops_on_) collect_operators();
     const std::string tmp = path_ + ".tmp";
+    const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
+    std::error_code ec;  // a `path` in a subdirectory ("profile/trace.json") creates it
+    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
     std::FILE* f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr)
       throw std::runtime_error("cannot open '" + tmp +
@@ -113,6 +130,7 @@ class ChromeTrace : public keel::Profiler {
         event["args"] = {{"bytes", o.bytes}};
       } else {
         event["args"] = {{"input_shapes", o.shapes}};
+        if (o.flops != 0) event["args"]["flops"] = o.flops;
         if (o.bytes != 0) event["args"]["cpu_memory_bytes"] = o.bytes;
       }
       std::fputs(events_.empty() && i == 0 ? "\n" : ",\n", f);
@@ -161,61 +179,94 @@ class ChromeTrace : public keel::Profiler {
   }
 
   // The operator profiler runs from the first mark of a step in range to the first mark of a
-  // step after it (or flush): outside the range it costs this test and nothing else.
+  // step after it (or flush): outside the range it costs this test and nothing else. It is
+  // started at most once per run.
   void operators_at(int64_t step) {
     if (!ops_on_ && !ops_done_ && recording(step)) {
-      torch::autograd::profiler::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
-          torch::profiler::impl::ProfilerState::CPU, /*report_input_shapes=*/true,
-          /*profile_memory=*/true));
-      ops_on_ = true;
+      ops_done_ = true;
+      try {
+        namespace impl = torch::profiler::impl;
+        const impl::ProfilerConfig config(impl::ProfilerState::KINETO, record_shapes_,
+                                          profile_memory_, /*with_stack=*/false,
+                                          /*with_flops=*/record_shapes_);
+        const std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
+        torch::autograd::profiler::prepareProfiler(config, activities);
+        torch::autograd::profiler::enableProfiler(config, activities);
+        ops_on_ = true;
+      } catch (const std::exception& e) {
+        log_(KEEL_LOG_WARN, "operators not recorded: LibTorch's profiler did not start (" +
+                                first_line(e.what()) + "); the phases are still recorded");
+      }
     } else if (ops_on_ && !recording(step)) {
       collect_operators();
     }
   }
 
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
   void collect_operators() {
     ops_on_ = false;
-    ops_done_ = true;
-    const auto lists = torch::autograd::profiler::disableProfilerLegacy();
-    // The legacy profiler stamps events with the wall clock (microseconds since the epoch);
-    // the phases use the steady clock from origin_. wall_origin_ was read at the same moment.
+    std::unique_ptr<torch::autograd::profiler::ProfilerResult> result;
+    try {
+      result = torch::autograd::profiler::disableProfiler();
+    } catch (const std::exception& e) {
+      log_(KEEL_LOG_WARN, "operators not recorded: stopping LibTorch's profiler failed (" +
+                              first_line(e.what()) + "); the phases are still recorded");
+      return;
+    }
+    if (!result) return;
+    // LibTorch stamps events with the wall clock (microseconds since the epoch); the phases use
+    // the steady clock from origin_. wall_origin_ was read at the same moment.
     const double origin = wall_origin_;
-    using Kind = torch::autograd::profiler::EventKind;
-    for (const auto& list : lists) {
-      std::vector<const torch::autograd::profiler::LegacyEvent*> open;
-      for (const auto& e : list) {
-        if (e.kind() == Kind::PushRange) {
-          open.push_back(&e);
-        } else if (e.kind() == Kind::PopRange) {
-          // The pop closes the innermost push with its handle.
-          for (size_t i = open.size(); i-- > 0;) {
-            if (open[i]->handle() != e.handle()) continue;
-            const auto& b = *open[i];
-            std::ostringstream shapes;
-            shapes << "[";
-            const auto sh = b.shapes();
-            for (size_t k = 0; k < sh.size(); ++k) {
-              shapes << (k ? ", " : "") << "[";
-              for (size_t d = 0; d < sh[k].size(); ++d) shapes << (d ? ", " : "") << sh[k][d];
-              shapes << "]";
-            }
-            shapes << "]";
-            add_op({b.name(), b.cpuUs() - origin, e.cpuUs() - b.cpuUs(), shapes.str(),
-                    b.cpuMemoryUsage(), static_cast<int64_t>(b.threadId()), false});
-            open.resize(i);
-            break;
-          }
-        } else if (e.kind() == Kind::MemoryAlloc) {
-          add_op({"[memory]", e.cpuUs() - origin, 0, "", e.cpuMemoryUsage(),
-                  static_cast<int64_t>(e.threadId()), true});
-        }
+    // Memory events, per thread in time order, with running sums of their bytes: an operator's
+    // cpu_memory_bytes is the net of those that fall within its span (as PyTorch's "CPU Mem").
+    struct Mem {
+      uint64_t tid, us;
+      int64_t sum;  // bytes of this event and every earlier one of its thread
+    };
+    std::vector<Mem> mem;
+    for (const auto& e : result->events()) {
+      if (e.name() != "[memory]") continue;
+      mem.push_back({e.startThreadId(), e.startUs(), e.nBytes()});
+      add_op({e.name(), static_cast<double>(e.startUs()) - origin, 0, "", 0, e.nBytes(),
+              static_cast<int64_t>(e.startThreadId()), true});
+    }
+    const auto before = [](const Mem& a, const Mem& b) {
+      return a.tid != b.tid ? a.tid < b.tid : a.us < b.us;
+    };
+    std::stable_sort(mem.begin(), mem.end(), before);
+    for (size_t i = 1; i < mem.size(); ++i)
+      if (mem[i].tid == mem[i - 1].tid) mem[i].sum += mem[i - 1].sum;
+    const auto net_bytes = [&](uint64_t tid, uint64_t from, uint64_t to) -> int64_t {
+      // Sum over the events of `tid` with from <= us <= to.
+      const auto lo = std::lower_bound(mem.begin(), mem.end(), Mem{tid, from, 0}, before);
+      const auto hi = std::upper_bound(mem.begin(), mem.end(), Mem{tid, to, 0}, before);
+      if (lo == hi) return 0;
+      return (hi - 1)->sum - (lo != mem.begin() && (lo - 1)->tid == tid ? (lo - 1)->sum : 0);
+    };
+    for (const auto& e : result->events()) {
+      if (e.name() == "[memory]" || e.deviceType() != c10::DeviceType::CPU) continue;
+      std::ostringstream shapes;
+      shapes << "[";
+      const auto sh = e.shapes();
+      for (size_t k = 0; k < sh.size(); ++k) {
+        shapes << (k ? ", " : "") << "[";
+        for (size_t d = 0; d < sh[k].size(); ++d) shapes << (d ? ", " : "") << sh[k][d];
+        shapes << "]";
       }
+      shapes << "]";
+      add_op({e.name(), static_cast<double>(e.startUs()) - origin,
+              static_cast<double>(e.durationUs()), shapes.str(),
+              static_cast<int64_t>(e.flops()),
+              net_bytes(e.startThreadId(), e.startUs(), e.startUs() + e.durationUs()),
+              static_cast<int64_t>(e.startThreadId()), false});
     }
   }
   struct Op {
     std::string name;
     double ts, dur;
     std::string shapes;
+    int64_t flops;
     int64_t bytes;
     int64_t tid;
     bool memory;
@@ -228,7 +279,7 @@ class ChromeTrace : public keel::Profiler {
   std::string path_;
   int64_t start_step_, end_step_;
   size_t max_events_;
-  bool operators_;
+  bool operators_, record_shapes_, profile_memory_;
   bool ops_on_ = false, ops_done_ = false;
   std::vector<Op> ops_;
   size_t dropped_ = 0;
@@ -242,15 +293,21 @@ class ChromeTrace : public keel::Profiler {
 
 const keel_option_desc kChromeTraceOptions[] = {
     keel::opt_string("path", "\"trace.json\"",
-                     "output file (relative paths: inside the run dir); rank r > 0 writes it with "
-                     ".rank<r> before the extension"),
+                     "output file (relative paths: inside the run dir; missing directories are "
+                     "created); rank r > 0 writes it with .rank<r> before the extension"),
     keel::opt_int("start_step", "0", "first optimizer step to record", 0, 1e18),
     keel::opt_int("end_step", "-1", "last optimizer step to record (-1: until the end)", -1, 1e18),
     keel::opt_int("max_events", "1000000", "events kept at most (memory is reserved up front)", 1,
                   1e8),
     keel::opt_bool("operators", "false",
-                   "also record LibTorch's operators in the same steps, with input shapes and "
-                   "CPU memory (the autograd profiler), into the same trace"),
+                   "also record LibTorch's operators in the same steps (LibTorch's profiler) "
+                   "into the same trace; needs end_step"),
+    keel::opt_bool("record_shapes", "true",
+                   "with operators: record each operator's input shapes (and its FLOPs, for "
+                   "the operators LibTorch counts)"),
+    keel::opt_bool("profile_memory", "true",
+                   "with operators: record each CPU allocation and free, and each operator's "
+                   "net CPU memory"),
 };
 const keel_component_desc kComponents[] = {
     keel::component<ChromeTrace>("chrome_trace",

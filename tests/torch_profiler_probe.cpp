@@ -1,0 +1,102 @@
+// Runs chrome_trace (operators = true) of the built profiler plugin through keel/testing.hpp
+// for test_torch_profiler.py. Usage: torch_profiler_probe PLUGIN.so MODE RUN_DIR
+//   busy:   LibTorch's profiler is already on in this thread when the range starts; prints the
+//           plugin's log lines, then "ok" once flush wrote the trace.
+//   marks:  runs steps 0..8 through a chrome_trace with operators in steps 5..6 and prints
+//           "enabled <step>:<0|1> ..." (whether LibTorch's profiler is on after each step's
+//           begin mark), then times begin/end pairs outside the step range of it and of one
+//           without operators (the best of 5 rounds of 10^6 pairs each) and prints
+//           "ns_per_pair <with_operators> <without>" (information, not asserted).
+#include "keel/testing.hpp"  // first: see keel/testing.hpp
+
+#include <dlfcn.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+namespace {
+
+const keel_plugin_descriptor* open_plugin(const char* path) {
+  void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) throw std::runtime_error(std::string("dlopen: ") + ::dlerror());
+  using Entry = const keel_plugin_descriptor* (*)();
+  auto entry = reinterpret_cast<Entry>(::dlsym(lib, "keel_plugin_entry"));
+  if (entry == nullptr) throw std::runtime_error("no keel_plugin_entry");
+  return entry();
+}
+
+// ns per begin+end pair, over n pairs at step `step`.
+double time_marks(const keel::testing::Instance<keel_profiler>& p, int64_t step, int n) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) {
+    p->begin(p->self, "forward", step);
+    p->end(p->self, "forward", step);
+  }
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+         n;
+}
+
+int run(int argc, char** argv) {
+  if (argc != 4) throw std::runtime_error("usage: torch_profiler_probe PLUGIN.so MODE RUN_DIR");
+  keel::testing::Plugin plugin(open_plugin(argv[1]));
+  const std::string mode = argv[2];
+  keel::testing::Setup setup;
+  setup.run_dir = argv[3];
+  namespace impl = torch::profiler::impl;
+  if (mode == "busy") {
+    auto p = plugin.create<keel_profiler>(
+        "chrome_trace", {{"start_step", int64_t{1}}, {"end_step", int64_t{1}},
+                         {"operators", true}}, setup);
+    const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+    torch::autograd::profiler::prepareProfiler(config, {impl::ActivityType::CPU});
+    torch::autograd::profiler::enableProfiler(config, {impl::ActivityType::CPU});
+    for (int64_t step = 0; step < 3; ++step) {
+      p.call(p->begin, "forward", step);
+      at::ones({4}).add(1);
+      p.call(p->end, "forward", step);
+    }
+    torch::autograd::profiler::disableProfiler();
+    p.call(p->flush);
+    for (const auto& line : keel::testing::log_lines()) std::cout << line << "\n";
+    std::cout << "ok\n";
+  } else if (mode == "marks") {
+    auto ops = plugin.create<keel_profiler>(
+        "chrome_trace", {{"start_step", int64_t{5}}, {"end_step", int64_t{6}},
+                         {"operators", true}}, setup);
+    auto plain = plugin.create<keel_profiler>(
+        "chrome_trace", {{"start_step", int64_t{5}}, {"end_step", int64_t{6}}}, setup);
+    std::cout << "enabled";
+    for (int64_t step = 0; step <= 8; ++step) {
+      ops.call(ops->begin, "forward", step);
+      std::cout << " " << step << ":" << (torch::profiler::impl::profilerEnabled() ? 1 : 0);
+      ops.call(ops->end, "forward", step);
+    }
+    std::cout << "\n";
+    const int n = 1000000;
+    time_marks(ops, 0, n / 10);  // warm up
+    time_marks(plain, 0, n / 10);
+    double best_ops = 1e300, best_plain = 1e300;
+    for (int round = 0; round < 5; ++round) {  // the best of 5, against a busy machine
+      best_ops = std::min(best_ops, time_marks(ops, 0, n));
+      best_plain = std::min(best_plain, time_marks(plain, 0, n));
+    }
+    std::cout << "ns_per_pair " << best_ops << " " << best_plain << "\n";
+  } else {
+    throw std::runtime_error("unknown mode " + mode);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "torch_profiler_probe: " << e.what() << "\n";
+    return 1;
+  }
+}
