@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up keel on Debian 12: installs the missing Debian packages, makes sure the system BLAS
-# is OpenBLAS (not the 25x slower reference BLAS), then configures and builds into ./build and
+# is OpenBLAS's OpenMP build (not the 25x slower reference BLAS), then configures and builds into ./build and
 # tokenizes the fortunes corpus for configs/char_gpt.toml into ./data/fortunes.
 #   ./setup.sh            install what is missing + build
 #   BUILD_DIR=out ./setup.sh
@@ -11,7 +11,8 @@ BUILD_DIR=${BUILD_DIR:-build}
 PACKAGES=(
   g++ pkg-config meson ninja-build
   libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) and c10d's gloo backend
-  libopenblas0-pthread                # the BLAS LibTorch calls: without it, reference BLAS
+  libopenblas0-openmp                 # the BLAS LibTorch calls (without it, reference BLAS),
+                                      # built on OpenMP: the thread pool LibTorch's is
   libboost-dev libboost-program-options-dev
   libtomlplusplus-dev libspdlog-dev doctest-dev zlib1g-dev
   nlohmann-json3-dev                  # JSON: metrics.jsonl, Chrome traces, safetensors headers,
@@ -40,15 +41,20 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# libblas.so.3 must resolve to OpenBLAS.
+# libblas.so.3 and libopenblas.so.0 (LibTorch links both) must resolve to the OpenMP build of
+# OpenBLAS: its threads are LibTorch's OpenMP threads (one pool), so matrix products use every
+# core without oversubscribing them. The pthread build has a pool of its own, which spins against
+# LibTorch's, so keel runs that one single-threaded (half the cores for matrix products on 2).
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
-blas=$(readlink -f "/usr/lib/$arch/libblas.so.3" || true)
-if [[ "$blas" != *openblas* ]]; then
-  echo "setup: selecting OpenBLAS as libblas.so.3 (was $blas)"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO update-alternatives --set "libblas.so.3-$arch" "/usr/lib/$arch/openblas-pthread/libblas.so.3"
-fi
+for lib in libblas.so.3 libopenblas.so.0; do
+  current=$(readlink -f "/usr/lib/$arch/$lib" || true)
+  if [[ "$current" != */openblas-openmp/* ]]; then
+    echo "setup: selecting OpenBLAS (OpenMP) as $lib (was $current)"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO update-alternatives --set "$lib-$arch" "/usr/lib/$arch/openblas-openmp/$lib"
+  fi
+done
 
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   meson setup "$BUILD_DIR" --buildtype=release

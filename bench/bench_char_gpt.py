@@ -4,7 +4,8 @@ Both sides train configs/char_gpt.toml's model (the `gpt` plugin: a decoder-only
 nanoGPT's, with tied embeddings) on the prepared fortunes tokens (configs/prepare_fortunes.sh)
 with the same batch, context, AdamW, gradient-norm clipping and per-token cross entropy, on the
 same LibTorch build (python3-torch 1.13.1 and Debian's libtorch) with the same thread settings
-(LibTorch intra-op threads on every core, single-threaded OpenBLAS). Neither evaluates nor
+(bench/keel_threads.py: LibTorch intra-op threads on every core; OpenBLAS's OpenMP build on
+the same threads, its pthread build on one). Neither evaluates nor
 saves checkpoints while timed.
 
 keel's tokens/s is the `tokens_per_s` of its last log window (metrics.jsonl), so start-up and
@@ -26,13 +27,13 @@ import sys
 import tempfile
 import time
 
-os.environ["OPENBLAS_NUM_THREADS"] = "1"  # one pool, as keel runs it
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-THREADS = os.cpu_count()
+import keel_threads  # noqa: E402  (bench/keel_threads.py)
+
 
 
 class Block(nn.Module):
@@ -84,7 +85,7 @@ class GPT(nn.Module):
 
 def python_run(cfg, tokens, steps, window):
     torch.manual_seed(cfg["seed"])
-    torch.set_num_threads(THREADS)
+    keel_threads.apply()
     m = cfg["model"]
     model = GPT(m["vocab_size"], m["context"], m["layers"], m["heads"], m["width"])
     model.train()
@@ -144,7 +145,7 @@ def main():
     tokens = np.memmap(path, dtype=np.dtype(vocab["dtype"]).newbyteorder("<"), mode="r")
     tokens = tokens[: int(len(tokens) * 0.9)]  # the train split (val_fraction 0.1)
     print(f"bench_char_gpt: {manifest}: {a.steps} steps/run, window of the last {a.window}, "
-          f"{a.rounds} rounds, {THREADS} LibTorch threads, batch {cfg['batch_size']} x "
+          f"{a.rounds} rounds, {keel_threads.apply()}, batch {cfg['batch_size']} x "
           f"{cfg['model']['context']} tokens")
     ratios, mfus = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -59,7 +59,7 @@ import sys
 import tempfile
 import time
 
-# Before torch is imported (bench_vs_python sets OPENBLAS_NUM_THREADS too).
+# Before torch is imported: one thread per process for LibTorch and OpenBLAS.
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 import torch  # noqa: E402

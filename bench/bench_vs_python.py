@@ -23,14 +23,13 @@ import sys
 import tempfile
 import time
 
-# One pool, as keel runs it: LibTorch intra-op threads on every core, single-threaded BLAS.
-os.environ["OPENBLAS_NUM_THREADS"] = "1"
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import keel_threads  # noqa: E402  (bench/keel_threads.py)
+
 DATA = "/usr/share/datasets/fashion-mnist"
-THREADS = os.cpu_count()
 
 WORKLOADS = {
     # name: (model table, batch size, steps, log window)
@@ -148,10 +147,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only")
     args = ap.parse_args()
-    torch.set_num_threads(THREADS)
+    threads = keel_threads.apply()
     data = load_train()
-    print(f"bench_vs_python: torch {torch.__version__}, {THREADS} intra-op threads, "
-          f"OPENBLAS_NUM_THREADS=1, {args.rounds} rounds (median)")
+    print(f"bench_vs_python: torch {torch.__version__}, {threads}, "
+          f"{args.rounds} rounds (median)")
     for name, (_, batch, steps, window) in WORKLOADS.items():
         if args.only and name != args.only:
             continue

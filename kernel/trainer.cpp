@@ -50,12 +50,22 @@ void configure_threads(int64_t threads, int local_processes) {
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t n = threads > 0 ? threads : std::max<int64_t>(1, cores / std::max(1, local_processes));
   at::set_num_threads(static_cast<int>(n));
-  spdlog::debug("{} LibTorch intra-op thread(s) ({} core(s), {} process(es) on this machine), "
-                "single-threaded BLAS", n, cores, std::max(1, local_processes));
-  // One pool: OpenBLAS threads would spin against LibTorch's (measured 4x slower on 2 cores).
+  // One pool. OpenBLAS's OpenMP build (openblas_get_parallel() == 2, what setup.sh selects) runs
+  // its matrix products on LibTorch's OpenMP threads, and single-threaded inside LibTorch's own
+  // parallel regions, so it gets the same n. Its pthread build has a pool of its own whose
+  // threads spin against LibTorch's (measured 4x slower on 2 cores), so that one gets 1 thread.
+  using GetParallel = int (*)();
   using SetThreads = void (*)(int);
-  if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    f(1);
+  const auto parallel = reinterpret_cast<GetParallel>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  const auto set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  const bool openmp_blas = parallel != nullptr && parallel() == 2;
+  const int64_t blas_threads = openmp_blas ? n : 1;
+  if (set_blas != nullptr) set_blas(static_cast<int>(blas_threads));
+  spdlog::debug("{} LibTorch intra-op thread(s) ({} core(s), {} process(es) on this machine); "
+                "BLAS: {}", n, cores, std::max(1, local_processes),
+                set_blas == nullptr ? "not OpenBLAS, threads left as they are"
+                : openmp_blas      ? "OpenBLAS (OpenMP), the same threads"
+                                   : "OpenBLAS (not OpenMP), 1 thread");
 }
 
 void configure_allocator() {

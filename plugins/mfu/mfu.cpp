@@ -5,11 +5,14 @@
 // Both divide by `peak_tflops`, or, when it is 0, by a peak measured on this machine: a short
 // float32 matrix-multiply calibration on the device the parameters live on, with the current
 // LibTorch thread count, cached in $XDG_CACHE_HOME/keel/peak_flops.json (default
-// ~/.cache/keel/) under a key naming the host, CPU model, device and thread count, so that
+// ~/.cache/keel/) under a key naming the host, CPU model, device and thread counts (LibTorch's
+// and OpenBLAS's: the kernel gives OpenBLAS's OpenMP build LibTorch's count, its pthread build
+// one thread, and a matrix product runs on OpenBLAS's threads), so that
 // later runs on the same machine skip it. The peak used is reported to the kernel
 // (keel_mfu.peak_flops), which records it in the metrics as mfu_peak_tflops.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -73,6 +76,13 @@ double measure_peak(const at::Device& device) {
   return best;
 }
 
+// OpenBLAS's thread count (it runs the CPU matrix products), or 0 when the BLAS is not OpenBLAS.
+int blas_threads() {
+  using GetThreads = int (*)();
+  const auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get != nullptr ? get() : 0;
+}
+
 // The peak FLOP/s of one device: `peak_tflops` from the manifest when > 0, else the cached
 // or newly measured calibration. Logs which.
 class Peak {
@@ -89,7 +99,8 @@ class Peak {
     gethostname(host, sizeof(host) - 1);
     std::ostringstream key;
     key << host << " | " << cpu_model() << " | " << device.str()
-        << " | threads=" << at::get_num_threads() << " | float32 mm " << kCalibrationSize;
+        << " | threads=" << at::get_num_threads() << " | blas threads=" << blas_threads()
+        << " | float32 mm " << kCalibrationSize;
     const fs::path file = cache_file();
     nlohmann::json cache = nlohmann::json::object();
     if (!file.empty() && !ctx.get_bool("recalibrate")) {
@@ -130,7 +141,8 @@ class Peak {
     }
     log(KEEL_LOG_INFO, "peak " + tflops(flops_) + " TFLOP/s per device, measured now (float32 " +
                            std::to_string(kCalibrationSize) + "^3 matmuls, " +
-                           std::to_string(at::get_num_threads()) + " threads; " + where +
+                           std::to_string(at::get_num_threads()) + " threads, OpenBLAS " +
+                           std::to_string(blas_threads()) + "; " + where +
                            "); set peak_tflops to use a datasheet value instead");
   }
   double flops() const { return flops_; }
