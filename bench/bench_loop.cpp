@@ -32,11 +32,13 @@
 //   both sides (default 0: one per core), --verbose: a line per chunk.
 //   env: BENCH_STEPS, BENCH_CHUNKS (argv wins). MODE: none (default, = keel) | inplace
 //   (LibTorch 1.13's Optimizer::zero_grad(), which zeroes gradients in place; informational).
-//   --hand-as-keel: a comma-separated subset of seq, loss, clip, weights (or all): the hand loop
-//   does that part the way keel does it (seq: the model as the mlp plugin's nn::Sequential;
-//   loss: the cross_entropy plugin's checks and item count; clip: the `norm` clipper's code;
-//   weights: the trainer's micro-batch weighting, i.e. the loss's count_items and loss * 1.0),
-//   to attribute a keel/hand difference to a component (diagnostic).
+//   --hand-as-keel: a comma-separated subset of seq, loss, clip, weights, or all (= loss,clip:
+//   what keel does today): the hand loop does that part the way keel does or did it, to
+//   attribute a keel/hand difference to a component (diagnostic). seq: the model as the mlp
+//   plugin used to build it (nn::Sequential); loss: the cross_entropy plugin's checks and item
+//   count (no ignore_index: numel); clip: the `norm` clipper's code; weights: the micro-batch
+//   weighting the trainer no longer does for one micro-batch (count_items with a host sync,
+//   loss * 1.0).
 //   --set: an extra override for the keel side (after the bench's own), e.g.
 //   --set train.accum_normalization=mean (diagnostic; the hand loop does not follow it).
 //   --only: run one side only (a warm-up and C timed runs), e.g. under `perf record`.
@@ -55,6 +57,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -146,7 +149,7 @@ Options parse(int argc, char** argv) {
         else if (item == "loss") o.hand.loss = true;
         else if (item == "clip") o.hand.clip = true;
         else if (item == "weights") o.hand.weights = true;
-        else if (item == "all") o.hand.seq = o.hand.loss = o.hand.clip = o.hand.weights = true;
+        else if (item == "all") o.hand.loss = o.hand.clip = true;  // what keel does today
         else usage("--hand-as-keel: a comma-separated list of seq, loss, clip, weights, all");
       }
     } else if (a == "--set") {
@@ -320,14 +323,18 @@ torch::Tensor sequential_forward(torch::nn::Sequential& seq, const torch::Tensor
 // As keel's cross_entropy plugin (class-index targets).
 torch::Tensor keel_style_loss(const torch::Tensor& output, const torch::Tensor& target,
                               int64_t* count) {
+  // As the cross_entropy plugin with its defaults: no ignore_index (the plugin's sentinel, the
+  // smallest int64), so every target counts and counting them is numel, with no host sync.
   namespace F = torch::nn::functional;
-  static const auto options =
-      F::CrossEntropyFuncOptions().ignore_index(-100).label_smoothing(0.0).reduction(torch::kMean);
+  static const auto options = F::CrossEntropyFuncOptions()
+                                  .ignore_index(std::numeric_limits<int64_t>::min())
+                                  .label_smoothing(0.0)
+                                  .reduction(torch::kMean);
   std::vector<int64_t> expected = output.sizes().vec();
   if (!expected.empty()) expected.erase(expected.begin() + (expected.size() > 1 ? 1 : 0));
   if (target.sizes() != at::IntArrayRef(expected)) throw std::runtime_error("bench: bad target");
   const torch::Tensor labels = target.to(at::kLong);
-  *count = labels.ne(options.ignore_index()).sum().item<int64_t>();
+  *count = labels.numel();
   return F::cross_entropy(output, labels, options);
 }
 
@@ -341,8 +348,10 @@ double keel_style_clip(const std::vector<torch::Tensor>& params, double max_norm
   for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, 2.0));
   const torch::Tensor total = at::linalg_vector_norm(at::stack(norms), 2.0);
   const torch::Tensor coef = ((total + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
-  for (const auto& g : grads) g.mul_(coef);
-  return total.item<double>();
+  const double norm = total.item<double>();
+  if (!(coef.item<double>() >= 1.0))  // a coefficient of 1: no pass over the gradients
+    for (const auto& g : grads) g.mul_(coef);
+  return norm;
 }
 
 double cosine_factor(int64_t step, int64_t warmup, int64_t total) {

@@ -49,8 +49,14 @@ class Norm : public keel::GradClipper {
     // Python evaluates `max_norm / t` as t.reciprocal() * max_norm: the same two roundings
     // make keel's clipping bit-identical to PyTorch's.
     const at::Tensor coef = ((total + 1e-6).reciprocal() * max_norm_).clamp_max(1.0);
-    for (const auto& g : grads) g.mul_(coef);
-    return total.item<double>();
+    // The norm is read anyway (one host sync). A coefficient of exactly 1 (the norm within
+    // max_norm) leaves every gradient as it is (x * 1 == x), so that pass over them is skipped;
+    // PyTorch's clip_grad_norm_ (Python and C++) always multiplies. A NaN coefficient still
+    // multiplies, as there; the kernel's non-finite policy sees the NaN norm.
+    const double norm = total.item<double>();
+    if (!(coef.item<double>() >= 1.0))
+      for (const auto& g : grads) g.mul_(coef);
+    return norm;
   }
 
  private:
