@@ -19,7 +19,7 @@
 // stderr and exits 1.
 #include "keel/testing.hpp"
 
-#include <dlfcn.h>
+#include "probe.hpp"
 
 #include <cstdio>
 #include <fstream>
@@ -28,45 +28,6 @@
 #include <string>
 
 namespace {
-
-std::vector<char> read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::vector<int64_t> parse_shape(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream s(text);
-  for (std::string e; std::getline(s, e, ',');) out.push_back(std::stoll(e));
-  return out;
-}
-
-keel::testing::Options parse_options(int argc, char** argv, int first) {
-  keel::testing::Options options;
-  for (int i = first; i < argc; ++i) {
-    const std::string a = argv[i];
-    const size_t eq = a.find('=');
-    if (eq == std::string::npos) throw std::runtime_error("expected KEY=VALUE, got " + a);
-    const std::string key = a.substr(0, eq), value = a.substr(eq + 1);
-    if (value == "true" || value == "false")
-      options.emplace_back(key, value == "true");
-    else if (value.find('.') != std::string::npos)
-      options.emplace_back(key, std::stod(value));
-    else
-      options.emplace_back(key, static_cast<int64_t>(std::stoll(value)));
-  }
-  return options;
-}
-
-const keel_plugin_descriptor* open_plugin(const char* path) {
-  void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) throw std::runtime_error(std::string("dlopen: ") + ::dlerror());
-  using Entry = const keel_plugin_descriptor* (*)();
-  auto entry = reinterpret_cast<Entry>(::dlsym(lib, "keel_plugin_entry"));
-  if (entry == nullptr) throw std::runtime_error("no keel_plugin_entry");
-  return entry();
-}
 
 std::string json_number(double x) {
   char text[64];
@@ -110,12 +71,12 @@ int run(int argc, char** argv) {
     throw std::runtime_error(
         "usage: gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors "
         "[--perturb STD] [KEY=VALUE]...");
-  keel::testing::Plugin plugin(open_plugin(argv[1]));
+  keel::testing::Plugin plugin(probe::open_plugin(argv[1]));
   keel::testing::Setup setup;
   setup.seed = std::stoull(argv[2]);
   const std::string mode = argv[3];
-  const std::vector<int64_t> shape = parse_shape(argv[5]);
-  std::vector<char> tb = read(argv[4]);
+  const std::vector<int64_t> shape = probe::parse_shape(argv[5]);
+  std::vector<char> tb = probe::read_file(argv[4]);
   const at::Tensor all = at::from_blob(tb.data(), {2, shape[0], shape[1]}, at::kLong).clone();
   const at::Tensor tokens = all[0], targets = all[1];
 
@@ -125,7 +86,7 @@ int run(int argc, char** argv) {
     perturb = std::stod(argv[8]);
     first_option = 9;
   }
-  auto model = plugin.create<keel_model>("gpt", parse_options(argc, argv, first_option), setup);
+  auto model = plugin.create<keel_model>("gpt", probe::parse_options(argc, argv, first_option), setup);
   const size_t np = model.call(model->param_count);
   std::vector<std::pair<std::string, at::Tensor>> params, out;
   std::string names, same_as;
@@ -177,11 +138,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }

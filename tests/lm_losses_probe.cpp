@@ -26,7 +26,7 @@
 // and exits 1.
 #include "keel/testing.hpp"
 
-#include <dlfcn.h>
+#include "probe.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -36,39 +36,6 @@
 #include <string>
 
 namespace {
-
-std::vector<char> read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::vector<int64_t> parse_shape(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream s(text);
-  for (std::string e; std::getline(s, e, ',');) out.push_back(std::stoll(e));
-  return out;
-}
-
-keel::testing::Options parse_options(int argc, char** argv, int first) {
-  keel::testing::Options options;
-  for (int i = first; i < argc; ++i) {
-    const std::string a = argv[i];
-    const size_t eq = a.find('=');
-    if (eq == std::string::npos) throw std::runtime_error("expected KEY=VALUE, got " + a);
-    options.emplace_back(a.substr(0, eq), static_cast<int64_t>(std::stoll(a.substr(eq + 1))));
-  }
-  return options;
-}
-
-const keel_plugin_descriptor* open_plugin(const char* path) {
-  void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) throw std::runtime_error(std::string("dlopen: ") + ::dlerror());
-  using Entry = const keel_plugin_descriptor* (*)();
-  auto entry = reinterpret_cast<Entry>(::dlsym(lib, "keel_plugin_entry"));
-  if (entry == nullptr) throw std::runtime_error("no keel_plugin_entry");
-  return entry();
-}
 
 // A "Vm...:  N kB" line of /proc/self/status, in bytes.
 int64_t status_bytes(const std::string& key) {
@@ -80,9 +47,9 @@ int64_t status_bytes(const std::string& key) {
 
 int count_mode(int argc, char** argv) {
   if (argc < 5) throw std::runtime_error("usage: lm_losses_probe count PLUGIN.so COMPONENT SHAPE [KEY=VALUE]...");
-  keel::testing::Plugin plugin(open_plugin(argv[2]));
-  auto loss = plugin.create<keel_loss>(argv[3], parse_options(argc, argv, 5));
-  const at::Tensor target = at::empty(parse_shape(argv[4]), at::TensorOptions().dtype(at::kLong).device(at::kMeta));
+  keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
+  auto loss = plugin.create<keel_loss>(argv[3], probe::parse_options(argc, argv, 5));
+  const at::Tensor target = at::empty(probe::parse_shape(argv[4]), at::TensorOptions().dtype(at::kLong).device(at::kMeta));
   if (!loss->count_items) throw std::runtime_error("no count_items");
   const int64_t items = loss.call(loss->count_items, keel::peek(target));
   std::printf("{\"count_items\": %lld}\n", static_cast<long long>(items));
@@ -91,9 +58,9 @@ int count_mode(int argc, char** argv) {
 
 int memory_mode(int argc, char** argv) {
   if (argc < 5) throw std::runtime_error("usage: lm_losses_probe memory PLUGIN.so COMPONENT B,T,V [KEY=VALUE]...");
-  keel::testing::Plugin plugin(open_plugin(argv[2]));
-  auto loss = plugin.create<keel_loss>(argv[3], parse_options(argc, argv, 5));
-  const std::vector<int64_t> shape = parse_shape(argv[4]);
+  keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
+  auto loss = plugin.create<keel_loss>(argv[3], probe::parse_options(argc, argv, 5));
+  const std::vector<int64_t> shape = probe::parse_shape(argv[4]);
   at::manual_seed(0);
   const at::Tensor logits = at::randn(shape).requires_grad_(true);
   const at::Tensor targets = at::randint(shape[2], {shape[0], shape[1]}, at::kLong);
@@ -117,19 +84,19 @@ int run(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "count") return count_mode(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "memory") return memory_mode(argc, argv);
   if (argc < 7) throw std::runtime_error("usage: lm_losses_probe PLUGIN.so COMPONENT LOGITS.bin SHAPE TARGETS.bin GRAD.bin [KEY=VALUE]...");
-  keel::testing::Plugin plugin(open_plugin(argv[1]));
+  keel::testing::Plugin plugin(probe::open_plugin(argv[1]));
   const std::string shapes = argv[4];
   const size_t colon = shapes.find(':');
-  const std::vector<int64_t> shape = parse_shape(shapes.substr(0, colon));
+  const std::vector<int64_t> shape = probe::parse_shape(shapes.substr(0, colon));
   const std::vector<int64_t> tshape = colon == std::string::npos
                                           ? std::vector<int64_t>(shape.begin(), shape.end() - 1)
-                                          : parse_shape(shapes.substr(colon + 1));
-  std::vector<char> lb = read(argv[3]), tb = read(argv[5]);
+                                          : probe::parse_shape(shapes.substr(colon + 1));
+  std::vector<char> lb = probe::read_file(argv[3]), tb = probe::read_file(argv[5]);
   const at::Tensor logits =
       at::from_blob(lb.data(), shape, at::kFloat).clone().requires_grad_(true);
   const at::Tensor targets = at::from_blob(tb.data(), tshape, at::kLong).clone();
   {
-    auto loss = plugin.create<keel_loss>(argv[2], parse_options(argc, argv, 7));
+    auto loss = plugin.create<keel_loss>(argv[2], probe::parse_options(argc, argv, 7));
     keel_tensor* out = nullptr;
     int64_t count = -1;
     loss.call(loss->compute, keel::peek(logits), keel::peek(targets), &out, &count);
@@ -170,11 +137,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }

@@ -13,7 +13,7 @@
 // Any failure prints its message on stderr and exits 1.
 #include "keel/testing.hpp"
 
-#include <dlfcn.h>
+#include "probe.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -35,11 +35,7 @@ keel::testing::Value parse_value(const std::string& v) {
 
 int run(int argc, char** argv) {
   if (argc < 3) throw std::runtime_error("usage: tokens_dump PLUGIN.so OUT.bin [flags] KEY=VALUE...");
-  void* lib = ::dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) throw std::runtime_error(std::string("dlopen: ") + ::dlerror());
-  using Entry = const keel_plugin_descriptor* (*)();
-  auto entry = reinterpret_cast<Entry>(::dlsym(lib, "keel_plugin_entry"));
-  if (entry == nullptr) throw std::runtime_error("no keel_plugin_entry in " + std::string(argv[1]));
+  const keel_plugin_descriptor* descriptor = probe::open_plugin(argv[1]);
 
   keel::testing::Setup setup;
   keel::testing::Options options;
@@ -61,7 +57,7 @@ int run(int argc, char** argv) {
     else throw std::runtime_error("unknown argument " + a);
   }
 
-  keel::testing::Plugin plugin(entry());
+  keel::testing::Plugin plugin(descriptor);
   {
     auto data = plugin.create<keel_dataset>("tokens", options, setup);
     const int64_t size = data.call(data->size);
@@ -99,11 +95,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }

@@ -9,7 +9,7 @@
 //           "ns_per_pair <with_operators> <without>" (information, not asserted).
 #include "keel/testing.hpp"  // first: see keel/testing.hpp
 
-#include <dlfcn.h>
+#include "probe.hpp"
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <chrono>
@@ -18,15 +18,6 @@
 #include <string>
 
 namespace {
-
-const keel_plugin_descriptor* open_plugin(const char* path) {
-  void* lib = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) throw std::runtime_error(std::string("dlopen: ") + ::dlerror());
-  using Entry = const keel_plugin_descriptor* (*)();
-  auto entry = reinterpret_cast<Entry>(::dlsym(lib, "keel_plugin_entry"));
-  if (entry == nullptr) throw std::runtime_error("no keel_plugin_entry");
-  return entry();
-}
 
 // ns per begin+end pair, over n pairs at step `step`.
 double time_marks(const keel::testing::Instance<keel_profiler>& p, int64_t step, int n) {
@@ -41,7 +32,7 @@ double time_marks(const keel::testing::Instance<keel_profiler>& p, int64_t step,
 
 int run(int argc, char** argv) {
   if (argc != 4) throw std::runtime_error("usage: torch_profiler_probe PLUGIN.so MODE RUN_DIR");
-  keel::testing::Plugin plugin(open_plugin(argv[1]));
+  keel::testing::Plugin plugin(probe::open_plugin(argv[1]));
   const std::string mode = argv[2];
   keel::testing::Setup setup;
   setup.run_dir = argv[3];
@@ -92,11 +83,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "torch_profiler_probe: " << e.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
