@@ -142,6 +142,11 @@ CASES = [
     Case("mfu_nan", C, "mfu", "mbc_mfu", "nan", "compute", ("mfu", "returned", "nan")),
     Case("mfu_negative", C, "mfu", "mbc_mfu", "negative", "compute", ("mfu", "returned", "-0.5")),
     Case("mfu_infinite", C, "mfu", "mbc_mfu", "inf", "compute", ("mfu", "returned", "inf")),
+    # the peak it reports (ABI 1.4 peak_flops), checked once when the run is set up
+    Case("mfu_peak_nan", C, "mfu", "mbc_mfu", "peak_nan", "peak_flops",
+         ("peak_flops returned nan", "finite FLOP/s value > 0")),
+    Case("mfu_peak_zero", C, "mfu", "mbc_mfu", "peak_zero", "peak_flops",
+         ("peak_flops returned 0", "finite FLOP/s value > 0")),
     Case("mfu_throws", CPP, "mfu", "mbx_mfu", "compute_throw", "compute",
          ("deliberate failure in mfu compute",)),
     # hooks -----------------------------------------------------------------------------------
