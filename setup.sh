@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up keel on Debian 12: installs the missing Debian packages, makes sure the system BLAS
-# is OpenBLAS's OpenMP build (not the 25x slower reference BLAS), then configures and builds into ./build and
-# tokenizes the fortunes corpus for configs/char_gpt.toml into ./data/fortunes.
+# is OpenBLAS's OpenMP build (not the 25x slower reference BLAS), then configures and builds
+# into ./build and tokenizes the fortunes corpus for configs/char_gpt.toml into ./data/fortunes.
 #   ./setup.sh            install what is missing + build
 #   BUILD_DIR=out ./setup.sh
 set -euo pipefail
@@ -12,7 +12,7 @@ PACKAGES=(
   g++ pkg-config meson ninja-build
   libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) and c10d's gloo backend
   libopenblas0-openmp                 # the BLAS LibTorch calls (without it, reference BLAS),
-                                      # built on OpenMP: the thread pool LibTorch's is
+                                      # built on OpenMP, whose threads LibTorch's are too
   libboost-dev libboost-program-options-dev
   libtomlplusplus-dev libspdlog-dev doctest-dev zlib1g-dev
   nlohmann-json3-dev                  # JSON: metrics.jsonl, Chrome traces, safetensors headers,

@@ -114,17 +114,21 @@ class TorchProfiler(unittest.TestCase):
         self.assertIn("operators = true needs an end_step", p.stderr)
         self.assertNotIn("Traceback", p.stderr)
 
+    def run_probe(self, mode, run_dir):
+        """torch_profiler_probe in `mode`; asserts it succeeded and returns its stdout lines."""
+        p = subprocess.run([PROBE, PLUGIN, mode, run_dir], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p.stdout.splitlines()
+
     def test_profiler_busy_falls_back_to_phases(self):
         # LibTorch's profiler already on in the thread: one warning, the run goes on, and the
         # trace holds the phases only.
         with tempfile.TemporaryDirectory() as d:
-            p = subprocess.run([PROBE, PLUGIN, "busy", d], capture_output=True, text=True,
-                               timeout=60)
-            self.assertEqual(p.returncode, 0, p.stderr)
-            lines = p.stdout.splitlines()
+            lines = self.run_probe("busy", d)
             self.assertEqual(lines[-1], "ok")
             warnings = [line for line in lines if "operators not recorded" in line]
-            self.assertEqual(len(warnings), 1, p.stdout)
+            self.assertEqual(len(warnings), 1, "\n".join(lines))
             self.assertIn("LibTorch's profiler did not start", warnings[0])
             self.assertIn("already enabled", warnings[0])
             self.assertIn("the phases are still recorded", warnings[0])
@@ -134,10 +138,7 @@ class TorchProfiler(unittest.TestCase):
 
     def test_profiler_is_on_in_the_range_only(self):
         with tempfile.TemporaryDirectory() as d:
-            p = subprocess.run([PROBE, PLUGIN, "marks", d], capture_output=True, text=True,
-                               timeout=60)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        lines = p.stdout.splitlines()
+            lines = self.run_probe("marks", d)
         enabled = dict(tuple(map(int, x.split(":"))) for x in lines[0].split()[1:])
         # steps 5..6 in range: LibTorch's profiler is on from step 5's first mark to step 7's.
         self.assertEqual(enabled, {s: int(5 <= s <= 6) for s in range(9)})
@@ -146,6 +147,7 @@ class TorchProfiler(unittest.TestCase):
         # a mark is a call through the ABI and a comparison.
         print(f"\n  begin+end outside the range: {outside:.1f} ns with operators, "
               f"{plain:.1f} ns without", file=sys.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=2)
