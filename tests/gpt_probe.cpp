@@ -15,15 +15,21 @@
 // backward), "grad/NAME" (its gradient; absent when it has none) and "logits" ([B, T, vocab]).
 // stdout gets one JSON line: {"params": [names in the model's order], "same_as": [for each
 // parameter, the index of the first earlier one that is the same tensor (same TensorImpl), or
-// -1], "state": [names], "flops_per_sample": .., "loss": ..}. Any failure prints its message on
-// stderr and exits 1.
+// -1], "state": [names], "flops_per_sample": .., "loss": .., "graph": {NODE: COUNT}, "threads": N}, where
+// "graph" counts the autograd nodes behind the logits whose names contain "CausalAttention"
+// (the plugin's fused attention) or "SoftmaxBackward" (LibTorch's softmax, the reference
+// attention), and N is LibTorch's intra-op thread count (OMP_NUM_THREADS sets it). Any failure prints its message on stderr and exits 1.
 #include "keel/testing.hpp"
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/function.h>
 
 #include "probe.hpp"
 
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -64,6 +70,26 @@ void write_safetensors(const std::string& path,
   for (const at::Tensor& t : data)
     f.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
   if (!f.flush()) throw std::runtime_error("cannot write " + path);
+}
+
+// How many distinct autograd nodes reachable from `root` have a name containing each of `keys`.
+std::string count_nodes(const at::Tensor& root, const std::vector<std::string>& keys) {
+  std::vector<int64_t> counts(keys.size(), 0);
+  std::vector<torch::autograd::Node*> stack{root.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    const std::string name = node->name();
+    for (size_t k = 0; k < keys.size(); ++k)
+      if (name.find(keys[k]) != std::string::npos) ++counts[k];
+    for (const auto& edge : node->next_edges()) stack.push_back(edge.function.get());
+  }
+  std::string out = "{";
+  for (size_t k = 0; k < keys.size(); ++k)
+    out += (k ? ", \"" : "\"") + keys[k] + "\": " + std::to_string(counts[k]);
+  return out + "}";
 }
 
 int run(int argc, char** argv) {
@@ -122,6 +148,7 @@ int run(int argc, char** argv) {
   keel_tensor* o = nullptr;
   model.call(model->forward, keel::peek(tokens), &o);
   const at::Tensor logits = keel::adopt(o);
+  const std::string graph = count_nodes(logits, {"CausalAttention", "SoftmaxBackward"});
   const at::Tensor loss =
       at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
   loss.backward();
@@ -130,9 +157,10 @@ int run(int argc, char** argv) {
   out.emplace_back("logits", logits);
   write_safetensors(argv[6], out);
   std::printf("{\"params\": [%s], \"same_as\": [%s], \"state\": [%s], \"flops_per_sample\": %s, "
-              "\"loss\": %s}\n",
+              "\"loss\": %s, \"graph\": %s, \"threads\": %d}\n",
               names.c_str(), same_as.c_str(), state.c_str(), json_number(flops).c_str(),
-              json_number(loss.item<double>()).c_str());
+              json_number(loss.item<double>()).c_str(), graph.c_str(),
+              at::get_num_threads());
   return 0;
 }
 

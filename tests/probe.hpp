@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -42,8 +43,8 @@ inline std::vector<int64_t> parse_shape(const std::string& text) {
   return out;
 }
 
-// argv[first..] as KEY=VALUE options: true/false as bools, values with a '.' as floats, the
-// rest as integers.
+// argv[first..] as KEY=VALUE options: true/false as bools, values that start with a letter as
+// strings, values with a '.' as floats, the rest as integers.
 inline keel::testing::Options parse_options(int argc, char** argv, int first) {
   keel::testing::Options options;
   for (int i = first; i < argc; ++i) {
@@ -53,6 +54,8 @@ inline keel::testing::Options parse_options(int argc, char** argv, int first) {
     const std::string key = a.substr(0, eq), value = a.substr(eq + 1);
     if (value == "true" || value == "false")
       options.emplace_back(key, value == "true");
+    else if (!value.empty() && std::isalpha(static_cast<unsigned char>(value[0])))
+      options.emplace_back(key, value);
     else if (value.find('.') != std::string::npos)
       options.emplace_back(key, std::stod(value));
     else

@@ -151,8 +151,9 @@ ATOL = 1e-5
 DIFFS = []  # (case, "logits" or parameter name, max |keel - reference|)
 
 
-def probe(tmp, tag, seed, mode, tokens, targets, perturb=0.0, **options):
-    """Runs gpt_probe; returns (its JSON line, its tensors) or (None, stderr) when it fails."""
+def probe(tmp, tag, seed, mode, tokens, targets, perturb=0.0, threads=2, **options):
+    """Runs gpt_probe with `threads` LibTorch threads; returns (its JSON line, its tensors) or
+    (None, stderr) when it fails."""
     path = os.path.join(tmp, tag + ".bin")
     np.concatenate([tokens.numpy().ravel(), targets.numpy().ravel()]).astype("<i8").tofile(path)
     out = os.path.join(tmp, tag + ".safetensors")
@@ -160,25 +161,34 @@ def probe(tmp, tag, seed, mode, tokens, targets, perturb=0.0, **options):
     args += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
     r = subprocess.run([PROBE, PLUGIN, str(seed), mode, path,
                         f"{tokens.shape[0]},{tokens.shape[1]}", out, *args],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
     if r.returncode != 0:
         return None, r.stderr
     return json.loads(r.stdout), read_safetensors(out)
 
 
 def compare(tmp, tag, seed, mode, batch, time, vocab, context, layers, heads, width, bias=True,
-            dropout=0.0, perturb=0.0):
+            dropout=0.0, perturb=0.0, attention=None, fused=True, threads=2):
     """The plugin's logits, loss and every gradient against the reference on the same weights
-    (the plugin's initial ones, plus noise of std `perturb`)."""
+    (the plugin's initial ones, plus noise of std `perturb`); the model option `attention`
+    when given. `fused`: whether the plugin's fused attention must have run (one CausalAttention
+    autograd node per layer and no softmax node) or its reference attention (one softmax node
+    per layer)."""
+    extra = {} if attention is None else {"attention": attention}
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(vocab, (batch, time), generator=g)
     targets = torch.randint(vocab, (batch, time), generator=g)
-    info, t = probe(tmp, tag, seed, mode, tokens, targets, perturb, vocab_size=vocab,
+    info, t = probe(tmp, tag, seed, mode, tokens, targets, perturb, threads, vocab_size=vocab,
                     context=context, layers=layers, heads=heads, width=width, bias=bias,
-                    dropout=dropout)
+                    dropout=dropout, **extra)
     if info is None:
         check(False, f"{tag}: gpt_probe failed: {t}")
         return None, None
+    want = {"CausalAttention": layers if fused else 0, "SoftmaxBackward": 0 if fused else layers}
+    check(info["graph"] == want and info["threads"] == threads,
+          f"{tag}: autograd nodes {info['graph']} on {info['threads']} threads, expected {want} "
+          f"on {threads}")
     ref = GPT(vocab, context, layers, heads, width, bias)
     names = list(ref.state_dict())  # nanoGPT's names; lm_head.weight (tied) last
     check(info["params"] == names, f"{tag}: parameter names {info['params']} vs {names}")
@@ -254,16 +264,31 @@ def probe_checks(tmp):
             heads=4, width=32, perturb=0.3)
     compare(tmp, "no_bias", 7, "train", batch=3, time=5, vocab=13, context=8, layers=2, heads=2,
             width=16, bias=False, perturb=0.3)
+    # The reference attention (LibTorch's operators, as the reference model) on the perturbed
+    # case; the fused one on 3 threads with 2 x 3 (batch, head) pairs (an uneven split), on 1
+    # thread, and with head width 1.
+    compare(tmp, "perturbed_reference", 9, "train", batch=3, time=16, vocab=29, context=16,
+            layers=2, heads=4, width=32, perturb=0.3, attention="reference", fused=False)
+    compare(tmp, "three_threads", 4, "train", batch=2, time=11, vocab=17, context=12, layers=2,
+            heads=3, width=24, perturb=0.3, threads=3)
+    compare(tmp, "one_thread", 4, "train", batch=2, time=11, vocab=17, context=12, layers=2,
+            heads=3, width=24, perturb=0.3, threads=1)
+    compare(tmp, "head_width_1", 6, "train", batch=2, time=6, vocab=11, context=6, layers=1,
+            heads=4, width=4, perturb=0.3)
     # Dropout: in evaluation mode the model is the reference; in training mode it drops.
     _, ev = compare(tmp, "dropout_eval", 8, "eval", batch=2, time=8, vocab=13, context=8,
                     layers=2, heads=2, width=16, dropout=0.3, perturb=0.3)
     g = torch.Generator().manual_seed(8)
     tokens = torch.randint(13, (2, 8), generator=g)
-    _, tr = probe(tmp, "dropout_train", 8, "train", tokens, tokens, 0.3, vocab_size=13,
-                  context=8, layers=2, heads=2, width=16, dropout=0.3)
+    info, tr = probe(tmp, "dropout_train", 8, "train", tokens, tokens, 0.3, vocab_size=13,
+                     context=8, layers=2, heads=2, width=16, dropout=0.3)
     check(isinstance(tr, dict) and ev is not None and
           (tr["logits"] - ev["logits"]).abs().max().item() > 1e-3,
           "dropout = 0.3 changes the logits in training mode")
+    # Dropping attention weights is the reference attention's: training mode with dropout takes
+    # it (evaluation mode, above, takes the fused one).
+    check(info is not None and info["graph"] == {"CausalAttention": 0, "SoftmaxBackward": 2},
+          f"dropout in training mode runs the reference attention: {info and info['graph']}")
     # Errors: one message naming the expected and the actual shapes, or width and heads.
     _, err = probe(tmp, "bad_heads", 0, "eval", tokens, tokens, vocab_size=13, context=8,
                    layers=2, heads=3, width=16)

@@ -5,7 +5,8 @@
 //   `layers` x block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
 //     attn: causal multi-head self-attention, qkv from one Linear(width, 3 width), an explicit
 //           masked softmax (LibTorch 1.13 has no scaled_dot_product_attention), dropout on the
-//           attention weights, output Linear(width, width), dropout
+//           attention weights, output Linear(width, width), dropout; computed by CausalAttention
+//           below (attention = "fused", the default) or by nanoGPT's operators ("reference")
 //     mlp:  Linear(width, 4 width), GELU (erf form), Linear(4 width, width), dropout
 //   logits [B, T, vocab] = ln_f(x) @ wte^T   (weight tying: the output layer IS wte)
 // With bias = false (nanoGPT's option) the Linear layers and LayerNorms have no bias; the
@@ -33,6 +34,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -53,6 +55,7 @@ struct Config {
   int64_t vocab, context, layers, heads, width;
   double dropout;
   bool bias;
+  bool fused_attention;
 };
 
 nn::Linear linear(int64_t in, int64_t out, bool bias) {
@@ -74,9 +77,105 @@ struct NormImpl : nn::Module {
 };
 TORCH_MODULE(Norm);
 
+// Causal multi-head attention over the fused q|k|v projection, one (batch, head) pair at a time:
+//
+//   qkv [B, T, 3C] -> y [B, T, C],  for each b, h (Q, K, V: [T, D] column blocks of qkv[b]):
+//     P = softmax(scale * Q K^T + M)   M: 0 on and below the diagonal, -inf above
+//     Y = P V                          (written into y[b]'s columns h*D .. h*D+D-1)
+//   backward, from dY and the saved P:
+//     dV = P^T dY;  dP = dY V^T;  dS = P * (dP - rowsum(P * dP));  dQ = scale dS K;
+//     dK = scale dS^T Q
+//
+// The same function as the reference path (CausalSelfAttentionImpl::reference: matmul, scale,
+// masked_fill, softmax, matmul, with transposes and copies between [B, T, H, D] and
+// [B, H, T, D]); how it runs differs:
+// - each pair's [T, T] scores are produced, softmaxed and consumed while they are in the cache,
+//   where the reference makes three passes over the whole [B, H, T, T] tensor in memory
+//   forward (scale, mask, softmax) and three backward;
+// - the scale and the mask ride on the score matmul (addmm's alpha and its added matrix);
+// - Q, K and V are read where they lie in qkv, and dQ, dK, dV written there (no copies to and
+//   from [B, H, T, D]);
+// - the B*H pairs are split over LibTorch's intra-op threads (at::parallel_for; this file is
+//   compiled with OpenMP for that, see meson.build), and one pair's matmuls run on the thread
+//   that has the pair.
+// Softmax and its backward are ATen's kernels (the reference's), on one pair's [T, T] block at a
+// time. P, [B, H, T, T], is saved for the backward, as the reference's autograd saves
+// softmax's output. bench/bench_char_gpt.py measures a training run with each (bench/README.md).
+//
+// Float32 on the CPU, without attention dropout (in training mode with dropout > 0, attention
+// weights are dropped, which this does not do); CausalSelfAttentionImpl::forward takes the
+// reference path otherwise.
+struct CausalAttention : torch::autograd::Function<CausalAttention> {
+  // One (b, h) pair's [T, D] block of a [B, T, W] tensor: rows of b, columns col .. col + D.
+  static at::Tensor block(const at::Tensor& x, int64_t b, int64_t col, int64_t d) {
+    return x.select(0, b).narrow(1, col, d);
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv_in,
+                            int64_t heads) {
+    const at::Tensor qkv = qkv_in.contiguous();
+    const int64_t b_n = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    at::Tensor probs = at::empty({b_n, heads, t, t}, qkv.options());
+    at::Tensor y = at::empty({b_n, t, c}, qkv.options());
+    const at::Tensor mask = at::full({t, t}, -std::numeric_limits<double>::infinity(),
+                                     qkv.options()).triu_(1);
+    at::parallel_for(0, b_n * heads, 1, [&](int64_t begin, int64_t end) {
+      // Grad mode is thread-local: the pool's threads have it on. Below autograd, as ATen's
+      // own kernels run (and without its per-call dispatch).
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      at::Tensor scores = at::empty({t, t}, qkv.options());
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / heads, col = (i % heads) * d;
+        at::Tensor p = probs.select(0, b).select(0, i % heads);
+        at::addmm_out(scores, mask, block(qkv, b, col, d), block(qkv, b, c + col, d).t(), 1.0,
+                      scale);
+        at::_softmax_out(p, scores, -1, false);
+        at::Tensor y_block = block(y, b, col, d);
+        at::mm_out(y_block, p, block(qkv, b, 2 * c + col, d));
+      }
+    });
+    ctx->save_for_backward({qkv, probs});
+    ctx->saved_data["heads"] = heads;
+    return y;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& qkv = saved[0];
+    const at::Tensor& probs = saved[1];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const at::Tensor dy = grads[0].contiguous();
+    const int64_t b_n = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    at::Tensor dqkv = at::empty_like(qkv);
+    at::parallel_for(0, b_n * heads, 1, [&](int64_t begin, int64_t end) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      at::Tensor dp = at::empty({t, t}, qkv.options());
+      at::Tensor ds = at::empty({t, t}, qkv.options());
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / heads, col = (i % heads) * d;
+        const at::Tensor p = probs.select(0, b).select(0, i % heads);
+        const at::Tensor dy_block = block(dy, b, col, d);
+        const at::Tensor q = block(qkv, b, col, d), k = block(qkv, b, c + col, d);
+        at::Tensor dq = block(dqkv, b, col, d), dk = block(dqkv, b, c + col, d),
+                   dv = block(dqkv, b, 2 * c + col, d);
+        at::mm_out(dv, p.t(), dy_block);
+        at::mm_out(dp, dy_block, block(qkv, b, 2 * c + col, d).t());
+        at::_softmax_backward_data_out(ds, dp, p, -1, p.scalar_type());
+        at::addmm_out(dq, dq, ds, k, 0.0, scale);  // beta 0: dq's old contents are ignored
+        at::addmm_out(dk, dk, ds.t(), q, 0.0, scale);
+      }
+    });
+    return {dqkv, at::Tensor()};
+  }
+};
+
 struct CausalSelfAttentionImpl : nn::Module {
-  explicit CausalSelfAttentionImpl(const Config& c)
+  CausalSelfAttentionImpl(const Config& c)
       : heads(c.heads),
+        fused(c.fused_attention),
         c_attn(register_module("c_attn", linear(c.width, 3 * c.width, c.bias))),
         c_proj(register_module("c_proj", linear(c.width, c.width, c.bias))),
         attn_dropout(register_module("attn_dropout", nn::Dropout(c.dropout))),
@@ -84,19 +183,30 @@ struct CausalSelfAttentionImpl : nn::Module {
 
   // `mask`: [T, T], true above the diagonal (the future positions a token may not attend to).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask) {
-    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), q = c / heads;
-    const auto qkv = c_attn->forward(x).split(c, 2);
+    const at::Tensor qkv = c_attn->forward(x);
+    const bool dropping = is_training() && attn_dropout->options.p() > 0;
+    const bool can_fuse = qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat;
+    const at::Tensor y = fused && can_fuse && !dropping ? CausalAttention::apply(qkv, heads)
+                                                        : reference(qkv, mask);
+    return resid_dropout->forward(c_proj->forward(y));
+  }
+
+  // nanoGPT's attention, in LibTorch operators: [B, T, 3C] -> [B, T, C].
+  at::Tensor reference(const at::Tensor& qkv_all, const at::Tensor& mask) {
+    const int64_t b = qkv_all.size(0), t = qkv_all.size(1), c = qkv_all.size(2) / 3,
+                  q = c / heads;
+    const auto qkv = qkv_all.split(c, 2);
     const at::Tensor qh = qkv[0].view({b, t, heads, q}).transpose(1, 2);
     const at::Tensor kh = qkv[1].view({b, t, heads, q}).transpose(1, 2);
     const at::Tensor vh = qkv[2].view({b, t, heads, q}).transpose(1, 2);
     at::Tensor att = at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(double(q)));
     att = at::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
     att = attn_dropout->forward(att);
-    const at::Tensor y = at::matmul(att, vh).transpose(1, 2).contiguous().view({b, t, c});
-    return resid_dropout->forward(c_proj->forward(y));
+    return at::matmul(att, vh).transpose(1, 2).contiguous().view({b, t, c});
   }
 
   int64_t heads;
+  bool fused;
   nn::Linear c_attn, c_proj;
   nn::Dropout attn_dropout, resid_dropout;
 };
@@ -220,7 +330,7 @@ class GptModel : public keel::ModuleModel<Gpt> {
   static Config config(const keel::Context& ctx) {
     Config c{ctx.get_int("vocab_size"), ctx.get_int("context"), ctx.get_int("layers"),
              ctx.get_int("heads"),      ctx.get_int("width"),   ctx.get_float("dropout"),
-             ctx.get_bool("bias")};
+             ctx.get_bool("bias"),      ctx.get_string("attention") == "fused"};
     if (c.width % c.heads != 0)
       throw std::runtime_error("gpt: width (" + std::to_string(c.width) +
                                ") is not divisible by heads (" + std::to_string(c.heads) +
@@ -241,6 +351,12 @@ const keel_option_desc kOptions[] = {
     keel::opt_float("dropout", "0.0", "dropout on embeddings, attention weights and residuals",
                     0, 1),
     keel::opt_bool("bias", "true", "biases in the Linear layers and LayerNorms (not lm_head)"),
+    keel::opt_string("attention", "\"fused\"",
+                     "how causal attention runs: 'fused' (one (batch, head) block at a time, "
+                     "for float32 on the CPU without attention dropout; otherwise as "
+                     "'reference') or 'reference' (nanoGPT's LibTorch operators); the same "
+                     "function either way",
+                     "fused|reference"),
 };
 const keel_component_desc kComponents[] = {
     keel::component<GptModel>("gpt",
@@ -252,4 +368,4 @@ const keel_component_desc kComponents[] = {
 
 }  // namespace
 
-KEEL_PLUGIN("keel-gpt", "0.1.0", "GPT language model", kComponents)
+KEEL_PLUGIN("keel-gpt", "0.2.0", "GPT language model", kComponents)
