@@ -8,14 +8,19 @@ same LibTorch build (python3-torch 1.13.1 and Debian's libtorch) with the same t
 the same threads, its pthread build on one). Neither evaluates nor
 saves checkpoints while timed.
 
-keel's tokens/s is the `tokens_per_s` of its last log window (metrics.jsonl), so start-up and
-the first window (warm-up) are excluded; the Python loop is timed over the same window of
-steps. Rounds alternate which side runs first. keel's MFU (the `transformer` calculator against
-the measured, cached float32 matmul peak) is reported too.
+Each round trains three times: keel as configured (the gpt plugin's default, fused attention),
+keel with `model.attention = "reference"` (nanoGPT's LibTorch operators, the ones the Python
+loop below calls: what keel's runtime adds or saves with the model's work held equal), and the
+Python loop; the order rotates from round to round. keel's tokens/s is the `tokens_per_s` of its
+last log window (metrics.jsonl), so start-up and the first window (warm-up) are excluded; the
+Python loop is timed over the same window of steps. keel's MFU (the `transformer` calculator
+against the measured, cached float32 matmul peak) is reported too.
 
 Usage: bench_char_gpt.py KEEL_BINARY SOURCE_ROOT [--rounds R] [--steps S] [--window W]
            [--set KEY=VALUE]...
-Prints one line per round, then the median ratio keel/python of tokens/s (> 1: keel faster).
+Prints one line per round, then for keel/python and keel-reference/python the median of the
+per-round ratios of tokens/s (> 1: keel faster) with a 95% sign-test interval (6 rounds or more),
+and keel's median MFU.
 """
 import argparse
 import json
@@ -124,13 +129,37 @@ def keel_run(keel, manifest, out, steps, window, sets):
     return last["tokens_per_s"], last.get("mfu"), last.get("mfu_peak_tflops")
 
 
+def median_ci(values, level=0.95):
+    """The median and the sign test's distribution-free interval for it: order statistics x(k)
+    and x(n+1-k) with the largest k such that P(k <= B <= n-k) >= level, B ~ Binomial(n, 1/2)
+    (as bench_loop). Returns (median, low, high, coverage); coverage < level when n is too
+    small for any k (then the interval is [min, max])."""
+    x = sorted(values)
+    n = len(x)
+    pmf = [math.comb(n, j) / 2 ** n for j in range(n + 1)]
+    best_k, coverage = 1, 1 - 2 * pmf[0]
+    for k in range(2, (n + 1) // 2 + 1):
+        c = 1 - 2 * sum(pmf[:k])
+        if c < level:
+            break
+        best_k, coverage = k, c
+    return statistics.median(x), x[best_k - 1], x[n - best_k], coverage
+
+
+def summary(name, ratios):
+    med, low, high, coverage = median_ci(ratios)
+    interval = (f"{coverage:.0%} CI [{low:.3f}, {high:.3f}]" if coverage >= 0.95 else
+                f"too few rounds for a 95% CI; min {low:.3f}, max {high:.3f}")
+    return f"{name}, median of {len(ratios)} rounds = {med:.3f} ({interval})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("keel")
     ap.add_argument("root")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--window", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=45)
+    ap.add_argument("--window", type=int, default=30)
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
     import tomllib
@@ -147,24 +176,32 @@ def main():
     print(f"bench_char_gpt: {manifest}: {a.steps} steps/run, window of the last {a.window}, "
           f"{a.rounds} rounds, {keel_threads.apply()}, batch {cfg['batch_size']} x "
           f"{cfg['model']['context']} tokens")
-    ratios, mfus = [], []
+    reference = a.set + ['model.attention="reference"']
+    ratios, ref_ratios, mfus = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            out = os.path.join(tmp, f"run{r}")
-            if r % 2 == 0:
-                k, mfu, peak = keel_run(a.keel, manifest, out, a.steps, a.window, a.set)
-                p = python_run(cfg, tokens, a.steps, a.window)
-            else:
-                p = python_run(cfg, tokens, a.steps, a.window)
-                k, mfu, peak = keel_run(a.keel, manifest, out, a.steps, a.window, a.set)
+            # Three runs a round, in an order that rotates from round to round.
+            sides = {
+                "keel": lambda: keel_run(a.keel, manifest, os.path.join(tmp, f"k{r}"), a.steps,
+                                         a.window, a.set),
+                "keel-reference": lambda: keel_run(a.keel, manifest, os.path.join(tmp, f"r{r}"),
+                                                   a.steps, a.window, reference),
+                "python": lambda: python_run(cfg, tokens, a.steps, a.window),
+            }
+            order = list(sides)[r % 3:] + list(sides)[:r % 3]
+            got = {name: sides[name]() for name in order}
+            (k, mfu, peak), (kr, _, _), p = got["keel"], got["keel-reference"], got["python"]
             ratios.append(k / p)
+            ref_ratios.append(kr / p)
             mfus.append(mfu)
-            print(f"  round {r + 1}{' (python first)' if r % 2 else ''}: keel {k:.0f} tokens/s, "
-                  f"python {p:.0f} tokens/s, ratio {k / p:.3f}; keel MFU {mfu:.3f} of "
-                  f"{peak:.4f} TFLOP/s (measured peak)", flush=True)
-    print(f"bench_char_gpt: keel/python tokens/s, median of {len(ratios)} rounds = "
-          f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
-          f"keel MFU median {statistics.median(mfus):.3f}")
+            print(f"  round {r + 1} ({', '.join(order)}): keel {k:.0f}, keel-reference {kr:.0f}, "
+                  f"python {p:.0f} tokens/s; keel/python {k / p:.3f}, keel-reference/python "
+                  f"{kr / p:.3f}; keel MFU {mfu:.3f} of {peak:.4f} TFLOP/s (measured peak)",
+                  flush=True)
+    print("bench_char_gpt: " + summary("keel/python tokens/s", ratios))
+    print("bench_char_gpt: " + summary("keel-reference/python tokens/s (the same operators as "
+                                       "the Python loop)", ref_ratios))
+    print(f"bench_char_gpt: keel MFU median {statistics.median(mfus):.3f}")
 
 
 if __name__ == "__main__":
