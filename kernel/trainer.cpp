@@ -409,6 +409,9 @@ struct Trainer::State {
   int64_t total_steps = 0;
   double mfu_peak = 0;  // FLOP/s the mfu divides by (keel_mfu.peak_flops), 0: not reported
   bool items_normalization = false;
+  // Training steps compute the loss from the model's features and output weight (model
+  // forward_features and loss compute_linear, ABI 1.5) instead of forward and compute.
+  bool linear_loss = false;
   bool use_scaler = false;
   LossScaler scaler;
 
@@ -1138,21 +1141,49 @@ struct Trainer::State {
     keel_tensor* l = nullptr;
     *count = -1;
     loss.call("compute", loss->compute, peek(out), peek(y), &l, count);
-    at::Tensor v = adopt(l);
-    if (!v.defined()) throw loss.error("compute returned no loss tensor (NULL)");
+    return checked_loss(adopt(l), *count, training, "compute");
+  }
+
+  // What the loss's `call` (compute or compute_linear) returned, checked.
+  at::Tensor checked_loss(at::Tensor v, int64_t count, bool training, const std::string& call) const {
+    if (!v.defined()) throw loss.error(call + " returned no loss tensor (NULL)");
     if (v.dim() != 0)
-      throw loss.error("compute returned a tensor of shape " + shape_of(v) +
+      throw loss.error(call + " returned a tensor of shape " + shape_of(v) +
                        "; expected a scalar loss (a 0-dim tensor, the mean over the batch)");
     if (!v.is_floating_point())
-      throw loss.error(std::string("compute returned a loss of dtype ") +
-                       c10::toString(v.scalar_type()) + "; a loss must be a floating-point tensor");
+      throw loss.error(call + " returned a loss of dtype " + c10::toString(v.scalar_type()) +
+                       "; a loss must be a floating-point tensor");
     if (training && !v.requires_grad())
-      throw loss.error("compute returned a loss that does not require grad, so backward cannot "
+      throw loss.error(call + " returned a loss that does not require grad, so backward cannot "
                        "reach the model (was it detached, or computed under no_grad?)");
-    if (*count < 0)
-      throw loss.error("compute reported count = " + std::to_string(*count) +
+    if (count < 0)
+      throw loss.error(call + " reported count = " + std::to_string(count) +
                        "; it must set the number of items it averaged over (>= 0)");
     return v;
+  }
+
+  // The loss of a micro-batch from the model's features and output-layer weight (training
+  // steps with forward_features and compute_linear): the [batch, ..., V] output is never made
+  // whole. The same checks as forward and compute_loss, and the two tensors' shapes.
+  at::Tensor linear_loss_of(const at::Tensor& x, const at::Tensor& y, int64_t* count) const {
+    keel_tensor* f = nullptr;
+    keel_tensor* w = nullptr;
+    model.call("forward_features", model->forward_features, peek(x), &f, &w);
+    const at::Tensor features = adopt(f), weight = adopt(w);
+    if (!features.defined() || !weight.defined())
+      throw model.error(std::string("forward_features returned no ") +
+                        (features.defined() ? "weight" : "features") + " (a NULL tensor)");
+    if (features.dim() < 2 || features.size(0) != x.size(0) || weight.dim() != 2 ||
+        weight.size(1) != features.size(-1))
+      throw model.error("forward_features returned features " + shape_of(features) +
+                        " and weight " + shape_of(weight) + " for inputs " + shape_of(x) +
+                        "; expected features [batch (" + std::to_string(x.size(0)) +
+                        "), ..., F] and weight [V, F]");
+    keel_tensor* l = nullptr;
+    *count = -1;
+    loss.call("compute_linear", loss->compute_linear, peek(features), peek(weight), peek(y), &l,
+              count);
+    return checked_loss(adopt(l), *count, true, "compute_linear");
   }
 
   // Weight of each micro-batch's mean loss in the step's loss: its share of the items when
@@ -1198,7 +1229,8 @@ struct Trainer::State {
         begin("forward");
         Autocast autocast(cfg.precision, device);
         int64_t count = 0;
-        micro_loss = compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count, true);
+        micro_loss = linear_loss ? linear_loss_of(mbs[i].inputs, mbs[i].targets, &count)
+                                 : compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count, true);
         // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
         if (weights[i] != 1.0) micro_loss = micro_loss * weights[i];
         end("forward");
@@ -1661,6 +1693,13 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     throw s.loss.error("does not report item counts (no count_items), which "
                        "train.accum_normalization = \"items\" needs; hint: use \"mean\" or \"auto\"");
   s.items_normalization = counts && config.accum_normalization != AccumNorm::kMean;
+  s.linear_loss = KEEL_HAS_SLOT(s.model, keel_model, forward_features) &&
+                  KEEL_HAS_SLOT(s.loss, keel_loss, compute_linear);
+  if (s.linear_loss)
+    spdlog::info("{} applies the output layer of {} itself in training steps "
+                 "(forward_features, compute_linear): the model's whole output is not built "
+                 "there; evaluation calls forward and compute",
+                 s.loss.label(), s.model.label());
   s.use_scaler = config.precision == Precision::kFp16;
 
   if (config.grad_clipper) {

@@ -22,6 +22,20 @@
 //     the process's peak resident set (VmHWM in /proc/self/status, reset through
 //     /proc/self/clear_refs just before the loss) minus its resident set at that moment.
 //
+//   lm_losses_probe linear PLUGIN.so COMPONENT FEATURES.bin B,T,F WEIGHT.bin V,G TARGETS.bin
+//                   GRADS.bin [KEY=VALUE]...
+//     The loss's compute_linear (ABI 1.5) of float32 features [B, T, F] and weight [V, G]
+//     (both requiring grad) against int64 targets [B, T], and its backward. GRADS.bin receives
+//     d(loss)/d(features) then d(loss)/d(weight) (float32). stdout: {"loss": .., "count": ..,
+//     "requires_grad": .., "no_grad_loss": .., "no_grad_requires_grad": ..} as above. A loss
+//     without compute_linear fails with "no compute_linear".
+//
+//   lm_losses_probe memory_linear|memory_plain PLUGIN.so COMPONENT B,T,V,F [KEY=VALUE]...
+//     Random float32 features [B, T, F], weight [V, F] and int64 targets; then the loss and its
+//     backward: through compute_linear (memory_linear), or through compute on the logits
+//     at::linear(features, weight) (memory_plain: what the model's forward and compute do).
+//     stdout: {"logits_bytes": (B*T*V*4), "peak_growth_bytes": ..} as in memory mode.
+//
 // KEY=VALUE are the loss's options (integer values). Any failure prints its message on stderr
 // and exits 1.
 #include "keel/testing.hpp"
@@ -45,6 +59,19 @@ int64_t status_bytes(const std::string& key) {
   throw std::runtime_error("no " + key + " in /proc/self/status");
 }
 
+// Resets the peak resident set (VmHWM) to the current one.
+void reset_peak() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  if (!clear.flush()) throw std::runtime_error("cannot reset the peak RSS (/proc/self/clear_refs)");
+}
+
+std::string json(double x) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.17g", x);
+  return std::isnan(x) ? std::string("NaN") : std::string(text);
+}
+
 int count_mode(int argc, char** argv) {
   if (argc < 5) throw std::runtime_error("usage: lm_losses_probe count PLUGIN.so COMPONENT SHAPE [KEY=VALUE]...");
   keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
@@ -64,11 +91,7 @@ int memory_mode(int argc, char** argv) {
   at::manual_seed(0);
   const at::Tensor logits = at::randn(shape).requires_grad_(true);
   const at::Tensor targets = at::randint(shape[2], {shape[0], shape[1]}, at::kLong);
-  {
-    std::ofstream clear("/proc/self/clear_refs");
-    clear << "5";  // resets VmHWM to the current resident set
-    if (!clear.flush()) throw std::runtime_error("cannot reset the peak RSS (/proc/self/clear_refs)");
-  }
+  reset_peak();
   const int64_t before = status_bytes("VmRSS");
   keel_tensor* out = nullptr;
   int64_t count = -1;
@@ -80,9 +103,90 @@ int memory_mode(int argc, char** argv) {
   return 0;
 }
 
+// compute_linear of the loss `loss`, as the kernel calls it; returns the loss tensor.
+at::Tensor linear_loss(keel::testing::Instance<keel_loss>& loss, const at::Tensor& features,
+                       const at::Tensor& weight, const at::Tensor& targets, int64_t* count) {
+  if (!loss->compute_linear) throw std::runtime_error("no compute_linear");
+  keel_tensor* out = nullptr;
+  *count = -1;
+  loss.call(loss->compute_linear, keel::peek(features), keel::peek(weight), keel::peek(targets),
+            &out, count);
+  return keel::adopt(out);
+}
+
+int memory_linear_mode(int argc, char** argv) {
+  if (argc < 5)
+    throw std::runtime_error("usage: lm_losses_probe memory_linear|memory_plain PLUGIN.so "
+                             "COMPONENT B,T,V,F [KEY=VALUE]...");
+  const bool plain = std::string(argv[1]) == "memory_plain";
+  keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
+  auto loss = plugin.create<keel_loss>(argv[3], probe::parse_options(argc, argv, 5));
+  const std::vector<int64_t> s = probe::parse_shape(argv[4]);
+  at::manual_seed(0);
+  const at::Tensor features = at::randn({s[0], s[1], s[3]}).requires_grad_(true);
+  const at::Tensor weight = (at::randn({s[2], s[3]}) * 0.05).requires_grad_(true);
+  const at::Tensor targets = at::randint(s[2], {s[0], s[1]}, at::kLong);
+  reset_peak();
+  const int64_t before = status_bytes("VmRSS");
+  int64_t count = -1;
+  if (plain) {
+    keel_tensor* out = nullptr;
+    const at::Tensor logits = at::linear(features, weight);
+    loss.call(loss->compute, keel::peek(logits), keel::peek(targets), &out, &count);
+    keel::adopt(out).backward();
+  } else {
+    linear_loss(loss, features, weight, targets, &count).backward();
+  }
+  const int64_t peak = status_bytes("VmHWM");
+  std::printf("{\"logits_bytes\": %lld, \"peak_growth_bytes\": %lld}\n",
+              static_cast<long long>(s[0] * s[1] * s[2] * 4), static_cast<long long>(peak - before));
+  return 0;
+}
+
+int linear_mode(int argc, char** argv) {
+  if (argc < 10)
+    throw std::runtime_error("usage: lm_losses_probe linear PLUGIN.so COMPONENT FEATURES.bin "
+                             "B,T,F WEIGHT.bin V,G TARGETS.bin GRADS.bin [KEY=VALUE]...");
+  keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
+  const std::vector<int64_t> fs = probe::parse_shape(argv[5]);
+  const std::vector<int64_t> ws = probe::parse_shape(argv[7]);
+  std::vector<char> fb = probe::read_file(argv[4]), wb = probe::read_file(argv[6]),
+                    tb = probe::read_file(argv[8]);
+  const at::Tensor features = at::from_blob(fb.data(), fs, at::kFloat).clone().requires_grad_(true);
+  const at::Tensor weight = at::from_blob(wb.data(), ws, at::kFloat).clone().requires_grad_(true);
+  const at::Tensor targets = at::from_blob(tb.data(), {fs[0], fs[1]}, at::kLong).clone();
+  auto loss = plugin.create<keel_loss>(argv[3], probe::parse_options(argc, argv, 10));
+  int64_t count = -1;
+  const at::Tensor l = linear_loss(loss, features, weight, targets, &count);
+  double no_grad_loss = 0;
+  bool no_grad_requires_grad = true;
+  {
+    at::NoGradGuard no_grad;
+    int64_t again = -1;
+    const at::Tensor a = linear_loss(loss, features, weight, targets, &again);
+    no_grad_requires_grad = a.requires_grad();
+    no_grad_loss = a.item<double>();
+  }
+  l.backward();
+  std::ofstream f(argv[9], std::ios::binary | std::ios::trunc);
+  for (const at::Tensor& g : {features.grad().contiguous(), weight.grad().contiguous()})
+    f.write(static_cast<const char*>(g.data_ptr()), static_cast<std::streamsize>(g.nbytes()));
+  if (!f.flush()) throw std::runtime_error(std::string("cannot write ") + argv[9]);
+  std::printf("{\"loss\": %s, \"count\": %lld, \"requires_grad\": %s, \"no_grad_loss\": %s, "
+              "\"no_grad_requires_grad\": %s}\n",
+              json(l.item<double>()).c_str(), static_cast<long long>(count),
+              l.requires_grad() ? "true" : "false", json(no_grad_loss).c_str(),
+              no_grad_requires_grad ? "true" : "false");
+  return 0;
+}
+
 int run(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "count") return count_mode(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "memory") return memory_mode(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "linear") return linear_mode(argc, argv);
+  if (argc > 1 && (std::string(argv[1]) == "memory_linear" ||
+                   std::string(argv[1]) == "memory_plain"))
+    return memory_linear_mode(argc, argv);
   if (argc < 7) throw std::runtime_error("usage: lm_losses_probe PLUGIN.so COMPONENT LOGITS.bin SHAPE TARGETS.bin GRAD.bin [KEY=VALUE]...");
   keel::testing::Plugin plugin(probe::open_plugin(argv[1]));
   const std::string shapes = argv[4];
@@ -121,11 +225,6 @@ int run(int argc, char** argv) {
     f.write(static_cast<const char*>(g.data_ptr()), static_cast<std::streamsize>(g.nbytes()));
     if (!f.flush()) throw std::runtime_error(std::string("cannot write ") + argv[6]);
     const double v = l.item<double>();
-    const auto json = [](double x) {
-      char text[64];
-      std::snprintf(text, sizeof(text), "%.17g", x);
-      return std::isnan(x) ? std::string("NaN") : std::string(text);
-    };
     std::printf("{\"loss\": %s, \"count\": %lld, \"count_items\": %lld, \"requires_grad\": %s, "
                 "\"no_grad_loss\": %s, \"no_grad_requires_grad\": %s}\n",
                 json(v).c_str(), static_cast<long long>(count), static_cast<long long>(items),

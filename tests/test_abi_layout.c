@@ -88,7 +88,7 @@ AT(keel_create_context, group_lr, 104, 8);
 AT(keel_create_context, group_weight_decay, 112, 8);
 AT(keel_create_context, resume_step, 120, 8);
 
-SIZE(keel_model, 96);
+SIZE(keel_model, 104);
 AT(keel_model, struct_size, 0, 4);
 AT(keel_model, self, 8, 8);
 AT(keel_model, destroy, 16, 8);
@@ -101,6 +101,7 @@ AT(keel_model, state, 64, 8);
 AT(keel_model, flops_per_sample, 72, 8);
 AT(keel_model, state_save, 80, 8);
 AT(keel_model, state_load, 88, 8);
+AT(keel_model, forward_features, 96, 8);
 
 SIZE(keel_batch, 32);
 AT(keel_batch, inputs, 0, 8);
@@ -139,12 +140,13 @@ AT(keel_lr_scheduler, self, 8, 8);
 AT(keel_lr_scheduler, destroy, 16, 8);
 AT(keel_lr_scheduler, factor, 24, 8);
 
-SIZE(keel_loss, 40);
+SIZE(keel_loss, 48);
 AT(keel_loss, struct_size, 0, 4);
 AT(keel_loss, self, 8, 8);
 AT(keel_loss, destroy, 16, 8);
 AT(keel_loss, compute, 24, 8);
 AT(keel_loss, count_items, 32, 8);
+AT(keel_loss, compute_linear, 40, 8);
 
 SIZE(keel_grad_clipper, 32);
 AT(keel_grad_clipper, struct_size, 0, 4);

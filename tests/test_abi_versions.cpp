@@ -126,6 +126,7 @@ SAME(10, model, state);
 SAME(10, model, flops_per_sample);
 APPENDED(model, state_save, 11);
 APPENDED(model, state_load, 11);
+APPENDED(model, forward_features, 11);
 
 // keel_batch
 GROWN(batch);
@@ -177,6 +178,7 @@ SAME(10, loss, destroy);
 SAME(10, loss, compute);
 SAME(11, loss, count_items);
 APPENDED(loss, count_items, 10);
+APPENDED(loss, compute_linear, 11);
 
 // keel_grad_clipper
 GROWN(grad_clipper);

@@ -349,7 +349,7 @@ CASES = [
     M("plugins_require_bad_syntax", '[plugins]\nrequire = { "keel-losses" = ">=1.x" }\n',
       "{m}:2:", "plugins.require.keel-losses", "'>=1.x'"),
     M("plugins_require_unmet", '[plugins]\nrequire = { "keel-losses" = ">=9" }\n', "{m}:2:",
-      "found keel-losses 0.2.0", "does not satisfy it"),
+      "found keel-losses 0.3.0", "does not satisfy it"),
     M("plugins_require_missing", '[plugins]\nrequire = { "acme-losses" = "*" }\n', "{m}:2:",
       "no plugin named 'acme-losses' was found", "keel plugins install"),
     M("component_in_two_plugins",

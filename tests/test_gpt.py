@@ -7,7 +7,13 @@ Through gpt_probe (tests/gpt_probe.cpp: the plugin's model driven by keel/testin
   absolute tolerance of 1e-5 (float32; ATOL): at initialisation (context 32, 3 layers, 4 heads,
   width 64), with the weights perturbed by noise of std 0.3, with bias = false on a sequence
   shorter than the context, and with dropout 0.3 in evaluation mode (in training mode dropout
-  changes the logits by more than 1e-3);
+  changes the logits by more than 1e-3); with attention = "reference" (LibTorch's operators)
+  on the perturbed case, and with the default fused attention on 3 threads (an uneven split of
+  the 6 (batch, head) pairs), on 1 thread and with a head width of 1. Each case also checks
+  which attention ran, from the autograd graph behind the logits: one CausalAttention node per
+  layer for "fused", one softmax node per layer for "reference" and for dropout in training
+  mode (the fused attention does not drop attention weights); the probes run with
+  OMP_NUM_THREADS = 2 unless said;
 - parameter and state names are the reference's state_dict keys, in its order; lm_head.weight
   is the same tensor (TensorImpl) as transformer.wte.weight and no other parameter is shared,
   and its gradient is the reference's tied gradient (both uses summed);
@@ -25,6 +31,10 @@ Through real `keel train` runs on a tiny character corpus:
   dataset from its initial weights, saved as the step-0 checkpoint (safetensors); the reference
   (nanoGPT's model, tied lm_head) loads those weights, trains on the same windows, and every
   step's loss agrees within 1e-5 (relative), and every final parameter within 1e-5 (absolute);
+- the same 3 steps with chunked_cross_entropy (chunk_tokens 24), which takes the gpt's final
+  hidden states and tied output weight (forward_features, compute_linear; the run log says so,
+  and a token_cross_entropy run's log does not): the same losses and final parameters within
+  the same tolerances;
 - the tied weight is trained once: the checkpoints hold transformer.wte.weight and no
   lm_head.weight, and the reference (where the two are one Parameter) ends with the same values,
   which a double update of the shared tensor would not give;
@@ -316,7 +326,7 @@ with tempfile.TemporaryDirectory() as tmp:
     tokens = np.fromfile(os.path.join(tmp, "data", "tokens.bin"), dtype="<u2").astype(np.int64)
     V = vocab["size"]
 
-    def manifest(run, extra="", model_extra="", data_extra=""):
+    def manifest(run, extra="", model_extra="", data_extra="", loss="type = \"token_cross_entropy\""):
         path = os.path.join(tmp, run + ".toml")
         open(path, "w").write(f"""
 [run]
@@ -346,7 +356,7 @@ sampling = "sequential"
 type = "sgd"
 lr = {LR}
 [loss]
-type = "token_cross_entropy"
+{loss}
 [checkpoint]
 type = "safetensors"
 initial = true
@@ -377,6 +387,20 @@ type = "jsonl"
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     n_params = sum(p.numel() for p in model.parameters())  # the tied weight once
     check(n_params == sum(t.numel() for t in start.values()), "same parameter count")
+    # The same run with chunked_cross_entropy (chunks of 24 of the 64 tokens), which takes the
+    # gpt's features and output weight (forward_features, compute_linear) in training steps.
+    r = keel("train", manifest("linear", loss="type = \"chunked_cross_entropy\"\nchunk_tokens = 24"))
+    check(r.returncode == 0, f"keel train with chunked_cross_entropy: {r.stderr[-2000:]}")
+    linear_log = open(os.path.join(tmp, "linear", "run.log")).read()
+    check("[loss] loss 'chunked_cross_entropy' (plugin keel-losses) applies the output layer "
+          "of [model] model 'gpt' (plugin keel-gpt) itself in training steps (forward_features, "
+          "compute_linear)" in linear_log, "the run log says the loss applies the output layer")
+    check("forward_features" not in open(os.path.join(run, "run.log")).read(),
+          "token_cross_entropy runs do not use forward_features")
+    linear_train = [x for x in (json.loads(l) for l in open(os.path.join(tmp, "linear", "metrics.jsonl")))
+                    if x.get("split") == "train"]
+    linear_end = read_safetensors(os.path.join(tmp, "linear", "checkpoints", f"step-{STEPS}",
+                                               "model.safetensors"))
     for step in range(STEPS):
         rows = [tokens[(step * BATCH + i) * CTX:(step * BATCH + i) * CTX + CTX + 1] for i in range(BATCH)]
         x = torch.tensor(np.stack([w[:-1] for w in rows]))
@@ -386,13 +410,15 @@ type = "jsonl"
         opt.zero_grad()
         loss.backward()
         opt.step()
-        got = train[step]["loss_last"]
-        check(abs(got - loss.item()) <= 1e-5 * abs(loss.item()),
-              f"step {step + 1}: keel loss {got} vs reference {loss.item()}")
+        for what, records in (("", train), ("chunked_cross_entropy: ", linear_train)):
+            got = records[step]["loss_last"] if step < len(records) else float("nan")
+            check(abs(got - loss.item()) <= 1e-5 * abs(loss.item()),
+                  f"{what}step {step + 1}: keel loss {got} vs reference {loss.item()}")
     ref = model.state_dict()
-    for name, t in end.items():
-        d = (t - ref[name]).abs().max().item()
-        check(d <= 1e-5, f"final {name}: max difference {d}")
+    for what, final in (("", end), ("chunked_cross_entropy: ", linear_end)):
+        for name, t in final.items():
+            d = (t - ref[name]).abs().max().item()
+            check(d <= 1e-5, f"{what}final {name}: max difference {d}")
 
     # flops_per_sample = T * (6N + 12 L width T), N without wpe: mfu * peak = flops * samples/s.
     n = n_params - CTX * WIDTH

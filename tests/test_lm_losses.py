@@ -16,10 +16,22 @@ build), through tests/lm_losses_probe (the plugin loaded with keel/testing.hpp):
   default on [N, C], all within 1e-6 of F.cross_entropy (loss and gradient);
 - a target of the wrong shape: one error line naming both shapes and class_dim; class_dim out of
   range: one line naming it and the output's shape;
+- chunked_cross_entropy's compute_linear (ABI 1.5: the loss of features @ weight^T, the output
+  layer applied inside the loss a chunk at a time) on float32 features [3, 7, 5] and weight
+  [11, 5]: the loss and every element of the gradients of the features and of the weight within
+  1e-6 (absolute) of F.cross_entropy(F.linear(features, weight)), for chunk sizes 1, 4, 7, 21
+  and 1000, without ignore_index, with 5 of 21 targets ignored, and with all ignored (loss 0,
+  zero gradients); the count; the loss again under no_grad equal and not requiring grad;
+  token_cross_entropy and cross_entropy offer no compute_linear; features and weight that do
+  not fit: one error line naming both shapes;
 - memory: the growth of the peak resident set over a loss and its backward on [1, 8192, 4096]
   logits (128 MiB): token_cross_entropy at least 2.5 times the logits' size (its log-softmax
   and two logits-sized gradients in backward), chunked_cross_entropy (chunk_tokens 256) at most
-  1.5 times (its gradient buffer and one chunk's float64 temporaries); both printed. Asserted
+  1.5 times (its gradient buffer and one chunk's float64 temporaries); with the output layer
+  (features [1, 8192, 256], weight [4096, 256], the same logits), at::linear then
+  token_cross_entropy at least 3 times (the logits themselves too) and compute_linear
+  (chunk_tokens 256) at most 0.5 times (the two gradient buffers, 12 MiB, and one chunk's
+  logits and temporaries); all printed. Asserted
   only without AddressSanitizer (ASAN_OPTIONS unset): its quarantine keeps freed memory
   resident, so under it the chunked loss's peak measured 3.3 times the logits.
 
@@ -199,23 +211,95 @@ with tempfile.TemporaryDirectory() as tmp:
 print(f"largest differences from F.cross_entropy (token losses): loss {worst[0]:.2e}, "
       f"gradient {worst[1]:.2e} (tolerance {TOL:g})")
 
-# Memory: the growth of the peak RSS over one loss and its backward.
+
+def probe_linear(tmp, component, features, weight, targets, **options):
+    """compute_linear through the probe: (JSON, d/dfeatures, d/dweight) or (None, None, error)."""
+    paths = [os.path.join(tmp, n) for n in ("f.bin", "w.bin", "t.bin", "g.bin")]
+    for x, path in zip((features, weight, targets), paths):
+        x.contiguous().numpy().tofile(path)
+    args = [PROBE, "linear", PLUGIN, component, paths[0], ",".join(map(str, features.shape)),
+            paths[1], ",".join(map(str, weight.shape)), paths[2], paths[3]]
+    args += [f"{k}={v}" for k, v in options.items()]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, None, r.stderr.strip()
+    grads = torch.from_numpy(numpy.fromfile(paths[3], dtype="float32"))
+    n = features.numel()
+    return json.loads(r.stdout), grads[:n].view(features.shape), grads[n:].view(weight.shape)
+
+
+# chunked_cross_entropy's compute_linear (the output layer inside the loss) against
+# F.cross_entropy(F.linear(features, weight)): the loss, and the gradients of the features and
+# the weight.
+worst_linear = [0.0, 0.0]
+with tempfile.TemporaryDirectory() as tmp:
+    b, t, f, v = 3, 7, 5, 11
+    features = torch.randn(b, t, f) * 2
+    weight = torch.randn(v, f)
+    for ignored, ignore in ((0, None), (5, -100), (b * t, -100)):
+        targets = torch.randint(0, v, (b, t))
+        if ignored:
+            targets.view(-1)[torch.randperm(b * t)[:ignored]] = -100
+        kw = {} if ignore is None else {"ignore_index": ignore}
+        x, w = features.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        ref = F.cross_entropy(F.linear(x, w).reshape(-1, v), targets.reshape(-1), **kw)
+        if ignored == b * t:
+            ref = (F.linear(x, w).sum() * 0)  # keel's losses: 0 and a zero gradient, not NaN
+        ref.backward()
+        for chunk in (1, 4, 7, 21, 1000):
+            what = f"compute_linear chunk_tokens={chunk} ignore_index={ignore}, {ignored} ignored"
+            out, gf, gw = probe_linear(tmp, "chunked_cross_entropy", features, weight, targets,
+                                       chunk_tokens=chunk, **kw)
+            if out is None:
+                check(False, f"{what}: {gw}")
+                continue
+            dl = abs(out["loss"] - ref.item())
+            dg = max((gf - x.grad).abs().max().item(), (gw - w.grad).abs().max().item())
+            worst_linear = [max(worst_linear[0], dl), max(worst_linear[1], dg)]
+            check(dl <= TOL and dg <= TOL,
+                  f"{what}: loss {out['loss']} vs {ref.item()}, gradient difference {dg}")
+            check(out["count"] == b * t - ignored and out["requires_grad"] and
+                  out["no_grad_loss"] == out["loss"] and not out["no_grad_requires_grad"],
+                  f"{what}: {out}")
+    # Only chunked_cross_entropy offers compute_linear (the kernel then uses it in training).
+    for component in ("token_cross_entropy", "cross_entropy"):
+        _, _, err = probe_linear(tmp, component, features, weight, torch.zeros(b, t, dtype=torch.long))
+        check(err == "no compute_linear", f"{component} has compute_linear: {err}")
+    # Shapes: features and weight that do not fit, and a target that does not fit the output.
+    _, _, err = probe_linear(tmp, "chunked_cross_entropy", features, torch.randn(v, f + 1),
+                             torch.zeros(b, t, dtype=torch.long))
+    check(err is not None and "model features [3, 7, 5] and output weight [11, 6] are not "
+          "[batch, time, F] and [vocab, F]" in err and "\n" not in err, f"weight shape: {err}")
+print(f"largest differences from F.cross_entropy(F.linear(...)) (compute_linear): loss "
+      f"{worst_linear[0]:.2e}, gradients {worst_linear[1]:.2e} (tolerance {TOL:g})")
+
+# Memory: the growth of the peak RSS over one loss and its backward, on [1, 8192, 4096] logits;
+# the last two with the output layer too: features [1, 8192, 256] and weight [4096, 256] (logits
+# of the same shape), through at::linear and compute (the logits made whole, as a model's
+# forward makes them) and through compute_linear (chunks of 256 rows).
 shape = (1, 8192, 4096)
 growth = {}
-for component, opts in (("token_cross_entropy", {}), ("chunked_cross_entropy", {"chunk_tokens": 256})):
-    out, err = probe_mode("memory", component, shape, **opts)
+for key, mode, component, opts, sizes in (
+        ("token_cross_entropy", "memory", "token_cross_entropy", {}, shape),
+        ("chunked_cross_entropy", "memory", "chunked_cross_entropy", {"chunk_tokens": 256}, shape),
+        ("memory_plain", "memory_plain", "token_cross_entropy", {}, shape + (256,)),
+        ("memory_linear", "memory_linear", "chunked_cross_entropy", {"chunk_tokens": 256},
+         shape + (256,))):
+    out, err = probe_mode(mode, component, sizes, **opts)
     if err:
-        check(False, f"{component} memory: {err}")
+        check(False, f"{mode} {component}: {err}")
         continue
-    growth[component] = out["peak_growth_bytes"] / out["logits_bytes"]
-    print(f"{component} {opts} on {list(shape)}: peak RSS grows by "
-          f"{out['peak_growth_bytes'] / 2**20:.0f} MiB = {growth[component]:.2f} x the logits "
+    growth[key] = out["peak_growth_bytes"] / out["logits_bytes"]
+    print(f"{mode} {component} {opts} B,T,V[,F] = {list(sizes)}: peak RSS grows by "
+          f"{out['peak_growth_bytes'] / 2**20:.0f} MiB = {growth[key]:.2f} x the logits "
           f"({out['logits_bytes'] / 2**20:.0f} MiB)")
 if "ASAN_OPTIONS" in os.environ:
     print("memory bounds not asserted: under AddressSanitizer freed memory stays resident")
-elif len(growth) == 2:
+elif len(growth) == 4:
     check(growth["token_cross_entropy"] >= 2.5, f"token_cross_entropy grows {growth}")
     check(growth["chunked_cross_entropy"] <= 1.5, f"chunked_cross_entropy grows {growth}")
+    check(growth["memory_plain"] >= 3.0, f"linear + token_cross_entropy grows {growth}")
+    check(growth["memory_linear"] <= 0.5, f"compute_linear grows {growth}")
 
 print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
 sys.exit(1 if failures else 0)

@@ -38,6 +38,10 @@ class Case(NamedTuple):
     names: bool = True      # the line names section, component, plugin and call
 
 
+# The other half of the forward_features / compute_linear pair, behaving.
+LINEAR_LOSS = '[loss]\ntype = "mbx_loss"\nfault = "none"\n'
+LINEAR_MODEL = '[model]\ntype = "mbx_model"\nfault = "none"\n'
+
 CASES = [
     # loss ------------------------------------------------------------------------------------
     Case("loss_null_tensor", C, "loss", "mbc_loss", "null_loss", "compute",
@@ -87,6 +91,18 @@ CASES = [
          ("cannot be multiplied",)),
     Case("model_forward_bad_alloc", CPP, "model", "mbx_model", "bad_alloc", "forward",
          ("bad_alloc",)),
+    # model forward_features and loss compute_linear (ABI 1.5): used together in training steps
+    Case("model_features_null", CPP, "model", "mbx_model", "features_null", "forward_features",
+         ("forward_features returned no features",), extra=LINEAR_LOSS),
+    Case("model_features_shape", CPP, "model", "mbx_model", "features_shape", "forward_features",
+         ("features [64, 784] and weight [10, 783]", "expected features [batch (64), ..., F] and "
+          "weight [V, F]"), extra=LINEAR_LOSS),
+    Case("model_features_throws", CPP, "model", "mbx_model", "features_throw", "forward_features",
+         ("deliberate failure in forward_features",), extra=LINEAR_LOSS),
+    Case("loss_linear_throws", CPP, "loss", "mbx_loss", "linear_throw", "compute_linear",
+         ("deliberate failure in compute_linear",), extra=LINEAR_MODEL),
+    Case("loss_linear_detached", CPP, "loss", "mbx_loss", "linear_detached", "compute_linear",
+         ("compute_linear returned a loss that does not require grad",), extra=LINEAR_MODEL),
     # dataset ---------------------------------------------------------------------------------
     Case("data_batch_without_inputs", C, "data.train", "mbc_data", "null_inputs", "next",
          ("without inputs",)),

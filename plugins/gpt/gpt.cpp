@@ -281,14 +281,18 @@ struct GptImpl : nn::Module {
     }
   }
   at::Tensor forward(const at::Tensor& tokens) {
+    // The output layer is the token embedding (weight tying).
+    return at::linear(features(tokens), transformer->wte->weight);
+  }
+  // Everything but the output layer: ln_f's output [B, T, width].
+  at::Tensor features(const at::Tensor& tokens) {
     const int64_t t = tokens.size(1);
     const at::Tensor pos = at::arange(t, tokens.options().dtype(at::kLong));
     at::Tensor x = transformer->drop->forward(transformer->wte->forward(tokens) +
                                               transformer->wpe->forward(pos));
     const at::Tensor mask = at::ones({t, t}, tokens.options().dtype(at::kBool)).triu(1);
     for (auto& b : transformer->blocks) x = b->forward(x, mask);
-    // The output layer is the token embedding (weight tying).
-    return at::linear(transformer->ln_f->forward(x), transformer->wte->weight);
+    return transformer->ln_f->forward(x);
   }
   Transformer transformer;
 };
@@ -308,15 +312,14 @@ class GptModel : public keel::ModuleModel<Gpt> {
   }
 
   at::Tensor forward(const at::Tensor& input) override {
-    // Shapes and dtype only: no look at the values (that would synchronise with the device).
-    if (input.dim() != 2 || input.scalar_type() != at::kLong || input.size(1) < 1 ||
-        input.size(1) > c_.context)
-      throw std::runtime_error("gpt: expected int64 token ids of shape [batch, time] with 1 <= "
-                               "time <= context (" + std::to_string(c_.context) + "), got " +
-                               std::string(c10::toString(input.scalar_type())) + " " +
-                               shape_str(input.sizes()) +
-                               "; hint: the data's context must not exceed [model] context");
+    check_input(input);
     return module_->forward(input);
+  }
+  // For a loss with compute_linear (chunked_cross_entropy): ln_f's output and the output
+  // layer's weight, the tied token embedding.
+  Features forward_features(const at::Tensor& input) override {
+    check_input(input);
+    return {module_->features(input), module_->transformer->wte->weight};
   }
   keel::NamedTensors named_parameters() override {
     keel::NamedTensors out = ModuleModel::named_parameters();
@@ -327,6 +330,16 @@ class GptModel : public keel::ModuleModel<Gpt> {
   double flops_per_sample() override { return flops_per_sample_; }
 
  private:
+  // Shapes and dtype only: no look at the values (that would synchronise with the device).
+  void check_input(const at::Tensor& input) const {
+    if (input.dim() != 2 || input.scalar_type() != at::kLong || input.size(1) < 1 ||
+        input.size(1) > c_.context)
+      throw std::runtime_error("gpt: expected int64 token ids of shape [batch, time] with 1 <= "
+                               "time <= context (" + std::to_string(c_.context) + "), got " +
+                               std::string(c10::toString(input.scalar_type())) + " " +
+                               shape_str(input.sizes()) +
+                               "; hint: the data's context must not exceed [model] context");
+  }
   static Config config(const keel::Context& ctx) {
     Config c{ctx.get_int("vocab_size"), ctx.get_int("context"), ctx.get_int("layers"),
              ctx.get_int("heads"),      ctx.get_int("width"),   ctx.get_float("dropout"),

@@ -6,8 +6,11 @@
 //   chunked_cross_entropy  the same value and gradient, computed over chunks of `chunk_tokens`
 //                          tokens so that no full-size log-softmax is kept for the backward
 //                          (a logits-sized gradient is, instead) and backward allocates
-//                          nothing logits-sized (MindSpeed-LLM's chunk loss; see
-//                          ChunkedCrossEntropyFn below)
+//                          nothing logits-sized (ChunkedCrossEntropyFn below); with a model
+//                          that offers forward_features (ABI 1.5, e.g. gpt), training steps
+//                          give it the final hidden states and the output layer's weight
+//                          instead, and it makes the logits one chunk at a time, never whole
+//                          (MindSpeed-LLM's chunk loss; LinearCrossEntropyFn below)
 //
 // ignore_index: the option schema (abi.h) has no "optional, no default" option (a NULL default
 // means required), so absence is a sentinel default, kNoIgnore (the smallest int64, which is
@@ -168,6 +171,23 @@ class CrossEntropy : public keel::Loss {
   F::CrossEntropyFuncOptions options_;
 };
 
+// One chunk of float64 logits `z` [rows, v] against ids `y` [rows]: subtracts the summed
+// log-likelihood of the rows whose id is not ignore_index from `total`; returns, when `grad`,
+// d(mean)/dz = (softmax - onehot) * scale on those rows and 0 on the others (float64), else an
+// undefined tensor.
+at::Tensor chunk_nll(const at::Tensor& z, const at::Tensor& y, int64_t ignore_index, double scale,
+                     bool grad, at::Tensor& total) {
+  const at::Tensor keep = y.ne(ignore_index);
+  const at::Tensor safe = at::where(keep, y, at::zeros_like(y));
+  at::Tensor logp = at::log_softmax(z, 1);
+  const at::Tensor picked = logp.gather(1, safe.unsqueeze(1)).squeeze(1);
+  total.sub_(at::where(keep, picked, at::zeros_like(picked)).sum());
+  if (!grad) return {};
+  at::Tensor g = logp.exp_();
+  g.scatter_add_(1, safe.unsqueeze(1), at::full({z.size(0), 1}, -1.0, g.options()));
+  return g.mul_(keep.unsqueeze(1).to(at::kDouble) * scale);
+}
+
 // Mean cross entropy of rows of logits [n, v] against ids [n] (`count` of them not equal to
 // ignore_index), computed chunk by chunk. Forward walks chunks of `chunk` rows: for each it
 // computes the log-softmax in float64, adds the chunk's loss, and, when `need_grad`, writes the
@@ -198,19 +218,10 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
     const double scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const int64_t end = std::min(n, begin + chunk);
-      const at::Tensor z = logits.slice(0, begin, end).to(at::kDouble);
-      const at::Tensor y = ids.slice(0, begin, end);
-      const at::Tensor keep = y.ne(ignore_index);
-      const at::Tensor safe = at::where(keep, y, at::zeros_like(y));
-      const at::Tensor logp = at::log_softmax(z, 1);
-      const at::Tensor picked = logp.gather(1, safe.unsqueeze(1)).squeeze(1);
-      total.sub_(at::where(keep, picked, at::zeros_like(picked)).sum());
-      if (!need_grad) continue;
-      // d(mean)/dz = (softmax - onehot) / count on kept rows, 0 on ignored ones.
-      at::Tensor g = logp.exp_();
-      g.scatter_add_(1, safe.unsqueeze(1), at::full({end - begin, 1}, -1.0, g.options()));
-      g.mul_(keep.unsqueeze(1).to(at::kDouble) * scale);
-      grad.slice(0, begin, end).copy_(g);
+      const at::Tensor g = chunk_nll(logits.slice(0, begin, end).to(at::kDouble),
+                                     ids.slice(0, begin, end), ignore_index, scale, need_grad,
+                                     total);
+      if (need_grad) grad.slice(0, begin, end).copy_(g);
     }
     if (need_grad) ctx->saved_data["grad"] = grad;
     return (total * scale).to(logits.scalar_type());
@@ -229,6 +240,77 @@ class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntro
   }
 };
 
+// Mean cross entropy of rows of logits = features @ weight^T (features [n, f], weight [v, f],
+// ids [n], `count` of them not equal to ignore_index), computed chunk by chunk so that the
+// logits exist one chunk ([chunk, v]) at a time, never whole (MindSpeed-LLM's chunk loss with
+// the output layer inside it). Forward, for each chunk of `chunk` rows: its logits (a matmul
+// in the weight's dtype, autocast off), their log-softmax in float64 and the chunk's loss;
+// then, for the inputs that need a gradient, g = (softmax - onehot) / count on the rows that
+// count (0 on the others), the chunk's rows of the features' gradient, g @ weight, written
+// into an [n, f] buffer, and its share of the weight's gradient, g^T @ features_chunk, added
+// into a [v, f] buffer. Backward scales the two buffers in place by the incoming gradient and
+// returns them. Memory beyond the inputs: the two buffers (the size of the features and of the
+// weight) and one chunk's logits and float64 temporaries; test_lm_losses.py measures it.
+class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropyFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& features,
+                            const at::Tensor& weight, const at::Tensor& ids, int64_t ignore_index,
+                            int64_t chunk, int64_t count, bool features_grad, bool weight_grad) {
+    at::NoGradGuard no_grad;
+    // The matmuls in the weight's dtype (the master weights' under mixed precision, where the
+    // features may come in bf16), not autocast's.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const at::ScalarType dtype = weight.scalar_type();
+    const int64_t n = features.size(0);
+    at::Tensor grad_f = features_grad ? at::empty_like(features, at::MemoryFormat::Contiguous)
+                                      : at::Tensor();
+    at::Tensor grad_w = weight_grad ? at::zeros_like(weight, at::MemoryFormat::Contiguous)
+                                    : at::Tensor();
+    at::Tensor total = at::zeros({}, features.options().dtype(at::kDouble));
+    const double scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      const int64_t end = std::min(n, begin + chunk);
+      const at::Tensor f = features.slice(0, begin, end).to(dtype);
+      const bool need_grad = features_grad || weight_grad;
+      const at::Tensor g = chunk_nll(at::mm(f, weight.t()).to(at::kDouble),
+                                     ids.slice(0, begin, end), ignore_index, scale, need_grad,
+                                     total);
+      if (!need_grad) continue;
+      const at::Tensor gz = g.to(dtype);
+      if (features_grad) {
+        at::Tensor rows = grad_f.slice(0, begin, end);
+        if (rows.scalar_type() == dtype)
+          at::mm_out(rows, gz, weight);
+        else
+          rows.copy_(at::mm(gz, weight));
+      }
+      if (weight_grad) grad_w.addmm_(gz.t(), f);
+    }
+    if (features_grad) ctx->saved_data["grad_features"] = grad_f;
+    if (weight_grad) ctx->saved_data["grad_weight"] = grad_w;
+    return (total * scale).to(features.scalar_type());
+  }
+  // Only called when features or weight needed a gradient, so at least one buffer was saved.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    at::Tensor grads[2];
+    const char* const keys[2] = {"grad_features", "grad_weight"};
+    for (int i = 0; i < 2; ++i) {
+      const auto it = ctx->saved_data.find(keys[i]);
+      if (it == ctx->saved_data.end()) continue;
+      grads[i] = it->second.toTensor();
+      ctx->saved_data.erase(it);
+      grads[i].mul_(grad_out[0].to(grads[i].scalar_type()));
+    }
+    if (!grads[0].defined() && !grads[1].defined())
+      throw std::runtime_error("chunked_cross_entropy: backward ran a second time through the "
+                               "same loss, whose gradient buffers the first backward consumed; "
+                               "hint: compute the loss again");
+    return {grads[0], grads[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
 // Shared by token_cross_entropy and chunked_cross_entropy: [batch, time, vocab] logits,
 // [batch, time] integer targets.
 class TokenLossBase : public keel::Loss {
@@ -243,8 +325,9 @@ class TokenLossBase : public keel::Loss {
   }
 
  protected:
-  // The logits as rows [batch * time, vocab] and the targets as [batch * time] int64.
-  std::pair<at::Tensor, at::Tensor> rows(const at::Tensor& output, const at::Tensor& target) const {
+  // `output` must be [batch, time, vocab] logits (or a meta tensor of their shape) and `target`
+  // [batch, time] token ids; one error line otherwise. Sizes and dtypes only.
+  void check_target(const at::Tensor& output, const at::Tensor& target) const {
     if (output.dim() != 3)
       throw std::invalid_argument(name_ + ": model output " + shape_str(output.sizes()) +
                                   " is not [batch, time, vocab] logits; hint: use cross_entropy "
@@ -253,6 +336,10 @@ class TokenLossBase : public keel::Loss {
     if (target.is_floating_point())
       throw std::invalid_argument(name_ + ": the target holds floating-point values; it must "
                                   "hold token ids (integers); hint: check the dataset's targets");
+  }
+  // The logits as rows [batch * time, vocab] and the targets as [batch * time] int64.
+  std::pair<at::Tensor, at::Tensor> rows(const at::Tensor& output, const at::Tensor& target) const {
+    check_target(output, target);
     return {output.reshape({-1, output.size(2)}), target.reshape({-1}).to(at::kLong)};
   }
   std::string name_;
@@ -283,6 +370,32 @@ class ChunkedCrossEntropy : public TokenLossBase {
     const bool need_grad = at::GradMode::is_enabled() && logits.requires_grad();
     return with_target_hint(name_, ignore_index_, [&] {
       return ChunkedCrossEntropyFn::apply(logits, ids, ignore_index_, chunk_, *count, need_grad);
+    });
+  }
+  // The loss of the logits features @ weight^T ([batch, time, F] @ [vocab, F]^T) without them
+  // existing whole (LinearCrossEntropyFn); the kernel calls it in training steps when the model
+  // offers forward_features (gpt does).
+  at::Tensor compute_linear(const at::Tensor& features, const at::Tensor& weight,
+                            const at::Tensor& target, int64_t* count) override {
+    if (features.dim() != 3 || weight.dim() != 2 || weight.size(1) != features.size(2))
+      throw std::invalid_argument(name_ + ": model features " + shape_str(features.sizes()) +
+                                  " and output weight " + shape_str(weight.sizes()) +
+                                  " are not [batch, time, F] and [vocab, F]; hint: the model's "
+                                  "forward_features must give a language model's final hidden "
+                                  "states and its output layer's weight");
+    // The target against the output forward would give, [batch, time, vocab] (a meta tensor:
+    // sizes only).
+    check_target(at::empty({features.size(0), features.size(1), weight.size(0)},
+                           features.options().device(at::kMeta)),
+                 target);
+    const at::Tensor rows = features.reshape({-1, features.size(2)});
+    const at::Tensor ids = target.reshape({-1}).to(at::kLong);
+    *count = count_targets(ids, ignore_index_);
+    const bool grad = at::GradMode::is_enabled();
+    return with_target_hint(name_, ignore_index_, [&] {
+      return LinearCrossEntropyFn::apply(rows, weight, ids, ignore_index_, chunk_, *count,
+                                         grad && rows.requires_grad(),
+                                         grad && weight.requires_grad());
     });
   }
 
@@ -323,10 +436,11 @@ const keel_component_desc kComponents[] = {
         "chunked_cross_entropy",
         "token_cross_entropy computed in chunks of tokens: keeps a logits-sized gradient "
         "instead of the full log-softmax for the backward, which then allocates nothing "
-        "logits-sized",
+        "logits-sized; in training, with a model that offers forward_features (gpt), it "
+        "applies the output layer itself a chunk at a time, so the logits are never whole",
         kChunkedOptions),
 };
 
 }  // namespace
 
-KEEL_PLUGIN("keel-losses", "0.2.0", "Loss functions", kComponents)
+KEEL_PLUGIN("keel-losses", "0.3.0", "Loss functions", kComponents)

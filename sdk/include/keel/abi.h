@@ -49,7 +49,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 4
+#define KEEL_ABI_MINOR 5
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -351,6 +351,16 @@ typedef struct keel_model {
   keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
   keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
                             keel_error* err);
+  /* (1.5) Optional: forward's work less its output layer, for a loss that applies that layer
+   * itself (keel_loss.compute_linear). `features` [batch, ..., F] and `weight` [V, F] are
+   * such that forward's output is features @ weight^T, [batch, ..., V] (an output layer
+   * without bias: a language model's head, the token embedding when tied); `weight` is the
+   * parameter itself (gradients reaching it train the model), `features` a tensor of the
+   * autograd graph as forward's output would be. Both handles are new. In a training step
+   * the kernel calls it instead of forward when the loss has compute_linear (evaluation
+   * calls forward). [train] */
+  keel_status (*forward_features)(void* self, keel_tensor* input, keel_tensor** features,
+                                  keel_tensor** weight, keel_error* err);
 } keel_model;
 
 /* dataset ---------------------------------------------------------------------------------- */
@@ -433,6 +443,14 @@ typedef struct keel_loss {
    * optimizer step by the item count of all its micro-batches (unless [train]
    * accum_normalization = "mean"; with "auto", a -1 falls back to the mean). [train] */
   int64_t (*count_items)(void* self, keel_tensor* target);
+  /* (1.5) Optional: compute's loss and count for the output features @ weight^T (features
+   * [batch, ..., F], weight [V, F], from keel_model.forward_features), computed without that
+   * [batch, ..., V] output existing whole at any time (MindSpeed-LLM's chunk loss: a chunk of
+   * rows at a time). The contract of compute otherwise; gradients reach features and weight.
+   * A training step calls it when the model has forward_features. [train] */
+  keel_status (*compute_linear)(void* self, keel_tensor* features, keel_tensor* weight,
+                                keel_tensor* target, keel_tensor** loss, int64_t* count,
+                                keel_error* err);
 } keel_loss;
 
 /* grad_clipper ----------------------------------------------------------------------------- */
@@ -507,7 +525,9 @@ typedef struct keel_checkpoint {
  *        step loop)
  *       STEP_START
  *       AFTER_DATA, once per micro-batch       event.micro_batch = 0, 1, ... (all fetched)
- *       for each micro-batch: (forward, loss, backward)
+ *       for each micro-batch: (forward, loss, backward); with the model's forward_features
+ *                                              and the loss's compute_linear (1.5): those two
+ *                                              instead of forward and compute
  *       AFTER_BACKWARD                         gradients complete, not clipped yet
  *       (clip, non-finite check)
  *       BEFORE_OPTIMIZER_STEP                  not sent when the step is skipped

@@ -179,6 +179,14 @@ class Model {
   // "Component state for exact resume" in abi.h. Override both to offer the slots.
   virtual NamedTensors state_save() { return {}; }
   virtual void state_load(const NamedTensors& /*state*/) {}
+  // Optional (abi.h, keel_model.forward_features, ABI 1.5): forward's output as features and
+  // an output-layer weight, output = features @ weight^T, so that a loss with compute_linear
+  // never builds the whole output. Override it to offer the slot.
+  struct Features {
+    at::Tensor features;  // [batch, ..., F]
+    at::Tensor weight;    // [V, F], the parameter itself
+  };
+  virtual Features forward_features(const at::Tensor& /*input*/) { return {}; }
 };
 
 struct Batch {
@@ -243,6 +251,12 @@ class Loss {
   // Override it to offer item-normalised accumulation; a loss that does not override it
   // leaves keel_loss.count_items NULL.
   virtual int64_t count_items(const at::Tensor& /*target*/) { return -1; }
+  // Optional (abi.h, keel_loss.compute_linear, ABI 1.5): compute()'s loss for the output
+  // features @ weight^T, without building that output whole. Override it to offer the slot.
+  virtual at::Tensor compute_linear(const at::Tensor& /*features*/, const at::Tensor& /*weight*/,
+                                    const at::Tensor& /*target*/, int64_t* /*count*/) {
+    return {};
+  }
 };
 
 class GradClipper {
@@ -423,6 +437,14 @@ inline void fill(BoxOf<Model>& b) {
     X::quiet(s, [&] { v = X::of(s)->obj->flops_per_sample(); });
     return v;
   };
+  b.vt.forward_features = [](void* s, keel_tensor* in, keel_tensor** features, keel_tensor** weight,
+                             keel_error* e) noexcept {
+    return guard(e, [&] {
+      Model::Features f = X::of(s)->obj->forward_features(borrow(in));
+      *features = give(std::move(f.features));
+      *weight = give(std::move(f.weight));
+    });
+  };
   fill_state(b);
 }
 
@@ -506,6 +528,13 @@ inline void fill(BoxOf<Loss>& b) {
     X::quiet(s, [&] { v = X::of(s)->obj->count_items(borrow(tgt)); });
     return v;
   };
+  b.vt.compute_linear = [](void* s, keel_tensor* features, keel_tensor* weight, keel_tensor* tgt,
+                           keel_tensor** loss, int64_t* count, keel_error* e) noexcept {
+    return guard(e, [&] {
+      *loss = give(X::of(s)->obj->compute_linear(borrow(features), borrow(weight), borrow(tgt),
+                                                 count));
+    });
+  };
 }
 
 inline void fill(BoxOf<GradClipper>& b) {
@@ -588,6 +617,10 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
       // count_items: so that "auto" accumulation falls back to the mean for losses that count
       // nothing.
       if (!KEEL_SDK_OVERRIDES(T, Loss, count_items)) box->vt.count_items = nullptr;
+      if (!KEEL_SDK_OVERRIDES(T, Loss, compute_linear)) box->vt.compute_linear = nullptr;
+    }
+    if constexpr (std::is_same<B, Model>::value) {
+      if (!KEEL_SDK_OVERRIDES(T, Model, forward_features)) box->vt.forward_features = nullptr;
     }
     if constexpr (std::is_same<B, Model>::value || std::is_same<B, Dataset>::value ||
                   std::is_same<B, Optimizer>::value) {
