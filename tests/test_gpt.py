@@ -8,8 +8,8 @@ Through gpt_probe (tests/gpt_probe.cpp: the plugin's model driven by keel/testin
   width 64), with the weights perturbed by noise of std 0.3, with bias = false on a sequence
   shorter than the context, and with dropout 0.3 in evaluation mode (in training mode dropout
   changes the logits by more than 1e-3); with attention = "reference" (LibTorch's operators)
-  on the perturbed case, and with the default fused attention on 3 threads (an uneven split of
-  the 6 (batch, head) pairs), on 1 thread and with a head width of 1. Each case also checks
+  on the perturbed case, and with the default fused attention on 3 threads (5 (batch, head) pairs
+  split 2, 2, 1), on 1 thread and with a head width of 1. Each case also checks
   which attention ran, from the autograd graph behind the logits: one CausalAttention node per
   layer for "fused", one softmax node per layer for "reference" and for dropout in training
   mode (the fused attention does not drop attention weights); the probes run with
@@ -275,12 +275,12 @@ def probe_checks(tmp):
     compare(tmp, "no_bias", 7, "train", batch=3, time=5, vocab=13, context=8, layers=2, heads=2,
             width=16, bias=False, perturb=0.3)
     # The reference attention (LibTorch's operators, as the reference model) on the perturbed
-    # case; the fused one on 3 threads with 2 x 3 (batch, head) pairs (an uneven split), on 1
+    # case; the fused one on 3 threads with 1 x 5 (batch, head) pairs (split 2, 2, 1), on 1
     # thread, and with head width 1.
     compare(tmp, "perturbed_reference", 9, "train", batch=3, time=16, vocab=29, context=16,
             layers=2, heads=4, width=32, perturb=0.3, attention="reference", fused=False)
-    compare(tmp, "three_threads", 4, "train", batch=2, time=11, vocab=17, context=12, layers=2,
-            heads=3, width=24, perturb=0.3, threads=3)
+    compare(tmp, "three_threads", 4, "train", batch=1, time=11, vocab=17, context=12, layers=2,
+            heads=5, width=40, perturb=0.3, threads=3)
     compare(tmp, "one_thread", 4, "train", batch=2, time=11, vocab=17, context=12, layers=2,
             heads=3, width=24, perturb=0.3, threads=1)
     compare(tmp, "head_width_1", 6, "train", batch=2, time=6, vocab=11, context=6, layers=1,
