@@ -268,10 +268,10 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
                                     : at::Tensor();
     at::Tensor total = at::zeros({}, features.options().dtype(at::kDouble));
     const double scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
+    const bool need_grad = features_grad || weight_grad;
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const int64_t end = std::min(n, begin + chunk);
       const at::Tensor f = features.slice(0, begin, end).to(dtype);
-      const bool need_grad = features_grad || weight_grad;
       const at::Tensor g = chunk_nll(at::mm(f, weight.t()).to(at::kDouble),
                                      ids.slice(0, begin, end), ignore_index, scale, need_grad,
                                      total);
