@@ -64,6 +64,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "log.hpp"
 #include "machine_load.hpp"
 #include "manifest.hpp"
 #include "loader/registry.hpp"
@@ -494,8 +495,10 @@ MedianCi median_ci(const std::vector<double>& sorted, double level) {
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
   // keel's per-run log lines (e.g. the schedule's warm-up warning for short chunks) would
-  // repeat once per chunk; --verbose keeps them.
-  if (!o.verbose) spdlog::set_level(spdlog::level::err);
+  // repeat once per chunk; --verbose keeps them. Through keel's logging, not spdlog's level
+  // alone: each run attaches a run log, which sets up keel's console (at info) when nothing
+  // else has.
+  keel::init_logging(o.verbose ? spdlog::level::info : spdlog::level::err);
   // Both sides: the same LibTorch threads (default one per core), single-threaded BLAS.
   keel::configure_threads(o.threads);
 
