@@ -5,6 +5,10 @@
 #include <cmath>
 #include <vector>
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/stack.h>
+
 #include "keel/plugin.hpp"
 
 namespace {

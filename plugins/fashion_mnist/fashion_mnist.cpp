@@ -13,6 +13,9 @@
 // W * B divides N, the samples of batch t of a single rank with batch_size B * W. With W = 1
 // the shard is the whole order.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/randperm.h>
 #include <sys/stat.h>
 #include <zlib.h>
 

@@ -5,6 +5,9 @@
 // tensors published through named_state(): the kernel saves them with every checkpoint and
 // loads them back in place, and the hook always reads the tensors, so a resumed run continues
 // counting where the checkpoint left off.
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>

@@ -17,6 +17,18 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/tanh.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
+
 #include "keel/module_model.hpp"
 #include "keel/plugin.hpp"
 

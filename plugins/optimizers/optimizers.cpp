@@ -17,6 +17,11 @@
 #include <memory>
 #include <string>
 
+#include <ATen/ops/scalar_tensor.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
 #include "keel/plugin.hpp"
 
 namespace {

@@ -30,6 +30,8 @@
 // the samples after the last full batch are dropped (the last partial batch is never yielded),
 // so every step sees batch_size * context tokens. size() is the samples a rank's epoch yields
 // (batches * batch_size); Batch.tokens is batch_size * context, the target tokens of the batch.
+#include <ATen/ops/empty.h>
+
 #include <endian.h>
 #include <fcntl.h>
 #include <sys/mman.h>
