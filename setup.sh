@@ -1,32 +1,63 @@
 #!/usr/bin/env bash
 # Sets up keel on Debian 12: installs the missing Debian packages, makes sure the system BLAS
 # is OpenBLAS's OpenMP build (not the 25x slower reference BLAS), then configures and builds
-# into ./build and tokenizes the fortunes corpus for configs/char_gpt.toml into ./data/fortunes.
-#   ./setup.sh            install what is missing + build
-#   BUILD_DIR=out ./setup.sh
+# (release) into ./build.
+#   ./setup.sh            what building keel and training configs/quickstart.toml need, + build
+#   ./setup.sh --tests    also what `meson test -C build` needs (python3-torch, chromium,
+#                         abigail-tools, fortunes), + build
+#   ./setup.sh --ci       also what .ci/run needs beyond that: clang-14 and its sanitizer/libFuzzer
+#                         runtime for the fuzzers (implies --tests), + build
+#   BUILD_DIR=out ./setup.sh [...]
+# doctest-dev stays in the base set: the build compiles the doctest test executables by default,
+# and without the package meson would download doctest (subprojects/doctest.wrap).
+# The fortunes corpus of configs/char_gpt.toml (not the quickstart): the package is test-only
+# (tests/test_gpt.py); when it is installed, data/fortunes/ is tokenized once after the build
+# (a few seconds), otherwise one line says how to get it.
 set -euo pipefail
 cd "$(dirname "$0")"
 BUILD_DIR=${BUILD_DIR:-build}
 
+tests=0 ci=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) tests=1 ;;
+    --ci) tests=1 ci=1 ;;
+    *)
+      echo "setup.sh: error: unknown option '$arg'; hint: ./setup.sh [--tests | --ci]" >&2
+      exit 2
+      ;;
+  esac
+done
+
+# Building keel and running configs/quickstart.toml.
 PACKAGES=(
   g++ pkg-config meson ninja-build
   libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) and c10d's gloo backend
   libopenblas0-openmp                 # the BLAS LibTorch calls (without it, reference BLAS),
                                       # built on OpenMP, whose threads LibTorch's are too
   libboost-dev libboost-program-options-dev
-  libtomlplusplus-dev libspdlog-dev doctest-dev zlib1g-dev
+  libtomlplusplus-dev libspdlog-dev zlib1g-dev
+  doctest-dev                         # the test executables, built by default (see above)
   nlohmann-json3-dev                  # JSON: metrics.jsonl, Chrome traces, safetensors headers,
                                       # checkpoint commit records
   libxxhash-dev                       # XXH3 checksums of checkpoint files
   libssl-dev                          # SHA-256 of plugin files (lock files, packages)
   libarchive-dev                      # .tar.gz plugin packages
-  python3-torch                       # the same LibTorch build, for tests against PyTorch
-  dataset-fashion-mnist
-  fortunes                            # text for configs/char_gpt.toml (configs/prepare_fortunes.sh)
-  chromium                            # tests: test_report.py renders `keel report` headless
-  clang-14 libclang-rt-14-dev         # .ci/run: the libFuzzer targets (tests/fuzz)
-  abigail-tools                       # tests: abidiff of the ABI against tests/abi/
+  dataset-fashion-mnist               # the quickstart's data
 )
+# --tests: `meson test -C build`.
+TEST_PACKAGES=(
+  python3-torch                       # the same LibTorch build, for tests against PyTorch
+  chromium                            # test_report.py renders `keel report` headless
+  abigail-tools                       # abi_diff: abidiff of the ABI against tests/abi/
+  fortunes                            # test_gpt.py; text for configs/char_gpt.toml
+)
+# --ci: .ci/run's fuzzers.
+CI_PACKAGES=(
+  clang-14 libclang-rt-14-dev         # the libFuzzer targets (tests/fuzz)
+)
+((tests)) && PACKAGES+=("${TEST_PACKAGES[@]}")
+((ci)) && PACKAGES+=("${CI_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -39,6 +70,8 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: nothing to install (${#PACKAGES[@]} packages already installed)"
 fi
 
 # libblas.so.3 and libopenblas.so.0 (LibTorch links both) must resolve to the OpenMP build of
@@ -56,12 +89,21 @@ for lib in libblas.so.3 libopenblas.so.0; do
   fi
 done
 
+build_start=$SECONDS
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   meson setup "$BUILD_DIR" --buildtype=release
 fi
 ninja -C "$BUILD_DIR"
+s=$((SECONDS - build_start))
+printf 'setup: build took %dm %02ds\n' $((s / 60)) $((s % 60))
 echo "setup: built into $BUILD_DIR (keel: $BUILD_DIR/kernel/keel)"
+
 # The character-level corpus of configs/char_gpt.toml (once; a few seconds).
 if [ ! -f data/fortunes/tokens.bin ]; then
-  configs/prepare_fortunes.sh "$BUILD_DIR/kernel/keel" data/fortunes
+  if [ -d /usr/share/games/fortunes ]; then
+    configs/prepare_fortunes.sh "$BUILD_DIR/kernel/keel" data/fortunes
+  else
+    echo "setup: data/fortunes/ (configs/char_gpt.toml) not prepared;" \
+         "hint: ./setup.sh --tests, or apt-get install fortunes && configs/prepare_fortunes.sh"
+  fi
 fi
