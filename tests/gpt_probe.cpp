@@ -1,10 +1,12 @@
 // Drives the gpt model of the gpt plugin (plugins/gpt) through keel/testing.hpp for
 // tests/test_gpt.py:
 //
-//   gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors [--perturb STD]
-//             [KEY=VALUE]...
+//   gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors [--threads N]
+//             [--perturb STD] [KEY=VALUE]...
 //
-// Creates the model with the options KEY=VALUE ("true"/"false": a bool, a value with '.': a
+// With --threads, sets LibTorch's intra-op thread count to N first (else it is what the
+// process has: OMP_NUM_THREADS sets it at start-up, an earlier case of a batch may have changed
+// it). Creates the model with the options KEY=VALUE ("true"/"false": a bool, a value with '.': a
 // float, else an integer) and seed SEED; with --perturb, adds noise ~ N(0, STD) to every
 // parameter in place (drawn after the model's initialisation, so from the same seeded
 // generator), so that a comparison does not rest on the initial values alone (LayerNorms at 1
@@ -18,7 +20,8 @@
 // -1], "state": [names], "flops_per_sample": .., "loss": .., "graph": {NODE: COUNT}, "threads": N}, where
 // "graph" counts the autograd nodes behind the logits whose names contain "CausalAttention"
 // (the plugin's fused attention) or "SoftmaxBackward" (LibTorch's softmax, the reference
-// attention), and N is LibTorch's intra-op thread count (OMP_NUM_THREADS sets it). Any failure prints its message on stderr and exits 1.
+// attention), and N is LibTorch's intra-op thread count the case ran with. Any failure prints
+// its message on stderr and exits 1. `gpt_probe --batch` runs many cases (tests/probe.hpp).
 #include "keel/testing.hpp"
 
 #include <ATen/Parallel.h>
@@ -92,11 +95,11 @@ std::string count_nodes(const at::Tensor& root, const std::vector<std::string>& 
   return out + "}";
 }
 
-int run(int argc, char** argv) {
+std::string run(int argc, char** argv) {
   if (argc < 7)
     throw std::runtime_error(
         "usage: gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors "
-        "[--perturb STD] [KEY=VALUE]...");
+        "[--threads N] [--perturb STD] [KEY=VALUE]...");
   keel::testing::Plugin plugin(probe::open_plugin(argv[1]));
   keel::testing::Setup setup;
   setup.seed = std::stoull(argv[2]);
@@ -108,9 +111,13 @@ int run(int argc, char** argv) {
 
   double perturb = 0;
   int first_option = 7;
-  if (argc > 8 && std::string(argv[7]) == "--perturb") {
-    perturb = std::stod(argv[8]);
-    first_option = 9;
+  if (argc > first_option + 1 && std::string(argv[first_option]) == "--threads") {
+    at::set_num_threads(std::stoi(argv[first_option + 1]));
+    first_option += 2;
+  }
+  if (argc > first_option + 1 && std::string(argv[first_option]) == "--perturb") {
+    perturb = std::stod(argv[first_option + 1]);
+    first_option += 2;
   }
   auto model = plugin.create<keel_model>("gpt", probe::parse_options(argc, argv, first_option), setup);
   const size_t np = model.call(model->param_count);
@@ -156,12 +163,11 @@ int run(int argc, char** argv) {
     if (p.grad().defined()) out.emplace_back("grad/" + name, p.grad());
   out.emplace_back("logits", logits);
   write_safetensors(argv[6], out);
-  std::printf("{\"params\": [%s], \"same_as\": [%s], \"state\": [%s], \"flops_per_sample\": %s, "
-              "\"loss\": %s, \"graph\": %s, \"threads\": %d}\n",
-              names.c_str(), same_as.c_str(), state.c_str(), json_number(flops).c_str(),
-              json_number(loss.item<double>()).c_str(), graph.c_str(),
-              at::get_num_threads());
-  return 0;
+  return probe::format(
+      "{\"params\": [%s], \"same_as\": [%s], \"state\": [%s], \"flops_per_sample\": %s, "
+      "\"loss\": %s, \"graph\": %s, \"threads\": %d}\n",
+      names.c_str(), same_as.c_str(), state.c_str(), json_number(flops).c_str(),
+      json_number(loss.item<double>()).c_str(), graph.c_str(), at::get_num_threads());
 }
 
 }  // namespace

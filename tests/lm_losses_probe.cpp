@@ -37,7 +37,9 @@
 //     stdout: {"logits_bytes": (B*T*V*4), "peak_growth_bytes": ..} as in memory mode.
 //
 // KEY=VALUE are the loss's options (integer values). Any failure prints its message on stderr
-// and exits 1.
+// and exits 1. `lm_losses_probe --batch` runs many cases of the first and the `count` and
+// `linear` modes (tests/probe.hpp); the memory modes measure the whole process's peak and so
+// refuse to run there: each needs a fresh process.
 #include "keel/testing.hpp"
 
 #include "probe.hpp"
@@ -72,18 +74,26 @@ std::string json(double x) {
   return std::isnan(x) ? std::string("NaN") : std::string(text);
 }
 
-int count_mode(int argc, char** argv) {
+std::string count_mode(int argc, char** argv) {
   if (argc < 5) throw std::runtime_error("usage: lm_losses_probe count PLUGIN.so COMPONENT SHAPE [KEY=VALUE]...");
   keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
   auto loss = plugin.create<keel_loss>(argv[3], probe::parse_options(argc, argv, 5));
   const at::Tensor target = at::empty(probe::parse_shape(argv[4]), at::TensorOptions().dtype(at::kLong).device(at::kMeta));
   if (!loss->count_items) throw std::runtime_error("no count_items");
   const int64_t items = loss.call(loss->count_items, keel::peek(target));
-  std::printf("{\"count_items\": %lld}\n", static_cast<long long>(items));
-  return 0;
+  return probe::format("{\"count_items\": %lld}\n", static_cast<long long>(items));
 }
 
-int memory_mode(int argc, char** argv) {
+// Memory modes measure the process's peak resident set, which earlier cases of a batch would
+// have raised (and whose freed memory allocations could reuse without growing it).
+void need_fresh_process() {
+  if (probe::batch_mode())
+    throw std::runtime_error("memory modes measure the process's peak: run each in a fresh "
+                             "process, not in --batch");
+}
+
+std::string memory_mode(int argc, char** argv) {
+  need_fresh_process();
   if (argc < 5) throw std::runtime_error("usage: lm_losses_probe memory PLUGIN.so COMPONENT B,T,V [KEY=VALUE]...");
   keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
   auto loss = plugin.create<keel_loss>(argv[3], probe::parse_options(argc, argv, 5));
@@ -98,9 +108,9 @@ int memory_mode(int argc, char** argv) {
   loss.call(loss->compute, keel::peek(logits), keel::peek(targets), &out, &count);
   keel::adopt(out).backward();
   const int64_t peak = status_bytes("VmHWM");
-  std::printf("{\"logits_bytes\": %lld, \"peak_growth_bytes\": %lld}\n",
-              static_cast<long long>(logits.nbytes()), static_cast<long long>(peak - before));
-  return 0;
+  return probe::format("{\"logits_bytes\": %lld, \"peak_growth_bytes\": %lld}\n",
+                       static_cast<long long>(logits.nbytes()),
+                       static_cast<long long>(peak - before));
 }
 
 // compute_linear of the loss `loss`, as the kernel calls it; returns the loss tensor.
@@ -114,10 +124,11 @@ at::Tensor linear_loss(keel::testing::Instance<keel_loss>& loss, const at::Tenso
   return keel::adopt(out);
 }
 
-int memory_linear_mode(int argc, char** argv) {
+std::string memory_linear_mode(int argc, char** argv) {
   if (argc < 5)
     throw std::runtime_error("usage: lm_losses_probe memory_linear|memory_plain PLUGIN.so "
                              "COMPONENT B,T,V,F [KEY=VALUE]...");
+  need_fresh_process();
   const bool plain = std::string(argv[1]) == "memory_plain";
   keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
   auto loss = plugin.create<keel_loss>(argv[3], probe::parse_options(argc, argv, 5));
@@ -138,12 +149,12 @@ int memory_linear_mode(int argc, char** argv) {
     linear_loss(loss, features, weight, targets, &count).backward();
   }
   const int64_t peak = status_bytes("VmHWM");
-  std::printf("{\"logits_bytes\": %lld, \"peak_growth_bytes\": %lld}\n",
-              static_cast<long long>(s[0] * s[1] * s[2] * 4), static_cast<long long>(peak - before));
-  return 0;
+  return probe::format("{\"logits_bytes\": %lld, \"peak_growth_bytes\": %lld}\n",
+                       static_cast<long long>(s[0] * s[1] * s[2] * 4),
+                       static_cast<long long>(peak - before));
 }
 
-int linear_mode(int argc, char** argv) {
+std::string linear_mode(int argc, char** argv) {
   if (argc < 10)
     throw std::runtime_error("usage: lm_losses_probe linear PLUGIN.so COMPONENT FEATURES.bin "
                              "B,T,F WEIGHT.bin V,G TARGETS.bin GRADS.bin [KEY=VALUE]...");
@@ -172,15 +183,15 @@ int linear_mode(int argc, char** argv) {
   for (const at::Tensor& g : {features.grad().contiguous(), weight.grad().contiguous()})
     f.write(static_cast<const char*>(g.data_ptr()), static_cast<std::streamsize>(g.nbytes()));
   if (!f.flush()) throw std::runtime_error(std::string("cannot write ") + argv[9]);
-  std::printf("{\"loss\": %s, \"count\": %lld, \"requires_grad\": %s, \"no_grad_loss\": %s, "
-              "\"no_grad_requires_grad\": %s}\n",
-              json(l.item<double>()).c_str(), static_cast<long long>(count),
-              l.requires_grad() ? "true" : "false", json(no_grad_loss).c_str(),
-              no_grad_requires_grad ? "true" : "false");
-  return 0;
+  return probe::format(
+      "{\"loss\": %s, \"count\": %lld, \"requires_grad\": %s, \"no_grad_loss\": %s, "
+      "\"no_grad_requires_grad\": %s}\n",
+      json(l.item<double>()).c_str(), static_cast<long long>(count),
+      l.requires_grad() ? "true" : "false", json(no_grad_loss).c_str(),
+      no_grad_requires_grad ? "true" : "false");
 }
 
-int run(int argc, char** argv) {
+std::string run(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "count") return count_mode(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "memory") return memory_mode(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "linear") return linear_mode(argc, argv);
@@ -225,13 +236,13 @@ int run(int argc, char** argv) {
     f.write(static_cast<const char*>(g.data_ptr()), static_cast<std::streamsize>(g.nbytes()));
     if (!f.flush()) throw std::runtime_error(std::string("cannot write ") + argv[6]);
     const double v = l.item<double>();
-    std::printf("{\"loss\": %s, \"count\": %lld, \"count_items\": %lld, \"requires_grad\": %s, "
-                "\"no_grad_loss\": %s, \"no_grad_requires_grad\": %s}\n",
-                json(v).c_str(), static_cast<long long>(count), static_cast<long long>(items),
-                requires_grad ? "true" : "false", json(no_grad_loss).c_str(),
-                no_grad_requires_grad ? "true" : "false");
+    return probe::format(
+        "{\"loss\": %s, \"count\": %lld, \"count_items\": %lld, \"requires_grad\": %s, "
+        "\"no_grad_loss\": %s, \"no_grad_requires_grad\": %s}\n",
+        json(v).c_str(), static_cast<long long>(count), static_cast<long long>(items),
+        requires_grad ? "true" : "false", json(no_grad_loss).c_str(),
+        no_grad_requires_grad ? "true" : "false");
   }
-  return 0;
 }
 
 }  // namespace

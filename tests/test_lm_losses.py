@@ -31,12 +31,19 @@ build), through tests/lm_losses_probe (the plugin loaded with keel/testing.hpp):
   (features [1, 8192, 256], weight [4096, 256], the same logits), at::linear then
   token_cross_entropy at least 3 times (the logits themselves too) and compute_linear
   (chunk_tokens 256) at most 0.5 times (the two gradient buffers, 12 MiB, and one chunk's
-  logits and temporaries); all printed. Asserted
+  logits and temporaries); all printed. Each memory case runs in a process of its own (the
+  peak is the process's: earlier cases would have raised it, and memory they freed could be
+  reused without growing it), and the batch refuses a memory case. Asserted
   only without AddressSanitizer (ASAN_OPTIONS unset): its quarantine keeps freed memory
   resident, so under it the chunked loss's peak measured 3.3 times the logits.
 
+Every other case runs in one `lm_losses_probe --batch` process (tests/probe.hpp), which saves a
+LibTorch start-up per case; an error case gets its message back from it and the batch goes on.
+All files are in temporary directories (tempfile), so the test can run beside others.
+
 Usage: test_lm_losses.py PROBE PLUGIN.so
 """
+import concurrent.futures
 import json
 import math
 import os
@@ -60,22 +67,63 @@ def check(cond, what):
         print("FAIL:", what)
 
 
+class Batch:
+    """One `PROBE --batch` process (tests/probe.hpp): run(*args) sends one case, the arguments
+    of a one-case command line, and returns (its output, None), or (None, its error message)
+    when it failed; the process goes on with the next case."""
+
+    def __init__(self, *argv):
+        self.argv = [*argv, "--batch"]
+        self.p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        self.cases = 0
+
+    def run(self, *args):
+        args = [str(a) for a in args]
+        assert not any("\t" in a or "\n" in a for a in args), args
+        self.p.stdin.write("\t".join(args) + "\n")
+        self.p.stdin.flush()
+        reply = self.p.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"{self.argv} ended (status {self.p.wait()}) in case {args}")
+        self.cases += 1
+        r = json.loads(reply)
+        return (r["output"], None) if r["ok"] else (None, r["error"].strip())
+
+    def close(self):
+        self.p.stdin.close()
+        status = self.p.wait()
+        check(status == 0, f"{self.argv} exited with status {status}")
+
+
+BATCH = Batch(PROBE)
+
+
 def probe(tmp, component, logits, targets, **options):
     lpath, tpath, gpath = (os.path.join(tmp, n) for n in ("l.bin", "t.bin", "g.bin"))
     logits.contiguous().numpy().tofile(lpath)
     targets.contiguous().numpy().tofile(tpath)
     shapes = ",".join(map(str, logits.shape)) + ":" + ",".join(map(str, targets.shape))
-    args = [PROBE, PLUGIN, component, lpath, shapes, tpath, gpath]
+    args = [PLUGIN, component, lpath, shapes, tpath, gpath]
     args += [f"{k}={v}" for k, v in options.items()]
-    r = subprocess.run(args, capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, None, r.stderr.strip()
-    out = json.loads(r.stdout)
+    text, err = BATCH.run(*args)
+    if err is not None:
+        return None, None, err
+    out = json.loads(text)
     grad = torch.from_numpy(numpy.fromfile(gpath, dtype="float32")).view(logits.shape)
     return out, grad, None
 
 
 def probe_mode(mode, component, shape, **options):
+    args = [mode, PLUGIN, component, ",".join(map(str, shape))]
+    args += [f"{k}={v}" for k, v in options.items()]
+    text, err = BATCH.run(*args)
+    return (json.loads(text), None) if err is None else (None, err)
+
+
+def memory_case(mode, component, shape, **options):
+    """A memory mode in a process of its own: it measures the process's peak resident set, which
+    earlier cases would have raised (and freed memory of theirs could be reused unmeasured)."""
     args = [PROBE, mode, PLUGIN, component, ",".join(map(str, shape))]
     args += [f"{k}={v}" for k, v in options.items()]
     r = subprocess.run(args, capture_output=True, text=True)
@@ -103,6 +151,23 @@ def agrees(what, out, grad, want, want_grad, count):
           f"{out['no_grad_requires_grad']})")
     return loss_diff, diff
 
+
+# Memory: the growth of the peak RSS over one loss and its backward, on [1, 8192, 4096] logits;
+# the last two with the output layer too: features [1, 8192, 256] and weight [4096, 256] (logits
+# of the same shape), through at::linear and compute (the logits made whole, as a model's
+# forward makes them) and through compute_linear (chunks of 256 rows). Each in a process of its
+# own, one at a time, beside the batch of the other cases (read at the end).
+shape = (1, 8192, 4096)
+growth = {}
+MEMORY_CASES = (
+    ("token_cross_entropy", "memory", "token_cross_entropy", {}, shape),
+    ("chunked_cross_entropy", "memory", "chunked_cross_entropy", {"chunk_tokens": 256}, shape),
+    ("memory_plain", "memory_plain", "token_cross_entropy", {}, shape + (256,)),
+    ("memory_linear", "memory_linear", "chunked_cross_entropy", {"chunk_tokens": 256},
+     shape + (256,)))
+memory_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+memory_results = [memory_pool.submit(memory_case, mode, component, sizes, **opts)
+                  for _, mode, component, opts, sizes in MEMORY_CASES]
 
 t0 = time.time()
 torch.manual_seed(0)
@@ -162,6 +227,9 @@ with tempfile.TemporaryDirectory() as tmp:
         _, err = probe_mode("count", component, shape, ignore_index=-100, **opts)
         check(err is not None and "meta" in err.lower(),
               f"{component} with ignore_index reads the targets (fails on meta): {err}")
+    # A memory mode measures the whole process's peak: the batch refuses it.
+    _, err = probe_mode("memory", "token_cross_entropy", (1, 2, 3))
+    check(err is not None and "fresh process" in err, f"a memory mode in the batch: {err}")
 
     # cross_entropy's class_dim against F.cross_entropy with the classes in dimension 1.
     targets = torch.randint(0, v, (b, t))
@@ -217,15 +285,15 @@ def probe_linear(tmp, component, features, weight, targets, **options):
     paths = [os.path.join(tmp, n) for n in ("f.bin", "w.bin", "t.bin", "g.bin")]
     for x, path in zip((features, weight, targets), paths):
         x.contiguous().numpy().tofile(path)
-    args = [PROBE, "linear", PLUGIN, component, paths[0], ",".join(map(str, features.shape)),
+    args = ["linear", PLUGIN, component, paths[0], ",".join(map(str, features.shape)),
             paths[1], ",".join(map(str, weight.shape)), paths[2], paths[3]]
     args += [f"{k}={v}" for k, v in options.items()]
-    r = subprocess.run(args, capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, None, r.stderr.strip()
+    text, err = BATCH.run(*args)
+    if err is not None:
+        return None, None, err
     grads = torch.from_numpy(numpy.fromfile(paths[3], dtype="float32"))
     n = features.numel()
-    return json.loads(r.stdout), grads[:n].view(features.shape), grads[n:].view(weight.shape)
+    return json.loads(text), grads[:n].view(features.shape), grads[n:].view(weight.shape)
 
 
 # chunked_cross_entropy's compute_linear (the output layer inside the loss) against
@@ -272,20 +340,13 @@ with tempfile.TemporaryDirectory() as tmp:
           "[batch, time, F] and [vocab, F]" in err and "\n" not in err, f"weight shape: {err}")
 print(f"largest differences from F.cross_entropy(F.linear(...)) (compute_linear): loss "
       f"{worst_linear[0]:.2e}, gradients {worst_linear[1]:.2e} (tolerance {TOL:g})")
+cases = BATCH.cases
+BATCH.close()
+print(f"{cases} cases in one lm_losses_probe process; the {len(MEMORY_CASES)} memory cases in "
+      "one each")
 
-# Memory: the growth of the peak RSS over one loss and its backward, on [1, 8192, 4096] logits;
-# the last two with the output layer too: features [1, 8192, 256] and weight [4096, 256] (logits
-# of the same shape), through at::linear and compute (the logits made whole, as a model's
-# forward makes them) and through compute_linear (chunks of 256 rows).
-shape = (1, 8192, 4096)
-growth = {}
-for key, mode, component, opts, sizes in (
-        ("token_cross_entropy", "memory", "token_cross_entropy", {}, shape),
-        ("chunked_cross_entropy", "memory", "chunked_cross_entropy", {"chunk_tokens": 256}, shape),
-        ("memory_plain", "memory_plain", "token_cross_entropy", {}, shape + (256,)),
-        ("memory_linear", "memory_linear", "chunked_cross_entropy", {"chunk_tokens": 256},
-         shape + (256,))):
-    out, err = probe_mode(mode, component, sizes, **opts)
+for (key, mode, component, opts, sizes), future in zip(MEMORY_CASES, memory_results):
+    out, err = future.result()
     if err:
         check(False, f"{mode} {component}: {err}")
         continue

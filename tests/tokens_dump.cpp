@@ -10,7 +10,8 @@
 // the epoch). OUT.bin receives each batch's inputs then its targets (int64, this machine's byte
 // order, row-major); stdout gets one JSON line: {"size": .., "batches_per_epoch": ..,
 // "tokens_per_sample": .., "batches": [[samples, tokens, rows, columns], ...]}.
-// Any failure prints its message on stderr and exits 1.
+// Any failure prints its message on stderr and exits 1. `tokens_dump --batch` runs many cases
+// (tests/probe.hpp).
 #include "keel/testing.hpp"
 
 #include "probe.hpp"
@@ -33,7 +34,7 @@ keel::testing::Value parse_value(const std::string& v) {
   return v;
 }
 
-int run(int argc, char** argv) {
+std::string run(int argc, char** argv) {
   if (argc < 3) throw std::runtime_error("usage: tokens_dump PLUGIN.so OUT.bin [flags] KEY=VALUE...");
   const keel_plugin_descriptor* descriptor = probe::open_plugin(argv[1]);
 
@@ -85,12 +86,13 @@ int run(int argc, char** argv) {
                 std::to_string(in.size(1)) + "]";
     }
     if (!out.flush()) throw std::runtime_error(std::string("cannot write ") + argv[2]);
-    std::printf("{\"size\": %lld, \"batches_per_epoch\": %lld, \"tokens_per_sample\": %lld, "
-                "\"batches\": [%s]}\n",
-                static_cast<long long>(size), static_cast<long long>(batches),
-                static_cast<long long>(tps), shapes.c_str());
+    // The plugin stays loaded: no dlclose while LibTorch may hold its pointers.
+    return probe::format(
+        "{\"size\": %lld, \"batches_per_epoch\": %lld, \"tokens_per_sample\": %lld, "
+        "\"batches\": [%s]}\n",
+        static_cast<long long>(size), static_cast<long long>(batches),
+        static_cast<long long>(tps), shapes.c_str());
   }
-  return 0;  // the plugin stays loaded: no dlclose while LibTorch may hold its pointers
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 //           begin mark), then times begin/end pairs outside the step range of it and of one
 //           without operators (the best of 5 rounds of 10^6 pairs each) and prints
 //           "ns_per_pair <with_operators> <without>" (information, not asserted).
+// Any failure prints its message on stderr and exits 1. `torch_profiler_probe --batch` runs
+// many cases (tests/probe.hpp).
 #include "keel/testing.hpp"  // first: see keel/testing.hpp
 
 #include "probe.hpp"
@@ -14,7 +16,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <iostream>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -30,14 +32,16 @@ double time_marks(const keel::testing::Instance<keel_profiler>& p, int64_t step,
          n;
 }
 
-int run(int argc, char** argv) {
+std::string run(int argc, char** argv) {
   if (argc != 4) throw std::runtime_error("usage: torch_profiler_probe PLUGIN.so MODE RUN_DIR");
   keel::testing::Plugin plugin(probe::open_plugin(argv[1]));
   const std::string mode = argv[2];
   keel::testing::Setup setup;
   setup.run_dir = argv[3];
   namespace impl = torch::profiler::impl;
+  std::ostringstream out;
   if (mode == "busy") {
+    keel::testing::clear_log_lines();  // an earlier case's, in a batch
     auto p = plugin.create<keel_profiler>(
         "chrome_trace", {{"start_step", int64_t{1}}, {"end_step", int64_t{1}},
                          {"operators", true}}, setup);
@@ -51,21 +55,21 @@ int run(int argc, char** argv) {
     }
     torch::autograd::profiler::disableProfiler();
     p.call(p->flush);
-    for (const auto& line : keel::testing::log_lines()) std::cout << line << "\n";
-    std::cout << "ok\n";
+    for (const auto& line : keel::testing::log_lines()) out << line << "\n";
+    out << "ok\n";
   } else if (mode == "marks") {
     auto ops = plugin.create<keel_profiler>(
         "chrome_trace", {{"start_step", int64_t{5}}, {"end_step", int64_t{6}},
                          {"operators", true}}, setup);
     auto plain = plugin.create<keel_profiler>(
         "chrome_trace", {{"start_step", int64_t{5}}, {"end_step", int64_t{6}}}, setup);
-    std::cout << "enabled";
+    out << "enabled";
     for (int64_t step = 0; step <= 8; ++step) {
       ops.call(ops->begin, "forward", step);
-      std::cout << " " << step << ":" << (torch::profiler::impl::profilerEnabled() ? 1 : 0);
+      out << " " << step << ":" << (torch::profiler::impl::profilerEnabled() ? 1 : 0);
       ops.call(ops->end, "forward", step);
     }
-    std::cout << "\n";
+    out << "\n";
     const int n = 1000000;
     time_marks(ops, 0, n / 10);  // warm up
     time_marks(plain, 0, n / 10);
@@ -74,11 +78,11 @@ int run(int argc, char** argv) {
       best_ops = std::min(best_ops, time_marks(ops, 0, n));
       best_plain = std::min(best_plain, time_marks(plain, 0, n));
     }
-    std::cout << "ns_per_pair " << best_ops << " " << best_plain << "\n";
+    out << "ns_per_pair " << best_ops << " " << best_plain << "\n";
   } else {
     throw std::runtime_error("unknown mode " + mode);
   }
-  return 0;
+  return out.str();
 }
 
 }  // namespace
