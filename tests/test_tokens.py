@@ -10,6 +10,9 @@
   as documented, token counts are exact, and bad files give one clear error.
 - `keel validate` accepts a manifest whose data is a tokens dataset.
 
+Every tokens_dump case runs in one `tokens_dump --batch` process (tests/probe.hpp); a failing
+case's message comes back from it. Files live in a temporary directory (tempfile).
+
 Usage: test_tokens.py KEEL TOKENS_DUMP PLUGIN.so [unittest args]"""
 import json
 import os
@@ -40,9 +43,40 @@ def random_offset(seed, epoch, i, positions):
     return (d * positions) >> 64
 
 
+class Batch:
+    """One `PROBE --batch` process (tests/probe.hpp): run(*args) sends one case, the arguments
+    of a one-case command line, and returns (its output, None), or (None, its error message)
+    when it failed; the process goes on with the next case."""
+
+    def __init__(self, *argv):
+        self.argv = [*argv, "--batch"]
+        self.p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        self.cases = 0
+
+    def run(self, *args):
+        args = [str(a) for a in args]
+        assert not any("\t" in a or "\n" in a for a in args), args
+        self.p.stdin.write("\t".join(args) + "\n")
+        self.p.stdin.flush()
+        reply = self.p.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"{self.argv} ended (status {self.p.wait()}) in case {args}")
+        self.cases += 1
+        r = json.loads(reply)
+        return (r["output"], None) if r["ok"] else (None, r["error"])
+
+    def close(self):
+        """The process's exit status, once it has read the end of its input."""
+        self.p.stdin.close()
+        return self.p.wait()
+
+
 class Tokens(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        # Every tokens_dump case of the class in one process (a LibTorch start-up each saved).
+        cls.dumps = Batch(DUMP)
         cls.tmp = tempfile.mkdtemp(prefix="keel-tokens-")
         rng = np.random.default_rng(7)
         alphabet = list("abcdefgh ,.\nαβγ中文")
@@ -51,7 +85,11 @@ class Tokens(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cases, status = cls.dumps.cases, cls.dumps.close()
         shutil.rmtree(cls.tmp, ignore_errors=True)
+        print(f"{cases} cases in one tokens_dump process", file=sys.stderr)
+        if status != 0:
+            raise AssertionError(f"tokens_dump --batch exited with status {status}")
 
     # ---- helpers --------------------------------------------------------------------------
     @classmethod
@@ -89,16 +127,16 @@ class Tokens(unittest.TestCase):
         """Batches of the dataset: (info, array [batches, 2, batch, context])."""
         out = os.path.join(self.tmp, "dump.bin")
         opts = {"path": path or os.path.join(self.dir, "tokens.bin"), **options}
-        argv = [DUMP, PLUGIN, out, *map(str, args)] + [f"{k}={v}" for k, v in opts.items()]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        argv = [PLUGIN, out, *map(str, args)] + [f"{k}={v}" for k, v in opts.items()]
+        text, err = self.dumps.run(*argv)
         if not expect_ok:
-            self.assertEqual(p.returncode, 1, p.stdout)
-            lines = p.stderr.strip().splitlines()
-            self.assertEqual(len(lines), 1, p.stderr)
+            self.assertIsNone(text, "the case did not fail")
+            lines = err.strip().splitlines()
+            self.assertEqual(len(lines), 1, err)
             self.assertIn("; hint: ", lines[0])
             return lines[0]
-        self.assertEqual(p.returncode, 0, p.stderr)
-        info = json.loads(p.stdout)
+        self.assertIsNone(err)
+        info = json.loads(text)
         arr = np.fromfile(out, dtype=np.int64)
         shapes = info["batches"]
         if not shapes:
