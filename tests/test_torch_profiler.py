@@ -3,7 +3,8 @@
 trace it writes checked: valid Chrome trace JSON, the phases and the LibTorch operators of the
 chosen steps only, input shapes and FLOPs that match the model, memory events; then, through
 torch_profiler_probe, the fallback when LibTorch's profiler cannot start and the cost of the
-marks outside the step range.
+marks outside the step range. Both probe cases run in one `torch_profiler_probe --batch` process
+(tests/probe.hpp); every file is in a temporary directory (tempfile).
 Usage: test_torch_profiler.py KEEL_BINARY SOURCE_ROOT PROBE PROFILER_PLUGIN"""
 import json
 import os
@@ -32,7 +33,46 @@ def train(d, profiler, *sets):
     return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
 
 
+class Batch:
+    """One `PROBE --batch` process (tests/probe.hpp): run(*args) sends one case, the arguments
+    of a one-case command line, and returns (its output, None), or (None, its error message)
+    when it failed; the process goes on with the next case."""
+
+    def __init__(self, *argv):
+        self.argv = [*argv, "--batch"]
+        self.p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        self.cases = 0
+
+    def run(self, *args):
+        args = [str(a) for a in args]
+        assert not any("\t" in a or "\n" in a for a in args), args
+        self.p.stdin.write("\t".join(args) + "\n")
+        self.p.stdin.flush()
+        reply = self.p.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"{self.argv} ended (status {self.p.wait()}) in case {args}")
+        self.cases += 1
+        r = json.loads(reply)
+        return (r["output"], None) if r["ok"] else (None, r["error"])
+
+    def close(self):
+        """The process's exit status, once it has read the end of its input."""
+        self.p.stdin.close()
+        return self.p.wait()
+
+
 class TorchProfiler(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.probes = Batch(PROBE)  # the probe cases of the class, in one process
+
+    @classmethod
+    def tearDownClass(cls):
+        status = cls.probes.close()
+        if status != 0:
+            raise AssertionError(f"torch_profiler_probe --batch exited with status {status}")
+
     def test_operators_of_the_chosen_steps(self):
         with tempfile.TemporaryDirectory() as d:
             p = train(d, f'path = "profile/ops.trace.json"\nstart_step = {START}\n'
@@ -116,10 +156,9 @@ class TorchProfiler(unittest.TestCase):
 
     def run_probe(self, mode, run_dir):
         """torch_profiler_probe in `mode`; asserts it succeeded and returns its stdout lines."""
-        p = subprocess.run([PROBE, PLUGIN, mode, run_dir], capture_output=True, text=True,
-                           timeout=60)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        return p.stdout.splitlines()
+        out, err = self.probes.run(PLUGIN, mode, run_dir)
+        self.assertIsNone(err)
+        return out.splitlines()
 
     def test_profiler_busy_falls_back_to_phases(self):
         # LibTorch's profiler already on in the thread: one warning, the run goes on, and the
