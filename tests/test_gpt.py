@@ -12,8 +12,9 @@ Through gpt_probe (tests/gpt_probe.cpp: the plugin's model driven by keel/testin
   split 2, 2, 1), on 1 thread and with a head width of 1. Each case also checks
   which attention ran, from the autograd graph behind the logits: one CausalAttention node per
   layer for "fused", one softmax node per layer for "reference" and for dropout in training
-  mode (the fused attention does not drop attention weights); the probes run with
-  OMP_NUM_THREADS = 2 unless said;
+  mode (the fused attention does not drop attention weights); the cases run on 2 LibTorch
+  threads (gpt_probe --threads) unless said, all of them in one `gpt_probe --batch` process
+  (tests/probe.hpp), which a thread drives beside the keel runs below;
 - parameter and state names are the reference's state_dict keys, in its order; lm_head.weight
   is the same tensor (TensorImpl) as transformer.wte.weight and no other parameter is shared,
   and its gradient is the reference's tied gradient (both uses summed);
@@ -47,6 +48,8 @@ Through real `keel train` runs on a tiny character corpus:
 - configs/char_gpt.toml trains 12 steps on the fortunes corpus (configs/prepare_fortunes.sh),
   reports bits_per_token = loss / ln 2, and its transformer MFU counts N without wpe.
 
+Every file is in a temporary directory (tempfile).
+
 Usage: test_gpt.py KEEL_BINARY GPT_PROBE GPT_PLUGIN.so
 """
 import json
@@ -57,6 +60,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 
 import numpy as np
 import torch
@@ -161,21 +165,48 @@ ATOL = 1e-5
 DIFFS = []  # (case, "logits" or parameter name, max |keel - reference|)
 
 
+class Batch:
+    """One `PROBE --batch` process (tests/probe.hpp): run(*args) sends one case, the arguments
+    of a one-case command line, and returns (its output, None), or (None, its error message)
+    when it failed; the process goes on with the next case."""
+
+    def __init__(self, *argv):
+        self.argv = [*argv, "--batch"]
+        self.p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        self.cases = 0
+
+    def run(self, *args):
+        args = [str(a) for a in args]
+        assert not any("\t" in a or "\n" in a for a in args), args
+        self.p.stdin.write("\t".join(args) + "\n")
+        self.p.stdin.flush()
+        reply = self.p.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"{self.argv} ended (status {self.p.wait()}) in case {args}")
+        self.cases += 1
+        r = json.loads(reply)
+        return (r["output"], None) if r["ok"] else (None, r["error"])
+
+    def close(self):
+        self.p.stdin.close()
+        status = self.p.wait()
+        check(status == 0, f"{self.argv} exited with status {status}")
+
+
 def probe(tmp, tag, seed, mode, tokens, targets, perturb=0.0, threads=2, **options):
-    """Runs gpt_probe with `threads` LibTorch threads; returns (its JSON line, its tensors) or
-    (None, stderr) when it fails."""
+    """One gpt_probe case in the batch process PROBES, on `threads` LibTorch threads; returns (its JSON line, its
+    tensors) or (None, its error message) when it fails."""
     path = os.path.join(tmp, tag + ".bin")
     np.concatenate([tokens.numpy().ravel(), targets.numpy().ravel()]).astype("<i8").tofile(path)
     out = os.path.join(tmp, tag + ".safetensors")
-    args = ["--perturb", str(perturb)] if perturb else []
+    args = ["--threads", threads] + (["--perturb", perturb] if perturb else [])
     args += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()]
-    r = subprocess.run([PROBE, PLUGIN, str(seed), mode, path,
-                        f"{tokens.shape[0]},{tokens.shape[1]}", out, *args],
-                       capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
-    if r.returncode != 0:
-        return None, r.stderr
-    return json.loads(r.stdout), read_safetensors(out)
+    text, err = PROBES.run(PLUGIN, seed, mode, path, f"{tokens.shape[0]},{tokens.shape[1]}", out,
+                          *args)
+    if err is not None:
+        return None, err
+    return json.loads(text), read_safetensors(out)
 
 
 def compare(tmp, tag, seed, mode, batch, time, vocab, context, layers, heads, width, bias=True,
@@ -315,8 +346,26 @@ VOCAB_TEXT = ("It is a truth universally acknowledged, that a single man in poss
               "fortune, must be in want of a wife. ") * 40
 CTX, BATCH, LAYERS, HEADS, WIDTH, LR, STEPS = 16, 4, 2, 2, 32, 0.5, 3
 
+# The gpt_probe cases run in one `gpt_probe --batch` process, driven from a thread of their own
+# beside the keel runs below (two processes at a time, for 2 cores).
+PROBES = Batch(PROBE)
+probe_tmp = tempfile.TemporaryDirectory()
+
+
+def run_probe_checks():
+    try:
+        probe_checks(probe_tmp.name)
+    except Exception as e:  # reported as a failure, not lost with the thread
+        check(False, f"gpt_probe checks: {type(e).__name__}: {e}")
+    cases = PROBES.cases
+    PROBES.close()
+    print(f"{cases} cases in one gpt_probe process")
+
+
+probes = threading.Thread(target=run_probe_checks)
+probes.start()
+
 with tempfile.TemporaryDirectory() as tmp:
-    probe_checks(tmp)
 
     text = os.path.join(tmp, "corpus.txt")
     open(text, "w").write(VOCAB_TEXT)
@@ -466,6 +515,8 @@ type = "jsonl"
     check("N = 807808 parameters (16384 excluded)" in open(os.path.join(tmp, "char_gpt", "run.log")).read(),
           "the transformer MFU's N")
 
+probes.join()
+probe_tmp.cleanup()
 if DIFFS:
     print("largest logits/gradient difference from the reference:", max(d for _, _, d in DIFFS))
 print(f"{len(failures)} failure(s)")
