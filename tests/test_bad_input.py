@@ -11,12 +11,18 @@ what applies) and must give
   held before, and the run directory does not exist afterwards (or, when it existed before,
   holds exactly what it held).
 
-Usage: test_bad_input.py KEEL_BINARY SOURCE_ROOT [unittest args]
-Environment: KEEL_TEST_JOBS (parallel keel processes, default: the number of cores), KEEL_CASES
-(a regular expression: run only the cases whose name it matches). Under the sanitizers
-(ASAN_OPTIONS set, as meson's 'sanitizers' test setup does) a case that runs through both
-`validate` and `train` runs through `train` only, to keep CI's time: `train` runs the same
-checks before step 1, and the release suite runs both."""
+The cases run in-process: keel_inproc (tests/keel_inproc.cpp, driven by tests/inproc.py) calls
+keel::cli_main, the function the `keel` executable runs, once per case in a few long-lived
+processes, and reports any process-global state a case left changed (a leak fails the case).
+The cases run as another user (as_nobody) run as keel processes, and so does a fixed sample of
+the others (PROCESS_SAMPLE), whose results must equal the in-process ones. Under the sanitizers
+(ASAN_OPTIONS set, as meson's 'sanitizers' test setup does) every case runs through every
+command it lists, and each keel_inproc must exit 0 (LeakSanitizer reports at exit).
+
+Usage: test_bad_input.py KEEL_BINARY SOURCE_ROOT KEEL_INPROC [unittest args]
+Environment: KEEL_TEST_JOBS (keel_inproc runners and parallel keel processes, default: the
+number of cores), KEEL_CASES (a regular expression: run only the cases whose name it
+matches)."""
 import collections
 import concurrent.futures
 import gzip
@@ -29,9 +35,11 @@ import subprocess
 import sys
 import tempfile
 import unittest
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-KEEL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+import inproc
+
+KEEL, ROOT, INPROC = (os.path.abspath(a) for a in sys.argv[1:4])
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.toml")
 BUILD = os.path.dirname(os.path.dirname(KEEL))  # KEEL is BUILD/kernel/keel
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -600,6 +608,7 @@ def shift_lines(c: Case) -> str:
 class Result(NamedTuple):
     case: Case
     command: str
+    mode: str  # "inproc" (keel_inproc) or "process" (a keel process)
     argv: Tuple[str, ...]
     d: str
     returncode: Optional[int]  # None: timed out
@@ -610,6 +619,7 @@ class Result(NamedTuple):
     run_dir_before: Optional[Tuple[str, ...]]
     run_dir_after: Optional[Tuple[str, ...]]
     skipped: str = ""
+    leaks: Tuple[str, ...] = ()  # in-process: global state the case left changed
 
 
 def listing(d):
@@ -625,10 +635,13 @@ def listing(d):
     return tuple(sorted(out))
 
 
-def run_one(case: Case, command: str) -> Result:
+POOL: Optional[inproc.Pool] = None  # the keel_inproc runners, while the catalogue runs
+
+
+def run_one(case: Case, command: str, mode: str) -> Result:
     d = tempfile.mkdtemp(prefix=f"keel-bad-{case.name}-")
     try:
-        return _run_in(case, command, d)
+        return _run_in(case, command, d, mode)
     finally:
         for dirpath, dirnames, _ in os.walk(d):
             for n in dirnames:
@@ -636,7 +649,7 @@ def run_one(case: Case, command: str) -> Result:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _run_in(case: Case, command: str, d: str) -> Result:
+def _run_in(case: Case, command: str, d: str, mode: str) -> Result:
     m = os.path.join(d, "case.toml")
     with open(os.path.join(d, "small.toml"), "w") as f:
         f.write(SMALL.format(quickstart=QUICKSTART, d=d))
@@ -675,39 +688,87 @@ def _run_in(case: Case, command: str, d: str) -> Result:
     before = listing(d)
     run_before = listing(run_dir) if os.path.isdir(run_dir) else None
     if skipped:
-        return Result(case, command, argv, d, 0, "", "", before, before, run_before, run_before,
-                      skipped)
-    try:
-        p = subprocess.run(prefix + [KEEL, *argv], capture_output=True, text=True, cwd=d, env=env,
-                           timeout=TIMEOUT_S, errors="replace")
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out, err = None, str(e.stdout or ""), str(e.stderr or "")
-    return Result(case, command, argv, d, rc, out, err, before, listing(d), run_before,
-                  listing(run_dir) if os.path.isdir(run_dir) else None)
+        return Result(case, command, mode, argv, d, 0, "", "", before, before, run_before,
+                      run_before, skipped)
+    leaks = ()
+    if mode == "inproc":
+        o = POOL.run(["keel", *argv], cwd=d, env=case.env, unset=["KEEL_LOG_LEVEL"])
+        rc, out, err, leaks = o.returncode, o.stdout, o.stderr, tuple(o.leaks)
+    else:
+        try:
+            p = subprocess.run(prefix + [KEEL, *argv], capture_output=True, text=True, cwd=d,
+                               env=env, timeout=TIMEOUT_S, errors="replace")
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, out, err = None, str(e.stdout or ""), str(e.stderr or "")
+    return Result(case, command, mode, argv, d, rc, out, err, before, listing(d), run_before,
+                  listing(run_dir) if os.path.isdir(run_dir) else None, leaks=leaks)
+
+
+# The cases that also run as keel processes, their results compared with the in-process ones:
+# every 20th case of the catalogue, and those whose point is an environment variable.
+PROCESS_SAMPLE = frozenset([c.name for c in CASES[::20]] + [c.name for c in CASES if c.env])
+
+
+def modes(c: Case) -> Tuple[str, ...]:
+    if c.as_nobody:  # another user: setpriv starts a keel process
+        return ("process",)
+    return ("inproc", "process") if c.name in PROCESS_SAMPLE else ("inproc",)
+
+
+def runner_env():
+    env = dict(os.environ)
+    env.pop("KEEL_LOG_LEVEL", None)
+    return env
 
 
 class Catalogue(unittest.TestCase):
-    results = []
+    results: List[Result] = []
+    runner_problems: List[str] = []
 
     @classmethod
     def setUpClass(cls):
+        global POOL
         jobs = int(os.environ.get("KEEL_TEST_JOBS", os.cpu_count() or 1))
         only = re.compile(os.environ.get("KEEL_CASES", ""))
-        sanitizers = "ASAN_OPTIONS" in os.environ
-
-        def commands(c):
-            both = set(c.commands) == {"validate", "train"}
-            return ("train",) if sanitizers and both else c.commands
-
-        work = [(c, cmd) for c in CASES for cmd in commands(c) if only.search(c.name)]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            cls.results = list(pool.map(lambda w: run_one(*w), work))
+        work = [(c, cmd, mode) for c in CASES for cmd in c.commands for mode in modes(c)
+                if only.search(c.name)]
+        # The slow ones first (train reads Fashion-MNIST), so that no runner is left with them
+        # at the end.
+        work.sort(key=lambda w: (w[1] != "train", w[2] != "process"))
+        POOL = inproc.Pool(INPROC, TIMEOUT_S, env=runner_env())
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                cls.results = list(pool.map(lambda w: run_one(*w), work))
+        finally:
+            cls.runner_problems = POOL.close()
+            POOL = None
         kinds = collections.Counter(c.kind for c in CASES)
+        runs = collections.Counter(w[2] for w in work)
         print(f"\nbad-input catalogue: {len(CASES)} cases ("
               + ", ".join(f"{k} {kinds[k]}" for k in
                           ("manifests", "extends", "set", "flags", "files", "data"))
-              + f"), {len(work)} keel runs", file=sys.stderr)
+              + f"), {len(work)} keel runs: {runs['inproc']} in-process, {runs['process']} as "
+              f"keel processes", file=sys.stderr)
+
+    def test_runners_exit_clean(self):
+        """Every keel_inproc ended with status 0 (under the sanitizers: no leak at exit)."""
+        self.assertEqual(self.runner_problems, [])
+
+    def test_inproc_matches_process(self):
+        """The sample run both ways gives the same exit status, stderr and stdout."""
+        by_key = collections.defaultdict(dict)
+        for r in self.results:
+            by_key[(r.case.name, r.command)][r.mode] = r
+        pairs = [k for k, v in by_key.items() if len(v) == 2]
+        if os.environ.get("KEEL_CASES") is None:
+            self.assertGreaterEqual(len(pairs), 10)
+        for key in pairs:
+            a, b = by_key[key]["inproc"], by_key[key]["process"]
+            with self.subTest(case=key[0], command=key[1]):
+                self.assertEqual(
+                    (a.returncode, inproc.normalized(a.stderr, a.d), inproc.normalized(a.stdout, a.d)),
+                    (b.returncode, inproc.normalized(b.stderr, b.d), inproc.normalized(b.stdout, b.d)))
 
     def test_names_are_unique(self):
         names = [c.name for c in CASES]
@@ -734,8 +795,9 @@ class Catalogue(unittest.TestCase):
 
     def check(self, r: Result):
         c = r.case
-        context = (f"\n  keel {' '.join(r.argv)}\n  exit {r.returncode}\n  stderr: {r.stderr!r}"
-                   f"\n  stdout tail: {r.stdout[-600:]!r}")
+        context = (f"\n  keel {' '.join(r.argv)} ({r.mode})\n  exit {r.returncode}\n  stderr: "
+                   f"{r.stderr!r}\n  stdout tail: {r.stdout[-600:]!r}")
+        self.assertEqual(r.leaks, (), "process-global state left changed" + context)
         self.assertIsNotNone(r.returncode, "keel hung (killed after %d s)%s" % (TIMEOUT_S, context))
         if r.returncode < 0:
             self.fail(f"killed by signal {signal.Signals(-r.returncode).name}{context}")
@@ -765,5 +827,41 @@ class Catalogue(unittest.TestCase):
             self.assertIsNone(r.run_dir_after, "no run directory left behind" + context)
 
 
+class ProcessState(unittest.TestCase):
+    """keel::cli_main puts back the process-global state a command changes: a case gives the same
+    result first in a runner and after cases that raised the log level (flag and
+    KEEL_LOG_LEVEL), attached a run log, installed the SIGINT/SIGTERM handlers and set the
+    thread count (a training run)."""
+
+    def test_reset_between_cases(self):
+        with tempfile.TemporaryDirectory() as d:
+            small = os.path.join(d, "small.toml")
+            with open(small, "w") as f:
+                f.write(SMALL.format(quickstart=QUICKSTART, d=d))
+            probe = ["keel", "validate", small]
+            pool = inproc.Pool(INPROC, TIMEOUT_S, env=runner_env())
+            try:
+                first = pool.run(probe, cwd=d)
+                train = pool.run(["keel", "train", small, "--log-level", "trace", "--set",
+                                  "train.max_steps=1", "--set", "run.threads=1"], cwd=d)
+                env_level = pool.run(probe, cwd=d, env={"KEEL_LOG_LEVEL": "debug"})
+                again = pool.run(probe, cwd=d)
+            finally:
+                problems = pool.close()
+        self.assertEqual(problems, [])
+        for o in (first, train, env_level, again):
+            self.assertEqual((o.returncode, o.leaks), (0, []), o.stderr)
+        # The changes happened: debug lines on the console, a run log.
+        self.assertIn("command line: keel train", train.stdout)
+        self.assertIn("run log: ", train.stdout)
+        self.assertIn("command line: keel validate", env_level.stdout)
+        # ... and were undone: info level again (no debug line), as in the first run.
+        self.assertTrue(first.stdout.endswith(f"{small}: ok (run 'quickstart' -> {d}/run)\n"),
+                        first.stdout)
+        self.assertNotIn("command line:", first.stdout + again.stdout)
+        self.assertEqual((inproc.normalized(again.stdout), again.stderr),
+                         (inproc.normalized(first.stdout), first.stderr))
+
+
 if __name__ == "__main__":
-    unittest.main(argv=sys.argv[:1] + sys.argv[3:], verbosity=2)
+    unittest.main(argv=sys.argv[:1] + sys.argv[4:], verbosity=2)

@@ -5,7 +5,16 @@ no signal, exactly one stderr line `keel: error: [<section>] <kind> '<name>' (pl
 ...` that names the call and says what was wrong, and no backtrace, std::terminate or internal
 error.
 
-Usage: test_misbehave.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_FIXTURE_DIR [unittest args]"""
+The cases run in-process: keel_inproc (tests/keel_inproc.cpp, driven by tests/inproc.py) calls
+keel::cli_main, the function the `keel` executable runs, once per case in KEEL_TEST_JOBS
+long-lived processes (default: the number of cores), and reports any process-global state a case
+left changed (a leak fails the case). A fixed sample (PROCESS_SAMPLE) also runs as keel
+processes, with the same exit status, stderr and stdout (numbers aside) required. Each
+keel_inproc must exit 0 (under the sanitizers, LeakSanitizer reports at exit).
+
+Usage: test_misbehave.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_FIXTURE_DIR KEEL_INPROC
+[unittest args]"""
+import concurrent.futures
 import json
 import math
 import os
@@ -13,9 +22,12 @@ import subprocess
 import sys
 import tempfile
 import unittest
-from typing import NamedTuple, Tuple
+from typing import Dict, NamedTuple, Tuple
 
-KEEL, ROOT, FIXTURES = (os.path.abspath(a) for a in sys.argv[1:4])
+import inproc
+
+KEEL, ROOT, FIXTURES, INPROC = (os.path.abspath(a) for a in sys.argv[1:5])
+TIMEOUT_S = 120
 C, CPP = "misbehave-c", "misbehave-cpp"
 
 # The manifest section each component kind is swapped into, and the kind's name in messages.
@@ -215,31 +227,95 @@ def component_table(section, type_, fault):
 
 
 def keel(*args):
-    p = subprocess.run([KEEL, *args], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([KEEL, *args], capture_output=True, text=True, timeout=TIMEOUT_S)
     return p.returncode, p.stdout, p.stderr
+
+
+# The cases that also run as keel processes: every 6th.
+PROCESS_SAMPLE = frozenset(c.name for c in CASES[::6])
+
+
+class Run(NamedTuple):
+    rc: object  # None: hung
+    out: str
+    err: str
+    leaks: Tuple[str, ...]
+
+
+def case_manifest(base, d, case):
+    os.mkdir(d)
+    manifest = os.path.join(d, "m.toml")
+    write(manifest, f'extends = "{base}"\n' +
+          component_table(case.section, case.type, case.fault) + case.extra)
+    return manifest
+
+
+def run_all(base, tmp):
+    """Every case in-process (and the sample as processes too): {(name, mode): (Run, dir)}."""
+    jobs = int(os.environ.get("KEEL_TEST_JOBS", os.cpu_count() or 1))
+    pool = inproc.Pool(INPROC, TIMEOUT_S)
+    work = [(c, "inproc") for c in CASES] + [(c, "process") for c in CASES
+                                              if c.name in PROCESS_SAMPLE]
+
+    def one(w):
+        case, mode = w
+        d = os.path.join(tmp, f"{case.name}-{mode}")
+        args = ("train", case_manifest(base, d, case), "--set", f"run.output_dir={d}/run")
+        if mode == "inproc":
+            o = pool.run(["keel", *args], cwd=tmp)
+            return Run(o.returncode, o.stdout, o.stderr, tuple(o.leaks)), d
+        try:
+            rc, out, err = keel(*args)
+        except subprocess.TimeoutExpired as e:
+            rc, out, err = None, str(e.stdout or ""), str(e.stderr or "")
+        return Run(rc, out, err, ()), d
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+            results = dict(zip(((c.name, m) for c, m in work), ex.map(one, work)))
+    finally:
+        problems = pool.close()
+    print(f"\ntest_misbehave: {len(work)} keel runs: {len(CASES)} in-process, "
+          f"{len(work) - len(CASES)} as keel processes", file=sys.stderr)
+    return results, problems
 
 
 class Misbehaviour(unittest.TestCase):
     """One test per entry of CASES (added below)."""
 
+    results: Dict = {}
+    runner_problems = []
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.base = base_manifest(cls.tmp.name)
+        cls.results, cls.runner_problems = run_all(cls.base, cls.tmp.name)
+
+    def test_runners_exit_clean(self):
+        """Every keel_inproc ended with status 0 (under the sanitizers: no leak at exit)."""
+        self.assertEqual(self.runner_problems, [])
+
+    def test_inproc_matches_process(self):
+        """The sample run both ways: the same exit status, stderr and stdout (numbers aside)."""
+        self.assertGreaterEqual(len(PROCESS_SAMPLE), 10)
+        for name in sorted(PROCESS_SAMPLE):
+            (a, da), (b, db) = self.results[(name, "inproc")], self.results[(name, "process")]
+            with self.subTest(case=name):
+                self.assertEqual(
+                    (a.rc, inproc.normalized(a.err, da), inproc.normalized(a.out, da, digits=True)),
+                    (b.rc, inproc.normalized(b.err, db), inproc.normalized(b.out, db, digits=True)))
 
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def run_case(self, case: Case):
-        d = os.path.join(self.tmp.name, case.name)
-        os.mkdir(d)
-        manifest = os.path.join(d, "m.toml")
-        write(manifest, f'extends = "{self.base}"\n' +
-              component_table(case.section, case.type, case.fault) + case.extra)
-        rc, out, err = keel("train", manifest, "--set", f"run.output_dir={d}/run")
-        report = f"\n--- case {case.name}: exit {rc}\n--- stderr:\n{err}--- stdout (tail):\n" + \
-                 "\n".join(out.splitlines()[-5:])
+    def run_case(self, case: Case, mode: str):
+        (rc, out, err, leaks), d = self.results[(case.name, mode)]
+        report = f"\n--- case {case.name} ({mode}): exit {rc}\n--- stderr:\n{err}--- stdout " \
+                 "(tail):\n" + "\n".join(out.splitlines()[-5:])
+        self.assertIsNotNone(rc, f"keel hung (killed after {TIMEOUT_S} s)" + report)
+        self.assertEqual(leaks, (), "process-global state left changed" + report)
         self.assertEqual(rc, 1, "expected exit status 1" + report)
         lines = err.strip().splitlines()
         self.assertEqual(len(lines), 1, "expected exactly one stderr line" + report)
@@ -293,10 +369,12 @@ for _name in ("optimizer_state_duplicate_name", "optimizer_state_empty_name",
 
 def make_test(case):
     def test(self):
-        d = self.run_case(case)
-        extra = getattr(self, "check_" + case.name, None)
-        if extra:
-            extra(d)
+        for mode in ("inproc", "process") if case.name in PROCESS_SAMPLE else ("inproc",):
+            with self.subTest(mode=mode):
+                d = self.run_case(case, mode)
+                extra = getattr(self, "check_" + case.name, None)
+                if extra:
+                    extra(d)
     test.__doc__ = f"{case.plugin} [{case.section}] {case.type} fault={case.fault}"
     return test
 
@@ -343,4 +421,4 @@ if __name__ == "__main__":
     print(f"test_misbehave: {len(CASES)} misbehaviour cases "
           f"({sum(c.plugin == C for c in CASES)} {C}, {sum(c.plugin == CPP for c in CASES)} {CPP})")
     sys.stdout.flush()
-    unittest.main(argv=sys.argv[:1] + sys.argv[4:], verbosity=2)  # e.g. -k hook
+    unittest.main(argv=sys.argv[:1] + sys.argv[5:], verbosity=2)  # e.g. -k hook

@@ -1,11 +1,14 @@
 // keel command line: train, evaluate, validate, plugins [show NAME], options [TABLE], prepare,
 // report,
-// --version, --help (Boost.Program_options).
+// --version, --help (Boost.Program_options), as the function keel::cli_main (cli_main.hpp).
 //
 // Exit status: 0 success; 1 bad input or a failed run ("keel: error: ..."); 2 command-line
 // usage (an unknown command or flag, a missing argument, a bad --log-level); 70 (EX_SOFTWARE)
 // an internal error, i.e. a bug in keel ("keel: internal error: ...").
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
+#include <spdlog/sinks/sink.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/program_options.hpp>
@@ -20,6 +23,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "cli/cli_main.hpp"
 #include "distributed/launch.hpp"
 #include "error.hpp"
 #include "log.hpp"
@@ -45,6 +49,10 @@ constexpr int kExitInternal = 70;  // EX_SOFTWARE (sysexits.h)
 std::string g_activity = "while starting";
 // "rank N: " in front of the error line of one process of several.
 std::string g_rank_prefix;
+// LibTorch's and OpenBLAS's thread counts before apply_process_settings changed them (-1: not
+// changed, or OpenBLAS absent): cli_main puts them back.
+int g_torch_threads_before = -1;
+int g_blas_threads_before = -1;
 
 // A command-line usage error: printed as "keel: error: <message>" plus one usage line; exit 2.
 class UsageError : public std::runtime_error {
@@ -435,6 +443,11 @@ int cmd_run(const std::string& command, const Parsed& p) {
                 cfg.output_dir.c_str());
     return 0;
   }
+  g_torch_threads_before = at::get_num_threads();
+  using GetThreads = int (*)();
+  if (const auto get_blas =
+          reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
+    g_blas_threads_before = get_blas();
   keel::apply_process_settings(cfg);
   keel::Trainer trainer(cfg);
   keel::RunSummary s;
@@ -815,13 +828,50 @@ int run(int argc, char** argv) {
   internal_error(what);
 }
 
+// Puts back what a call changed in the process (cli_main.hpp lists it), after the run log was
+// detached and stdout flushed.
+void restore_process_state() {
+  if (g_torch_threads_before > 0 && at::get_num_threads() != g_torch_threads_before)
+    at::set_num_threads(g_torch_threads_before);
+  g_torch_threads_before = -1;
+  using SetThreads = void (*)(int);
+  if (g_blas_threads_before > 0)
+    if (const auto set_blas =
+            reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+      set_blas(g_blas_threads_before);
+  g_blas_threads_before = -1;
+  // Logging, when a command set it up (keel's logger is then spdlog's default): the console
+  // quiet while the messages kept for a run log that never came are written to /dev/null, then
+  // the console back at info without a rank tag (keel::set_log_rank), as init_logging makes it.
+  const std::shared_ptr<spdlog::logger> logger = spdlog::default_logger();
+  if (logger && logger->name() == "keel") {
+    keel::init_logging(spdlog::level::off);
+    try {
+      keel::attach_run_log("/dev/null");
+    } catch (const keel::Error&) {  // no /dev/null: the messages stay kept
+    }
+    keel::detach_run_log();
+    keel::init_logging(spdlog::level::info);
+    if (!logger->sinks().empty())
+      logger->sinks().front()->set_pattern(isatty(fileno(stdout)) ? "\r\033[K[%T] %v"
+                                                                  : "[%T] %v");
+  }
+  g_activity = "while starting";
+  g_rank_prefix.clear();
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::set_terminate(on_terminate);
+int keel::cli_main(int argc, char** argv) {
+  g_activity = "while starting";
+  g_rank_prefix.clear();
+  const std::terminate_handler old_terminate = std::set_terminate(on_terminate);
   // A file size limit (ulimit -f) makes write() fail with EFBIG, reported like a full disk,
   // instead of killing the process in the middle of a checkpoint.
-  signal(SIGXFSZ, SIG_IGN);
+  struct sigaction ignore {}, old_xfsz {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGXFSZ, &ignore, &old_xfsz);
   int status = 0;
   try {
     status = run(argc, argv);
@@ -849,5 +899,9 @@ int main(int argc, char** argv) {
   }
   keel::detach_run_log();
   std::fflush(stdout);
+  std::fflush(stderr);
+  restore_process_state();
+  sigaction(SIGXFSZ, &old_xfsz, nullptr);
+  std::set_terminate(old_terminate);
   return status;
 }
