@@ -3,6 +3,8 @@
 // or cut to a multiple of W, like torch.utils.data.DistributedSampler (compared with the real
 // one from /usr/bin/python3), so W ranks with batch_size B see the batches of one rank with
 // batch_size B * W. Samples are identified by their pixels among the split's first N images.
+// With a limit, the dataset reads only the first `limit` samples: a train-images file damaged
+// after them still gives the right ones, and a limit reaching into the damage fails.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -11,6 +13,8 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "components.hpp"
@@ -27,6 +31,7 @@ using Indices = std::vector<int64_t>;
 struct Shard {
   int rank = 0, world_size = 1;
   std::string split = "test", remainder = "auto";
+  std::string path;  // empty: the option's default, the installed dataset
   int64_t limit = 96, batch_size = 4;
   bool shuffle = true, drop_last = false;
 };
@@ -35,7 +40,8 @@ keel::Instance<keel_dataset> create(const Shard& s) {
   const keel::Component* c =
       keel_test::default_registry().find(KEEL_KIND_DATASET, "fashion_mnist");
   REQUIRE(c != nullptr);
-  const std::string text = "split = \"" + s.split + "\"\nremainder = \"" + s.remainder +
+  const std::string text = (s.path.empty() ? "" : "path = \"" + s.path + "\"\n") +
+                           "split = \"" + s.split + "\"\nremainder = \"" + s.remainder +
                            "\"\nlimit = " + std::to_string(s.limit) +
                            "\nbatch_size = " + std::to_string(s.batch_size) +
                            "\nshuffle = " + (s.shuffle ? "true" : "false") +
@@ -151,6 +157,47 @@ std::map<std::string, Indices> torch_samplers(const std::vector<std::array<int64
     while (fields >> i) got.push_back(i);
   }
   return out;
+}
+
+// The first batch of a dataset that does not shuffle: [batch_size, 784] images and the labels.
+std::pair<at::Tensor, at::Tensor> first_batch(Shard s) {
+  s.shuffle = false;
+  const auto d = create(s);
+  keel_batch b{};
+  int has = 0;
+  d.call("next", d->next, &b, &has);
+  REQUIRE(has == 1);
+  return {keel::adopt(b.inputs).reshape({b.samples, -1}), keel::adopt(b.targets)};
+}
+
+// Fills `dir` with the installed Fashion-MNIST files (links) but a train-images file whose
+// gzip stream holds the header and the first `intact` images whole (a full flush follows them)
+// and then only the first 2000 bytes of the rest: a truncated gzip stream, damaged after
+// image `intact` plus the few that 2000 compressed bytes hold.
+void damaged_copy(const keel_test::fs::path& dir, int64_t intact) {
+  keel_test::TempDir d;
+  const auto script = d.write("damage.py", R"(import gzip, os, sys, zlib
+src, dst, intact = "/usr/share/datasets/fashion-mnist", sys.argv[1], int(sys.argv[2])
+for fn in os.listdir(src):
+    if fn != "train-images-idx3-ubyte.gz":
+        os.symlink(os.path.join(src, fn), os.path.join(dst, fn))
+with gzip.open(os.path.join(src, "train-images-idx3-ubyte.gz"), "rb") as f:
+    data = f.read()
+cut = 16 + intact * 28 * 28
+z = zlib.compressobj(6, zlib.DEFLATED, 31)
+head = z.compress(data[:cut]) + z.flush(zlib.Z_FULL_FLUSH)
+rest = z.compress(data[cut:]) + z.flush()
+with open(os.path.join(dst, "train-images-idx3-ubyte.gz"), "wb") as f:
+    f.write(head + rest[:2000])
+)");
+  const std::string cmd = "/usr/bin/python3 " + script.string() + " " + dir.string() + " " +
+                          std::to_string(intact) + " 2>&1";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string text;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) text += buf;
+  REQUIRE_MESSAGE(pclose(p) == 0, "damage.py failed:\n" << text);
 }
 
 bool contains(const std::string& s, const std::string& part) {
@@ -365,4 +412,45 @@ TEST_CASE("a shard too small for one batch fails at creation naming the rank, wi
   s.world_size = 2;
   s.rank = 2;
   CHECK(contains(creation_error(s), "fashion_mnist: rank 2 of world_size 2 is out of range"));
+}
+
+TEST_CASE("limit reads only the first samples: damage after them goes unnoticed, damage within "
+          "them fails as a whole read does") {
+  // The first 512 samples of a whole read of the installed train split (limit 0: every sample).
+  Shard whole;
+  whole.split = "train";
+  whole.limit = 0;
+  whole.batch_size = 512;
+  const auto [images, labels] = first_batch(whole);
+  REQUIRE(images.size(0) == 512);
+
+  keel_test::TempDir d;
+  damaged_copy(d.path, 512);
+  const std::string file = (d.path / "train-images-idx3-ubyte.gz").string();
+  for (const int64_t limit : {256, 512}) {
+    CAPTURE(limit);
+    Shard s;
+    s.split = "train";
+    s.limit = s.batch_size = limit;
+    const auto [got_images, got_labels] = first_batch(s);  // the installed files
+    CHECK(got_images.equal(images.slice(0, 0, limit)));
+    CHECK(got_labels.equal(labels.slice(0, 0, limit)));
+    s.path = d.path.string();  // the damaged copy: its first 512 images are intact
+    const auto [damaged_images, damaged_labels] = first_batch(s);
+    CHECK(damaged_images.equal(images.slice(0, 0, limit)));
+    CHECK(damaged_labels.equal(labels.slice(0, 0, limit)));
+  }
+  // A limit reaching into the damage, and a whole read, fail as before limit read less.
+  for (const int64_t limit : {1024, 0}) {
+    CAPTURE(limit);
+    Shard s;
+    s.split = "train";
+    s.path = d.path.string();
+    s.limit = limit;
+    CHECK(contains(creation_error(s),
+                   "creation failed: fashion_mnist: " + file +
+                       ": corrupt or truncated gzip data (unexpected end of file); hint: install "
+                       "dataset-fashion-mnist or set [data.train] path to the directory holding "
+                       "the *-ubyte.gz files"));
+  }
 }

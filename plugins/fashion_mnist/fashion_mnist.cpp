@@ -1,9 +1,16 @@
 // dataset component: fashion_mnist, read from the gzipped IDX files of the original release.
 //
-// Everything is loaded once at construction: images as float [N, 1, 28, 28] (pixels / 255,
-// then (x - 0.2860) / 0.3530 when normalize), labels as int64 [N]. Shuffling uses a generator
-// of its own seeded with seed + epoch * 1000003, so the order depends only on the run's seed
-// and the epoch, never on the global generator.
+// The samples are loaded once at construction: images as float [N, 1, 28, 28] (pixels / 255,
+// then (x - 0.2860) / 0.3530 when normalize), labels as int64 [N]. With limit N below the
+// file's count, only the IDX headers and the first N images and labels are inflated: the
+// truncation and corruption errors cover what is read, damage after the N-th image or label
+// (a truncated or corrupt gzip stream, trailing data) goes undetected (bar a corrupt code or
+// block header right after it, which zlib may decode: see GzReader), and so does damage among
+// the samples read that still inflates, which only the gzip checksum of the whole file would
+// show. With every sample read (limit 0, or at least the count), both files are read to their
+// end and checked whole, checksum included. Shuffling uses a generator of its own seeded with
+// seed + epoch * 1000003, so the order depends only on the run's seed and the epoch, never on
+// the global generator.
 //
 // With world_size W > 1 each rank reads a shard, as torch.utils.data.DistributedSampler does:
 // the epoch's order (shuffled, or 0..N-1) is padded by repeating its first elements
@@ -16,12 +23,17 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/randperm.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,47 +48,156 @@ constexpr uint32_t kImagesMagic = 2051, kLabelsMagic = 2049;
   throw std::runtime_error("fashion_mnist: " + path + ": " + what + "; " + hint);
 }
 
-// Reads a whole gzip file (zlib also reads an uncompressed file as is).
-std::vector<uint8_t> read_gz(const std::string& path, const std::string& hint) {
-  // Only regular files: opening a FIFO would block, a directory or device is a mistake.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    fail(path, std::string("cannot open (") + std::strerror(errno) + ")", hint);
-  if (!S_ISREG(st.st_mode))
-    fail(path,
-         std::string("is ") +
-             (S_ISDIR(st.st_mode)    ? "a directory"
-              : S_ISFIFO(st.st_mode) ? "a FIFO"
-              : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                                                           : "not a regular file") +
-             ", not a regular file",
-         hint);
-  errno = 0;
-  std::unique_ptr<gzFile_s, int (*)(gzFile)> f(gzopen(path.c_str(), "rb"), &gzclose);
-  if (!f) fail(path, std::string("cannot open (") + std::strerror(errno) + ")", hint);
-  std::vector<uint8_t> out;
-  std::vector<uint8_t> chunk(1 << 16);
-  int n = 0;
-  while ((n = gzread(f.get(), chunk.data(), static_cast<unsigned>(chunk.size()))) > 0)
-    out.insert(out.end(), chunk.begin(), chunk.begin() + n);
-  int code = Z_OK;
-  std::string msg = gzerror(f.get(), &code);
-  if (msg.rfind(path + ": ", 0) == 0) msg.erase(0, path.size() + 2);  // zlib prefixes the path
-  if (n < 0 || (code != Z_OK && code != Z_STREAM_END))
-    fail(path, "corrupt or truncated gzip data (" + msg + ")", hint);
-  return out;
-}
+// A file read from the start, inflated when it is gzip data (it starts with the gzip magic
+// bytes 31 139; otherwise its bytes are read as they are), as zlib's gzread reads it: gzip
+// members that follow one another are read as one stream, and bytes after the last member that
+// do not start a gzip member are ignored. Unlike gzread, which inflates ahead into a buffer of
+// its own, it inflates only up to the last byte asked for (zlib decodes at most the next code or
+// block header after it), so damage after that byte is not met.
+class GzReader {
+ public:
+  GzReader(const std::string& path, const std::string& hint) : path_(path), hint_(hint) {
+    // Only regular files: opening a FIFO would block, a directory or device is a mistake.
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      fail(path, std::string("cannot open (") + std::strerror(errno) + ")", hint);
+    if (!S_ISREG(st.st_mode))
+      fail(path,
+           std::string("is ") +
+               (S_ISDIR(st.st_mode)    ? "a directory"
+                : S_ISFIFO(st.st_mode) ? "a FIFO"
+                : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                             : "not a regular file") +
+               ", not a regular file",
+           hint);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) fail(path, std::string("cannot open (") + std::strerror(errno) + ")", hint);
+    if (inflateInit2(&z_, 15 + 16) != Z_OK) {
+      ::close(fd_);
+      corrupt("out of memory");
+    }
+    try {
+      gzip_ = starts_member();
+    } catch (...) {  // the destructor does not run for a constructor that throws
+      inflateEnd(&z_);
+      ::close(fd_);
+      throw;
+    }
+  }
+  ~GzReader() {
+    inflateEnd(&z_);
+    ::close(fd_);
+  }
+  GzReader(const GzReader&) = delete;
+  GzReader& operator=(const GzReader&) = delete;
+
+  // Appends up to `n` more bytes to `out`, fewer only at the end of the data; fails on
+  // corrupt or truncated gzip data met on the way. `out` grows as data arrives (at most
+  // doubling), never to a size only a file's header promises.
+  void read(std::vector<uint8_t>& out, uint64_t n) {
+    const size_t at = out.size();
+    uint64_t got = 0;
+    while (got < n && !done_) {
+      const uint64_t step =
+          std::min<uint64_t>({n - got, std::max<uint64_t>(got, 1 << 16), 1 << 30});
+      out.resize(at + got + step);
+      got += next(out.data() + at + got, static_cast<uInt>(step));
+    }
+    out.resize(at + got);
+  }
+
+  // Bytes from here to the end of the data, read and dropped.
+  uint64_t skip_to_end() {
+    std::vector<uint8_t> chunk(1 << 16);
+    uint64_t total = 0;
+    while (!done_) total += next(chunk.data(), static_cast<uInt>(chunk.size()));
+    return total;
+  }
+
+ private:
+  [[noreturn]] void corrupt(const std::string& why) {
+    fail(path_, "corrupt or truncated gzip data (" + why + ")", hint_);
+  }
+
+  // Reads more of the file into the input buffer (after what is left of it); false at its end.
+  bool fill() {
+    if (eof_) return false;
+    if (z_.avail_in > 0 && z_.next_in != in_.data())
+      std::memmove(in_.data(), z_.next_in, z_.avail_in);
+    z_.next_in = in_.data();
+    ssize_t r = 0;
+    do r = ::read(fd_, in_.data() + z_.avail_in, in_.size() - z_.avail_in);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) corrupt(std::strerror(errno));
+    if (r == 0) eof_ = true;
+    z_.avail_in += static_cast<uInt>(r);
+    return r > 0;
+  }
+
+  // Whether the input continues with a gzip member's magic bytes (reading them in if needed).
+  bool starts_member() {
+    while (z_.avail_in < 2 && fill()) {
+    }
+    return z_.avail_in >= 2 && z_.next_in[0] == 31 && z_.next_in[1] == 139;
+  }
+
+  // Up to `n` bytes into `to`, at least one unless the data ends (then done_).
+  uint64_t next(uint8_t* to, uInt n) {
+    if (!gzip_) {  // the file's bytes as they are
+      if (z_.avail_in == 0 && !fill()) {
+        done_ = true;
+        return 0;
+      }
+      const uInt k = std::min(n, z_.avail_in);
+      std::memcpy(to, z_.next_in, k);
+      z_.next_in += k;
+      z_.avail_in -= k;
+      return k;
+    }
+    z_.next_out = to;
+    z_.avail_out = n;
+    while (z_.avail_out == n) {
+      if (member_end_) {  // another member, or the end (bytes that follow are ignored)
+        if (!starts_member()) {
+          done_ = true;
+          return 0;
+        }
+        inflateReset(&z_);
+        member_end_ = false;
+      }
+      if (z_.avail_in == 0 && !fill()) corrupt("unexpected end of file");
+      const int ret = inflate(&z_, Z_NO_FLUSH);
+      if (ret == Z_MEM_ERROR) corrupt("out of memory");
+      if (ret == Z_DATA_ERROR || ret == Z_NEED_DICT || ret == Z_STREAM_ERROR)
+        corrupt(z_.msg ? z_.msg : "compressed data error");
+      if (ret == Z_STREAM_END) member_end_ = true;
+    }
+    return n - z_.avail_out;
+  }
+
+  std::string path_, hint_;
+  int fd_ = -1;
+  z_stream z_{};
+  std::vector<uint8_t> in_ = std::vector<uint8_t>(1 << 16);
+  bool gzip_ = false, eof_ = false, member_end_ = false, done_ = false;
+};
 
 uint32_t be32(const std::vector<uint8_t>& b, size_t at) {
   return uint32_t{b[at]} << 24 | uint32_t{b[at + 1]} << 16 | uint32_t{b[at + 2]} << 8 | b[at + 3];
 }
 
-// Reads an IDX file of unsigned bytes, checking its magic number and its length against the
-// extents in its header, which it returns in `dims`.
+// Reads an IDX file of unsigned bytes: its header (checking the magic number), which it
+// returns in `dims`, then the first `limit` records (all when limit is 0 or at least dims[0]),
+// returning header and records. When it reads every record it checks the file's length against
+// the header's extents and the whole gzip stream (its checksum included); when it reads fewer,
+// it stops after the last record asked for, so nothing after it is checked: damage there
+// (truncation, corrupt gzip data, a wrong checksum, trailing data) goes unnoticed.
 std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, size_t ndims,
-                              std::vector<int64_t>& dims, const std::string& hint) {
-  std::vector<uint8_t> b = read_gz(path, hint);
+                              int64_t limit, std::vector<int64_t>& dims, const std::string& hint) {
+  GzReader in(path, hint);
+  std::vector<uint8_t> b;
   const uint64_t header = 4 * (1 + ndims);
+  in.read(b, header);
   if (b.size() < header)
     fail(path, "truncated: " + std::to_string(b.size()) + " bytes, shorter than the IDX header",
          hint);
@@ -92,12 +213,24 @@ std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, size_t nd
     if (__builtin_mul_overflow(expected, static_cast<uint64_t>(dims.back()), &expected))
       fail(path, "the header's extents overflow", hint);
   }
+  const uint64_t count = static_cast<uint64_t>(dims[0]);
+  const uint64_t record = count > 0 ? expected / count : 0;
+  const bool all = limit <= 0 || static_cast<uint64_t>(limit) >= count;
+  in.read(b, all ? expected : static_cast<uint64_t>(limit) * record);
   expected += header;
-  if (b.size() != expected)
-    fail(path,
-         (b.size() < expected ? "truncated: " : "trailing data: ") + std::to_string(b.size()) +
-             " bytes where the header implies " + std::to_string(expected),
+  // Short of what was asked: the data ended there, so b.size() is the file's whole length.
+  if (b.size() < (all ? expected : header + static_cast<uint64_t>(limit) * record))
+    fail(path, "truncated: " + std::to_string(b.size()) + " bytes where the header implies " +
+                   std::to_string(expected),
          hint);
+  if (all) {
+    const uint64_t more = in.skip_to_end();
+    if (more > 0)
+      fail(path,
+           "trailing data: " + std::to_string(b.size() + more) +
+               " bytes where the header implies " + std::to_string(expected),
+           hint);
+  }
   return b;
 }
 
@@ -122,8 +255,9 @@ class FashionMnist : public keel::Dataset {
                       lpath = stem + "-labels-idx1-ubyte.gz";
     const std::string hint = "hint: install dataset-fashion-mnist or set [" + ctx.section() +
                              "] path to the directory holding the *-ubyte.gz files";
-    std::vector<uint8_t> ibytes = read_idx(ipath, kImagesMagic, 3, idims, hint);
-    std::vector<uint8_t> lbytes = read_idx(lpath, kLabelsMagic, 1, ldims, hint);
+    const int64_t limit = ctx.get_int("limit");
+    std::vector<uint8_t> ibytes = read_idx(ipath, kImagesMagic, 3, limit, idims, hint);
+    std::vector<uint8_t> lbytes = read_idx(lpath, kLabelsMagic, 1, limit, ldims, hint);
     if (idims[1] != kSide || idims[2] != kSide)
       fail(ipath,
            "images are " + std::to_string(idims[1]) + "x" + std::to_string(idims[2]) +
@@ -136,7 +270,6 @@ class FashionMnist : public keel::Dataset {
                ipath,
            hint);
 
-    const int64_t limit = ctx.get_int("limit");
     n_ = limit > 0 ? std::min(limit, idims[0]) : idims[0];
     auto u8 = at::TensorOptions().dtype(at::kByte);
     images_ = at::from_blob(ibytes.data() + 16, {n_, 1, kSide, kSide}, u8).to(at::kFloat).div_(255);
@@ -235,7 +368,10 @@ const keel_option_desc kOptions[] = {
     keel::opt_bool("shuffle", "true", "reshuffle every epoch (seeded by the run's seed)"),
     keel::opt_bool("drop_last", "false", "drop the last, incomplete batch"),
     keel::opt_bool("normalize", "true", "standardise pixels with mean 0.2860, std 0.3530"),
-    keel::opt_int("limit", "0", "use only the first N samples (0: all)", 0, 1e12),
+    keel::opt_int("limit", "0",
+                  "use only the first N samples (0: all); only those are read, so the files "
+                  "are not checked past them",
+                  0, 1e12),
     keel::opt_string("remainder", "\"auto\"",
                      "how ranks share an epoch whose length world_size does not divide: pad "
                      "(repeat the order's first samples), drop (leave its last ones out), uneven "
