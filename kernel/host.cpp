@@ -1,6 +1,7 @@
 #include "host.hpp"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
 #include <spdlog/spdlog.h>
 
 #include <cstring>

@@ -4,7 +4,8 @@
 // and after `growth_interval` clean steps in a row the scale grows.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 
 #include <vector>
 
@@ -23,7 +24,7 @@ class LossScaler {
     scale_ = scale;
     clean_steps_ = clean_steps;
   }
-  at::Tensor scale_loss(const at::Tensor& loss) const { return loss * scale_; }
+  at::Tensor scale_loss(const at::Tensor& loss) const { return loss.mul(scale_); }
 
   // Divides every defined gradient by the scale; returns false when one holds Inf/NaN.
   bool unscale(const std::vector<at::Tensor>& params) const {

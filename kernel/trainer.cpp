@@ -1,10 +1,11 @@
 #include "trainer.hpp"
 
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/ops/empty.h>
 #include <dlfcn.h>
 #include <malloc.h>
 #include <signal.h>
@@ -39,6 +40,23 @@
 #include "keel/tensor.hpp"
 #include "log.hpp"
 #include "loss_scaler.hpp"
+
+// LibTorch 1.13's <ATen/autocast_mode.h> declares these and includes <ATen/ATen.h> (every
+// operator's header) with them; the declarations alone keep this file off that include. A
+// LibTorch whose signatures differ fails to link rather than misbehave.
+namespace at::autocast {
+TORCH_API bool is_enabled();
+TORCH_API void set_enabled(bool enabled);
+TORCH_API void clear_cache();
+TORCH_API int increment_nesting();
+TORCH_API int decrement_nesting();
+TORCH_API bool is_cpu_enabled();
+TORCH_API void set_cpu_enabled(bool enabled);
+TORCH_API at::ScalarType get_autocast_gpu_dtype();
+TORCH_API at::ScalarType get_autocast_cpu_dtype();
+TORCH_API void set_autocast_gpu_dtype(at::ScalarType dtype);
+TORCH_API void set_autocast_cpu_dtype(at::ScalarType dtype);
+}  // namespace at::autocast
 
 namespace fs = std::filesystem;
 
@@ -1232,7 +1250,7 @@ struct Trainer::State {
         micro_loss = linear_loss ? linear_loss_of(mbs[i].inputs, mbs[i].targets, &count)
                                  : compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count, true);
         // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
-        if (weights[i] != 1.0) micro_loss = micro_loss * weights[i];
+        if (weights[i] != 1.0) micro_loss = micro_loss.mul(weights[i]);
         end("forward");
       }
       const double value = micro_loss.item<double>();

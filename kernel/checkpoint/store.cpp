@@ -1,6 +1,6 @@
 #include "checkpoint/store.hpp"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>

@@ -10,8 +10,11 @@
 // one thread, and a matrix product runs on OpenBLAS's threads), so that
 // later runs on the same machine skip it. The peak used is reported to the kernel
 // (keel_mfu.peak_flops), which records it in the metrics as mfu_peak_tflops.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randn.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
