@@ -31,7 +31,12 @@
 // multiply-add (2 FLOPs) per token forward and two backward; 12*L*H*Q*T: attention's two
 // matmuls (q k^T and att v) per layer, 2 * 2 * T * width FLOPs per token forward, times 3 for
 // the training step. Counted for full context-length windows (T = context). See docs/mfu.md.
-#include <torch/torch.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
 
 #include <cmath>
 #include <limits>

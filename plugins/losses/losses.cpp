@@ -22,7 +22,8 @@
 // A batch of class indices in which none counts (all ignored, or none at all) has loss 0 and
 // gradient 0; PyTorch's mean gives NaN (0/0) there, which would make keel's step loss (each
 // micro-batch's loss times its weight, here 0) and evaluation sum (loss times count) NaN too.
-#include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/functional/loss.h>
 
 #include <algorithm>
 #include <cmath>
