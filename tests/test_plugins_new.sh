@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # `keel plugins new` writes projects that build and pass their own tests against the installed
-# SDK alone. Installs keel into a staging directory; then for each LANG:KIND given, the staged
-# keel writes a project, which is configured with nothing but PKG_CONFIG_PATH pointing at the
-# staged keel-sdk.pc (no --define-variable, no include path into this tree), built, and tested
-# (`meson test`, the project's own doctest test). The plugin must export keel_plugin_entry
-# alone, a C plugin must not link LibTorch, and the staged keel must load it and show its one
+# SDK alone. Installs keel into a staging directory; then the staged keel writes a project for
+# each LANG:KIND given. Every build is configured with nothing but PKG_CONFIG_PATH pointing at
+# the staged keel-sdk.pc (no --define-variable, no include path into this tree).
+#  - The first project is built standalone, as a third party builds it: the commands of its
+#    README's "Build and test" section, run in the project's directory, at the project's own
+#    build type (release).
+#  - The others are built together, in one build at -O0: a wrapper meson project whose
+#    subprojects/ holds them; each keeps its own meson.build and its own test.
+# For every project: its own doctest test ran and passed, the plugin exports keel_plugin_entry
+# alone, a C plugin does not link LibTorch, and the staged keel loads it and shows its one
 # documented option with the project's version. With --bad-input it also checks that bad
 # arguments (unknown kind, non-empty DIR, bad NAME, C for a kind C cannot do) exit 2 with one
-# error line and write nothing, and that the project's version has one source (meson.build).
-# Prints the seconds each project took (generate, configure, build, test).
+# error line and write nothing, and that the project's version has one source (meson.build):
+# the standalone project, its version changed there and rebuilt with `meson compile`, shows the
+# new version in `keel plugins show` and in its keel-plugin.toml.
+# Prints the seconds each phase took.
 # Usage: test_plugins_new.sh BUILD_DIR [--bad-input] LANG:KIND...
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -16,6 +23,13 @@ shift
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+t0=$(date +%s.%N)
+phase() {  # phase WHAT: prints the seconds since the last phase
+  local now
+  now=$(date +%s.%N)
+  awk -v w="$1" -v a="$t0" -v b="$now" 'BEGIN { printf "ok: %-58s %6.1f s\n", w, b - a }'
+  t0=$now
+}
 
 meson install -C "$build" --destdir "$work/stage" --no-rebuild --quiet
 prefix=$(meson introspect "$build" --buildoptions |
@@ -31,6 +45,10 @@ done
 # No installed packages of the user's may join in (keel also searches the XDG data dir).
 export HOME="$work/home" XDG_DATA_HOME=""
 mkdir -p "$HOME"
+# A compiler cache could only miss (each file is compiled once, into a cache in that HOME) and
+# would preprocess each file a second time to look.
+export CCACHE_DISABLE=1
+phase "keel installed into the stage"
 
 # The option each kind's component documents, as `keel plugins show` prints its line.
 declare -A option=(
@@ -48,34 +66,82 @@ declare -A option=(
 
 bad_input=0
 if [ "${1:-}" = --bad-input ]; then bad_input=1; shift; fi
+[ $# -ge 1 ] || fail "no LANG:KIND given"
 
-for spec in "$@"; do
-  lang=${spec%%:*} kind=${spec#*:}
-  [ -n "${option[$kind]:-}" ] || fail "$spec: unknown kind in this test"
-  name="acme-$lang-${kind//_/-}" component="acme_${lang}_$kind"
-  dir="$work/$name"
-  start=$(date +%s.%N)
-  "$keel" plugins new "$name" --kind "$kind" --lang "$lang" "$dir" >/dev/null
-  (cd "$dir" && PKG_CONFIG_PATH="$pc" meson setup build >"$work/log" 2>&1 &&
-    ninja -C build >>"$work/log" 2>&1 && meson test -C build --print-errorlogs >>"$work/log" 2>&1) ||
-    { cat "$work/log"; fail "$spec: the generated project does not build and pass its test"; }
-  grep -q "^1/1 $component *OK" "$work/log" || { cat "$work/log"; fail "$spec: its test did not run"; }
-  end=$(date +%s.%N)
-
-  so="$dir/build/lib$name.so"
+# check_plugin SPEC NAME COMPONENT PLUGIN_DIR: the built plugin's exports and libraries, and
+# what the staged keel shows of it.
+check_plugin() {
+  local spec=$1 name=$2 component=$3 plugin_dir=$4 lang=${1%%:*} kind=${1#*:}
+  local so="$plugin_dir/lib$name.so" exported out
+  [ -f "$so" ] || fail "$spec: no $so"
   exported=$(nm -D --defined-only "$so" | awk '{print $3}')
   [ "$exported" = keel_plugin_entry ] || fail "$spec: exports more than keel_plugin_entry: $exported"
   if [ "$lang" = c ] && readelf -d "$so" | grep -q 'NEEDED.*\(torch\|c10\)'; then
     fail "$spec: the C plugin links LibTorch"
   fi
-  out=$(KEEL_PLUGIN_PATH="$dir/build" "$keel" plugins show "$component")
+  out=$(KEEL_PLUGIN_PATH="$plugin_dir" "$keel" plugins show "$component")
   grep -q "^$kind $component  (plugin $name 0.1.0, " <<<"$out" ||
     { echo "$out"; fail "$spec: keel plugins show does not show the component"; }
   grep -Eq "^  ${option[$kind]}" <<<"$out" ||
     { echo "$out"; fail "$spec: keel plugins show does not show the option ${option[$kind]}"; }
-  awk -v s="$spec" -v a="$start" -v b="$end" \
-    'BEGIN { printf "ok: %-18s built and tested in %5.1f s\n", s, b - a }'
+}
+
+# Generate every project: the first into $work, the others into the wrapper's subprojects/.
+shared="$work/shared"
+mkdir -p "$shared/subprojects"
+specs=() names=() components=()
+for spec in "$@"; do
+  lang=${spec%%:*} kind=${spec#*:}
+  [ -n "${option[$kind]:-}" ] || fail "$spec: unknown kind in this test"
+  name="acme-$lang-${kind//_/-}" component="acme_${lang}_$kind"
+  if [ ${#specs[@]} -eq 0 ]; then dir="$work/$name"; else dir="$shared/subprojects/$name"; fi
+  "$keel" plugins new "$name" --kind "$kind" --lang "$lang" "$dir" >/dev/null
+  specs+=("$spec") names+=("$name") components+=("$component")
 done
+phase "${#specs[@]} projects generated"
+
+# The standalone project: the commands its README gives.
+spec=${specs[0]} name=${names[0]} component=${components[0]} dir="$work/${names[0]}"
+mapfile -t commands < <(awk '/^## / { section = $0 } section == "## Build and test" && /^    [^ ]/ {
+                               sub(/^    /, ""); print }' "$dir/README.md")
+[ ${#commands[@]} -gt 0 ] || fail "$spec: its README gives no commands under 'Build and test'"
+(cd "$dir" && export PKG_CONFIG_PATH="$pc" &&
+  for command in "${commands[@]}"; do echo "\$ $command"; bash -ec "$command" || exit 1; done
+) >"$work/log" 2>&1 ||
+  { cat "$work/log" "$dir/build/meson-logs/testlog.txt" 2>/dev/null
+    fail "$spec: the generated project does not build and pass its test with its README's commands"; }
+grep -q "^1/1 $component *OK" "$work/log" || { cat "$work/log"; fail "$spec: its test did not run"; }
+check_plugin "$spec" "$name" "$component" "$dir/build"
+phase "$spec built standalone (its README's commands) and tested"
+
+# The others: one build at -O0, each project a subproject of a wrapper.
+n=$(( ${#specs[@]} - 1 ))
+if [ "$n" -gt 0 ]; then
+  {
+    echo "project('plugins-new-shared', default_options : ['optimization=0', 'debug=false'])"
+    for name in "${names[@]:1}"; do echo "subproject('$name')"; done
+  } >"$shared/meson.build"
+  (cd "$shared" && PKG_CONFIG_PATH="$pc" meson setup build >"$work/log" 2>&1) ||
+    { cat "$work/log"; fail "the wrapper of the generated projects does not configure"; }
+  phase "$n projects configured in one build"
+  ninja -C "$shared/build" -j "$(nproc)" >"$work/log" 2>&1 ||
+    { cat "$work/log"; fail "the generated projects do not build"; }
+  grep -q -- ' -O0 ' "$shared/build/build.ninja" && ! grep -Eq -- ' -O[1-3gs] ' "$shared/build/build.ninja" ||
+    fail "the shared build is not at -O0"
+  phase "$n projects built at -O0"
+  meson test -C "$shared/build" --print-errorlogs >"$work/log" 2>&1 ||
+    { cat "$work/log"; fail "a generated project's test failed"; }
+  [ "$(grep -Ec "^ *[0-9]+/$n " "$work/log")" -eq "$n" ] ||
+    { cat "$work/log"; fail "not $n tests ran (one per project)"; }
+  for i in $(seq 1 "$n"); do
+    spec=${specs[i]} name=${names[i]} component=${components[i]}
+    grep -Eq "^ *[0-9]+/$n ([^ ]+ / )?$component +OK" "$work/log" ||
+      { cat "$work/log"; fail "$spec: its test did not run"; }
+    check_plugin "$spec" "$name" "$component" "$shared/build/subprojects/$name"
+    echo "ok: $spec built, tested and shown"
+  done
+  phase "$n projects tested and shown"
+fi
 
 [ "$bad_input" = 1 ] || exit 0
 
@@ -106,14 +172,15 @@ expect_usage_error "--lang c: a loss needs LibTorch .*; hint: --lang cpp, or a k
 [ ! -e "$work/c-loss" ] || fail "a refused --lang c created DIR"
 
 # One source for the version: meson.build's project(version: ...) reaches the descriptor and
-# keel-plugin.toml.
-dir="$work/versioned"
-"$keel" plugins new versioned --kind hook --lang c "$dir" >/dev/null
+# keel-plugin.toml. The standalone project, its version changed, rebuilt by `meson compile`.
+name=${names[0]} dir="$work/${names[0]}"
 sed -i "s/version : '0.1.0'/version : '0.2.0'/" "$dir/meson.build"
-(cd "$dir" && PKG_CONFIG_PATH="$pc" meson setup build >/dev/null && ninja -C build >/dev/null) ||
-  fail "the versioned project does not build"
-KEEL_PLUGIN_PATH="$dir/build" "$keel" plugins show versioned | grep -q "(plugin versioned 0.2.0, " ||
+grep -q "version : '0.2.0'" "$dir/meson.build" || fail "$name: no version : '0.1.0' in meson.build"
+(cd "$dir" && PKG_CONFIG_PATH="$pc" meson compile -C build >"$work/log" 2>&1) ||
+  { cat "$work/log"; fail "$name: does not rebuild with version 0.2.0"; }
+KEEL_PLUGIN_PATH="$dir/build" "$keel" plugins show "${components[0]}" | grep -q "(plugin $name 0.2.0, " ||
   fail "the plugin's version is not meson.build's"
 grep -q '^version = "0.2.0"' "$dir/build/keel-plugin.toml" ||
   fail "keel-plugin.toml's version is not meson.build's"
 echo "ok: the version comes from meson.build alone"
+phase "bad arguments and the version refused or checked"
