@@ -3,7 +3,8 @@
 // damaged files; retention only ever touches this run's checkpoints and never the newest;
 // re-saving a step replaces it atomically; stale staging directories are removed unless their
 // save is alive; asynchronous saves report their errors; trainer_state.toml round-trips.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/full.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // early_stopping (plugins/hooks): the rule on hand-made METRICS events (min_delta, mode,
 // patience, state tensors), then a real run that it stops.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "components.hpp"
 #include "host.hpp"

@@ -1,6 +1,8 @@
 // The loop's semantics: stop targets, gradient accumulation, non-finite policies, evaluation
 // cadence and run modes, bf16, parameter groups, and hook requests.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/zeros.h>
 
 #include <regex>
 
@@ -89,7 +91,7 @@ TEST_CASE("accumulating k equal micro-batches equals one k-times larger batch") 
   train(b, {"train.max_steps=6"}, ckpt);
   const at::Tensor wa = weights_of(a, "step-6", "fc1.weight");
   const at::Tensor wb = weights_of(b, "step-6", "fc1.weight");
-  CHECK((wa - wb).abs().max().item<double>() < 1e-6);
+  CHECK(wa.sub(wb).abs().max().item<double>() < 1e-6);
 }
 
 TEST_CASE("non-finite values: error names the step; skip counts and aborts after max_skips") {
@@ -217,9 +219,9 @@ TEST_CASE("parameter groups: per-group learning rates") {
                             "[[optimizer.groups]]\nparams = \"fc1\\\\..*\"\nlr = 0.0\n";
   train(d, {}, extra);
   // fc1.* trains with lr 0: unchanged; the other layers moved.
-  CHECK((weights_of(d, "step-0", "fc1.weight") - weights_of(d, "step-16", "fc1.weight"))
+  CHECK(weights_of(d, "step-0", "fc1.weight").sub(weights_of(d, "step-16", "fc1.weight"))
             .abs().max().item<double>() == 0.0);
-  CHECK((weights_of(d, "step-0", "fc2.weight") - weights_of(d, "step-16", "fc2.weight"))
+  CHECK(weights_of(d, "step-0", "fc2.weight").sub(weights_of(d, "step-16", "fc2.weight"))
             .abs().max().item<double>() > 0.0);
 
   const std::string bad = "[[optimizer.groups]]\nparams = \"nothing.*\"\nlr = 0.0\n";

@@ -3,7 +3,17 @@
 // given order, and a missing tensor, a shape or dtype mismatch, a file that is not such a dict,
 // and a failed write are refused with one line that names the file (and the tensor) and ends
 // with a hint.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cmath>

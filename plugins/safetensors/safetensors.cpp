@@ -2,7 +2,9 @@
 //
 // Layout: 8-byte little-endian header length N, N bytes of JSON header (padded with spaces to
 // a multiple of 8), then the tensors' raw little-endian bytes, back to back, in header order.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 
 #include <sys/stat.h>
 
