@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>  // includes <ATen/ATen.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/empty.h>
@@ -40,23 +41,6 @@
 #include "keel/tensor.hpp"
 #include "log.hpp"
 #include "loss_scaler.hpp"
-
-// LibTorch 1.13's <ATen/autocast_mode.h> declares these and includes <ATen/ATen.h> (every
-// operator's header) with them; the declarations alone keep this file off that include. A
-// LibTorch whose signatures differ fails to link rather than misbehave.
-namespace at::autocast {
-TORCH_API bool is_enabled();
-TORCH_API void set_enabled(bool enabled);
-TORCH_API void clear_cache();
-TORCH_API int increment_nesting();
-TORCH_API int decrement_nesting();
-TORCH_API bool is_cpu_enabled();
-TORCH_API void set_cpu_enabled(bool enabled);
-TORCH_API at::ScalarType get_autocast_gpu_dtype();
-TORCH_API at::ScalarType get_autocast_cpu_dtype();
-TORCH_API void set_autocast_gpu_dtype(at::ScalarType dtype);
-TORCH_API void set_autocast_cpu_dtype(at::ScalarType dtype);
-}  // namespace at::autocast
 
 namespace fs = std::filesystem;
 
