@@ -3,8 +3,9 @@
 # is OpenBLAS's OpenMP build (not the 25x slower reference BLAS), then configures and builds
 # (release) into ./build.
 #   ./setup.sh            what building keel and training configs/quickstart.toml need, + build
+#                         keel and the first-party plugins
 #   ./setup.sh --tests    also what `meson test -C build` needs (python3-torch, chromium,
-#                         abigail-tools, fortunes), + build
+#                         abigail-tools, fortunes), + build everything
 #   ./setup.sh --ci       also what .ci/run needs beyond that: clang-14 and its sanitizer/libFuzzer
 #                         runtime for the fuzzers (implies --tests), + build
 #   BUILD_DIR=out ./setup.sh [...]
@@ -93,7 +94,20 @@ build_start=$SECONDS
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   meson setup "$BUILD_DIR" --buildtype=release
 fi
-ninja -C "$BUILD_DIR"
+if ((tests)); then
+  ninja -C "$BUILD_DIR"  # everything: keel, the plugins, the tests' executables and fixtures
+else
+  # keel and the first-party plugins: what the quickstart runs (./setup.sh --tests builds the
+  # rest).
+  mapfile -t targets < <(meson introspect "$BUILD_DIR" --targets | /usr/bin/python3 -c '
+import json, os, sys
+build, plugins = os.path.realpath(sys.argv[1]), os.path.realpath("plugins") + os.sep
+for t in json.load(sys.stdin):
+    if (t["name"] == "keel" and t["type"] == "executable") or \
+            os.path.realpath(t["defined_in"]).startswith(plugins):
+        print("\n".join(os.path.relpath(f, build) for f in t["filename"]))' "$BUILD_DIR")
+  ninja -C "$BUILD_DIR" "${targets[@]}"
+fi
 s=$((SECONDS - build_start))
 printf 'setup: build took %dm %02ds\n' $((s / 60)) $((s % 60))
 echo "setup: built into $BUILD_DIR (keel: $BUILD_DIR/kernel/keel)"
