@@ -67,6 +67,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from probe_batch import Batch
+
 KEEL, PROBE, PLUGIN = sys.argv[1:4]
 failures = []
 
@@ -163,35 +165,6 @@ def keel(*args):
 # Logits and gradients, through gpt_probe (the plugin's model driven by keel/testing.hpp).
 ATOL = 1e-5
 DIFFS = []  # (case, "logits" or parameter name, max |keel - reference|)
-
-
-class Batch:
-    """One `PROBE --batch` process (tests/probe.hpp): run(*args) sends one case, the arguments
-    of a one-case command line, and returns (its output, None), or (None, its error message)
-    when it failed; the process goes on with the next case."""
-
-    def __init__(self, *argv):
-        self.argv = [*argv, "--batch"]
-        self.p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
-        self.cases = 0
-
-    def run(self, *args):
-        args = [str(a) for a in args]
-        assert not any("\t" in a or "\n" in a for a in args), args
-        self.p.stdin.write("\t".join(args) + "\n")
-        self.p.stdin.flush()
-        reply = self.p.stdout.readline()
-        if not reply:
-            raise RuntimeError(f"{self.argv} ended (status {self.p.wait()}) in case {args}")
-        self.cases += 1
-        r = json.loads(reply)
-        return (r["output"], None) if r["ok"] else (None, r["error"])
-
-    def close(self):
-        self.p.stdin.close()
-        status = self.p.wait()
-        check(status == 0, f"{self.argv} exited with status {status}")
 
 
 def probe(tmp, tag, seed, mode, tokens, targets, perturb=0.0, threads=2, **options):
@@ -357,8 +330,8 @@ def run_probe_checks():
         probe_checks(probe_tmp.name)
     except Exception as e:  # reported as a failure, not lost with the thread
         check(False, f"gpt_probe checks: {type(e).__name__}: {e}")
-    cases = PROBES.cases
-    PROBES.close()
+    cases, status = PROBES.cases, PROBES.close()
+    check(status == 0, f"gpt_probe --batch exited with status {status}")
     print(f"{cases} cases in one gpt_probe process")
 
 

@@ -56,6 +56,8 @@ import numpy
 import torch
 import torch.nn.functional as F
 
+from probe_batch import Batch
+
 PROBE, PLUGIN = sys.argv[1], sys.argv[2]
 TOL = 1e-6
 failures = []
@@ -65,35 +67,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
         print("FAIL:", what)
-
-
-class Batch:
-    """One `PROBE --batch` process (tests/probe.hpp): run(*args) sends one case, the arguments
-    of a one-case command line, and returns (its output, None), or (None, its error message)
-    when it failed; the process goes on with the next case."""
-
-    def __init__(self, *argv):
-        self.argv = [*argv, "--batch"]
-        self.p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
-        self.cases = 0
-
-    def run(self, *args):
-        args = [str(a) for a in args]
-        assert not any("\t" in a or "\n" in a for a in args), args
-        self.p.stdin.write("\t".join(args) + "\n")
-        self.p.stdin.flush()
-        reply = self.p.stdout.readline()
-        if not reply:
-            raise RuntimeError(f"{self.argv} ended (status {self.p.wait()}) in case {args}")
-        self.cases += 1
-        r = json.loads(reply)
-        return (r["output"], None) if r["ok"] else (None, r["error"].strip())
-
-    def close(self):
-        self.p.stdin.close()
-        status = self.p.wait()
-        check(status == 0, f"{self.argv} exited with status {status}")
 
 
 BATCH = Batch(PROBE)
@@ -340,8 +313,8 @@ with tempfile.TemporaryDirectory() as tmp:
           "[batch, time, F] and [vocab, F]" in err and "\n" not in err, f"weight shape: {err}")
 print(f"largest differences from F.cross_entropy(F.linear(...)) (compute_linear): loss "
       f"{worst_linear[0]:.2e}, gradients {worst_linear[1]:.2e} (tolerance {TOL:g})")
-cases = BATCH.cases
-BATCH.close()
+cases, status = BATCH.cases, BATCH.close()
+check(status == 0, f"lm_losses_probe --batch exited with status {status}")
 print(f"{cases} cases in one lm_losses_probe process; the {len(MEMORY_CASES)} memory cases in "
       "one each")
 

@@ -24,6 +24,8 @@ import unittest
 
 import numpy as np
 
+from probe_batch import Batch
+
 KEEL, DUMP, PLUGIN = (os.path.abspath(a) for a in sys.argv[1:4])
 M64 = (1 << 64) - 1
 # Non-ASCII text: 2-, 3- and 4-byte UTF-8, control characters, a NUL.
@@ -41,35 +43,6 @@ def random_offset(seed, epoch, i, positions):
     key = mix((seed + mix((epoch + 1) & M64)) & M64)
     d = mix((key + (i + 1) * 0x9E3779B97F4A7C15) & M64)
     return (d * positions) >> 64
-
-
-class Batch:
-    """One `PROBE --batch` process (tests/probe.hpp): run(*args) sends one case, the arguments
-    of a one-case command line, and returns (its output, None), or (None, its error message)
-    when it failed; the process goes on with the next case."""
-
-    def __init__(self, *argv):
-        self.argv = [*argv, "--batch"]
-        self.p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
-        self.cases = 0
-
-    def run(self, *args):
-        args = [str(a) for a in args]
-        assert not any("\t" in a or "\n" in a for a in args), args
-        self.p.stdin.write("\t".join(args) + "\n")
-        self.p.stdin.flush()
-        reply = self.p.stdout.readline()
-        if not reply:
-            raise RuntimeError(f"{self.argv} ended (status {self.p.wait()}) in case {args}")
-        self.cases += 1
-        r = json.loads(reply)
-        return (r["output"], None) if r["ok"] else (None, r["error"])
-
-    def close(self):
-        """The process's exit status, once it has read the end of its input."""
-        self.p.stdin.close()
-        return self.p.wait()
 
 
 class Tokens(unittest.TestCase):

@@ -13,6 +13,8 @@ import sys
 import tempfile
 import unittest
 
+from probe_batch import Batch
+
 KEEL, ROOT, PROBE, PLUGIN = (os.path.abspath(a) for a in sys.argv[1:5])
 START, END, STEPS = 3, 5, 8  # steps 3..5 recorded of 8
 BATCH = 64
@@ -31,35 +33,6 @@ def train(d, profiler, *sets):
             f"run.output_dir={d}/run", *sets]
     env = {k: v for k, v in os.environ.items() if k != "KEEL_LOG_LEVEL"}
     return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
-
-
-class Batch:
-    """One `PROBE --batch` process (tests/probe.hpp): run(*args) sends one case, the arguments
-    of a one-case command line, and returns (its output, None), or (None, its error message)
-    when it failed; the process goes on with the next case."""
-
-    def __init__(self, *argv):
-        self.argv = [*argv, "--batch"]
-        self.p = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True)
-        self.cases = 0
-
-    def run(self, *args):
-        args = [str(a) for a in args]
-        assert not any("\t" in a or "\n" in a for a in args), args
-        self.p.stdin.write("\t".join(args) + "\n")
-        self.p.stdin.flush()
-        reply = self.p.stdout.readline()
-        if not reply:
-            raise RuntimeError(f"{self.argv} ended (status {self.p.wait()}) in case {args}")
-        self.cases += 1
-        r = json.loads(reply)
-        return (r["output"], None) if r["ok"] else (None, r["error"])
-
-    def close(self):
-        """The process's exit status, once it has read the end of its input."""
-        self.p.stdin.close()
-        return self.p.wait()
 
 
 class TorchProfiler(unittest.TestCase):
