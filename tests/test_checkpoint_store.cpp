@@ -18,6 +18,8 @@
 #include "keel/tensor.hpp"
 #include "support.hpp"
 
+namespace unit_checkpoint_store {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::TempDir;
 namespace fs = std::filesystem;
 
@@ -289,3 +291,5 @@ TEST_CASE("the commit record rejects what it cannot trust") {
   s.replace(s.find("\"version\": 1"), 12, "\"version\": 2");
   CHECK(err(s).find("'version' is not 1") != std::string::npos);
 }
+
+}  // namespace unit_checkpoint_store

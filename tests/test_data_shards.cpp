@@ -24,6 +24,8 @@
 #include "loader/registry.hpp"
 #include "support.hpp"
 
+namespace unit_data_shards {  // keel_units is one unity build: each file's names stay its own
+
 namespace {
 
 using Indices = std::vector<int64_t>;
@@ -454,3 +456,5 @@ TEST_CASE("limit reads only the first samples: damage after them goes unnoticed,
                        "the *-ubyte.gz files"));
   }
 }
+
+}  // namespace unit_data_shards

@@ -11,6 +11,8 @@
 #include "support.hpp"
 #include "trainer.hpp"
 
+namespace unit_early_stopping {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::TempDir;
 namespace fs = std::filesystem;
 
@@ -172,3 +174,5 @@ TEST_CASE("a run started from a checkpoint goes on counting from the saved state
   CHECK(evals == 2);  // 2 and 3 bad evaluations: no new best to start from
   CHECK(steps == 2 * 8);
 }
+
+}  // namespace unit_early_stopping

@@ -9,6 +9,8 @@
 #include "support.hpp"
 #include "trainer.hpp"
 
+namespace unit_end_to_end {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::TempDir;
 namespace fs = std::filesystem;
 
@@ -210,3 +212,5 @@ TEST_CASE("manifest.resolved.toml reruns the run from another working directory"
   again["run"].as_table()->insert_or_assign("output_dir", first.string());
   CHECK(again == resolved);
 }
+
+}  // namespace unit_end_to_end

@@ -8,6 +8,8 @@
 #include "support.hpp"
 #include "trainer.hpp"
 
+namespace unit_hooks {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::TempDir;
 
 namespace {
@@ -413,3 +415,5 @@ TEST_CASE("hooks run in ascending priority, ties in manifest order") {
     CHECK(got[i].substr(2) == got[i + 1].substr(2));
   }
 }
+
+}  // namespace unit_hooks

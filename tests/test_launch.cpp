@@ -7,6 +7,8 @@
 #include "distributed/launch.hpp"
 #include "error.hpp"
 
+namespace unit_launch {  // keel_units is one unity build: each file's names stay its own
+
 namespace {
 
 keel::GetEnv env_of(const std::map<std::string, std::string>& vars) {
@@ -102,3 +104,5 @@ TEST_CASE("malformed variables are errors naming the variable") {
                   {"MASTER_PORT", "1"}})
             .find("mpirun -x MASTER_ADDR") != std::string::npos);
 }
+
+}  // namespace unit_launch

@@ -11,6 +11,8 @@
 #include "loader/registry.hpp"
 #include "support.hpp"
 
+namespace unit_loader {  // keel_units is one unity build: each file's names stay its own
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -287,3 +289,5 @@ TEST_CASE("a plugin built for a newer ABI minor is refused, naming the file and 
   CHECK(r.plugins().empty());
   CHECK(r.find(KEEL_KIND_HOOK, "newer_minor") == nullptr);
 }
+
+}  // namespace unit_loader

@@ -15,6 +15,8 @@
 #include "support.hpp"
 #include "trainer.hpp"
 
+namespace unit_loop {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::TempDir;
 namespace fs = std::filesystem;
 
@@ -281,3 +283,5 @@ at::Tensor weights_of(const TempDir& d, const std::string& checkpoint, const std
   return t;
 }
 }  // namespace
+
+}  // namespace unit_loop

@@ -5,6 +5,8 @@
 #include "loss_scaler.hpp"
 #include "support.hpp"
 
+namespace unit_loss_scaler {  // keel_units is one unity build: each file's names stay its own
+
 TEST_CASE("unscale restores the gradient and detects overflow") {
   keel::LossScaler scaler(1024.0);
   at::Tensor w = at::ones({3}, at::kFloat).set_requires_grad(true);
@@ -32,3 +34,5 @@ TEST_CASE("the scale backs off on overflow and grows after growth_interval clean
   scaler.update(true);
   CHECK(scaler.scale() == 512.0);
 }
+
+}  // namespace unit_loss_scaler

@@ -8,6 +8,8 @@
 #include "run_config.hpp"
 #include "support.hpp"
 
+namespace unit_manifest {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::error_of;
 using keel_test::TempDir;
 
@@ -331,3 +333,5 @@ TEST_CASE("extends errors name file:line:col") {
   CHECK(error_of([&] { keel::load_manifest(p5.string(), {}); })
             .rfind((d.path / "bad.toml").string() + ":2:", 0) == 0);
 }
+
+}  // namespace unit_manifest

@@ -21,6 +21,8 @@
 #include "support.hpp"
 #include "trainer.hpp"
 
+namespace unit_profiler_mfu {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::TempDir;
 namespace fs = std::filesystem;
 
@@ -281,3 +283,5 @@ TEST_CASE("chrome_trace with operators = true records LibTorch's operators of th
   const auto phases = nlohmann::json::parse(keel_test::read(e.path / "run/trace.json"));
   for (const auto& ev : phases["traceEvents"]) CHECK(ev["pid"] == 0);
 }
+
+}  // namespace unit_profiler_mfu

@@ -8,6 +8,8 @@
 // The unit under test is LibTorch-free and not part of the kernel library these tests link.
 #include "../plugins/safetensors/safetensors_header.cpp"
 
+namespace unit_safetensors {  // keel_units is one unity build: each file's names stay its own
+
 namespace st = keel_safetensors;
 using namespace std::string_literals;
 
@@ -216,3 +218,5 @@ TEST_CASE("data section longer or shorter than the tensors") {
 TEST_CASE("names in messages are escaped: one line whatever the header holds") {
   CHECK_REFUSED(file("{\"a\\nb\":1}", 0), "tensor \"a\\nb\" must be an object");
 }
+
+}  // namespace unit_safetensors

@@ -8,6 +8,8 @@
 #include "loader/registry.hpp"
 #include "support.hpp"
 
+namespace unit_schedulers {  // keel_units is one unity build: each file's names stay its own
+
 namespace {
 
 const keel::Registry& registry() { return keel_test::default_registry(); }
@@ -140,3 +142,5 @@ TEST_CASE("impossible combinations fail at creation, saying why and what to chan
   CHECK(creation_error("wsd", "warmup_steps = 800\ndecay_fraction = 0.2") == "<no error>");
   CHECK(creation_error("wsd", "warmup_steps = 2000") == "<no error>");
 }
+
+}  // namespace unit_schedulers

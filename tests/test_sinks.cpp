@@ -21,6 +21,8 @@
 #include "support.hpp"
 #include "trainer.hpp"
 
+namespace unit_sinks {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::TempDir;
 namespace fs = std::filesystem;
 
@@ -234,3 +236,5 @@ TEST_CASE("console: the progress bar's text") {
   CHECK(sinks::clock_text(59.6) == "1:00");
   CHECK(sinks::clock_text(3723) == "1:02:03");
 }
+
+}  // namespace unit_sinks

@@ -27,6 +27,8 @@
 #include "loader/registry.hpp"
 #include "support.hpp"
 
+namespace unit_torch_checkpoint {  // keel_units is one unity build: each file's names stay its own
+
 using keel_test::TempDir;
 namespace fs = std::filesystem;
 
@@ -234,3 +236,5 @@ TEST_CASE("a failed write or close, or a duplicate name, fails the save naming t
   CHECK_HAS(error_line([&] { save(d.path, {{"w", at::zeros({2})}, {"w", at::zeros({2})}}); }),
             "save failed: saving '" + file + "': tensor name 'w' appears twice; hint: ");
 }
+
+}  // namespace unit_torch_checkpoint
