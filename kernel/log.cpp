@@ -47,6 +47,12 @@ class RunLogSink final : public spdlog::sinks::base_sink<std::mutex> {
     std::lock_guard<std::mutex> lock(mutex_);
     close();
   }
+  // Detached, and the messages kept for a run log dropped.
+  void reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    close();
+    pending_.clear();
+  }
   std::string path() {
     std::lock_guard<std::mutex> lock(mutex_);
     return path_;
@@ -89,6 +95,13 @@ struct Logging {
   std::shared_ptr<spdlog::logger> logger;
 };
 
+// The console's pattern, with `tag` before each message. On a terminal each line first clears
+// the line, so it replaces the console hook's progress bar (which the hook redraws below it)
+// instead of mixing with it.
+std::string console_pattern(const std::string& tag) {
+  return (isatty(fileno(stdout)) ? "\r\033[K[%T] " : "[%T] ") + tag + "%v";
+}
+
 std::mutex g_mutex;
 std::unique_ptr<Logging> g_logging;  // guarded by g_mutex
 
@@ -97,9 +110,7 @@ Logging& setup(std::optional<spdlog::level::level_enum> console_level) {
   if (!g_logging) {
     auto l = std::make_unique<Logging>();
     l->console = std::make_shared<spdlog::sinks::stdout_sink_mt>();
-    // On a terminal each line first clears the line, so it replaces the console hook's progress
-    // bar (which the hook redraws below it) instead of mixing with it.
-    l->console->set_pattern(isatty(fileno(stdout)) ? "\r\033[K[%T] %v" : "[%T] %v");
+    l->console->set_pattern(console_pattern(""));
     l->run_log = std::make_shared<RunLogSink>();
     l->logger = std::make_shared<spdlog::logger>(
         "keel", spdlog::sinks_init_list{l->console, l->run_log});
@@ -139,7 +150,17 @@ void init_logging(spdlog::level::level_enum console_level) { setup(console_level
 void set_log_rank(int rank) {
   Logging& l = setup(std::nullopt);
   const std::string tag = "[rank " + std::to_string(rank) + "] ";
-  l.console->set_pattern(isatty(fileno(stdout)) ? "\r\033[K[%T] " + tag + "%v" : "[%T] " + tag + "%v");
+  l.console->set_pattern(console_pattern(tag));
+}
+
+void reset_logging() {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (!g_logging) return;
+    g_logging->run_log->reset();
+    g_logging->console->set_pattern(console_pattern(""));
+  }
+  setup(spdlog::level::info);
 }
 
 void attach_run_log(const std::string& path) {

@@ -41,6 +41,11 @@ void attach_run_log(const std::string& path);
 // removing a run directory: later messages are kept in memory again.
 void detach_run_log();
 
+// Logging as init_logging(info) first made it, when anything set it up: the console at info
+// without a rank tag, no run log attached and no message kept for one (keel::cli_main, between
+// commands run in one process).
+void reset_logging();
+
 // The path of the attached run log, "" when none is attached.
 std::string run_log_path();
 

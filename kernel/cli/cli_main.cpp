@@ -8,7 +8,6 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
-#include <spdlog/sinks/sink.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/program_options.hpp>
@@ -840,22 +839,7 @@ void restore_process_state() {
             reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
       set_blas(g_blas_threads_before);
   g_blas_threads_before = -1;
-  // Logging, when a command set it up (keel's logger is then spdlog's default): the console
-  // quiet while the messages kept for a run log that never came are written to /dev/null, then
-  // the console back at info without a rank tag (keel::set_log_rank), as init_logging makes it.
-  const std::shared_ptr<spdlog::logger> logger = spdlog::default_logger();
-  if (logger && logger->name() == "keel") {
-    keel::init_logging(spdlog::level::off);
-    try {
-      keel::attach_run_log("/dev/null");
-    } catch (const keel::Error&) {  // no /dev/null: the messages stay kept
-    }
-    keel::detach_run_log();
-    keel::init_logging(spdlog::level::info);
-    if (!logger->sinks().empty())
-      logger->sinks().front()->set_pattern(isatty(fileno(stdout)) ? "\r\033[K[%T] %v"
-                                                                  : "[%T] %v");
-  }
+  keel::reset_logging();
   g_activity = "while starting";
   g_rank_prefix.clear();
 }
