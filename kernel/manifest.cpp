@@ -143,8 +143,10 @@ struct Include {
 };
 
 // `where_`/`what`: the `extends` key that names `file` ("" for the command line).
+// `read` gets the canonical path of every file read, the including file before its base.
 toml::table parse_file(const fs::path& file, std::vector<Include>& chain,
-                       const std::string& where_ = "", const std::string& what = "") {
+                       std::vector<std::string>& read, const std::string& where_ = "",
+                       const std::string& what = "") {
   std::error_code ec;
   fs::path canonical = fs::weakly_canonical(file, ec);
   if (ec) canonical = fs::absolute(file, ec).lexically_normal();
@@ -161,6 +163,7 @@ toml::table parse_file(const fs::path& file, std::vector<Include>& chain,
   const std::string text = read_regular_file(
       file, where_, what, chain.empty() ? std::string() : chain.back().file.string());
   chain.push_back({file, canonical});
+  read.push_back(canonical.string());
 
   toml::table table;
   try {
@@ -186,7 +189,7 @@ toml::table parse_file(const fs::path& file, std::vector<Include>& chain,
                   "relative to this file: extends = \"base.toml\", or remove the key");
     const fs::path base_path = file.parent_path() / base_name->get();
     toml::table base =
-        parse_file(base_path, chain, ext_where, "extends = \"" + base_name->get() + "\"");
+        parse_file(base_path, chain, read, ext_where, "extends = \"" + base_name->get() + "\"");
     table.erase("extends");
     merge(base, table);
     table = std::move(base);
@@ -525,7 +528,7 @@ Manifest load_manifest(const std::string& path, const std::vector<std::string>& 
     throw Error("'': the manifest path is empty; hint: name a .toml file, e.g. "
                 "configs/quickstart.toml");
   std::vector<Include> chain;
-  m.root = parse_file(path, chain);
+  m.root = parse_file(path, chain, m.files);
   for (const auto& o : overrides) Override(m.root, o).run();
   return m;
 }

@@ -12,6 +12,9 @@ namespace keel {
 struct Manifest {
   std::string path;  // the file named on the command line
   toml::table root;  // merged: bases first, then the file, then --set overrides
+  // Every file read, by canonical path: the file named first, then the base it extends, then
+  // that base's base, and so on (a lock is looked up along this chain: loader/lock.hpp).
+  std::vector<std::string> files;
 };
 
 // Reads `path`, resolves `extends = "base.toml"` (relative to the including file, recursively)

@@ -286,10 +286,18 @@ PluginsTable manifest_plugins(const Manifest& m) {
   const toml::table& t = table_or_empty(m.root, "plugins", "plugins");
   PluginsTable out;
   for (const auto& [k, v] : t)
-    if (k.str() != "paths" && k.str() != "require")
+    if (k.str() != "paths" && k.str() != "require" && k.str() != "locked")
       throw Error(where(k.source()) + ": unknown key '" + std::string(k.str()) +
-                  "' in [plugins]; hint: " + near_hint(std::string(k.str()), {"paths", "require"}) +
-                  "its keys are paths and require (`keel options plugins`)");
+                  "' in [plugins]; hint: " +
+                  near_hint(std::string(k.str()), {"paths", "require", "locked"}) +
+                  "its keys are paths, require and locked (`keel options plugins`)");
+  if (const toml::node* locked = t.get("locked")) {
+    if (!locked->is_boolean())
+      throw Error(where(locked->source()) + ": plugins.locked: expected true or false; hint: "
+                  "locked = true makes a missing lock an error");
+    out.locked = locked->as_boolean()->get();
+    out.locked_where = where(locked->source());
+  }
   if (const toml::node* paths = t.get("paths")) {
     const toml::array* a = paths->as_array();
     if (!a)
@@ -335,6 +343,18 @@ PluginsTable manifest_plugins(const Manifest& m) {
   return out;
 }
 
+std::optional<Lock> manifest_lock(const Manifest& m, const PluginsTable& plugins) {
+  std::optional<Lock> lock = find_lock(m.files);
+  if (!lock && plugins.locked) {
+    std::string looked;
+    for (const auto& f : m.files) looked += (looked.empty() ? "" : ", ") + lock_path_for(f);
+    throw Error(plugins.locked_where + ": plugins.locked = true, but there is no lock (looked "
+                "for " + looked + "); hint: review the plugins the run uses, then `keel plugins "
+                "lock " + m.path + "` writes one");
+  }
+  return lock;
+}
+
 std::vector<const ComponentSpec*> used_components(const RunConfig& cfg) {
   std::vector<const ComponentSpec*> specs = {&cfg.model, &cfg.train_data, &cfg.optimizer,
                                              &cfg.loss};
@@ -378,7 +398,7 @@ void check_lock(const Registry& registry, const Lock& lock) {
     throw Error(lock.file + ": plugin " + e.name + " " + e.version + " (sha256 " +
                 e.sha256.substr(0, 16) + "...) is locked but was not loaded: " + why +
                 "; hint: restore the locked file, or review the new one and run `keel plugins "
-                "lock` again");
+                "lock " + lock.manifest + " --update " + e.name + "`");
   }
 }
 
@@ -437,12 +457,12 @@ RunConfig resolve(const Manifest& m, Registry& registry, bool use_lock) {
   const PluginsTable plugins = manifest_plugins(m);
   rc.plugin_paths = plugins.dirs;
   rc.plugin_requirements = plugins.require;
-  if (std::optional<Lock> lock = use_lock ? read_lock(m.path) : std::nullopt) {
+  if (std::optional<Lock> lock = use_lock ? manifest_lock(m, plugins) : std::nullopt) {
     rc.lock_file = lock->file;
     registry.use_lock(std::move(*lock));
   }
   registry.discover(plugin_search_path(rc.plugin_paths, rc.plugin_requirements));
-  if (registry.lock()) check_lock(registry, *registry.lock());
+  if (use_lock && registry.lock()) check_lock(registry, *registry.lock());
   check_requirements(registry, rc.plugin_requirements);
 
   const keel_options run = validate_options(table_or_empty(m.root, "run", "run"), "run",

@@ -110,7 +110,7 @@ struct RunConfig {
 // The kernel's own manifest tables and their keys, documented like a plugin's option schema
 // (`keel options`): "run", "train", "checkpoint" (the kernel keys of [checkpoint]), "hooks"
 // (kernel keys of each [[hooks]] table), "optimizer.groups". ([plugins] has its own keys,
-// `paths` and `require`.)
+// `paths`, `require` and `locked`.)
 struct KernelTable {
   const char* name;
   const char* description;
@@ -120,18 +120,25 @@ const std::vector<KernelTable>& kernel_tables();
 
 // Validates the manifest; loads plugins from [plugins] paths plus the default search path into
 // `registry` first. Throws keel::Error (file:line:col, dotted key, hint) on the first problem.
-// With `use_lock`, a MANIFEST.lock beside the manifest (loader/lock.hpp) restricts discovery
-// to the files it lists, and every file it lists must load.
+// With `use_lock`, the manifest's lock (manifest_lock) restricts discovery to the files it
+// lists, and every file it lists must load. Without it, no lock is read: the caller may have
+// given `registry` one (keel plugins lock does, to relock).
 RunConfig resolve(const Manifest& manifest, Registry& registry, bool use_lock = true);
 
 // The manifest's [plugins] table: `paths` (search directories, relative to the file that sets
-// them; each must exist) and `require` (plugin name -> version requirement, checked after
-// discovery).
+// them; each must exist), `require` (plugin name -> version requirement, checked after
+// discovery) and `locked` (a missing lock is an error).
 struct PluginsTable {
   std::vector<std::string> dirs;
   std::vector<PluginRequirement> require;
+  bool locked = false;
+  std::string locked_where;  // file:line:col of `locked = true`
 };
 PluginsTable manifest_plugins(const Manifest& manifest);
+
+// The lock a run of `manifest` uses: the first along its extends chain (loader/lock.hpp), or
+// nothing. Throws keel::Error when there is none and [plugins] locked = true.
+std::optional<Lock> manifest_lock(const Manifest& manifest, const PluginsTable& plugins);
 
 // Every component the run uses (model, data, optimizer, loss, the optional ones, hooks).
 std::vector<const ComponentSpec*> used_components(const RunConfig& config);

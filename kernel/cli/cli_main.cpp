@@ -75,9 +75,9 @@ const CommandInfo kCommands[] = {
     {"validate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
      "everything train checks (options, plugins, data), without training"},
     {"plugins",
-     "[show NAME | new NAME --kind KIND [--lang c|cpp] DIR | install PACKAGE [--prefix DIR] "
-     "[--force] | remove NAME[@VERSION] [--prefix DIR] | pack BUILD_DIR [--output FILE] | lock "
-     "MANIFEST | reference] [--log-level LEVEL]",
+     "[show NAME] [--manifest MANIFEST] | new NAME --kind KIND [--lang c|cpp] DIR | install "
+     "PACKAGE [--prefix DIR] [--force] | remove NAME[@VERSION] [--prefix DIR] | pack BUILD_DIR "
+     "[--output FILE] | lock MANIFEST [--update NAME]... | reference] [--log-level LEVEL]",
      "the plugins found and refused, one component's options, or make, pack, install, remove "
      "and lock plugin packages"},
     {"options", "[TABLE] [--log-level LEVEL]",
@@ -174,7 +174,13 @@ po::options_description command_flags(const std::string& command) {
         "output,o", po::value<std::string>()->value_name("FILE"),
         "pack: the package to write (default NAME-VERSION.tar.gz in the working directory; a path "
         "not ending in .tar.gz writes a package directory)")(
-        "force", "install: replace an installed package of the same name and version");
+        "force", "install: replace an installed package of the same name and version")(
+        "update", po::value<std::vector<std::string>>()->value_name("NAME"),
+        "lock: pin plugin NAME although its file changed since the last lock (repeatable; "
+        "review the new file first)")(
+        "manifest", po::value<std::string>()->value_name("MANIFEST"),
+        "listing, show: search where MANIFEST's run does ([plugins] paths and require) and load "
+        "only what its lock allows");
   if (command == "report")
     d.add_options()("output,o", po::value<std::string>()->value_name("FILE"),
                     "the HTML file to write (default RUN_DIR/report.html)");
@@ -359,6 +365,8 @@ Parsed parse_command(const std::string& command, const std::vector<std::string>&
   if (vm.count("prefix")) p.plugins.prefix = vm["prefix"].as<std::string>();
   if (vm.count("output")) p.plugins.output = vm["output"].as<std::string>();
   p.plugins.force = vm.count("force") > 0;
+  if (vm.count("update")) p.plugins.update = vm["update"].as<std::vector<std::string>>();
+  if (vm.count("manifest")) p.plugins.manifest = vm["manifest"].as<std::string>();
   p.prepare.positional = p.positional;
   p.prepare.output = p.plugins.output;
   if (vm.count("level")) p.prepare.level = vm["level"].as<std::string>();
@@ -545,9 +553,12 @@ int cmd_options(const Parsed& p) {
     std::printf("  %-16s %-34s default %-12s %s\n", "paths", "list of strings", "[]",
                 "directories (relative to the manifest; each must exist) searched before "
                 "KEEL_PLUGIN_PATH");
-    std::printf("  %-16s %-34s default %-12s %s\n\n", "require", "table of strings", "{}",
+    std::printf("  %-16s %-34s default %-12s %s\n", "require", "table of strings", "{}",
                 "plugin name = version requirement, e.g. { \"acme-losses\" = \">=1.2, <2\" }: "
                 "a missing plugin or another version is an error");
+    std::printf("  %-16s %-34s default %-12s %s\n\n", "locked", "bool", "false",
+                "true: running without a lock (`keel plugins lock MANIFEST`, here or along the "
+                "extends chain) is an error");
   }
   if (found) return 0;
   for (const auto& [section, kind] : kComponentSections)
@@ -606,11 +617,23 @@ int cmd_plugins(const Parsed& p) {
       g_activity = std::string("in keel plugins ") + name;
       return fn(p.plugins);
     }
-  p.plugins.only_flags({"prefix"});
+  p.plugins.only_flags({"prefix", "manifest"});
   g_activity = "while listing plugins";
   const std::vector<std::string>& args = p.positional;
   keel::Registry registry;
-  const std::vector<std::string> searched = keel::plugin_search_path({});
+  // With --manifest: the run's search path and lock, so that nothing the lock refuses runs.
+  std::vector<std::string> searched;
+  if (p.plugins.manifest) {
+    const keel::Manifest m = keel::load_manifest(*p.plugins.manifest, {});
+    const keel::PluginsTable plugins = keel::manifest_plugins(m);
+    if (std::optional<keel::Lock> lock = keel::manifest_lock(m, plugins)) {
+      std::printf("lock: %s\n", lock->file.c_str());
+      registry.use_lock(std::move(*lock));
+    }
+    searched = keel::plugin_search_path(plugins.dirs, plugins.require);
+  } else {
+    searched = keel::plugin_search_path({});
+  }
   registry.discover(searched);
   log_registry(registry);
   if (!args.empty() && args[0] == "show") {
@@ -659,9 +682,10 @@ int cmd_plugins(const Parsed& p) {
       names.push_back(c->name);
       names.emplace_back(c->plugin->name);
     }
+    const std::string refused = registry.refusal_summary();
     throw keel::Error("keel plugins show " + name + ": no plugin or component named '" + name +
-                      "'; hint: " + did_you_mean(name, names) +
-                      "(`keel plugins` lists everything found)");
+                      "'" + (refused.empty() ? "" : " (" + refused + ")") + "; hint: " +
+                      did_you_mean(name, names) + "(`keel plugins` lists everything found)");
   }
   if (!args.empty())
     throw UsageError(args[0] + ": unexpected argument to `keel plugins`; hint: " +

@@ -16,6 +16,8 @@ void PluginsArgs::only_flags(const std::vector<std::string>& allowed) const {
   check(prefix.has_value(), "prefix");
   check(output.has_value(), "output");
   check(force, "force");
+  check(!update.empty(), "update");
+  check(manifest.has_value(), "manifest");
 }
 
 }  // namespace keel::cli

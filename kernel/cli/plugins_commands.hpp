@@ -29,9 +29,11 @@ struct PluginsArgs {
   std::optional<std::string> prefix;    // --prefix
   std::optional<std::string> output;    // --output, -o
   bool force = false;                   // --force
+  std::vector<std::string> update;      // --update NAME (repeatable)
+  std::optional<std::string> manifest;  // --manifest
 
   // Throws ArgError naming the first flag that is set but not in `allowed` ("kind", "lang",
-  // "prefix", "output", "force").
+  // "prefix", "output", "force", "update", "manifest").
   void only_flags(const std::vector<std::string>& allowed) const;
 };
 
@@ -45,7 +47,7 @@ int plugins_install(const PluginsArgs& args);
 int plugins_remove(const PluginsArgs& args);
 // keel plugins pack BUILD_DIR [--output FILE]                     (cli/plugins_package.cpp)
 int plugins_pack(const PluginsArgs& args);
-// keel plugins lock MANIFEST                                      (cli/plugins_lock.cpp)
+// keel plugins lock MANIFEST [--update NAME]...                   (cli/plugins_lock.cpp)
 int plugins_lock(const PluginsArgs& args);
 
 }  // namespace keel::cli

@@ -1,8 +1,15 @@
-// keel plugins lock MANIFEST: writes MANIFEST.lock, the plugin files the run loads.
+// keel plugins lock MANIFEST [--update NAME]...: writes MANIFEST.lock, the plugin files the run
+// loads.
+//
+// The first lock takes the files as they are (their code runs: a lock can only pin what it has
+// loaded). Over an existing lock (the manifest's, or the one it runs under along its `extends`
+// chain), a locked file that changed is refused before its code runs unless --update names its
+// plugin, and a plugin the lock pins that now comes from another file (one new on the search
+// path) is not pinned unless --update names it (Registry::use_lock_for_relock).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <algorithm>
-#include <set>
+#include <optional>
 
 #include "loader/lock.hpp"
 #include "loader/registry.hpp"
@@ -13,9 +20,25 @@
 namespace fs = std::filesystem;
 
 namespace keel::cli {
+namespace {
+
+// The first file the relocking registry refused because it changed since `lock`, as an error.
+void refuse_changed_files(const Registry& registry, const Lock& lock, const std::string& manifest) {
+  for (const Refusal& r : registry.refusals()) {
+    if (r.changed_from_lock.empty()) continue;
+    const LockEntry* e = lock.by_path(r.path);
+    throw Error("keel plugins lock " + manifest + ": " + r.path + " changed since " + lock.file +
+                " pinned plugin " + r.changed_from_lock +
+                (e ? " " + e->version + " (sha256 " + e->sha256.substr(0, 16) + "...)" : "") +
+                "; its code was not run; hint: review the new file, then `keel plugins lock " +
+                manifest + " --update " + r.changed_from_lock + "`");
+  }
+}
+
+}  // namespace
 
 int plugins_lock(const PluginsArgs& args) {
-  args.only_flags({});
+  args.only_flags({"update"});
   if (args.positional.size() != 1)
     throw ArgError(std::string(args.positional.empty() ? "keel plugins lock: needs a MANIFEST"
                                                        : args.positional[1] +
@@ -25,13 +48,42 @@ int plugins_lock(const PluginsArgs& args) {
   const std::string& manifest = args.positional[0];
   Registry registry;
   const Manifest m = load_manifest(manifest, {});
-  // Resolved without the lock that may already exist: locking again takes the files as they
-  // are now.
-  const RunConfig cfg = resolve(m, registry, /*use_lock=*/false);
+  // Not manifest_lock: [plugins] locked = true must not keep the first lock from being written.
+  const std::optional<Lock> previous = find_lock(m.files);
+  for (const auto& name : args.update) {
+    const bool pinned = previous && std::any_of(previous->entries.begin(),
+                                                previous->entries.end(),
+                                                [&](const LockEntry& e) { return e.name == name; });
+    if (!pinned)
+      throw ArgError("--update " + name + ": " +
+                     (previous ? previous->file + " pins no plugin named '" + name + "'"
+                               : std::string("there is no lock to update yet")) +
+                     "; hint: --update names a plugin the lock pins (keel plugins lock " +
+                     manifest + " without --update writes a first lock)");
+  }
+  if (previous) registry.use_lock_for_relock(*previous, args.update);
+  RunConfig cfg;
+  try {
+    cfg = resolve(m, registry, /*use_lock=*/false);
+  } catch (const Error&) {
+    // A refused changed file explains a missing component better than the error it caused.
+    if (previous) refuse_changed_files(registry, *previous, manifest);
+    throw;
+  }
+  if (previous) refuse_changed_files(registry, *previous, manifest);
   Lock lock;
   lock.file = lock_path_for(manifest);
   for (const ComponentSpec* spec : used_components(cfg)) {
     const LoadedPlugin* p = spec->component->plugin;
+    if (previous)
+      for (const LockEntry& e : previous->entries)
+        if (e.name == p->name && e.sha256 != p->sha256 &&
+            std::find(args.update.begin(), args.update.end(), e.name) == args.update.end())
+          throw Error("keel plugins lock " + manifest + ": plugin " + p->name + " now comes from " +
+                      p->path + " (sha256 " + p->sha256.substr(0, 16) + "...), not from the file " +
+                      previous->file + " pins (" + e.path + ", sha256 " +
+                      e.sha256.substr(0, 16) + "...); hint: review it, then `keel plugins lock " +
+                      manifest + " --update " + e.name + "`, or remove it from the search path");
     LockEntry* entry = nullptr;
     for (auto& e : lock.entries)
       if (e.sha256 == p->sha256) entry = &e;

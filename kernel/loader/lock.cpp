@@ -39,13 +39,19 @@ const LockEntry* Lock::by_path(const std::string& path) const {
   return nullptr;
 }
 
-std::string lock_path_for(const std::string& manifest_path) { return manifest_path + ".lock"; }
+std::string lock_path_for(const std::string& manifest_path) {
+  std::error_code ec;
+  fs::path real = fs::weakly_canonical(manifest_path, ec);
+  if (ec) real = fs::absolute(manifest_path, ec).lexically_normal();
+  return real.string() + ".lock";
+}
 
 std::optional<Lock> read_lock(const std::string& manifest_path) {
   const std::string file = lock_path_for(manifest_path);
   std::error_code ec;
   if (!fs::exists(file, ec)) return std::nullopt;
-  const std::string hint = "; hint: regenerate it with `keel plugins lock " + manifest_path + "`";
+  const std::string manifest = file.substr(0, file.size() - 5);  // without ".lock"
+  const std::string hint = "; hint: regenerate it with `keel plugins lock " + manifest + "`";
   toml::table root;
   try {
     root = toml::parse_file(file);
@@ -55,6 +61,7 @@ std::optional<Lock> read_lock(const std::string& manifest_path) {
   }
   Lock lock;
   lock.file = file;
+  lock.manifest = manifest;
   for (const auto& [k, v] : root)
     if (k.str() != "plugin")
       throw Error(where(k.source()) + ": unknown key '" + std::string(k.str()) +
@@ -92,6 +99,12 @@ std::optional<Lock> read_lock(const std::string& manifest_path) {
     lock.entries.push_back(std::move(e));
   }
   return lock;
+}
+
+std::optional<Lock> find_lock(const std::vector<std::string>& manifest_files) {
+  for (const auto& f : manifest_files)
+    if (std::optional<Lock> lock = read_lock(f)) return lock;
+  return std::nullopt;
 }
 
 void write_lock(const Lock& lock, const std::string& manifest) {

@@ -1,9 +1,14 @@
 // MANIFEST.lock: the plugin files a run may load, by SHA-256.
 //
-// `keel plugins lock MANIFEST` writes it beside the manifest; `keel train|evaluate|validate
-// MANIFEST` reads it when it exists. With a lock, discovery hashes each candidate file through
-// the descriptor it will load from and loads only files whose hash the lock lists (see
-// Registry::use_lock): a file whose hash differs is refused before any of its code runs.
+// A lock belongs to a manifest file by its canonical path: `keel plugins lock MANIFEST` writes
+// REAL.lock beside REAL, the file MANIFEST names once every symlink is resolved. `keel
+// train|evaluate|validate MANIFEST` and `keel plugins [show NAME] --manifest MANIFEST` look for
+// a lock along the manifest's `extends` chain: MANIFEST's own, else its base's, else the base's
+// base, ...: the first that exists applies (so a manifest that extends a locked one runs under
+// that lock until it has its own). `[plugins] locked = true` makes a missing lock an error.
+// With a lock, discovery hashes each candidate file through the descriptor it will load from
+// and loads only files whose hash the lock lists (see Registry::use_lock): a file whose hash
+// differs is refused before any of its code runs.
 #pragma once
 
 #include <optional>
@@ -21,19 +26,24 @@ struct LockEntry {
 };
 
 struct Lock {
-  std::string file;  // the lock file's path
+  std::string file;      // the lock file's path
+  std::string manifest;  // the manifest file it belongs to (canonical)
   std::vector<LockEntry> entries;
 
   const LockEntry* by_sha256(const std::string& sha256) const;
   const LockEntry* by_path(const std::string& path) const;
 };
 
-// "<manifest>.lock".
+// "<canonical manifest path>.lock".
 std::string lock_path_for(const std::string& manifest_path);
 
-// The lock beside `manifest_path`, or nothing when there is none. Throws keel::Error
-// (file:line:col, with a hint) when it exists but is malformed.
+// The lock of the manifest file `manifest_path` (its canonical path's), or nothing when there
+// is none. Throws keel::Error (file:line:col, with a hint) when it exists but is malformed.
 std::optional<Lock> read_lock(const std::string& manifest_path);
+
+// The first lock along `manifest_files` (a Manifest's `files`: the file named, then its bases),
+// or nothing when none of them has one.
+std::optional<Lock> find_lock(const std::vector<std::string>& manifest_files);
 
 // Writes `lock` to lock.file (a temporary file, fsync'd, then renamed over it durably).
 // `manifest` is named in the file's header comment.

@@ -104,6 +104,12 @@ Registry::Registry() {
 
 void Registry::use_lock(Lock lock) { lock_ = std::move(lock); }
 
+void Registry::use_lock_for_relock(Lock lock, std::vector<std::string> updates) {
+  lock_ = std::move(lock);
+  relock_ = true;
+  updates_ = std::move(updates);
+}
+
 std::string Registry::check(const LoadedPlugin& p,
                             std::vector<std::unique_ptr<Component>>& out) const {
   const keel_plugin_descriptor* d = p.descriptor;
@@ -198,7 +204,7 @@ std::string Registry::check(const LoadedPlugin& p,
 bool Registry::load(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    refusals_.push_back({path, std::string("cannot open it: ") + std::strerror(errno), false});
+    refusals_.push_back({path, std::string("cannot open it: ") + std::strerror(errno), false, ""});
     return false;
   }
   const bool ok = load_checked(path, fd);
@@ -230,7 +236,7 @@ Registry::~Registry() = default;
 
 bool Registry::load_checked(const std::string& path, int fd) {
   auto refuse = [&](const std::string& reason, bool is_plugin = true) {
-    refusals_.push_back({path, reason, is_plugin});
+    refusals_.push_back({path, reason, is_plugin, ""});
     return false;
   };
   struct stat st;
@@ -262,14 +268,21 @@ bool Registry::load_checked(const std::string& path, int fd) {
     return refuse(e.what());
   }
   if (lock_ && !lock_->by_sha256(p->sha256)) {
-    if (const LockEntry* e = lock_->by_path(path))
-      return refuse("not loaded: its sha256 " + p->sha256.substr(0, 16) + "... differs from " +
-                    e->sha256.substr(0, 16) + "... that " + lock_->file + " holds for plugin " +
-                    e->name + " " + e->version + "; hint: if this file is the one you want, "
-                    "review it and run `keel plugins lock` again");
-    return refuse("not loaded: " + lock_->file + " does not list this file (sha256 " +
-                  p->sha256.substr(0, 16) + "...); hint: `keel plugins lock` adds the plugins a "
-                  "manifest uses");
+    const LockEntry* e = lock_->by_path(path);
+    const bool relock_allows =
+        relock_ && (!e || std::find(updates_.begin(), updates_.end(), e->name) != updates_.end());
+    if (e && !relock_allows) {
+      refuse("not loaded: its sha256 " + p->sha256.substr(0, 16) + "... differs from " +
+             e->sha256.substr(0, 16) + "... that " + lock_->file + " holds for plugin " +
+             e->name + " " + e->version + "; hint: if this file is the one you want, review it "
+             "and run `keel plugins lock " + lock_->manifest + " --update " + e->name + "`");
+      refusals_.back().changed_from_lock = e->name;
+      return false;
+    }
+    if (!relock_allows)
+      return refuse("not loaded: " + lock_->file + " does not list this file (sha256 " +
+                    p->sha256.substr(0, 16) + "...); hint: `keel plugins lock` adds the plugins "
+                    "a manifest uses");
   }
   // 4. Load what was checked: the same file (inode), through a descriptor of its own.
   const int load_fd = load_descriptor(fd, st);

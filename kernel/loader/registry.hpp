@@ -68,6 +68,9 @@ struct Refusal {
   std::string reason;
   // False for a file that is not a keel plugin at all (no entry symbol, not a library).
   bool is_plugin = true;
+  // The plugin name of the lock entry whose path this file is at, when the lock refused it for
+  // a hash other than that entry's ("" otherwise).
+  std::string changed_from_lock;
 };
 
 // A refusal's reason without its "; hint: ..." (to quote it inside another message).
@@ -87,6 +90,12 @@ class Registry {
   // From now on, load only files whose SHA-256 `lock` lists (call before discover). A file
   // whose hash differs is refused, naming the lock entry when its path is one the lock names.
   void use_lock(Lock lock);
+  // Relocking (`keel plugins lock` over an existing lock): as use_lock, but a file at a path the
+  // lock does not name also loads (a plugin new to the search path: as when locking the first
+  // time, its code runs so that its name is known), and so does a changed file at the path of
+  // an entry whose plugin name is in `updates` (the user reviewed it and named it). A changed
+  // file at any other locked path is refused before its code runs, as under use_lock.
+  void use_lock_for_relock(Lock lock, std::vector<std::string> updates);
   const Lock* lock() const { return lock_ ? &*lock_ : nullptr; }
 
   // Loads every plugin found in `dirs`, in order (recursively, files sorted by path).
@@ -117,6 +126,8 @@ class Registry {
   std::vector<std::unique_ptr<Component>> components_;
   std::vector<Refusal> refusals_;
   std::optional<Lock> lock_;
+  bool relock_ = false;               // use_lock_for_relock
+  std::vector<std::string> updates_;  // its `updates`
   bool allow_writable_ = false;
 };
 
