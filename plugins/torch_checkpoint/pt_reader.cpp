@@ -175,6 +175,7 @@ struct Node {
   int64_t i = 0;                 // kBool, kInt
   std::string s;                 // kStr; kGlobal: "module.name"; kStorage: its key
   std::vector<Ref> items;        // kTuple; kDict: key, value, key, value, ...
+  std::set<std::string> keys;    // kDict: its keys, each once
   bool ordered = false;          // kDict made by collections.OrderedDict()
   bool frozen = false;           // placed inside another value: no longer changed
   int depth = 1;                 // nesting, bounded so that no recursion runs deep
@@ -420,8 +421,7 @@ class Unpickler {
     for (size_t j = 0; j < kv.size(); j += 2) {
       if (kv[j]->kind != Node::kStr) bad(std::string("a dict key that is ") + kind_name(*kv[j]));
       if (kv[j + 1] == dict) bad("a dict inside itself");
-      for (size_t e = 0; e < dict->items.size(); e += 2)
-        if (dict->items[e]->s == kv[j]->s) bad("the dict key " + shown(kv[j]->s) + " twice");
+      if (!dict->keys.insert(kv[j]->s).second) bad("the dict key " + shown(kv[j]->s) + " twice");
       adopt(*dict, kv[j]);
       adopt(*dict, kv[j + 1]);
       dict->items.push_back(kv[j]);
