@@ -488,6 +488,18 @@ class Packages(unittest.TestCase):
         # The same after the package's good files.
         t = write_gz("sparse2.tar.gz", good_tar() + checksum(h) + b"x" * 512 + end)
         self.assert_refused(t, "a sparse file", max_file_bytes=limit)
+        # A pax (GNU.sparse 0.1) sparse entry of the same shape, after the good files.
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as pax:
+            info = tarfile.TarInfo(f"{top}/sparse.so")
+            info.size = 512
+            info.pax_headers = {"GNU.sparse.major": "0", "GNU.sparse.minor": "1",
+                                "GNU.sparse.size": str(real), "GNU.sparse.numblocks": "1",
+                                "GNU.sparse.map": f"{real - 512},512"}
+            pax.addfile(info, io.BytesIO(b"x" * 512))
+        t = write_gz("pax-sparse.tar.gz", good_tar() + out.getvalue())
+        self.assert_refused(t, f"{t}: entry \"{top}/sparse.so\": a sparse file",
+                            max_file_bytes=limit)
 
         # A file that [files] does not list: refused before anything is extracted.
         t = write_gz("unlisted.tar.gz", good_tar() + checksum(header(f"{top}/extra.so", 4 << 20))
