@@ -97,6 +97,9 @@ const Schema kCheckpointKernelSchema = {
                "init_from: load only model tensors whose name matches this regex (\"\": all)"),
     opt_string("init_exclude", "\"\"",
                "init_from: keep the initialisation of tensors matching this regex"),
+    opt_bool("init_from_unverified", "false",
+             "init_from: load a directory without a commit record with a backend other than "
+             "safetensors"),
 };
 
 const std::vector<std::string> kTopLevel = {"run", "plugins", "train", "model", "data",
@@ -605,6 +608,7 @@ RunConfig resolve(const Manifest& m, Registry& registry, bool use_lock) {
                   "\"test.loss\" or \"train.loss\" (keys as in metrics.jsonl)");
     rc.init_include = get<std::string>(ckpt, "init_include");
     rc.init_exclude = get<std::string>(ckpt, "init_exclude");
+    rc.init_from_unverified = get<bool>(ckpt, "init_from_unverified");
     for (const char* key : {"init_include", "init_exclude"}) {
       try {
         std::regex check(get<std::string>(ckpt, key));

@@ -93,6 +93,9 @@ struct RunConfig {
   std::string init_from;
   std::string init_include, init_exclude;
   std::vector<std::pair<std::string, std::string>> init_rename;
+  // init_from of a directory without a commit record with a backend other than safetensors
+  // (whose files hold no code and are checked against their size): only when the user says so.
+  bool init_from_unverified = false;
 
   // Set by the command line, not the manifest: `keel train --resume [PATH]`.
   enum class Resume { kNo, kLatest, kPath } resume = Resume::kNo;

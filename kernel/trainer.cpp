@@ -987,6 +987,18 @@ struct Trainer::State {
         throw Error(std::string("checkpoint.init_from: ") + e.what());
       }
     } else {
+      // Without a commit record nothing vouches for the files: only the safetensors backend,
+      // whose files hold no code and whose reader checks every tensor against the file's size,
+      // loads them unless the manifest says init_from_unverified = true.
+      const Component* backend = cfg.checkpoint ? cfg.checkpoint->component : nullptr;
+      const bool safetensors = backend && backend->name == "safetensors" && backend->plugin &&
+                               backend->plugin->name == "keel-safetensors";
+      if (!safetensors && !cfg.init_from_unverified)
+        throw Error("checkpoint.init_from: '" + dir + "' has no commit record (commit.json: not "
+                    "committed by keel), and only the safetensors backend loads such a directory "
+                    "unasked, not " + (backend ? backend->label() : std::string("this backend")) +
+                    "; hint: if you trust its files, set [checkpoint] init_from_unverified = true "
+                    "(or --set checkpoint.init_from_unverified=true)");
       spdlog::warn("checkpoint.init_from: {} has no commit record (not committed by keel): its "
                    "files are loaded unverified", dir);
     }

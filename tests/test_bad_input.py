@@ -26,6 +26,7 @@ matches)."""
 import collections
 import concurrent.futures
 import gzip
+import io
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import zipfile
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import inproc
@@ -195,8 +197,29 @@ def both(*fs):
     return f
 
 
+def crafted_pt(stride):
+    """A .pt file as torch.save writes one, {"fc1.weight": a [256, 784] float tensor (the
+    quickstart model's first layer)}, whose first stride is `stride` over a storage of exactly
+    256 * 784 floats."""
+    def string(v):
+        return b"X" + len(v).to_bytes(4, "little") + v
+    def long(v):
+        return b"\x8a\x08" + v.to_bytes(8, "little", signed=True)
+    pkl = (b"\x80\x02}(" + string(b"fc1.weight") + b"ctorch._utils\n_rebuild_tensor_v2\n((" +
+           string(b"storage") + b"ctorch\nFloatStorage\n" + string(b"0") + string(b"cpu") +
+           long(256 * 784) + b"tQ" + long(0) + b"(" + long(256) + long(784) + b"t(" + long(stride) +
+           long(1) + b"t\x89ccollections\nOrderedDict\n)RtRu.")
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/data/0", b"\0" * (256 * 784 * 4))
+        z.writestr("archive/version", b"3\n")
+    return out.getvalue()
+
+
 def write_bytes(name, data):
     def f(d):
+        os.makedirs(os.path.dirname(os.path.join(d, name)), exist_ok=True)
         with open(os.path.join(d, name), "wb") as fh:
             fh.write(data)
     return f
@@ -516,6 +539,23 @@ CASES = [
     X("init_from_missing", (CMD, Q, "--set", "checkpoint.init_from={d}/nope"), "{d}/nope"),
     X("init_from_not_a_checkpoint", (CMD, Q, "--set", "checkpoint.init_from={d}/ckpt"),
       "{d}/ckpt", setup=mkdir("ckpt")),
+    # Without a commit record only the safetensors backend loads a directory unasked; the
+    # torch backend checks every tensor against its storage (LibTorch's unpickler, which keel
+    # used before, took a stride of 2^40 or of 800 unchecked: a crash, or heap memory read).
+    X("init_from_uncommitted_torch", (CMD, Q, "--set", "checkpoint.type=torch", "--set",
+                                      "checkpoint.init_from={d}/ckpt"),
+      "{d}/ckpt", "has no commit record", "init_from_unverified = true",
+      setup=write_bytes("ckpt/model.pt", crafted_pt(784))),
+    X("init_from_pt_huge_stride", (CMD, Q, "--set", "checkpoint.type=torch", "--set",
+                                   "checkpoint.init_from={d}/ckpt", "--set",
+                                   "checkpoint.init_from_unverified=true"),
+      "{d}/ckpt/model.pt", "strides [1099511627776, 1]", "past the storage's end",
+      setup=write_bytes("ckpt/model.pt", crafted_pt(1 << 40))),
+    X("init_from_pt_stride_800", (CMD, Q, "--set", "checkpoint.type=torch", "--set",
+                                  "checkpoint.init_from={d}/ckpt", "--set",
+                                  "checkpoint.init_from_unverified=true"),
+      "{d}/ckpt/model.pt", "strides [800, 1]", "past the storage's end",
+      setup=write_bytes("ckpt/model.pt", crafted_pt(800))),
     X("init_from_damaged_commit_record", (CMD, Q, "--set", "checkpoint.init_from={d}/ckpt"),
       "{d}/ckpt/commit.json", "invalid commit record", setup=write("ckpt/commit.json", "{x")),
     # resume (train only) ------------------------------------------------------------------------

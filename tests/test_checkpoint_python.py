@@ -7,6 +7,9 @@
 2. The same manifest with [checkpoint] type = "safetensors" (same seed, one thread: keel is
    deterministic) writes a model.safetensors whose tensors, read here with json, struct and numpy
    only, are bit for bit the tensors torch.load returned from the .pt file of run 1.
+3. The other way: torch.save of that model's state dict starts a keel run ([checkpoint]
+   init_from, with init_from_unverified = true: without, it is refused) that evaluates exactly
+   as run 1's final evaluation.
 
 Usage: test_checkpoint_python.py KEEL_BINARY SOURCE_ROOT
 
@@ -212,6 +215,35 @@ class CheckpointsInPython(unittest.TestCase):
             self.assertEqual(shape, list(tensor.shape), name)
             self.assertTrue(np.array_equal(raw, raw_bytes(tensor)),
                             f"{name}: the bytes in model.safetensors differ from model.pt's")
+
+    def test_a_state_dict_from_torch_save_starts_a_keel_run(self):
+        # What Python writes for a model: torch.save of its state dict, an OrderedDict with
+        # _metadata, in a directory without keel's commit record. keel's torch backend reads it
+        # (with init_from_unverified = true: refused without) into the same weights.
+        model = mlp(HIDDEN)
+        model.load_state_dict(self.state, strict=True)
+        source = os.path.join(self.tmp.name, "from-python")
+        os.mkdir(source)
+        torch.save(model.state_dict(), os.path.join(source, "model.pt"))
+        run_dir = os.path.join(self.tmp.name, "from-python-run")
+        path = os.path.join(self.tmp.name, "from-python.toml")
+        with open(path, "w") as f:
+            f.write(manifest(run_dir, "torch"))
+        # One step at lr 0 (AdamW's decay is scaled by lr too), then the final evaluation.
+        args = [KEEL, "train", path, "--set", f"checkpoint.init_from={source}", "--set",
+                "optimizer.lr=0", "--set", "train.epochs=1", "--set", "data.train.limit=64",
+                "--set", "checkpoint.at_end=false"]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("has no commit record", p.stderr)
+        self.assertIn("hint: if you trust its files, set [checkpoint] init_from_unverified = "
+                      "true", p.stderr)
+        p = subprocess.run(args + ["--set", "checkpoint.init_from_unverified=true"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        ours, theirs = final_eval(run_dir), final_eval(self.torch_run)
+        self.assertEqual(ours["loss"], theirs["loss"])
+        self.assertEqual(ours["accuracy"], theirs["accuracy"])
 
 
 if __name__ == "__main__":

@@ -137,6 +137,33 @@ TEST_CASE("init_from loads a committed checkpoint: evaluation matches the saved 
   CHECK(again.eval_accuracy == trained.eval_accuracy);
 }
 
+TEST_CASE("init_from without a commit record: the torch backend loads it only when told to") {
+  TempDir d;
+  const auto p = d.write("m.toml", keel_test::small_run(d.path / "run") +
+                                       "[checkpoint]\ntype = \"torch\"\n");
+  const keel::RunSummary trained = train(p);
+  // The final model.pt alone in a directory of its own: files from elsewhere, no commit.json.
+  const fs::path loose = d.path / "loose";
+  fs::create_directory(loose);
+  fs::copy_file(d.path / "run/checkpoints/step-16/model.pt", loose / "model.pt");
+  const std::string init = "[checkpoint]\ntype = \"torch\"\nat_end = false\ninit_from = \"" +
+                           loose.string() + "\"\n";
+  const auto q = d.write("q.toml", keel_test::small_run(d.path / "again") + init);
+  const std::vector<std::string> sets = {"optimizer.lr=0", "train.epochs=1"};
+  CHECK(keel_test::error_of([&] { train(q, sets); }) ==
+        "checkpoint.init_from: '" + loose.string() + "' has no commit record (commit.json: not "
+        "committed by keel), and only the safetensors backend loads such a directory unasked, "
+        "not checkpoint 'torch' (plugin keel-torch-checkpoint); hint: if you trust its files, "
+        "set [checkpoint] init_from_unverified = true (or --set "
+        "checkpoint.init_from_unverified=true)");
+  CHECK_FALSE(fs::exists(d.path / "again"));
+  std::vector<std::string> unverified = sets;
+  unverified.push_back("checkpoint.init_from_unverified=true");
+  const keel::RunSummary again = train(q, unverified);
+  CHECK(again.eval_loss == doctest::Approx(trained.eval_loss).epsilon(1e-6));
+  CHECK(again.eval_accuracy == trained.eval_accuracy);
+}
+
 TEST_CASE("manifest.resolved.toml reruns the run from another working directory") {
   // Every path of the manifest is relative: the data directory and the plugin directory
   // (symlinks next to the manifest), init_from, the C hook's log file (a KEEL_OPT_PATH, like

@@ -2,10 +2,12 @@
 `install` it (--prefix, and the XDG default), list it, `remove` it; two versions side by side;
 --force; and every refusal: one error line, and the plugin directory exactly as it was.
 Usage: test_packages.py KEEL_BINARY FIXTURE_DIR"""
+import gzip
 import hashlib
 import io
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -52,14 +54,21 @@ class Packages(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp)
 
-    def keel(self, *args, env=None, cwd=None):
+    def keel(self, *args, env=None, cwd=None, max_file_bytes=None):
+        """Runs keel; with max_file_bytes, under RLIMIT_FSIZE: a write past it fails with EFBIG
+        (keel ignores SIGXFSZ), so that a test sees a file grow past the bound without filling
+        the disk."""
         full = {k: v for k, v in os.environ.items()
                 if k not in ("KEEL_LOG_LEVEL", "XDG_DATA_HOME", "KEEL_PLUGIN_PATH",
                              "SOURCE_DATE_EPOCH", "KEEL_ALLOW_WRITABLE_PLUGINS")}
         full.update({"HOME": self.home, "KEEL_TEST_CONSTRUCTOR_MARK": self.mark})
         full.update(env or {})
+
+        def limit():
+            if max_file_bytes is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
         p = subprocess.run([KEEL, *args], capture_output=True, text=True, env=full,
-                           cwd=cwd or self.tmp, timeout=120)
+                           cwd=cwd or self.tmp, timeout=120, preexec_fn=limit)
         return p.returncode, p.stdout, p.stderr
 
     def ok(self, *args, **kw):
@@ -282,10 +291,11 @@ class Packages(unittest.TestCase):
 
     # ---- refusals: one line, and the plugin directory untouched ----------------------------
 
-    def assert_refused(self, package, *parts, root=None):
+    def assert_refused(self, package, *parts, root=None, max_file_bytes=None):
         root = root or self.root
         before = snapshot(root)
-        rc, _, err = self.keel("plugins", "install", package, "--prefix", root)
+        rc, _, err = self.keel("plugins", "install", package, "--prefix", root,
+                               max_file_bytes=max_file_bytes)
         self.assert_one_error_line(rc, err, *parts)
         self.assertEqual(snapshot(root), before, "a refused install changed " + root)
         self.assertFalse(os.path.exists(self.mark), "a refused install ran plugin code")
@@ -422,6 +432,92 @@ class Packages(unittest.TestCase):
         t = self.tarball("tampered2.tar.gz", tampered)
         self.assert_refused(t, "differs from", root=tampered_root)
         self.assertFalse(os.path.exists(tampered_root))
+
+    def test_tar_bombs(self):
+        """A package .tar.gz that would write much more than it holds is refused from its
+        headers, before any data is written: keel runs with RLIMIT_FSIZE at 1 MiB, so a write
+        past that fails (EFBIG: keel ignores SIGXFSZ) and the error line is "File too large"
+        instead of the refusal. The plugin directory does not exist
+        before, and must not after."""
+        pkg = self.package_dir([C_PLUGIN])
+        top = "acme-hooks-0.1.0"
+        limit = 1 << 20
+
+        def good_tar():
+            """The package's entries as tar bytes, without the end-of-archive blocks."""
+            out = io.BytesIO()
+            t = tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT)
+            info = tarfile.TarInfo(top + "/")
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            t.addfile(info)
+            for f in sorted(os.listdir(pkg)):
+                with open(os.path.join(pkg, f), "rb") as fh:
+                    data = fh.read()
+                info = tarfile.TarInfo(f"{top}/{f}")
+                info.size, info.mode = len(data), 0o644
+                t.addfile(info, io.BytesIO(data))
+            return out.getvalue()  # not closed: no end blocks yet
+
+        def header(name, size, type=tarfile.REGTYPE):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.type = size, 0o644, type
+            return bytearray(info.tobuf(format=tarfile.GNU_FORMAT))
+
+        def checksum(h):
+            h[148:156] = b" " * 8
+            h[148:156] = b"%06o\0 " % sum(h)
+            return bytes(h)
+
+        def write_gz(name, raw):
+            path = os.path.join(self.tmp, name)
+            with open(path, "wb") as f:
+                f.write(gzip.compress(raw))
+            return path
+
+        end = b"\0" * 1024
+        # An old-GNU sparse entry ('S'): 512 bytes of data at the end of a 2 GiB file of holes.
+        real = 2 << 30
+        h = header(f"{top}/sparse.so", 512, tarfile.GNUTYPE_SPARSE)
+        h[386:398] = b"%011o\0" % (real - 512)  # sparse[0].offset
+        h[398:410] = b"%011o\0" % 512           # sparse[0].numbytes
+        h[483:495] = b"%011o\0" % real          # realsize
+        sparse = write_gz("sparse.tar.gz", checksum(h) + b"x" * 512 + end)
+        self.assertLess(os.path.getsize(sparse), 400)
+        self.assert_refused(sparse, f"{sparse}: entry \"{top}/sparse.so\": a sparse file",
+                            max_file_bytes=limit)
+        # The same after the package's good files.
+        t = write_gz("sparse2.tar.gz", good_tar() + checksum(h) + b"x" * 512 + end)
+        self.assert_refused(t, "a sparse file", max_file_bytes=limit)
+        # A pax (GNU.sparse 0.1) sparse entry of the same shape, after the good files.
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as pax:
+            info = tarfile.TarInfo(f"{top}/sparse.so")
+            info.size = 512
+            info.pax_headers = {"GNU.sparse.major": "0", "GNU.sparse.minor": "1",
+                                "GNU.sparse.size": str(real), "GNU.sparse.numblocks": "1",
+                                "GNU.sparse.map": f"{real - 512},512"}
+            pax.addfile(info, io.BytesIO(b"x" * 512))
+        t = write_gz("pax-sparse.tar.gz", good_tar() + out.getvalue())
+        self.assert_refused(t, f"{t}: entry \"{top}/sparse.so\": a sparse file",
+                            max_file_bytes=limit)
+
+        # A file that [files] does not list: refused before anything is extracted.
+        t = write_gz("unlisted.tar.gz", good_tar() + checksum(header(f"{top}/extra.so", 4 << 20))
+                     + b"\0" * (4 << 20) + end)
+        self.assert_refused(t, f"{t}:{top}/extra.so: not listed in [files] of keel-plugin.toml; "
+                            "nothing of the package was extracted", max_file_bytes=limit)
+
+        # A file whose header claims more than a package file may hold (1 GiB), followed by
+        # 2 MiB of its data and the end of the stream.
+        t = write_gz("too-big.tar.gz", good_tar() +
+                     checksum(header(f"{top}/{C_PLUGIN}.big", (1 << 30) + 1)) + b"\0" * (2 << 20))
+        self.assert_refused(t, f"entry \"{top}/{C_PLUGIN}.big\": 1073741825 bytes, more than a "
+                            "package file may hold (1024 MiB)", max_file_bytes=limit)
+
+        # More entries than a package may have (256), each empty.
+        many = b"".join(checksum(header(f"{top}/x{i}.so", 0)) for i in range(300))
+        t = write_gz("many.tar.gz", good_tar() + many + end)
+        self.assert_refused(t, f"{t}: more than 256 entries", max_file_bytes=limit)
 
     def test_bad_arguments(self):
         rc, _, err = self.keel("plugins", "install")

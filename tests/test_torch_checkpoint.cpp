@@ -14,6 +14,7 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cmath>
@@ -179,32 +180,178 @@ TEST_CASE("a file that is not a pickled dict of name -> tensor is refused, namin
     const std::vector<char> b = torch::jit::pickle_save(v);
     write(std::string(b.begin(), b.end()));
   };
-  const std::string not_torch = kLabel + "load failed: '" + file + "' is not a torch checkpoint ";
+  const std::string not_zip = kLabel + "load failed: '" + file + "': not a zip archive (no "
+                              "end-of-central-directory record at its end: truncated, or not a "
+                              ".pt file); hint: keel loads only .pt files that hold a dict of "
+                              "name -> tensor";
 
   write("this is not a zip archive");
-  std::string err = error_line([&] { load(d.path, into); });
-  CHECK_HAS(err, not_torch + "(torch::pickle_load: PytorchStreamReader failed reading zip archive");
-  CHECK_HAS(err, "; hint: point it at a checkpoint directory written with [checkpoint] type = \"torch\"");
-
+  CHECK_HAS(error_line([&] { load(d.path, into); }), not_zip);
   write("");
-  CHECK_HAS(error_line([&] { load(d.path, into); }), not_torch);
+  CHECK_HAS(error_line([&] { load(d.path, into); }), not_zip);
 
   // A valid file cut in half (the zip directory at its end is gone).
   save(d.path, {{"w", at::ones({1000})}});
   const std::string whole = keel_test::read(file);
   write(whole.substr(0, whole.size() / 2));
-  CHECK_HAS(error_line([&] { load(d.path, into); }), not_torch);
+  CHECK_HAS(error_line([&] { load(d.path, into); }), not_zip);
 
   write_pickle(c10::List<at::Tensor>({at::zeros({2})}));
-  CHECK(error_line([&] { load(d.path, into); }) ==
-        kLabel + "load failed: '" + file + "' holds a GenericList, not a dict of name -> tensor; "
-        "hint: point it at a checkpoint directory written with [checkpoint] type = \"torch\" "
-        "(runs/<name>/checkpoints/step-<N>)");
+  CHECK_HAS(error_line([&] { load(d.path, into); }),
+            "load failed: '" + file + "': data.pkl, byte 2: global "
+            "'torch.jit._pickle.build_tensorlist', which is not on keel's allow-list");
   c10::Dict<std::string, int64_t> ints;
   ints.insert("w", 3);
   write_pickle(ints);
-  CHECK_HAS(error_line([&] { load(d.path, into); }),
-            "'" + file + "' holds a dict of String -> Int, not a dict of name -> tensor; hint: ");
+  const std::string err = error_line([&] { load(d.path, into); });
+  CHECK_HAS(err, "load failed: '" + file + "': data.pkl, byte ");
+  CHECK_HAS(err, ": restore_type_tag of anything but a Dict[str, Tensor]; hint: ");
+}
+
+namespace {
+
+// ---- crafted .pt files: a pickle written opcode by opcode, in a zip that LibTorch's own
+// writer makes (so that the old reader, which checks CRCs, got past the archive) ----
+
+std::string u32(uint32_t v) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+std::string str(const std::string& v) { return "X" + u32(static_cast<uint32_t>(v.size())) + v; }
+std::string i64(int64_t v) {  // LONG1, 8 bytes
+  std::string s = "\x8a\x08";
+  for (int i = 0; i < 8; ++i) s += static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+  return s;
+}
+std::string tuple(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (int64_t x : v) s += i64(x);
+  return s + "t";
+}
+
+struct Geometry {
+  std::vector<int64_t> sizes = {2, 3}, strides = {3, 1};
+  int64_t offset = 0, numel = 6;
+};
+
+// {"w": tensor} as Python's torch.save writes a dict: _rebuild_tensor_v2 of storage '0'.
+std::string tensor_pickle(const Geometry& g, const std::string& storage_class = "FloatStorage") {
+  return "\x80\x02}(" + str("w") + "ctorch._utils\n_rebuild_tensor_v2\n((" + str("storage") +
+         "ctorch\n" + storage_class + "\n" + str("0") + str("cpu") + i64(g.numel) + "tQ" +
+         i64(g.offset) + tuple(g.sizes) + tuple(g.strides) +
+         "\x89" "ccollections\nOrderedDict\n)RtRu.";
+}
+
+std::string archive(const std::vector<std::pair<std::string, std::string>>& records) {
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter w([&](const void* p, size_t n) {
+    out.append(static_cast<const char*>(p), n);
+    return n;
+  });
+  for (const auto& [name, data] : records) w.writeRecord(name, data.data(), data.size());
+  w.writeEndOfFile();
+  return out;
+}
+
+std::string floats(int n) {  // n floats 0, 1, 2, ...
+  std::string s(static_cast<size_t>(n) * 4, '\0');
+  for (int i = 0; i < n; ++i) {
+    const float f = static_cast<float>(i);
+    std::memcpy(&s[static_cast<size_t>(i) * 4], &f, 4);
+  }
+  return s;
+}
+
+std::string pt(const Geometry& g, int data_floats = 6) {
+  return archive({{"data.pkl", tensor_pickle(g)}, {"data/0", floats(data_floats)}});
+}
+
+}  // namespace
+
+TEST_CASE("crafted .pt files are refused with one line each, before any tensor is built") {
+  TempDir d;
+  const std::string file = (d.path / "model.pt").string();
+  auto write = [&](const std::string& bytes) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  };
+
+  // The crafted form itself loads: {"w": [2, 3]} over floats 0..5, and a strided view with an
+  // offset into a larger storage gathers the right elements.
+  write(pt({}));
+  Named into = {{"w", at::zeros({2, 3})}};
+  load(d.path, into);
+  CHECK(at::equal(into[0].second, at::arange(6, at::kFloat).reshape({2, 3})));
+  write(pt({{2, 3}, {1, 2}, 1, 12}, 12));  // element [i][j] = 1 + i + 2 j
+  load(d.path, into);
+  CHECK(at::equal(into[0].second,
+                  at::tensor({1.f, 3.f, 5.f, 2.f, 4.f, 6.f}).reshape({2, 3})));
+
+  const int64_t big = int64_t{1} << 60;
+  const std::string good_pkl = tensor_pickle({});
+  const struct {
+    const char* name;
+    std::string bytes;
+    std::string phrase;
+  } cases[] = {
+      {"huge stride", pt({{2, 3}, {big, 1}}),
+       "a tensor of sizes [2, 3], strides [1152921504606846976, 1], storage offset 0 on storage "
+       "'0' of 6 elements: it reaches element 1152921504606846978, past the storage's end"},
+      {"stride overflowing 64 bits", pt({{3}, {INT64_MAX}}), "its extent overflows 64 bits"},
+      {"stride beyond the storage (reads the heap)", pt({{2, 3}, {64, 1}}),
+       "it reaches element 66, past the storage's end"},
+      {"negative size", pt({{-1, 3}, {3, 1}}), ": a negative size"},
+      {"negative stride", pt({{2, 3}, {-3, 1}}), ": a negative stride"},
+      {"negative storage offset", pt({{2, 3}, {3, 1}, -1}), ": a negative storage offset"},
+      {"storage offset beyond", pt({{2, 3}, {3, 1}, 100}),
+       "it reaches element 105, past the storage's end"},
+      {"offset of an empty tensor beyond", pt({{0, 3}, {3, 1}, 7}),
+       "the offset lies past the storage's end"},
+      {"sizes and strides of different lengths", pt({{2, 3}, {3}}),
+       "sizes and strides differ in length"},
+      {"storage record shorter than its numel", pt({{2, 3}, {3, 1}, 0, 1000}),
+       "record 'archive/data/0' holds 24 bytes, but its storage of 1000 Float elements needs "
+       "4000"},
+      {"numel whose byte size overflows", pt({{1}, {1}, 0, INT64_MAX}),
+       "but its storage of 9223372036854775807 Float elements needs more"},
+      {"empty pickle stack", archive({{"data.pkl", "\x80\x02."}, {"data/0", floats(6)}}),
+       "data.pkl, byte 2: STOP with 0 values and 0 marks on the stack"},
+      {"pop from an empty stack", archive({{"data.pkl", "\x80\x02s."}}),
+       "data.pkl, byte 2: a pop from an empty stack"},
+      {"os.system", archive({{"data.pkl", "\x80\x02" "cos\nsystem\n" + str("true") + "\x85R."}}),
+       "data.pkl, byte 2: global 'os.system', which is not on keel's allow-list"},
+      {"builtins.eval", archive({{"data.pkl", "\x80\x02" "cbuiltins\neval\n" + str("1") + "\x85R."}}),
+       "global 'builtins.eval', which is not on keel's allow-list"},
+      {"a storage class called", archive({{"data.pkl", "\x80\x02" "ctorch\nFloatStorage\n)R."}}),
+       "data.pkl, byte 23: a call of 'torch.FloatStorage'"},
+      {"protocol 4", archive({{"data.pkl", "\x80\x04}."}}), "pickle protocol other than 2"},
+      {"truncated pickle", archive({{"data.pkl", good_pkl.substr(0, 7)}, {"data/0", floats(6)}}),
+       "the pickle ends early (truncated?)"},
+      {"truncated archive", pt({}).substr(0, pt({}).size() - 30), "not a zip archive"},
+      {"extra unlisted record",
+       archive({{"data.pkl", good_pkl}, {"data/0", floats(6)}, {"extra.so", "\x7f" "ELF"}}),
+       "record 'archive/extra.so' is not one that keel or torch.save writes"},
+      {"data record the pickle does not name",
+       archive({{"data.pkl", good_pkl}, {"data/0", floats(6)}, {"data/1", floats(6)}}),
+       "record 'archive/data/1' is not a storage data.pkl names"},
+      {"missing data record", archive({{"data.pkl", good_pkl}}),
+       "data.pkl names storage '0', but there is no record 'archive/data/0'"},
+      {"bool storage holding 7", archive({{"data.pkl", tensor_pickle({}, "BoolStorage")},
+                                          {"data/0", std::string(5, '\1') + "\7"}}),
+       "holds a bool that is neither 0 nor 1"},
+      {"a dict inside itself",
+       archive({{"data.pkl", std::string("\x80\x02}q\0(", 6) + str("w") +
+                                                std::string("h\0u.", 4)}}), "a dict inside itself"},
+  };
+  for (const auto& c : cases) {
+    INFO(std::string(c.name));
+    write(c.bytes);
+    Named target = {{"w", at::zeros({2, 3})}};
+    const std::string err = error_line([&] { load(d.path, target); });
+    CHECK_HAS(err, kLabel + "load failed: '" + file + "': ");
+    CHECK_HAS(err, c.phrase);
+    CHECK(at::equal(target[0].second, at::zeros({2, 3})));  // nothing was copied
+  }
 }
 
 TEST_CASE("only regular files are read; a missing file is named") {

@@ -35,6 +35,18 @@ namespace keel {
 inline constexpr const char* kPackageMetadataFile = "keel-plugin.toml";
 inline constexpr const char* kInstalledMetadataFile = "installed.toml";
 
+// Bounds on a package .tar.gz, checked from each entry's header before any of its data is
+// written (and each file's bytes again as they are written): at most kMaxPackageEntries entries
+// (directories included), each file at most kMaxPackageFileBytes, all files together at most
+// kMaxPackageBytes, keel-plugin.toml at most kMaxPackageInfoBytes (it is read into memory).
+// keel's own plugins are under 400 KiB each; the bounds leave room for plugins with large
+// embedded kernels while keeping a crafted archive from filling the disk. Sparse entries are
+// refused outright.
+inline constexpr uint64_t kMaxPackageEntries = 256;
+inline constexpr uint64_t kMaxPackageFileBytes = uint64_t{1} << 30;  // 1 GiB
+inline constexpr uint64_t kMaxPackageBytes = uint64_t{4} << 30;      // 4 GiB
+inline constexpr uint64_t kMaxPackageInfoBytes = uint64_t{1} << 20;  // 1 MiB
+
 struct PackageInfo {
   std::string name;
   std::string version;  // semver text, as written
@@ -97,7 +109,9 @@ PackageSelection select_installed(const std::string& root,
 // Installs the package at `package` (a directory or a .tar.gz) into ROOT/NAME/VERSION: checks
 // it completely (metadata, every file's sha256, no unlisted file, every .so a keel plugin by
 // its ELF symbol table, plugin ABI and LibTorch build compatible with this keel) in a staging
-// directory inside ROOT, then renames it into place. Nothing is ever loaded or run. The same
+// directory inside ROOT, then renames it into place. A .tar.gz is read twice: once for its
+// headers and keel-plugin.toml, writing nothing, then to extract exactly the files
+// keel-plugin.toml lists (within the bounds above). Nothing is ever loaded or run. The same
 // NAME/VERSION already installed is an error unless `force`, which swaps the new directory in
 // for the old one atomically (renameat2 RENAME_EXCHANGE; where the file system lacks it, the
 // old directory is moved aside first, so for a moment neither is there). On any failure the

@@ -1,6 +1,11 @@
 // checkpoint component `torch`: <dir>/<stem>.pt holds the tensors as a dict of name -> tensor,
 // written by torch::pickle_save, so that Python's `torch.load(path)` returns the state dict
-// (in the given order) and `torch::pickle_load` reads it back here.
+// (in the given order). Loading never hands the file to LibTorch's unpickler: pt_reader.cpp
+// reads the archive and its pickle with allow-lists (what torch::pickle_save writes here, and
+// what Python's torch.save writes for a state dict) and checks every tensor against its
+// storage; the tensors are then built here from the checked bytes.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/serialize.h>
 
 #include <sys/stat.h>
@@ -15,6 +20,7 @@
 #include <vector>
 
 #include "keel/plugin.hpp"
+#include "pt_reader.hpp"
 
 namespace {
 
@@ -23,28 +29,15 @@ const char* const kSaveHint =
 const char* const kLoadHint =
     "; hint: point it at a checkpoint directory written with [checkpoint] type = \"torch\" "
     "(runs/<name>/checkpoints/step-<N>)";
+const char* const kFormatHint =
+    "; hint: keel loads only .pt files that hold a dict of name -> tensor, as [checkpoint] type "
+    "= \"torch\" writes them (or Python's torch.save(model.state_dict(), path)); if this one "
+    "came from elsewhere, load it in Python and save its state dict again";
 
-std::string describe(const at::Tensor& t) {
+std::string describe(c10::ScalarType dtype, at::IntArrayRef sizes) {
   std::ostringstream s;
-  s << t.scalar_type() << " " << t.sizes();
+  s << dtype << " " << sizes;
   return s.str();
-}
-
-// An exception's message on one line: LibTorch's may span lines (a context, or a type string
-// with a marker under it) and quote bytes of the file. Control characters become spaces, runs
-// of spaces one, and the result is cut to 200 bytes.
-std::string one_line(const std::exception& e) {
-  const auto* c10e = dynamic_cast<const c10::Error*>(&e);
-  const std::string msg = c10e ? c10e->what_without_backtrace() : e.what();
-  std::string out;
-  for (char c : msg) {
-    const bool space = static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == ' ';
-    if (!space) out += c;
-    else if (!out.empty() && out.back() != ' ') out += ' ';
-  }
-  while (!out.empty() && out.back() == ' ') out.pop_back();
-  if (out.size() > 200) out = out.substr(0, 200) + "...";
-  return out.empty() ? "no message" : out;
 }
 
 using FilePtr = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
@@ -98,24 +91,14 @@ class TorchCheckpoint : public keel::Checkpoint {
             const keel::NamedTensors& into) override {
     const std::string path = dir + "/" + stem + ".pt";
     const std::vector<char> bytes = read_file(path);
-    c10::IValue value;
+    std::vector<keel_torch_pt::TensorSpec> specs;
     try {
-      value = torch::pickle_load(bytes);
-    } catch (const std::exception& e) {
-      throw std::runtime_error("'" + path + "' is not a torch checkpoint (torch::pickle_load: " +
-                               one_line(e) + ")" + kLoadHint);
+      specs = keel_torch_pt::read_pt(bytes, path);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(e.what() + std::string(kFormatHint));
     }
-    if (!value.isGenericDict())
-      throw std::runtime_error("'" + path + "' holds a " + value.tagKind() +
-                               ", not a dict of name -> tensor" + kLoadHint);
-    std::map<std::string, at::Tensor> stored;
-    for (const auto& entry : value.toGenericDict()) {
-      if (!entry.key().isString() || !entry.value().isTensor())
-        throw std::runtime_error("'" + path + "' holds a dict of " + entry.key().tagKind() +
-                                 " -> " + entry.value().tagKind() +
-                                 ", not a dict of name -> tensor" + kLoadHint);
-      stored[entry.key().toStringRef()] = entry.value().toTensor();
-    }
+    std::map<std::string, const keel_torch_pt::TensorSpec*> stored;
+    for (const auto& spec : specs) stored[spec.name] = &spec;
 
     at::NoGradGuard no_grad;
     for (const auto& [name, target] : into) {
@@ -123,12 +106,18 @@ class TorchCheckpoint : public keel::Checkpoint {
       if (it == stored.end())
         throw std::runtime_error("'" + path + "' has no tensor '" + name +
                                  "'; hint: was it saved by a different model?");
-      const at::Tensor& src = it->second;
-      if (src.scalar_type() != target.scalar_type() || src.sizes() != target.sizes())
+      const keel_torch_pt::TensorSpec& src = *it->second;
+      if (src.dtype != target.scalar_type() || at::IntArrayRef(src.sizes) != target.sizes())
         throw std::runtime_error("'" + path + "': tensor '" + name + "' is stored as " +
-                                 describe(src) + " but the model expects " + describe(target) +
+                                 describe(src.dtype, src.sizes) + " but the model expects " +
+                                 describe(target.scalar_type(), target.sizes()) +
                                  "; hint: was it saved by a different model config or dtype?");
-      target.copy_(src);
+      // read_pt checked that the view lies inside the storage record's bytes.
+      at::Tensor storage = at::empty({static_cast<int64_t>(src.storage_numel)},
+                                     at::TensorOptions().dtype(src.dtype));
+      if (src.data_bytes > 0)
+        std::memcpy(storage.data_ptr(), bytes.data() + src.data_begin, src.data_bytes);
+      target.copy_(storage.as_strided(src.sizes, src.strides, src.storage_offset));
     }
   }
 };

@@ -1,0 +1,34 @@
+// A restricted reader for the .pt files the `torch` backend loads: a zip archive of stored
+// (uncompressed) records `<prefix>/data.pkl`, `<prefix>/version` and `<prefix>/data/<key>`,
+// whose data.pkl is a protocol-2 pickle of a dict of name -> tensor, as torch::pickle_save
+// writes it for keel and as Python's torch.save writes a state dict. Nothing of the file is
+// handed to LibTorch's unpickler: the pickle is read here with an allow-list of opcodes and of
+// globals, and every tensor's sizes, strides and storage offset are checked against the byte
+// size of its storage record before a tensor is built from it.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace keel_torch_pt {
+
+struct TensorSpec {
+  std::string name;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes, strides;
+  int64_t storage_offset = 0;  // in elements
+  uint64_t storage_numel = 0;  // elements in the storage record
+  uint64_t data_begin = 0;     // the storage record's bytes in the file: [begin, begin + bytes)
+  uint64_t data_bytes = 0;
+};
+
+// The tensors of the .pt file `bytes` (named `path` in messages), in the file's order. Throws
+// std::runtime_error "'<path>': <what is wrong>" (one line, without a hint) for a file that is
+// not such an archive or holds anything else: a record, opcode or global outside the lists,
+// a malformed pickle, a tensor that reaches outside its storage.
+std::vector<TensorSpec> read_pt(const std::vector<char>& bytes, const std::string& path);
+
+}  // namespace keel_torch_pt
