@@ -65,6 +65,18 @@ TEST_CASE("a plugin's own library that others can write is refused with the plug
   const std::string plugin = (dir.path / "dep_plugin.so").string();
   const std::string helper = (dir.path / "libkeel_dep_helper.so").string();
   fs::permissions(helper, fs::perms::others_write, fs::perm_options::add);
+  // meson test puts the fixture directory (with a good copy of the helper) on LD_LIBRARY_PATH,
+  // which is searched before RUNPATH.
+  const char* llp = std::getenv("LD_LIBRARY_PATH");
+  const std::string saved = llp ? llp : "";
+  unsetenv("LD_LIBRARY_PATH");
+  struct Restore {
+    std::string value;
+    bool set;
+    ~Restore() {
+      if (set) setenv("LD_LIBRARY_PATH", value.c_str(), 1);
+    }
+  } restore{saved, llp != nullptr};
   keel::Registry r;
   if (keel::preloaded_dependency("libkeel_dep_helper.so")) {
     MESSAGE("skipped: a copy of the helper is loaded already (cases run out of order)");
