@@ -5,6 +5,7 @@
 #include <regex>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "error.hpp"
 #include "keel/schema.hpp"
@@ -165,6 +166,15 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
                 "`keel plugins` lists what was found and why files were refused");
   }
   spec.component = found[0];
+  // A second copy of its plugin, of another version, was refused: the run would silently use
+  // whichever comes first on the search path.
+  for (const Shadowed& other : registry.shadowed())
+    if (other.used == spec.component->plugin && other.version != other.used->version)
+      throw Error(where(type->source()) + ": [" + section + "].type: " + kind_name(kind) + " '" +
+                  name + "' comes from plugin " + other.name + " " + other.used->version + " (" +
+                  other.used->path + "), and another version of that plugin, " + other.version +
+                  " (" + other.path + "), is on the search path too; hint: remove the copy you "
+                  "do not want from the search path (`keel plugins` lists both)");
   Schema schema = spec.component->options;
   std::set<std::string> reserved = kernel_tables;
   reserved.insert("type");
@@ -702,6 +712,12 @@ RunConfig resolve(const Manifest& m, Registry& registry, bool use_lock) {
     hooks_t.push_back(std::move(t));
   }
   r.insert("hooks", std::move(hooks_t));
+  // Second copies of plugins (those the run uses with another version failed above).
+  for (const Shadowed& other : registry.shadowed())
+    spdlog::warn("plugin {} {} at {} is not used: {} {} at {} comes first on the search path; "
+                 "remove one of the two from the search path",
+                 other.name, other.version, other.path, other.used->name, other.used->version,
+                 other.used->path);
   return rc;
 }
 

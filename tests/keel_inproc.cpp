@@ -103,8 +103,10 @@ std::map<int, std::string> open_fds() {
   return fds;
 }
 
-// The registry keeps one descriptor per plugin file for the life of the process (dlopen knows
-// the library by /proc/self/fd/N; kernel/loader/registry.cpp): a shared object, not a leak.
+// The registry keeps one descriptor per plugin content for the life of the process, a sealed
+// memfd named after the file ("/memfd:NAME.so (deleted)"), and one per library of a plugin's own
+// that it preloaded (named after its soname): dlopen knows each by /proc/self/fd/N
+// (kernel/loader/registry.cpp, trust.cpp). Shared objects, not leaks.
 bool plugin_descriptor(const std::string& target) {
   const std::string t = target.substr(0, target.rfind(" (deleted)"));
   return t.size() > 3 && (t.compare(t.size() - 3, 3, ".so") == 0 || t.find(".so.") != t.npos);

@@ -1,6 +1,8 @@
 """Plugin packages end to end: `keel plugins pack` a build directory made of fixture plugins,
 `install` it (--prefix, and the XDG default), list it, `remove` it; two versions side by side;
 --force; and every refusal: one error line, and the plugin directory exactly as it was.
+PluginLibraries: a plugin's own libraries under a lock and LD_LIBRARY_PATH, and second copies of
+a plugin, through keel processes (a library, once loaded, stays loaded in its process).
 Usage: test_packages.py KEEL_BINARY FIXTURE_DIR"""
 import gzip
 import hashlib
@@ -23,6 +25,16 @@ CXX_PLUGIN = "throwing_factory.so"     # C++ (LibTorch fingerprint), version 0.1
 MARKED_PLUGIN = "constructor_plugin.so"  # plain C, 1.0.0; its constructor appends to a mark file
 PLAIN_LIB = "constructor_lib.so"       # not a plugin; its constructor appends to a mark file
 WRONG_ABI = "wrong_abi.so"             # declares ABI major 2
+DEP_PLUGIN = "dep_plugin.so"           # hook dep_hook; needs libkeel_dep_helper.so, RUNPATH $ORIGIN
+HELPER = "libkeel_dep_helper.so"       # its constructor appends "dep_helper 1" to the mark file
+HELPER_V2 = "dep_helper_v2.so"         # the same soname; "dep_helper 2"
+QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
+                          "quickstart.toml")
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def can_be_nobody():
+    return os.getuid() == 0 and shutil.which("setpriv") is not None
 
 
 def sha256(path):
@@ -354,6 +366,21 @@ class Packages(unittest.TestCase):
         self.assert_refused(d, f"{d}/{PLAIN_LIB}: not a keel plugin: ", "keel_plugin_entry")
         self.assertTrue(os.path.exists(toml))
 
+    def test_install_refuses_runpaths_another_user_could_fill(self):
+        # The issue's case: a RUNPATH naming a directory that does not exist yet, under the
+        # sticky /tmp, which another user could create later; and a relative one.
+        pkg = self.package_dir([C_PLUGIN])
+        self.assertFalse(os.path.exists("/tmp/keel-fixture-missing-runpath"))
+        for plugin, why in (("dep_missing.so", "RUNPATH directory /tmp/keel-fixture-missing-"
+                             "runpath does not exist (another user could create it later)"),
+                            ("dep_relative.so", "RUNPATH entry 'lib' is relative")):
+            d = os.path.join(self.tmp, plugin)
+            shutil.copytree(pkg, d)
+            shutil.copy(os.path.join(FIXTURES, plugin), d)
+            self.edit_toml(d, r"^\[files\]\n", f'[files]\n"{plugin}" = '
+                           f'"{sha256(os.path.join(FIXTURES, plugin))}"\n')
+            self.assert_refused(d, f"{d}/{plugin}: not installed: {why}")
+
     def tarball(self, name, entries):
         """A .tar.gz from (TarInfo fields, data) pairs."""
         path = os.path.join(self.tmp, name)
@@ -533,6 +560,133 @@ class Packages(unittest.TestCase):
                                "--prefix", self.root)
         self.assert_one_error_line(rc, err, "nope.tar.gz: no such file or directory")
         self.assertFalse(os.path.exists(self.root))
+
+
+class PluginLibraries(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="keel-libraries-")
+        os.chmod(self.tmp, 0o755)  # the other user may enter (the directories below say more)
+        self.mark = os.path.join(self.tmp, "constructor-mark")
+        self.plugins = os.path.join(self.tmp, "p")
+        os.mkdir(self.plugins)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def keel(self, *args, env=None, cwd=None):
+        full = {k: v for k, v in os.environ.items()
+                if k not in ("KEEL_LOG_LEVEL", "KEEL_PLUGIN_PATH", "LD_LIBRARY_PATH",
+                             "KEEL_ALLOW_WRITABLE_PLUGINS")}
+        full.update({"HOME": self.tmp, "XDG_DATA_HOME": os.path.join(self.tmp, "data"),
+                     "KEEL_TEST_CONSTRUCTOR_MARK": self.mark})
+        full.update(env or {})
+        p = subprocess.run([KEEL, *args], capture_output=True, text=True, env=full,
+                           cwd=cwd or self.tmp, timeout=120)
+        return p.returncode, p.stdout, p.stderr
+
+    def marks(self):
+        if not os.path.exists(self.mark):
+            return []
+        with open(self.mark) as f:
+            return f.read().splitlines()
+
+    def manifest(self, paths, hook=None):
+        m = os.path.join(self.tmp, "m.toml")
+        with open(m, "w") as f:
+            f.write(f'extends = "{QUICKSTART}"\n[run]\noutput_dir = "{self.tmp}/run"\n'
+                    f'[plugins]\npaths = {paths!r}\n'.replace("'", '"'))
+            if hook:
+                f.write(f'[[hooks]]\ntype = "{hook}"\n')
+        return m
+
+    def assert_one_error_line(self, rc, err, *parts):
+        self.assertEqual(rc, 1, err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, err)
+        self.assertTrue(lines[0].startswith("keel: error: "), err)
+        self.assertIn("; hint: ", lines[0])
+        for part in parts:
+            self.assertIn(part, lines[0])
+
+    def test_a_locked_plugins_own_library_is_locked_too(self):
+        if not can_be_nobody():
+            self.skipTest("needs root and setpriv to act as another user")
+        for f in (DEP_PLUGIN, HELPER):
+            shutil.copy(os.path.join(FIXTURES, f), self.plugins)
+        helper = os.path.join(self.plugins, HELPER)
+        m = self.manifest(["p"], "dep_hook")
+        # As in the issue's reproduction, LD_LIBRARY_PATH names the helper's directory: keel
+        # 0ae91d6 loads a plugin as /proc/self/fd/N, from where $ORIGIN does not reach it.
+        env = {"LD_LIBRARY_PATH": self.plugins}
+        rc, out, err = self.keel("plugins", "lock", m, env=env)
+        self.assertEqual(rc, 0, err)
+        with open(m + ".lock", "rb") as f:
+            lock = tomllib.load(f)
+        entry = [e for e in lock["plugin"] if e["name"] == "test-dep-plugin"]
+        self.assertEqual(len(entry), 1, lock)
+        self.assertEqual(entry[0].get("dependencies"),
+                         [{"name": HELPER, "path": helper, "sha256": sha256(helper)}])
+        os.remove(self.mark)
+        # The other user replaces the helper in a directory they can write.
+        os.chmod(self.plugins, 0o777)
+        subprocess.run(NOBODY + ["sh", "-c", f"rm -f {helper} && cp "
+                                 f"{os.path.join(FIXTURES, HELPER_V2)} {helper}"], check=True)
+        rc, _, err = self.keel("validate", m,
+                               env={**env, "KEEL_ALLOW_WRITABLE_PLUGINS": "1"})
+        self.assert_one_error_line(rc, err, "plugin test-dep-plugin 1.0.0", "is locked but was "
+                                   "not loaded", f"its library {HELPER} ({helper}, sha256 "
+                                   f"{sha256(helper)[:16]}...) differs from "
+                                   f"{entry[0]['dependencies'][0]['sha256'][:16]}...")
+        self.assertNotIn("dep_helper 2", self.marks())  # its constructor never ran
+        rc, _, err = self.keel("validate", m, env=env)  # without KEEL_ALLOW_WRITABLE_PLUGINS
+        self.assert_one_error_line(rc, err, f"its directory {self.plugins} is writable by every "
+                                   "user (mode 0777)")
+        self.assertNotIn("dep_helper 2", self.marks())
+
+    def test_an_empty_ld_library_path_entry_is_refused(self):
+        # The dynamic loader reads an empty entry as the working directory, where the other
+        # user planted a library of the helper's name.
+        if not can_be_nobody():
+            self.skipTest("needs root and setpriv to act as another user")
+        for f in (DEP_PLUGIN, HELPER):
+            shutil.copy(os.path.join(FIXTURES, f), self.plugins)
+        cwd = os.path.join(self.tmp, "shared")
+        os.mkdir(cwd)
+        os.chmod(cwd, 0o1777)
+        subprocess.run(NOBODY + ["cp", os.path.join(FIXTURES, HELPER_V2),
+                                 os.path.join(cwd, HELPER)], check=True)
+        rc, out, err = self.keel("plugins", cwd=cwd,
+                                 env={"KEEL_PLUGIN_PATH": self.plugins,
+                                      "LD_LIBRARY_PATH": ":/usr/lib"})
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"{self.plugins}/{DEP_PLUGIN}: not loaded: needs {HELPER}, which the "
+                      "dynamic loader would look for in the working directory: LD_LIBRARY_PATH "
+                      "has an empty entry; hint: ", out)
+        self.assertNotIn("dep_helper 2", self.marks())
+        # Without the empty entry, the helper beside the plugin loads (from its checked copy).
+        rc, out, err = self.keel("plugins", cwd=cwd, env={"KEEL_PLUGIN_PATH": self.plugins})
+        self.assertEqual(rc, 0, err)
+        self.assertIn("dep_hook", out)
+        self.assertEqual(self.marks(), ["dep_helper 1"])
+
+    def test_a_second_copy_of_a_plugin_is_named_and_refused_when_used(self):
+        for d, f in (("a", MARKED_PLUGIN), ("b", "constructor_plugin_v2.so")):
+            os.mkdir(os.path.join(self.tmp, d))
+            shutil.copy(os.path.join(FIXTURES, f), os.path.join(self.tmp, d))
+        first = os.path.join(self.tmp, "a", MARKED_PLUGIN)
+        second = os.path.join(self.tmp, "b", "constructor_plugin_v2.so")
+        # Not used by the run: a warning on the console naming both files and versions.
+        rc, out, err = self.keel("validate", self.manifest(["a", "b"]))
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"plugin constructor-plugin 2.0.0 at {second} is not used: "
+                      f"constructor-plugin 1.0.0 at {first} comes first on the search path", out)
+        # Used by the run, with another version beside it: an error.
+        m = self.manifest(["a", "b"], "marked")
+        rc, _, err = self.keel("validate", m)
+        self.assert_one_error_line(rc, err, f"{m}:", "[hooks[0]].type: hook 'marked' comes from "
+                                   f"plugin constructor-plugin 1.0.0 ({first}), and another "
+                                   f"version of that plugin, 2.0.0 ({second}), is on the search "
+                                   "path too")
 
 
 if __name__ == "__main__":

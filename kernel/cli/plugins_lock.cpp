@@ -89,7 +89,7 @@ int plugins_lock(const PluginsArgs& args) {
       if (e.sha256 == p->sha256) entry = &e;
     if (!entry) {
       lock.entries.push_back({p->name, p->version, fs::absolute(p->path).lexically_normal(),
-                              p->sha256, {}});
+                              p->sha256, {}, p->dependencies});
       entry = &lock.entries.back();
     }
     const std::string c = std::string(kind_name(spec->component->kind)) + ":" + spec->component->name;

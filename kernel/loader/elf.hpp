@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace keel {
 
@@ -19,5 +20,20 @@ std::string elf_check_exports(int fd, const char* symbol);
 
 // elf_check_exports(fd, KEEL_ENTRY_SYMBOL).
 std::string elf_plugin_check(int fd);
+
+// What the dynamic loader reads from a library's dynamic section to find its dependencies.
+struct ElfDynamic {
+  std::vector<std::string> needed;   // DT_NEEDED, in order
+  std::vector<std::string> runpath;  // DT_RUNPATH split at ':' (entries as written, $ORIGIN too)
+  std::vector<std::string> rpath;    // DT_RPATH split at ':' (the loader ignores it with RUNPATH)
+  bool has_runpath = false;
+  std::string soname;                // DT_SONAME, or ""
+};
+
+// Reads the dynamic section of the ELF shared object open at `fd` the way the dynamic loader
+// finds it: the PT_DYNAMIC program header, and its string table (DT_STRTAB, DT_STRSZ) through
+// the PT_LOAD segment that maps it. "" and `*out` filled, or why not, as a phrase. Like
+// elf_check_exports, only reads (pread) with every offset and size checked against the file.
+std::string elf_read_dynamic(int fd, ElfDynamic* out);
 
 }  // namespace keel

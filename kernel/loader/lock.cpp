@@ -89,12 +89,46 @@ std::optional<Lock> read_lock(const std::string& manifest_path) {
     if (const toml::array* cs = t->get_as<toml::array>("components"))
       for (const auto& c : *cs)
         if (c.is_string()) e.components.push_back(c.as_string()->get());
+    if (const toml::node* deps = t->get("dependencies")) {
+      const toml::array* list = deps->as_array();
+      if (!list)
+        throw Error(where(deps->source()) + ": [[plugin]] dependencies must be an array of " +
+                    "tables ([[plugin.dependencies]])" + hint);
+      for (const auto& dn : *list) {
+        const toml::table* d = dn.as_table();
+        if (!d)
+          throw Error(where(dn.source()) + ": each of [[plugin]] dependencies must be a table "
+                      "(name, path, sha256)" + hint);
+        LockDependency dep;
+        auto field = [&](const char* key, std::string* out) {
+          const toml::node* n = d->get(key);
+          if (!n || !n->is_string())
+            throw Error(where(n ? n->source() : d->source()) + ": [[plugin.dependencies]] needs " +
+                        key + " = \"...\" (a string)" + hint);
+          *out = n->as_string()->get();
+        };
+        field("name", &dep.name);
+        field("path", &dep.path);
+        field("sha256", &dep.sha256);
+        if (!is_sha256(dep.sha256))
+          throw Error(where(d->get("sha256")->source()) +
+                      ": sha256 must be 64 lowercase hex digits" + hint);
+        for (const auto& [k, v] : *d) {
+          const std::string key(k.str());
+          if (key != "name" && key != "path" && key != "sha256")
+            throw Error(where(k.source()) + ": unknown key '" + key +
+                        "' in [[plugin.dependencies]] (name, path, sha256)" + hint);
+        }
+        e.dependencies.push_back(std::move(dep));
+      }
+    }
     for (const auto& [k, v] : *t) {
       const std::string key(k.str());
       if (key != "name" && key != "version" && key != "path" && key != "sha256" &&
-          key != "components")
+          key != "components" && key != "dependencies")
         throw Error(where(k.source()) + ": unknown key '" + key +
-                    "' in [[plugin]] (name, version, path, sha256, components)" + hint);
+                    "' in [[plugin]] (name, version, path, sha256, components, dependencies)" +
+                    hint);
     }
     lock.entries.push_back(std::move(e));
   }
@@ -112,17 +146,25 @@ void write_lock(const Lock& lock, const std::string& manifest) {
   for (const auto& e : lock.entries) {
     toml::array comps;
     for (const auto& c : e.components) comps.push_back(c);
-    plugins.push_back(toml::table{{"name", e.name},
-                                  {"version", e.version},
-                                  {"path", e.path},
-                                  {"sha256", e.sha256},
-                                  {"components", std::move(comps)}});
+    toml::table entry{{"name", e.name},
+                      {"version", e.version},
+                      {"path", e.path},
+                      {"sha256", e.sha256},
+                      {"components", std::move(comps)}};
+    if (!e.dependencies.empty()) {
+      toml::array deps;
+      for (const auto& d : e.dependencies)
+        deps.push_back(toml::table{{"name", d.name}, {"path", d.path}, {"sha256", d.sha256}});
+      entry.insert("dependencies", std::move(deps));
+    }
+    plugins.push_back(std::move(entry));
   }
   toml::table root{{"plugin", std::move(plugins)}};
   std::ostringstream text;
   text << "# The plugin files `keel train " << manifest << "` may load, written by `keel plugins "
-       << "lock " << manifest << "`.\n# A plugin file whose sha256 is not listed here is refused "
-       << "before any of its code runs.\n\n"
+       << "lock " << manifest << "`.\n# A plugin file whose sha256 is not listed here, or whose "
+       << "own libraries' differ from those listed with it, is\n# refused before any of its code "
+       << "runs.\n\n"
        << root << "\n";
   const std::string tmp =
       lock.file + ".tmp-" + std::to_string(getpid());

@@ -1,4 +1,5 @@
-// MANIFEST.lock: the plugin files a run may load, by SHA-256.
+// MANIFEST.lock: the plugin files a run may load, by SHA-256, and the libraries of their own
+// they load with them.
 //
 // A lock belongs to a manifest file by its canonical path: `keel plugins lock MANIFEST` writes
 // REAL.lock beside REAL, the file MANIFEST names once every symlink is resolved. `keel
@@ -6,9 +7,10 @@
 // a lock along the manifest's `extends` chain: MANIFEST's own, else its base's, else the base's
 // base, ...: the first that exists applies (so a manifest that extends a locked one runs under
 // that lock until it has its own). `[plugins] locked = true` makes a missing lock an error.
-// With a lock, discovery hashes each candidate file through the descriptor it will load from
-// and loads only files whose hash the lock lists (see Registry::use_lock): a file whose hash
-// differs is refused before any of its code runs.
+// With a lock, discovery hashes each candidate file in the sealed copy it will load from and
+// loads only files whose hash the lock lists (see Registry::use_lock), and only with the
+// non-system libraries listed under that entry ([[plugin.dependencies]]: name, path, sha256)
+// with those hashes: a file whose hash differs is refused before any of its code runs.
 #pragma once
 
 #include <optional>
@@ -17,12 +19,22 @@
 
 namespace keel {
 
+// A library of the plugin's own that it loads with it (registry.hpp: a non-system dependency).
+struct LockDependency {
+  std::string name;    // the soname the plugin's DT_NEEDED names
+  std::string path;    // where it was found when locked
+  std::string sha256;  // 64 lowercase hex digits
+};
+
 struct LockEntry {
   std::string name;     // the plugin's descriptor name
   std::string version;  // its descriptor version
   std::string path;     // where it was found when locked (absolute)
   std::string sha256;   // 64 lowercase hex digits
   std::vector<std::string> components;  // "kind:name" of each component the manifest uses
+  // Its non-system dependencies ([[plugin.dependencies]] tables), each of which must have this
+  // hash for the plugin to load.
+  std::vector<LockDependency> dependencies;
 };
 
 struct Lock {

@@ -21,6 +21,7 @@
 #include "digest.hpp"
 #include "elf.hpp"
 #include "package/package.hpp"
+#include "trust.hpp"
 
 namespace fs = std::filesystem;
 
@@ -39,20 +40,6 @@ constexpr KindName kKinds[] = {
     {KEEL_KIND_CHECKPOINT, "checkpoint"}, {KEEL_KIND_HOOK, "hook"},
 };
 
-// Why a file or directory other users could change is not trusted, or "".
-std::string unsafe_permissions(const struct stat& st, const std::string& what) {
-  if (st.st_mode & (S_IWGRP | S_IWOTH))
-    return what + " is writable by " + ((st.st_mode & S_IWOTH) ? "every user" : "its group") +
-           " (mode " + [&] {
-             char m[8];
-             std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-             return std::string(m);
-           }() + ")";
-  if (st.st_uid != getuid() && st.st_uid != 0)
-    return what + " belongs to another user (uid " + std::to_string(st.st_uid) + ")";
-  return "";
-}
-
 }  // namespace
 
 std::string without_hint(const std::string& reason) {
@@ -62,8 +49,8 @@ std::string without_hint(const std::string& reason) {
 namespace {
 
 constexpr const char* kWritableHint =
-    "; hint: chmod go-w it (and its directory), or set KEEL_ALLOW_WRITABLE_PLUGINS=1 to load "
-    "it anyway";
+    "; hint: chmod go-w it and every directory on its path (and keep them yours or root's), or "
+    "set KEEL_ALLOW_WRITABLE_PLUGINS=1 to load it anyway";
 
 }  // namespace
 
@@ -214,20 +201,22 @@ bool Registry::load(const std::string& path) {
 
 namespace {
 
-// The descriptor dlopen loads a file through, one per file (device and inode) for the whole
-// process, never closed. The dynamic loader knows a library by the name it was opened with,
-// /proc/self/fd/N, and takes a later dlopen of the same name for the library already loaded
-// (a C++ plugin stays loaded after dlclose): were N closed and reused for another file, a later
-// load would get the wrong library. One descriptor per file keeps each name bound to its file.
-int load_descriptor(int fd, const struct stat& st) {
+// The sealed copy dlopen loads a plugin through, one per distinct content (SHA-256) for the
+// whole process, never closed. The dynamic loader knows a library by the name it was opened
+// with, /proc/self/fd/N, and takes a later dlopen of the same name for the library already
+// loaded (a C++ plugin stays loaded after dlclose): were N closed and reused for another file, a
+// later load would get the wrong library. One descriptor per content keeps each name bound to
+// its bytes; a second copy of the same bytes is closed again.
+int load_descriptor(int memfd, const std::string& sha256) {
   static std::mutex mutex;
-  static std::map<std::pair<dev_t, ino_t>, int> fds;
+  static std::map<std::string, int> fds;
   std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(st.st_dev, st.st_ino);
-  if (auto it = fds.find(key); it != fds.end()) return it->second;
-  const int kept = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (kept >= 0) fds.emplace(key, kept);
-  return kept;
+  if (auto it = fds.find(sha256); it != fds.end()) {
+    close(memfd);
+    return it->second;
+  }
+  fds.emplace(sha256, memfd);
+  return memfd;
 }
 
 }  // namespace
@@ -242,32 +231,37 @@ bool Registry::load_checked(const std::string& path, int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return refuse(std::string("cannot stat it: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return refuse("not a regular file", false);
-  // 1. Nobody else can have changed it.
+  // 1. Nobody else can have changed it, or what its path names.
   if (!allow_writable_) {
-    std::string bad = unsafe_permissions(st, "the file");
-    if (bad.empty()) {
-      std::error_code ec;
-      const fs::path dir = fs::canonical(path, ec).parent_path();
-      struct stat dst;
-      if (ec || stat(dir.c_str(), &dst) != 0)
-        bad = "its directory cannot be checked";
-      else
-        bad = unsafe_permissions(dst, "its directory " + dir.string());
-    }
+    struct stat named;
+    std::string bad = unsafe_path(path, false, &named);
+    if (bad.empty() && (named.st_dev != st.st_dev || named.st_ino != st.st_ino))
+      bad = "its path named another file when it was checked than when it was opened";
     if (!bad.empty()) return refuse("not loaded: " + bad + kWritableHint);
   }
-  // 2. A keel plugin, told from its symbol table without running it.
-  const std::string not_plugin = elf_plugin_check(fd);
+  // 2. A copy nobody can change: everything below checks, hashes and loads that.
+  std::string copy_error;
+  int memfd = sealed_copy(fd, fs::path(path).filename().string(), &copy_error);
+  if (memfd < 0) return refuse(copy_error);
+  struct Closer {
+    int* fd;
+    ~Closer() {
+      if (*fd >= 0) close(*fd);
+    }
+  } closer{&memfd};
+  // 3. A keel plugin, told from its symbol table without running it.
+  const std::string not_plugin = elf_plugin_check(memfd);
   if (!not_plugin.empty()) return refuse("not a keel plugin: " + not_plugin, false);
-  // 3. Its hash, and the lock.
+  // 4. Its hash, and the lock.
   auto p = std::make_unique<LoadedPlugin>();
   p->path = path;
   try {
-    p->sha256 = sha256_hex(fd, path);
+    p->sha256 = sha256_hex(memfd, path);
   } catch (const std::exception& e) {
     return refuse(e.what());
   }
-  if (lock_ && !lock_->by_sha256(p->sha256)) {
+  const LockEntry* locked = lock_ ? lock_->by_sha256(p->sha256) : nullptr;
+  if (lock_ && !locked) {
     const LockEntry* e = lock_->by_path(path);
     const bool relock_allows =
         relock_ && (!e || std::find(updates_.begin(), updates_.end(), e->name) != updates_.end());
@@ -284,9 +278,50 @@ bool Registry::load_checked(const std::string& path, int fd) {
                     p->sha256.substr(0, 16) + "...); hint: `keel plugins lock` adds the plugins "
                     "a manifest uses");
   }
-  // 4. Load what was checked: the same file (inode), through a descriptor of its own.
-  const int load_fd = load_descriptor(fd, st);
-  if (load_fd < 0) return refuse(std::string("cannot keep it open: ") + std::strerror(errno));
+  // 5. The libraries it brings with it.
+  std::vector<Dependency> deps;
+  {
+    std::error_code ec;
+    const std::string origin = fs::canonical(path, ec).parent_path().string();
+    if (ec) return refuse("cannot resolve its path: " + ec.message());
+    const std::string bad = find_dependencies(memfd, origin, !allow_writable_, &deps);
+    if (!bad.empty()) return refuse("not loaded: " + bad);
+  }
+  struct DepCloser {
+    std::vector<Dependency>* deps;
+    ~DepCloser() {
+      for (auto& d : *deps)
+        if (d.memfd >= 0) close(d.memfd);
+    }
+  } dep_closer{&deps};
+  for (const Dependency& d : deps) {
+    p->dependencies.push_back({d.needed, d.path, d.sha256});
+    // Relocking with --update naming the plugin: its libraries are pinned anew.
+    if (!locked || (relock_ && std::find(updates_.begin(), updates_.end(), locked->name) !=
+                                   updates_.end()))
+      continue;
+    const LockDependency* want = nullptr;
+    for (const auto& l : locked->dependencies)
+      if (l.name == d.needed) want = &l;
+    const std::string what = "its library " + d.needed + " (" + d.path + ", sha256 " +
+                             d.sha256.substr(0, 16) + "...)";
+    if (!want)
+      return refuse("not loaded: " + what + " is not listed with plugin " + locked->name + " " +
+                    locked->version + " in " + lock_->file + "; hint: review it, then `keel "
+                    "plugins lock " + lock_->manifest + " --update " + locked->name + "`");
+    if (want->sha256 != d.sha256)
+      return refuse("not loaded: " + what + " differs from " + want->sha256.substr(0, 16) +
+                    "... that " + lock_->file + " holds for it; hint: restore the locked file, "
+                    "or review the new one, then `keel plugins lock " + lock_->manifest +
+                    " --update " + locked->name + "`");
+  }
+  // 6. Load what was checked: the libraries first, then the plugin, from their sealed copies.
+  for (Dependency& d : deps)
+    if (d.memfd >= 0)
+      if (const std::string bad = preload_dependency(d); !bad.empty())
+        return refuse("its library " + d.needed + " (" + d.path + ") does not load: " + bad);
+  const int load_fd = load_descriptor(memfd, p->sha256);
+  memfd = -1;  // kept by load_descriptor, or closed there
   try {
     p->library.load("/proc/self/fd/" + std::to_string(load_fd),
                     boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
@@ -306,9 +341,12 @@ bool Registry::load_checked(const std::string& path, int fd) {
   p->version = bounded(p->descriptor->version);
   p->description = bounded(p->descriptor->description);
   for (const auto& other : plugins_)
-    if (other->name == p->name)
-      return refuse("plugin '" + p->name + "' is already loaded from " + other->path +
-                    "; hint: remove one of the two files from the search path");
+    if (other->name == p->name) {
+      shadowed_.push_back({p->name, p->version, path, other.get()});
+      return refuse("plugin '" + p->name + "' " + p->version + " is already loaded from " +
+                    other->path + " (version " + other->version + "); hint: remove one of the "
+                    "two files from the search path");
+    }
   for (auto& c : comps) components_.push_back(std::move(c));
   plugins_.push_back(std::move(p));
   return true;

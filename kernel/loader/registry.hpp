@@ -2,25 +2,42 @@
 //
 // Discovery walks the search directories for *.so files and, for each, before anything of it
 // runs:
-//   1. opens it (O_RDONLY) and checks, on that descriptor, that neither it nor its directory is
-//      writable by group or others and that it belongs to this user or root (unless
-//      KEEL_ALLOW_WRITABLE_PLUGINS=1);
-//   2. checks that its ELF dynamic symbol table defines `keel_plugin_entry` (elf.hpp): any
+//   1. opens it (O_RDONLY) and, unless KEEL_ALLOW_WRITABLE_PLUGINS=1, checks the path it was
+//      found at with unsafe_path (trust.hpp): the file and every directory from / down to it,
+//      through every symbolic link on the way (the link's own directory and its target's
+//      directories), belong to this user or root and are not writable by group or others; a
+//      sticky directory such as /tmp may be passed through (only the owner of an entry in it
+//      can rename or delete the entry, and that entry must be this user's or root's), but the
+//      directory holding the file (or the link) is never writable by others. The file the path
+//      ends at must be the one opened (device and inode);
+//   2. copies it into a sealed memfd (trust.hpp: sealed_copy) and does every later check on
+//      that copy, which nobody can change: what is checked and hashed is what is loaded;
+//   3. checks that its ELF dynamic symbol table defines `keel_plugin_entry` (elf.hpp): any
 //      other library is skipped without being opened by the dynamic loader;
-//   3. hashes it (SHA-256) through the same descriptor and, when a lock is in use, refuses it
-//      unless the lock lists that hash;
-//   4. dlopens that same file (/proc/self/fd/N of a descriptor of the same inode, kept open for
-//      the process: RTLD_LOCAL | RTLD_NOW), so the file that was checked is the file that is
-//      loaded, calls `keel_plugin_entry` and checks the
-//      descriptor (ABI version, struct sizes, build fingerprint, component table, option
-//      schemas, strings bounded as abi.h says).
-// A file that fails a check is recorded as a Refusal with the reason (and, from step 4 on,
+//   4. hashes it (SHA-256) and, when a lock is in use, refuses it unless the lock lists that
+//      hash;
+//   5. finds the libraries it needs the way the dynamic loader would (find_dependencies): its
+//      RUNPATH entries must be absolute (or $ORIGIN paths inside its directory), exist, and,
+//      like every LD_LIBRARY_PATH directory searched, pass unsafe_path; a library found in a
+//      system directory is trusted; any other (a helper library beside it) must pass
+//      unsafe_path too (unless KEEL_ALLOW_WRITABLE_PLUGINS=1), is copied into a sealed memfd
+//      and hashed and, with a lock, must be listed with that hash in the plugin's lock entry
+//      (KEEL_ALLOW_WRITABLE_PLUGINS never waives that);
+//   6. loads those libraries from their sealed copies (needed ones first), so that the dynamic
+//      loader finds each already loaded by its soname instead of searching for the file, then
+//      dlopens the plugin's sealed copy (/proc/self/fd/N, RTLD_LOCAL | RTLD_NOW), calls
+//      `keel_plugin_entry` and checks the descriptor (ABI version, struct sizes, build
+//      fingerprint, component table, option schemas, strings bounded as abi.h says).
+// A file that fails a check is recorded as a Refusal with the reason (and, from step 6 on,
 // unloaded again); nothing of it is used. Loaded libraries stay loaded for the registry's
-// lifetime, which must outlast every instance created from them.
+// lifetime, which must outlast every instance created from them; a library's sealed copy (one
+// per distinct content) and the dependencies preloaded stay for the process's lifetime.
 //
 // Two plugins may provide a component of the same kind and name; a manifest then names the
 // one it wants as "plugin:component" (matches() returns both for the bare name). Two files of
-// the same plugin name: the first found wins, the second is refused.
+// the same plugin name: the first found wins, the second is refused and kept in shadowed();
+// resolve (run_config.cpp) warns on the console, naming both files and versions, and fails when
+// the run uses a plugin whose shadowed copy has another version.
 #pragma once
 
 #include <map>
@@ -38,8 +55,10 @@
 namespace keel {
 
 struct LoadedPlugin {
-  std::string path;  // the file as found on the search path
+  std::string path;  // the file as found on the search path (it is loaded from a sealed copy)
   std::string sha256;
+  // Its non-system dependencies (path and hash as found; loaded from sealed copies).
+  std::vector<LockDependency> dependencies;
   // Bounded copies of the descriptor's strings (abi.h: names up to KEEL_NAME_CAPACITY - 1
   // bytes, other strings up to KEEL_STRING_CAPACITY - 1).
   std::string name;
@@ -71,6 +90,14 @@ struct Refusal {
   // The plugin name of the lock entry whose path this file is at, when the lock refused it for
   // a hash other than that entry's ("" otherwise).
   std::string changed_from_lock;
+};
+
+// A second file of a plugin already loaded, which was refused.
+struct Shadowed {
+  std::string name;
+  std::string version;       // the refused copy's version
+  std::string path;          // the refused copy
+  const LoadedPlugin* used;  // the copy loaded
 };
 
 // A refusal's reason without its "; hint: ..." (to quote it inside another message).
@@ -114,6 +141,8 @@ class Registry {
   const std::vector<std::unique_ptr<LoadedPlugin>>& plugins() const { return plugins_; }
   const std::vector<std::unique_ptr<Component>>& components() const { return components_; }
   const std::vector<Refusal>& refusals() const { return refusals_; }
+  // Second copies of loaded plugins, refused (also in refusals()).
+  const std::vector<Shadowed>& shadowed() const { return shadowed_; }
   // The refusals of files that are plugins, as one clause for an error line ("2 plugin files
   // were refused: a.so (why); b.so (why)"), or "" when there are none.
   std::string refusal_summary() const;
@@ -125,6 +154,7 @@ class Registry {
   std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
   std::vector<std::unique_ptr<Component>> components_;
   std::vector<Refusal> refusals_;
+  std::vector<Shadowed> shadowed_;
   std::optional<Lock> lock_;
   bool relock_ = false;               // use_lock_for_relock
   std::vector<std::string> updates_;  // its `updates`

@@ -28,6 +28,7 @@
 #include "loader/digest.hpp"
 #include "loader/elf.hpp"
 #include "loader/registry.hpp"
+#include "loader/trust.hpp"
 #include "manifest.hpp"  // closest()
 
 namespace fs = std::filesystem;
@@ -939,6 +940,15 @@ InstalledPackage install_package(const std::string& package, const std::string& 
   }
   const Located l = verify_package_dir(staging.path(), shown);
   const PackageInfo& info = l.info;
+  // Each plugin's own libraries, found as the loader will find them (loader/trust.hpp): a
+  // RUNPATH that is relative, leaves the package through $ORIGIN, or names a directory that is
+  // missing or that another user can write would let that user's code in later.
+  for (const auto& [file, sha256] : info.files) {
+    Fd fd(::open((staging.path() + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) sys_fail("opening", shown + "/" + file, errno);
+    const std::string bad = install_dependency_problem(fd.get(), staging.path());
+    if (!bad.empty()) throw Error(one_line(shown + "/" + file + ": not installed: " + bad));
+  }
   const std::string expected_top = info.name + "-" + info.version;
   if (!is_dir && shown != named + ":" + expected_top)
     fail_at(named,
