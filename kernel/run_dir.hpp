@@ -12,15 +12,16 @@
 //   symlink named like a file the run writes, or a directory of their own in it;
 // - the run directory is not a symlink (it is opened with O_NOFOLLOW).
 // "Writable by its group" does not count for a user's private group (the group of the user's
-// own name, the user's primary group, listing no members), which umask 002 systems give every
-// directory a user creates. Directories keel creates get mode 0755 less the umask.
+// own name, the user's primary group, listing no other member), which umask 002 systems give
+// every directory a user creates. Directories keel creates get mode 0755 less the umask.
 //
-// Inside the run directory every file and directory keel itself makes is created with
-// openat/mkdirat relative to the run directory's descriptor, O_NOFOLLOW, and checked to be a
-// regular file (resp. a directory) of ours: a symlink planted under a name keel writes is
-// refused, never followed. Plugins (metric sinks, profilers) open their files by path inside
-// the run directory; that is safe because the rule above leaves no one else a way to plant
-// anything there.
+// The run directory's own files (manifest.resolved.toml, plugins.json, run.log, the write
+// probe, checkpoints/, an evaluation's eval-<time>/) are created with openat/mkdirat relative
+// to the run directory's descriptor, O_NOFOLLOW, and an existing one must be a regular file
+// (resp. a directory) of ours: a symlink planted under such a name is refused, never followed.
+// The checkpoint store and plugins (metric sinks, profilers) open their files by path inside
+// the run directory; that is safe because the rule above leaves no other user (root aside) a
+// way to plant anything there or to swap a directory on the way.
 #pragma once
 
 #include <sys/stat.h>

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <sstream>
 #include <regex>
