@@ -196,10 +196,14 @@ void CreatedEntries::forget() {
 // ---- RunDir ----
 
 RunDir RunDir::open(const std::string& path_text, CreatedEntries& created) {
-  const fs::path path = fs::path(path_text).lexically_normal();
+  fs::path path = fs::path(path_text).lexically_normal();
+  if (!path.has_filename() && path.has_relative_path()) path = path.parent_path();  // "/a/b/"
   const std::string shown = path.string();
-  if (!path.is_absolute() || !path.has_filename())
-    throw Error("run directory " + shown + ": not an absolute path to a directory" + kOwnHint);
+  if (!path.is_absolute())
+    throw Error("run directory " + shown + ": not an absolute path" + kOwnHint);
+  if (!path.has_filename())
+    throw Error("run directory " + shown + ": the root directory cannot be a run directory; "
+                "hint: set [run] output_dir to a directory of its own");
   // The directories a symlink on the way leads through: every prefix of the parent's canonical
   // path. (Those of the path as given are checked below, on the descriptors the walk opens.)
   std::error_code ec;
