@@ -514,7 +514,8 @@ int main(int argc, char** argv) try {
   };
   overrides.insert(overrides.end(), o.sets.begin(), o.sets.end());
   keel::Registry registry;  // outlives every Trainer: the plugins stay loaded
-  const keel::RunConfig rc = keel::resolve(keel::load_manifest(o.manifest, overrides), registry);
+  keel::RunConfig rc = keel::resolve(keel::load_manifest(o.manifest, overrides), registry);
+  rc.overwrite = true;  // every run trains afresh into the same scratch output_dir
   if (!rc.hooks.empty() || rc.profiler || rc.mfu || rc.eval_each_epoch ||
       rc.mode != keel::RunMode::kTrain || rc.eval_every_steps != 0 || rc.checkpoint_at_end ||
       rc.checkpoint_every_steps != 0 || rc.checkpoint_initial || rc.grad_accum != 1 ||

@@ -3,7 +3,9 @@
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,12 +32,15 @@ class RunLogSink final : public spdlog::sinks::base_sink<std::mutex> {
   RunLogSink() : formatter_(std::make_unique<spdlog::pattern_formatter>(kFilePattern)) {}
   ~RunLogSink() override { close(); }
 
-  void attach(const std::string& path) {
+  void attach(int fd, const std::string& path) {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::FILE* f = std::fopen(path.c_str(), "we");  // "e": O_CLOEXEC
-    if (!f)
-      throw Error(path + ": cannot write the run log: " + std::strerror(errno) +
+    std::FILE* f = ::fdopen(fd, "a");
+    if (!f) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(path + ": cannot write the run log: " + std::strerror(err) +
                   "; hint: set [run] output_dir to a writable directory");
+    }
     close();
     file_ = f;
     path_ = path;
@@ -164,7 +169,16 @@ void reset_logging() {
 }
 
 void attach_run_log(const std::string& path) {
-  setup(std::nullopt).run_log->attach(path);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error(path + ": cannot write the run log: " +
+                (errno == ELOOP ? std::string("it is a symbolic link") : std::strerror(errno)) +
+                "; hint: set [run] output_dir to a writable directory");
+  attach_run_log(fd, path);
+}
+
+void attach_run_log(int fd, const std::string& path) {
+  setup(std::nullopt).run_log->attach(fd, path);
   spdlog::debug("run log: {}", path);
 }
 

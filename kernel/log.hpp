@@ -30,12 +30,16 @@ void init_logging(spdlog::level::level_enum console_level);
 // writes run.log: the trainer attaches it there only.)
 void set_log_rank(int rank);
 
-// Starts writing run.log at `path` (created or truncated): every message at debug level or
-// above (trace too when the console is at trace), starting with those logged since
-// init_logging or the last detach_run_log. Replaces a run log already attached. Calls
-// init_logging(info) first when nothing set up logging (tests, embedding programs). Throws
-// keel::Error naming the path when the file cannot be opened.
+// Starts writing run.log at `path` (created when missing, else appended to; not through a
+// symlink): every message at debug level or above (trace too when the console is at trace),
+// starting with those logged since init_logging or the last detach_run_log. Replaces a run log
+// already attached. Calls init_logging(info) first when nothing set up logging (tests,
+// embedding programs). Throws keel::Error naming the path when the file cannot be opened.
 void attach_run_log(const std::string& path);
+// The same with a descriptor open for writing (the trainer opens run.log relative to its run
+// directory's descriptor, O_APPEND), taken over (closed on detach or on failure); `path` is
+// what messages show.
+void attach_run_log(int fd, const std::string& path);
 
 // Flushes and closes the run log (nothing happens when none is attached). Call it before
 // removing a run directory: later messages are kept in memory again.

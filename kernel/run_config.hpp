@@ -101,6 +101,10 @@ struct RunConfig {
   enum class Resume { kNo, kLatest, kPath } resume = Resume::kNo;
   std::string resume_path;
   bool resume_changed = false;  // --resume-changed: accept manifest changes that break exactness
+  // --overwrite: train into a run directory that holds an earlier run's records (otherwise
+  // refused): manifest.resolved.toml and plugins.json are replaced, the sinks start their files
+  // afresh, run.log is appended to, and the earlier run's checkpoints stay.
+  bool overwrite = false;
 
   ComponentSpec model, train_data, optimizer, loss;
   std::optional<ComponentSpec> test_data, lr_scheduler, grad_clipper, mfu, profiler, checkpoint;

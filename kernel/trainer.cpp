@@ -8,6 +8,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/empty.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -18,8 +19,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <sstream>
 #include <regex>
@@ -41,6 +42,7 @@
 #include "keel/tensor.hpp"
 #include "log.hpp"
 #include "loss_scaler.hpp"
+#include "run_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -100,6 +102,38 @@ std::string shape_of(const at::Tensor& t) { return shape_text(t.sizes()); }
 
 std::string num(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
 
+// The current UTC time: "20261126T004105Z" (compact, for names) or "2026-11-26 00:41:05 UTC".
+std::string utc_stamp(bool compact) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, compact ? "%Y%m%dT%H%M%SZ" : "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+// The files by which run directory `dir` shows that an earlier run wrote it, comma-separated
+// ("" when none): manifest.resolved.toml, plugins.json and metrics.jsonl (the jsonl sink's
+// default name), and checkpoints/step-<N> directories.
+std::string earlier_records(const RunDir& dir) {
+  std::string found;
+  for (const char* name : {"manifest.resolved.toml", "plugins.json", "metrics.jsonl"})
+    if (dir.has(name)) found += (found.empty() ? "" : ", ") + std::string(name);
+  size_t steps = 0;
+  for (const std::string& name : dir.entries("checkpoints")) steps += name.rfind("step-", 0) == 0;
+  if (steps > 0)
+    found += (found.empty() ? "" : ", ") + std::to_string(steps) + " checkpoint" +
+             (steps > 1 ? "s" : "") + " in checkpoints/";
+  return found;
+}
+
+[[noreturn]] void refuse_earlier_records(const std::string& dir, const std::string& records) {
+  throw Error("run directory " + dir + " holds an earlier run's records (" + records +
+              "), which a new run would overwrite; hint: continue that run with --resume, "
+              "choose another output_dir (--set run.output_dir=DIR), or start a new run over "
+              "them with --overwrite");
+}
+
 // LibTorch errors raised while the kernel works on what a plugin returned: rethrown as
 // keel::Error naming the component and the step, never as raw LibTorch text alone.
 template <class F>
@@ -128,44 +162,6 @@ keel_named_tensor named_entry(const Instance<Abi>& inst, const char* slot_name,
                      " bytes (\"" + bounded(nt.name, 40) + "...\")");
   return nt;
 }
-
-// The entries of a run directory before a run touched it, so that a run failing before step 1
-// (and `keel validate`) removes exactly what it added.
-class RunDirSnapshot {
- public:
-  explicit RunDirSnapshot(fs::path dir) : dir_(fs::absolute(dir).lexically_normal()) {
-    std::error_code ec;
-    existed_ = fs::exists(dir_, ec);
-    if (existed_)
-      for (const auto& e : fs::directory_iterator(dir_, ec)) before_.insert(e.path().filename());
-    // The outermost directory that creating dir_ will add (dir_ itself, or a missing parent).
-    created_root_ = dir_;
-    while (created_root_.has_parent_path() && created_root_.parent_path() != created_root_ &&
-           !fs::exists(created_root_.parent_path(), ec))
-      created_root_ = created_root_.parent_path();
-  }
-  // Removes what was added; returns what could not be removed ("" when everything went).
-  std::string remove_added() const {
-    std::error_code ec;
-    if (!existed_) {
-      fs::remove_all(created_root_, ec);
-      return fs::exists(created_root_) ? created_root_.string() : "";
-    }
-    std::string left;
-    for (const auto& e : fs::directory_iterator(dir_, ec)) {
-      if (before_.count(e.path().filename())) continue;
-      std::error_code rec;
-      fs::remove_all(e.path(), rec);
-      if (rec) left += (left.empty() ? "" : ", ") + e.path().string();
-    }
-    return left;
-  }
-
- private:
-  fs::path dir_, created_root_;
-  bool existed_ = false;
-  std::set<fs::path> before_;
-};
 
 // Autocast for the forward pass and the loss (master weights stay fp32): bf16 on the run's
 // device (CPU or CUDA autocast), fp16 on CUDA (with the loss scaler); nothing for fp32.
@@ -375,6 +371,12 @@ struct Window {
 struct Trainer::State {
   RunConfig cfg;
   fs::path run_dir;
+  // Rank 0: the run directory, opened (kernel/run_dir.hpp); its entries' identities when it was
+  // opened; what this start created (the Trainer's, for removal when the start fails).
+  std::optional<RunDir> dir;
+  std::vector<std::pair<dev_t, ino_t>> dir_before;
+  CreatedEntries* created = nullptr;
+  bool claimed = false;  // a fresh run: manifest.resolved.toml created at the start (O_EXCL)
   bool run_log_attached = false;
   std::string scratch_dir;  // validate_only: the components' run directory, removed at the end
 
@@ -1538,21 +1540,42 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
                  s.world, launch->launcher, launch->local_rank, launch->local_world_size,
                  s.dist->backend_name(), s.device.str());
   }
+  {
+    std::ostringstream text;
+    text << "# Resolved from " << config.manifest_path
+         << " (extends, --set and defaults applied)\n"
+         << config.resolved << "\n";
+    s.resolved_text = text.str();
+  }
   const fs::path out = config.output_dir;
-  const std::string hint = "; hint: set [run] output_dir to a writable directory";
-  s.on_rank0("prepare the run directory " + out.string(), [&] {
-    std::error_code ec;
-    fs::create_directories(validate_only ? out : out / "checkpoints", ec);
-    if (ec || !fs::is_directory(out))
-      throw Error("run directory " + out.string() + ": cannot create it (" +
-                  (ec ? ec.message() : "a file of that name exists") + ")" + hint);
-    // Its own name: runs started together into one directory must not remove each other's.
-    const fs::path probe = out / (".keel-write-check-" + random_token());
-    std::ofstream(probe) << "keel\n";
-    const bool written = fs::file_size(probe, ec) == 5;
-    fs::remove(probe, ec);
-    if (!written) throw Error("run directory " + out.string() + ": cannot write to it" + hint);
-    return std::string();
+  const bool evaluate = config.mode == RunMode::kEvaluate;
+  const std::string dir = s.on_rank0("prepare the run directory " + out.string(), [&] {
+    CreatedEntries& created = *s.created;
+    RunDir run = RunDir::open(out.string(), created);
+    run.probe_writable(created);
+    if (validate_only) return out.string();
+    if (evaluate) {
+      // A place of its own: the training run's files stay as they are.
+      s.dir = run.new_subdir("eval-" + utc_stamp(/*compact=*/true), created);
+    } else {
+      if (config.resume == RunConfig::Resume::kNo && !config.overwrite) {
+        const std::string records = earlier_records(run);
+        if (!records.empty()) refuse_earlier_records(out.string(), records);
+        // Claimed now: a second fresh run starting into this directory meanwhile is refused.
+        const int fd = run.open_file("manifest.resolved.toml", O_EXCL, created);
+        if (fd < 0) refuse_earlier_records(out.string(), "manifest.resolved.toml");
+        const bool ok = write_all(fd, s.resolved_text);
+        if (::close(fd) != 0 || !ok)
+          throw Error("cannot write " + run.path_of("manifest.resolved.toml") + ": " +
+                      std::strerror(errno) + "; hint: set [run] output_dir to a writable "
+                      "directory");
+        s.claimed = true;
+      }
+      run.subdir("checkpoints", created);
+      s.dir = std::move(run);
+    }
+    s.dir_before = s.dir->identities();
+    return s.dir->path();
   });
   if (validate_only) {
     // Components create their files (metrics.jsonl, ...) in a scratch directory, so that
@@ -1564,14 +1587,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     s.scratch_dir = tmpl;
     s.run_dir = tmpl;
   } else {
-    s.run_dir = out;
-  }
-  {
-    std::ostringstream text;
-    text << "# Resolved from " << config.manifest_path
-         << " (extends, --set and defaults applied)\n"
-         << config.resolved << "\n";
-    s.resolved_text = text.str();
+    s.run_dir = dir;
   }
   s.run_id = s.on_rank0("choose the run id", [] { return random_token(); });
   if (!validate_only && config.resume != RunConfig::Resume::kNo) {
@@ -1801,18 +1817,30 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
   }
   if (s.rank != 0) return;  // rank 0 writes the run directory's files
 
-  // Written last, so that a run failing before step 1 leaves them untouched.
-  const fs::path resolved_path = s.run_dir / "manifest.resolved.toml";
-  std::ofstream resolved(resolved_path);
-  resolved << s.resolved_text;
-  resolved.close();
-  if (!resolved) throw Error("cannot write " + resolved_path.string() + hint);
-  const fs::path plugins_path = s.run_dir / "plugins.json";
-  std::ofstream plugins(plugins_path);
-  plugins << used_plugins_json(config);
-  plugins.close();
-  if (!plugins) throw Error("cannot write " + plugins_path.string() + hint);
-  attach_run_log((s.run_dir / "run.log").string());  // with what was logged until now
+  // Written last (a fresh run's manifest.resolved.toml excepted: it claimed the directory), so
+  // that a resumed or --overwrite run failing before step 1 leaves the earlier ones untouched.
+  // run.log is opened first: a run.log keel refuses to write leaves the earlier files as they
+  // were. It is appended to, each run's part starting with a line naming it.
+  CreatedEntries& created = *s.created;
+  bool had_log = false;
+  const int log_fd = s.dir->open_file("run.log", O_APPEND, created, &had_log);
+  try {
+    if (!s.claimed) s.dir->write_file("manifest.resolved.toml", s.resolved_text, created);
+    s.dir->write_file("plugins.json", used_plugins_json(config), created);
+  } catch (...) {
+    ::close(log_fd);
+    throw;
+  }
+  const std::string header = std::string(had_log ? "\n" : "") + "===== keel " +
+                             (evaluate ? "evaluate" : "train") + ", run " + s.run_id + ", " +
+                             utc_stamp(/*compact=*/false) + ", pid " +
+                             std::to_string(::getpid()) + " =====\n";
+  if (!write_all(log_fd, header)) {
+    ::close(log_fd);
+    throw Error("cannot write " + s.dir->path_of("run.log") + ": " + std::strerror(errno) +
+                "; hint: set [run] output_dir to a writable directory");
+  }
+  attach_run_log(log_fd, s.dir->path_of("run.log"));  // with what was logged until now
   s.run_log_attached = true;
 }
 
@@ -1839,31 +1867,35 @@ Trainer::State::~State() {
 Trainer::Trainer(const RunConfig& config, bool validate_only) : s_(std::make_unique<State>()) {
   // `keel validate` checks one process's view, alone.
   const std::optional<Launch> launch = validate_only ? std::nullopt : detect_launch();
-  // Rank 0 owns the run directory: only it removes what a failed start added.
-  const bool owner = !launch || launch->rank == 0;
-  const RunDirSnapshot before(config.output_dir);
+  // What this start creates (rank 0 alone prepares the run directory): removed again when it
+  // fails, and after `keel validate`.
+  CreatedEntries created;
+  s_->created = &created;
+  // Files the components created and hold open join the list before they are closed.
+  const auto undo = [&] {
+    if (s_->dir) created.add_open_files(*s_->dir, s_->dir_before);
+    s_.reset();  // closes every file the components opened
+    return created.remove_all();
+  };
   try {
     s_->setup(config, validate_only, launch);
   } catch (const Error& e) {
-    s_.reset();  // closes every file the components opened
-    if (!owner) throw;
-    const std::string left = before.remove_added();
+    const std::string left = undo();
     if (left.empty()) throw;
     throw Error(std::string(e.what()) + " (left behind: " + left + ")");
   } catch (...) {
-    s_.reset();
-    if (owner) before.remove_added();
+    undo();
     throw;
+  }
+  s_->created = nullptr;
+  if (validate_only) {
+    const std::string left = created.remove_all();
+    if (!left.empty())
+      throw Error("validation left files behind in the run directory: " + left);
   }
 }
 
-void check_run(const RunConfig& config) {
-  const RunDirSnapshot before(config.output_dir);
-  { Trainer trainer(config, /*validate_only=*/true); }
-  const std::string left = before.remove_added();
-  if (!left.empty())
-    throw Error("validation left files behind in the run directory: " + left);
-}
+void check_run(const RunConfig& config) { Trainer trainer(config, /*validate_only=*/true); }
 
 Trainer::~Trainer() = default;
 

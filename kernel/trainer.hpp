@@ -23,11 +23,15 @@ struct RunSummary {
 
 class Trainer {
  public:
-  // Creates the run directory (and checks that it can be written), creates and checks every
-  // component (loading [checkpoint] init_from), then writes manifest.resolved.toml and starts
-  // run.log. Throws keel::Error naming the component on failure; then every file and directory
-  // it added to the run directory is removed again (the directory and missing parents too,
-  // when it created them). `validate_only` (check_run): components get a scratch run
+  // Opens the run directory (kernel/run_dir.hpp: created when missing, refused when another
+  // user could change it, checked writable); a fresh training run (no --resume, no
+  // --overwrite) refuses one holding an earlier run's records and claims it by creating
+  // manifest.resolved.toml; an evaluation gets a new eval-<UTC time>/ inside it as its run
+  // directory. Then creates and checks every component (loading [checkpoint] init_from),
+  // writes plugins.json (and manifest.resolved.toml, when not written yet) and starts run.log
+  // (appended to). Throws keel::Error naming the component on failure; then what this start
+  // created is removed again, by device and inode (run_dir.hpp: CreatedEntries), never what
+  // another run put there. `validate_only` (check_run): components get a scratch run
   // directory instead, removed with the Trainer, and nothing is left in the run directory
   // (created when missing, probed with a file that is removed again).
   // Process-wide settings are not touched here: see apply_process_settings.
@@ -44,10 +48,11 @@ class Trainer {
 };
 
 // Everything `keel train` does before step 1, without training (`keel validate`): checks that
-// the run directory can be created and written, creates every component with its options
-// (datasets read their data, init_from is loaded into the model), destroys them again, and
-// removes every file and directory it added (missing parents of output_dir included). Throws
-// keel::Error on the first problem.
+// the run directory can be trusted, created and written, creates every component with its
+// options (datasets read their data, init_from is loaded into the model), destroys them again,
+// and removes every file and directory it added (missing parents of output_dir included). It
+// does not check for an earlier run's records (train refuses those without --resume or
+// --overwrite). Throws keel::Error on the first problem.
 void check_run(const RunConfig& config);
 
 // The process-wide settings of a run, applied once at start-up by the program that runs it

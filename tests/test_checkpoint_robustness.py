@@ -286,7 +286,10 @@ class SharedDirectoryAndPruning(CheckpointTest):
                 text = f.read()
             with open(b, "w") as f:
                 f.write(text.replace("seed = 1\n", "seed = 2\n"))
-            procs = [subprocess.Popen([KEEL, "train", m], env=ENV, stdout=subprocess.PIPE,
+            # Sharing a run directory is explicit (--overwrite): without it, the second run to
+            # start would be refused, as the directory then holds the first one's records.
+            procs = [subprocess.Popen([KEEL, "train", m, "--overwrite"], env=ENV,
+                                      stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True) for m in (a, b)]
             for p in procs:
                 out = p.communicate(timeout=120)[0]

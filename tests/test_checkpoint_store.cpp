@@ -2,11 +2,13 @@
 // checkpoint and no staging directory behind; the commit record's sizes and checksums catch
 // damaged files; retention only ever touches this run's checkpoints and never the newest;
 // re-saving a step replaces it atomically; stale staging directories are removed unless their
-// save is alive; asynchronous saves report their errors; trainer_state.toml round-trips.
+// save is alive; asynchronous saves report their errors; trainer_state.toml round-trips; which
+// directories a run directory may be in (kernel/run_dir.hpp).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/full.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "checkpoint/meta.hpp"
 #include "checkpoint/store.hpp"
 #include "keel/tensor.hpp"
+#include "run_dir.hpp"
 #include "support.hpp"
 
 namespace unit_checkpoint_store {  // keel_units is one unity build: each file's names stay its own
@@ -290,6 +293,61 @@ TEST_CASE("the commit record rejects what it cannot trust") {
   s = ok;
   s.replace(s.find("\"version\": 1"), 12, "\"version\": 2");
   CHECK(err(s).find("'version' is not 1") != std::string::npos);
+}
+
+// kernel/run_dir.hpp's rule for the directories a run is written into, case by case: a
+// directory on the way may be root's or ours and, when others can write it, must be sticky;
+// the run directory itself must be ours and writable by no one else.
+TEST_CASE("run directories: which directories are trusted") {
+  const uid_t me = geteuid();
+  const uid_t other = me == 65534 ? 65533 : 65534;
+  struct Case {
+    uid_t owner;
+    mode_t mode;
+    bool run_dir;
+    const char* why;  // "" when trusted, else the start of the reason
+  };
+  const Case cases[] = {
+      {me, 0755, true, ""},
+      {me, 0700, false, ""},
+      {0, 0755, false, ""},
+      {0, 01777, false, ""},  // /tmp: others add entries, cannot remove ours
+      {me, 01777, false, ""},
+      {0, 0777, false, "is writable by every user (mode 0777, no sticky bit)"},
+      {me, 0757, false, "is writable by every user"},
+      {other, 0755, false, "belongs to another user"},
+      {other, 01777, false, "belongs to another user"},
+      {other, 0700, true, "belongs to another user"},
+      {0, 0755, true, me == 0 ? "" : "belongs to another user"},
+      {me, 01777, true, "is writable by every user (mode 1777)"},  // others could plant entries
+      {me, 0777, true, "is writable by every user"},
+  };
+  for (const Case& c : cases) {
+    struct stat st {};
+    st.st_mode = S_IFDIR | c.mode;
+    st.st_uid = c.owner;
+    st.st_gid = 0;
+    const std::string why = keel::untrusted_directory(st, c.run_dir);
+    INFO("owner " << c.owner << " mode " << std::oct << c.mode << " run_dir " << c.run_dir
+                  << ": " << why);
+    if (*c.why == '\0')
+      CHECK(why.empty());
+    else
+      CHECK(why.rfind(c.why, 0) == 0);
+  }
+  // Group write: refused unless the group is the user's private one (no such group here).
+  struct stat shared {};
+  shared.st_mode = S_IFDIR | 0775;
+  shared.st_uid = me;
+  shared.st_gid = 54321;
+  CHECK(keel::untrusted_directory(shared, true) == "is writable by its group (mode 0775)");
+  CHECK(keel::untrusted_directory(shared, false).rfind("is writable by its group", 0) == 0);
+  shared.st_mode |= S_ISVTX;
+  CHECK(keel::untrusted_directory(shared, false).empty());
+  struct stat file {};
+  file.st_mode = S_IFREG | 0644;
+  file.st_uid = me;
+  CHECK(keel::untrusted_directory(file, true) == "is not a directory");
 }
 
 }  // namespace unit_checkpoint_store

@@ -1,14 +1,19 @@
 """CLI behaviour on good and bad input: one clear error line, a non-zero exit, no abort and
-no stack trace. Usage: test_cli.py KEEL_BINARY SOURCE_ROOT"""
+no stack trace; run directories (another user's symlinks, failed starts beside other runs).
+Usage: test_cli.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_FIXTURE_DIR"""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 KEEL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+FIXTURES = os.path.abspath(sys.argv[3])
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def keel(*args, cwd=None, env=None):
@@ -22,7 +27,7 @@ def keel(*args, cwd=None, env=None):
 # Every flag of each command, as `keel COMMAND --help` must list it.
 FLAGS = {
     None: ["--set", "--log-level", "--help", "-h", "--version"],
-    "train": ["--set", "--log-level", "--help"],
+    "train": ["--set", "--log-level", "--help", "--resume", "--overwrite"],
     "evaluate": ["--set", "--log-level", "--help"],
     "validate": ["--set", "--log-level", "--help"],
     "plugins": ["--log-level", "--help"],
@@ -154,24 +159,82 @@ class GoodInput(unittest.TestCase):
         self.assertIn("did you mean 'adamw'?", err)
 
     def test_train_then_evaluate_the_checkpoint(self):
+        # The issue's sequence: train, then evaluate the checkpoint with the same manifest, so
+        # into the same run directory. evaluate writes into a directory of its own inside it
+        # and leaves the training run's files byte for byte as they were; a second train of the
+        # manifest is refused, --resume continues, --overwrite starts over (run.log appended).
         with tempfile.TemporaryDirectory() as d:
+            run = f"{d}/run"
             common = [f"{ROOT}/configs/quickstart.toml", "--set", "data.train.limit=2048",
-                      "--set", "data.test.limit=1000", "--set", "lr_scheduler.warmup_steps=5"]
-            rc, _, err = keel("train", *common, "--set", "train.max_steps=40",
-                              "--set", f"run.output_dir={d}/train")
+                      "--set", "data.test.limit=1000", "--set", "lr_scheduler.warmup_steps=5",
+                      "--set", f"run.output_dir={run}"]
+            rc, _, err = keel("train", *common, "--set", "train.max_steps=40")
             self.assertEqual(rc, 0, err)
-            with open(f"{d}/train/metrics.jsonl") as f:
-                final = [json.loads(line) for line in f][-1]
+            with open(f"{run}/metrics.jsonl") as f:
+                trained = [json.loads(line) for line in f]
+            final = trained[-1]
             self.assertEqual(final["split"], "test")
-            rc, out, err = keel("evaluate", *common, "--set", f"run.output_dir={d}/eval",
-                                "--set", f"checkpoint.init_from={d}/train/checkpoints/step-40")
+            names = ["metrics.jsonl", "manifest.resolved.toml", "plugins.json", "run.log"]
+
+            def contents():
+                out = {}
+                for n in names:
+                    with open(f"{run}/{n}", "rb") as f:
+                        out[n] = f.read()
+                return out
+
+            before = contents()
+            rc, out, err = keel("evaluate", *common,
+                                "--set", f"checkpoint.init_from={run}/checkpoints/step-40")
             self.assertEqual(rc, 0, err)
-            with open(f"{d}/eval/metrics.jsonl") as f:
+            self.assertEqual(contents(), before, "evaluate changed the training run's files")
+            evals = [e for e in os.listdir(run) if e.startswith("eval-")]
+            self.assertEqual(len(evals), 1, os.listdir(run))
+            eval_dir = f"{run}/{evals[0]}"
+            self.assertRegex(evals[0], r"^eval-\d{8}T\d{6}Z$")
+            self.assertIn(f"run directory {eval_dir}\n", out)  # it says where it wrote
+            self.assertEqual(sorted(os.listdir(eval_dir)), sorted(names))
+            with open(f"{eval_dir}/metrics.jsonl") as f:
                 records = [json.loads(line) for line in f]
             self.assertEqual([r["split"] for r in records], ["test"])
             self.assertEqual(records[0]["accuracy"], final["accuracy"])
             self.assertAlmostEqual(records[0]["loss"], final["loss"], places=6)
-            self.assertFalse(os.path.exists(f"{d}/eval/checkpoints/step-0"))
+            # A second evaluation gets a directory of its own too.
+            rc, out, err = keel("evaluate", *common,
+                                "--set", f"checkpoint.init_from={run}/checkpoints/step-40")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(len([e for e in os.listdir(run) if e.startswith("eval-")]), 2)
+            self.assertEqual(contents(), before)
+
+            # train again without --resume: refused, one line, nothing changed.
+            rc, _, err = keel("train", *common, "--set", "train.max_steps=40")
+            self.assertEqual(rc, 1)
+            self.assertEqual(len(err.splitlines()), 1, err)
+            self.assertIn(f"run directory {run} holds an earlier run's records", err)
+            self.assertIn("hint: continue that run with --resume", err)
+            self.assertIn("--overwrite", err)
+            self.assertEqual(contents(), before)
+            # --resume continues it: the records up to step 40 stay, run.log is appended to.
+            rc, _, err = keel("train", *common, "--set", "train.max_steps=45", "--resume")
+            self.assertEqual(rc, 0, err)
+            with open(f"{run}/metrics.jsonl") as f:
+                resumed = [json.loads(line) for line in f]
+            self.assertEqual(resumed[:len(trained)], trained)
+            self.assertEqual(resumed[-1]["step"], 45)
+            with open(f"{run}/run.log", "rb") as f:
+                log = f.read()
+            self.assertTrue(log.startswith(before["run.log"]))
+            self.assertEqual(log.count(b"===== keel train, run "), 2)
+            # --overwrite starts a new run there: new records, run.log still appended to.
+            rc, _, err = keel("train", *common, "--set", "train.max_steps=5", "--overwrite")
+            self.assertEqual(rc, 0, err)
+            with open(f"{run}/metrics.jsonl") as f:
+                self.assertEqual(json.loads(f.readline())["step"], 5)
+            with open(f"{run}/run.log", "rb") as f:
+                self.assertTrue(f.read().startswith(log))
+            rc, _, err = keel("train", *common, "--resume", "--overwrite")
+            self.assertEqual(rc, 2)
+            self.assertIn("--overwrite and --resume", err)
 
     def test_help_lists_every_command_and_flag(self):
         rc, out, err = keel("--help")
@@ -261,6 +324,154 @@ class GoodInput(unittest.TestCase):
         rc, out, _ = keel("--version")
         self.assertEqual(rc, 0)
         self.assertRegex(out, r"keel \d+\.\d+\.\d+ \(plugin ABI 1\.\d+, LibTorch ")
+
+
+def small_args(output_dir, steps=2):
+    """A quickstart run of `steps` steps on 256 samples into `output_dir`."""
+    return [f"{ROOT}/configs/quickstart.toml", "--set", "data.train.limit=256", "--set",
+            "data.test.limit=64", "--set", f"train.max_steps={steps}", "--set", "run.threads=1",
+            "--set", f"run.output_dir={output_dir}"]
+
+
+def tree(root):
+    """{relative path: file bytes (None for a directory)} under `root`."""
+    out = {}
+    for base, dirs, files in os.walk(root):
+        for n in dirs:
+            out[os.path.relpath(os.path.join(base, n), root)] = None
+        for n in files:
+            with open(os.path.join(base, n), "rb") as f:
+                out[os.path.relpath(os.path.join(base, n), root)] = f.read()
+    return out
+
+
+class RunDirectories(unittest.TestCase):
+    @unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"),
+                         "needs root (the victim) and setpriv (the other user)")
+    def test_another_users_directory_and_symlinks_are_refused(self):
+        # The other user (uid 65534) prepares run directories under a shared sticky directory,
+        # with symlinks named like the files a run writes, pointing at the victim's files and
+        # into a 0700 directory of the victim's. keel refuses each one (one line and a hint)
+        # and writes nothing through them.
+        with tempfile.TemporaryDirectory() as d:
+            os.chmod(d, 0o755)
+            shared, private, victim = f"{d}/shared", f"{d}/private", f"{d}/victim.txt"
+            os.mkdir(shared)
+            os.chmod(shared, 0o1777)
+            os.mkdir(private, 0o700)
+            with open(victim, "w") as f:
+                f.write("secret\n")
+            os.chmod(victim, 0o600)
+            links = (f"ln -s {victim} manifest.resolved.toml && ln -s {private}/new.json "
+                     f"plugins.json && ln -s {victim} run.log")
+            subprocess.run(NOBODY + ["sh", "-ec",
+                                     f"cd {shared} && mkdir -m 777 runs runs/exp exp2 && "
+                                     f"(cd runs/exp && {links}) && (cd exp2 && {links}) && "
+                                     f"chmod 755 exp2 && ln -s {private} exp3"], check=True)
+            own = f"{d}/own"  # the victim's own directory, a symlink named run.log in it
+            os.mkdir(own)
+            os.symlink(victim, f"{own}/run.log")
+            cases = [
+                (f"{shared}/runs/exp", f"{shared}/runs on the way to it belongs to another user "
+                                       "(uid 65534)"),
+                (f"{shared}/runs/new", f"{shared}/runs on the way to it belongs to another user"),
+                (f"{shared}/exp2", f"run directory {shared}/exp2 belongs to another user "
+                                   "(uid 65534)"),
+                (f"{shared}/exp3", f"run directory {shared}/exp3 is a symbolic link"),
+                (own, f"{own}/run.log is a symbolic link; keel does not write through symlinks"),
+            ]
+            for output_dir, expected in cases:
+                with self.subTest(output_dir=output_dir):
+                    rc, _, err = keel("train", *small_args(output_dir))
+                    self.assertEqual(rc, 1, err)
+                    self.assertEqual(len(err.splitlines()), 1, err)
+                    self.assertIn(expected, err)
+                    self.assertIn("; hint: ", err)
+                    with open(victim) as f:
+                        self.assertEqual(f.read(), "secret\n")
+                    self.assertEqual(os.listdir(private), [])
+            self.assertEqual(sorted(os.listdir(own)), ["run.log"])  # what the failed start made went
+            self.assertEqual(sorted(os.listdir(f"{shared}/runs")), ["exp"])
+            # A new directory of ours in the shared sticky directory is fine.
+            rc, _, err = keel("train", *small_args(f"{shared}/mine"))
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(os.stat(f"{shared}/mine").st_mode & 0o022, 0)
+
+    def start_failing(self, output_dir, release, *flags):
+        """`keel train` into `output_dir` whose start fails once file `release` exists (a
+        misbehave hook waits for it in its constructor). Returns the process once it created
+        `output_dir` (at once when `release` exists already)."""
+        manifest = os.path.join(os.path.dirname(release), "failing.toml")
+        with open(manifest, "w") as f:
+            f.write(f'''extends = "{ROOT}/configs/quickstart.toml"
+[plugins]
+paths = ["{FIXTURES}"]
+[[hooks]]
+type = "mbx_hook"
+fault = "ctor_throw_after"
+wait_for = "{release}"
+''')
+        args = small_args(output_dir)
+        args[0] = manifest
+        p = subprocess.Popen([KEEL, "train", *args, *flags], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        if os.path.exists(release):
+            return p
+        for _ in range(600):
+            if os.path.isdir(output_dir) or p.poll() is not None:
+                break
+            time.sleep(0.05)
+        if not os.path.isdir(output_dir):
+            p.kill()
+            self.fail(f"keel did not create {output_dir}: {p.communicate()}")
+        return p
+
+    def test_failed_start_keeps_other_runs_work(self):
+        # Run A starts into a directory that does not exist yet and fails during its start;
+        # meanwhile run B trained into a sibling in the same new parent (a sweep), or into the
+        # same directory (--overwrite), and committed a checkpoint. A removes only what it
+        # created itself: B's run directory and files stay, byte for byte.
+        for case in ("sweep", "same directory"):
+            with self.subTest(case), tempfile.TemporaryDirectory() as d:
+                release = f"{d}/release"
+                if case == "sweep":
+                    a_dir, b_dir, b_flags = f"{d}/sweep/lr-0.1", f"{d}/sweep/lr-0.3", []
+                else:
+                    a_dir, b_dir, b_flags = f"{d}/run", f"{d}/run", ["--overwrite"]
+                a = self.start_failing(a_dir, release)
+                try:
+                    rc, _, err = keel("train", *small_args(b_dir), *b_flags)
+                    self.assertEqual(rc, 0, err)
+                    b_files = tree(b_dir)
+                    self.assertIn("checkpoints/step-2/commit.json", b_files)
+                    self.assertIn("metrics.jsonl", b_files)
+                finally:
+                    open(release, "w").close()
+                    _, a_err = a.communicate(timeout=120)
+                self.assertEqual(a.returncode, 1, a_err)
+                self.assertIn("deliberate failure in the constructor", a_err)
+                self.assertNotIn("left behind", a_err)
+                self.assertEqual(tree(b_dir), b_files)
+                if case == "sweep":
+                    self.assertEqual(os.listdir(f"{d}/sweep"), ["lr-0.3"])  # A's own went
+
+    def test_failed_start_removes_what_it_created(self):
+        # Nobody else involved: a failed start into a missing parent removes both directories
+        # it created; into an existing directory it leaves that directory's entries as they were.
+        with tempfile.TemporaryDirectory() as d:
+            release = f"{d}/release"
+            open(release, "w").close()
+            a = self.start_failing(f"{d}/new/run", release)
+            _, err = a.communicate(timeout=120)
+            self.assertEqual(a.returncode, 1, err)
+            self.assertEqual(sorted(os.listdir(d)), ["failing.toml", "release"])
+            os.makedirs(f"{d}/old")
+            with open(f"{d}/old/keep.txt", "w") as f:
+                f.write("kept\n")
+            a = self.start_failing(f"{d}/old", release)
+            _, err = a.communicate(timeout=120)
+            self.assertEqual(a.returncode, 1, err)
+            self.assertEqual(tree(f"{d}/old"), {"keep.txt": b"kept\n"})
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ struct Run {
   std::unique_ptr<keel::Trainer> trainer;
   Run(const fs::path& manifest, const std::vector<std::string>& sets) {
     config = keel::resolve(keel::load_manifest(manifest.string(), sets), registry);
+    // The cases train one after another into their test's run directory, each a new run over
+    // the previous one's records (as `keel train --overwrite`).
+    config.overwrite = true;
     keel::apply_process_settings(config);
     trainer = std::make_unique<keel::Trainer>(config);
   }
@@ -40,12 +43,17 @@ keel::RunSummary train(const TempDir& d, std::vector<std::string> sets,
   return r.trainer->train();
 }
 
-std::vector<std::string> records(const TempDir& d, const std::string& split) {
+// The records of `split` in run directory `run_dir`'s metrics.jsonl.
+std::vector<std::string> records_in(const fs::path& run_dir, const std::string& split) {
   std::vector<std::string> out;
-  std::stringstream s(keel_test::read(d.path / "run/metrics.jsonl"));
+  std::stringstream s(keel_test::read(run_dir / "metrics.jsonl"));
   for (std::string l; std::getline(s, l);)
     if (l.find("\"split\": \"" + split + "\"") != std::string::npos) out.push_back(l);
   return out;
+}
+
+std::vector<std::string> records(const TempDir& d, const std::string& split) {
+  return records_in(d.path / "run", split);
 }
 
 double field(const std::string& record, const std::string& key) {
@@ -199,10 +207,16 @@ TEST_CASE("evaluation cadence and run modes") {
   CHECK(records(d, "test").empty());
   CHECK(records(d, "train").size() == 4);
 
+  // An evaluation writes into a directory of its own inside the run directory, eval-<UTC
+  // time>; the training run's records stay as they were.
   const keel::RunSummary e = train(d, {"run.mode=evaluate"});
   CHECK(e.steps == 0);
-  CHECK(records(d, "train").empty());
-  CHECK(records(d, "test").size() == 1);
+  CHECK(fs::path(e.run_dir).parent_path() == d.path / "run");
+  CHECK(fs::path(e.run_dir).filename().string().rfind("eval-", 0) == 0);
+  CHECK(records_in(e.run_dir, "train").empty());
+  CHECK(records_in(e.run_dir, "test").size() == 1);
+  CHECK(records(d, "train").size() == 4);
+  CHECK(records(d, "test").empty());
   CHECK(e.eval_accuracy >= 0);
 }
 

@@ -68,7 +68,7 @@ struct CommandInfo {
 };
 
 const CommandInfo kCommands[] = {
-    {"train", "MANIFEST [--resume [PATH]] [--resume-changed] [--set KEY=VALUE]... [--log-level LEVEL]",
+    {"train", "MANIFEST [--resume [PATH]] [--resume-changed] [--overwrite] [--set KEY=VALUE]... [--log-level LEVEL]",
      "train the run a manifest describes, or continue it from a checkpoint"},
     {"evaluate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
      "evaluate [data.test] with the weights of [checkpoint] init_from"},
@@ -161,7 +161,11 @@ po::options_description command_flags(const std::string& command) {
                     "(a fresh run when there is none), or from checkpoint directory PATH")(
         "resume-changed",
         "with --resume: accept manifest changes that break an exact continuation (model, "
-        "optimizer, data, seed, ...) instead of refusing them");
+        "optimizer, data, seed, ...) instead of refusing them")(
+        "overwrite",
+        "start a new run in a run directory that holds an earlier run's records (refused "
+        "otherwise): its manifest.resolved.toml, plugins.json and metrics files are replaced, "
+        "run.log is appended to, its checkpoints stay");
   if (command == "plugins")
     d.add_options()("kind", po::value<std::string>()->value_name("KIND"),
                     "new: the kind of the component to write (model, dataset, optimizer, "
@@ -337,6 +341,7 @@ struct Parsed {
   std::vector<std::string> sets;
   std::optional<std::string> resume;  // --resume: "" = the newest checkpoint
   bool resume_changed = false;
+  bool overwrite = false;  // --overwrite
   std::optional<std::string> log_level;
   bool help = false;
   keel::cli::PluginsArgs plugins;  // `keel plugins` flags
@@ -356,6 +361,11 @@ Parsed parse_command(const std::string& command, const std::vector<std::string>&
     p.resume = p.positional[1];
     p.positional.pop_back();
   }
+  p.overwrite = vm.count("overwrite") > 0;
+  if (p.overwrite && p.resume)
+    throw UsageError("--overwrite and --resume: one or the other (--resume continues the run in "
+                     "the directory, --overwrite starts a new one there); hint: drop one of them",
+                     usage_line(command));
   if (p.resume_changed && !p.resume)
     throw UsageError("--resume-changed: only applies with --resume; hint: keel train MANIFEST "
                      "--resume --resume-changed", usage_line(command));
@@ -436,6 +446,7 @@ int cmd_run(const std::string& command, const Parsed& p) {
     cfg.resume_path = *p.resume;
     cfg.resume_changed = p.resume_changed;
   }
+  cfg.overwrite = p.overwrite;
   log_registry(registry);
   spdlog::debug("run '{}' -> {}", cfg.name, cfg.output_dir);
   if (command != "validate")
