@@ -1,12 +1,18 @@
 // libFuzzer target: the restricted .pt reader of the torch checkpoint backend
 // (plugins/torch_checkpoint/pt_reader.cpp), which reads a .pt file before LibTorch sees any of it.
 //
-// Input: one mode byte, then
-//   mode even: the bytes of a whole .pt file (zip archive and all), as the plugin reads it;
-//   mode odd:  one byte n (taken mod 8), n sizes of 2 bytes (little-endian), then the bytes of
-//              data.pkl: the harness writes a valid stored zip of archive/data.pkl,
-//              archive/version and archive/data/0 .. archive/data/<n-1> (zero bytes of those
-//              sizes), so that mutations of the pickle are not wasted on the zip framing.
+// Input: one mode byte, then, by the mode byte mod 3,
+//   0 (file):     the bytes of a whole .pt file (zip archive and all), as the plugin reads it;
+//   1 (pickle):   one byte n (taken mod 8), n sizes of 2 bytes (little-endian), then the bytes of
+//                 data.pkl: the harness writes a valid stored zip of archive/data.pkl,
+//                 archive/version and archive/data/0 .. archive/data/<n-1> (zero bytes of those
+//                 sizes), so that mutations of the pickle are not wasted on the zip framing;
+//   2 (geometry): one tensor's numbers, the harness writing its pickle and its zip: a byte
+//                 choosing the storage class (mod 12), the storage's numel, the storage offset,
+//                 a byte of dimensions (mod 9), then a size and a stride per dimension, each
+//                 number 8 bytes little-endian (two's complement); its data record holds
+//                 numel * element-size zero bytes (taken mod 2^16 when larger, so refused), so
+//                 that a view one element past its storage is one integer mutation away.
 // std::runtime_error is the expected refusal; anything else escaping, a message that is not one
 // line naming the file, or an accepted file whose tensors break the reader's promises (each view
 // inside its storage, each storage record inside the file and of the storage's byte size) aborts.
@@ -95,6 +101,68 @@ std::string stored_zip(const std::vector<std::pair<std::string, std::string>>& r
   return out;
 }
 
+// ---- geometry mode: a pickle of {"w": tensor}, as Python's torch.save writes it ---------------
+
+const char* const kStorageClasses[12] = {
+    "DoubleStorage", "FloatStorage", "HalfStorage",  "BFloat16Storage",    "LongStorage",
+    "IntStorage",    "ShortStorage", "CharStorage",  "ByteStorage",        "BoolStorage",
+    "ComplexFloatStorage", "ComplexDoubleStorage"};
+const uint64_t kStorageBytes[12] = {8, 4, 2, 2, 8, 4, 2, 1, 1, 1, 8, 16};
+
+struct Reader {
+  const uint8_t* p;
+  const uint8_t* end;
+  bool ok = true;
+  uint64_t u(int n) {
+    if (end - p < n) {
+      ok = false;
+      return 0;
+    }
+    uint64_t v = 0;
+    for (int k = n - 1; k >= 0; --k) v = (v << 8) | p[k];
+    p += n;
+    return v;
+  }
+};
+
+std::string long1(uint64_t v) {  // LONG1 of 8 bytes
+  std::string s = "\x8a\x08";
+  put(s, v, 8);
+  return s;
+}
+
+std::string unicode(const std::string& text) {  // BINUNICODE
+  std::string s = "X";
+  put(s, text.size(), 4);
+  return s + text;
+}
+
+// The file, or "" when the input is too short.
+std::string geometry_file(const uint8_t* data, size_t size) {
+  Reader r{data, data + size};
+  const size_t cls = r.u(1) % 12;
+  const uint64_t numel = r.u(8), offset = r.u(8);
+  const size_t ndim = r.u(1) % 9;
+  std::string sizes = "(", strides = "(";
+  for (size_t k = 0; k < ndim; ++k) {
+    sizes += long1(r.u(8));
+    strides += long1(r.u(8));
+  }
+  if (!r.ok) return "";
+  sizes += "t";
+  strides += "t";
+  const std::string pickle =
+      std::string("\x80\x02}") + unicode("w") + "ctorch._utils\n_rebuild_tensor_v2\n((" +
+      unicode("storage") + "ctorch\n" + kStorageClasses[cls] + "\n" + unicode("0") +
+      unicode("cpu") + long1(numel) + "tQ" + long1(offset) + sizes + strides +
+      "\x89" "ccollections\nOrderedDict\n)RtRs.";
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(numel) * kStorageBytes[cls];
+  const size_t record = bytes <= 65536 ? static_cast<size_t>(bytes) : static_cast<size_t>(bytes % 65536);
+  return stored_zip({{"archive/data.pkl", pickle},
+                     {"archive/data/0", std::string(record, '\0')},
+                     {"archive/version", "3\n"}});
+}
+
 // ---- the reader's promises ---------------------------------------------------------------------
 
 // Bytes per element of the dtypes of the storage classes the reader allows, written out here
@@ -153,8 +221,13 @@ void check_accepted(const std::vector<pt::TensorSpec>& specs, const std::vector<
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::vector<char> file;
-  if ((data[0] & 1) == 0) {
+  const int mode = data[0] % 3;
+  if (mode == 0) {
     file.assign(data + 1, data + size);
+  } else if (mode == 2) {
+    const std::string zip = geometry_file(data + 1, size - 1);
+    if (zip.empty()) return 0;
+    file.assign(zip.begin(), zip.end());
   } else {
     if (size < 2) return 0;
     const size_t n = data[1] % 8;
