@@ -224,6 +224,22 @@ const std::map<std::string, c10::ScalarType>& storage_classes() {
   return m;
 }
 
+// Bytes per element: c10::elementSize's own table (the same macro), without its TORCH_CHECK for
+// an unknown type, whose failure path lives in libc10: this file needs LibTorch's headers only
+// (tests/fuzz/fuzz_pt_reader links it without LibTorch). 0 for a type outside the table, which
+// no storage class above maps to.
+uint64_t element_size(c10::ScalarType t) {
+#define KEEL_PT_ELEMENT_SIZE(ctype, name) \
+  case c10::ScalarType::name:             \
+    return sizeof(ctype);
+  switch (t) {
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(KEEL_PT_ELEMENT_SIZE)
+    default:
+      return 0;
+  }
+#undef KEEL_PT_ELEMENT_SIZE
+}
+
 std::string dims(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -582,8 +598,7 @@ std::vector<TensorSpec> read_pt(const std::vector<char>& bytes, const std::strin
       fail(path, "data.pkl names storage " + shown(key) + ", but there is no record " +
                      shown(prefix + "data/" + key));
     uint64_t want = 0;
-    const bool overflow =
-        __builtin_mul_overflow(s->numel, static_cast<uint64_t>(c10::elementSize(s->dtype)), &want);
+    const bool overflow = __builtin_mul_overflow(s->numel, element_size(s->dtype), &want);
     if (overflow || rec->second.size != want)
       fail(path, "record " + shown(prefix + "data/" + key) + " holds " +
                      std::to_string(rec->second.size) + " bytes, but its storage of " +
