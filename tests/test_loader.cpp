@@ -268,9 +268,9 @@ TEST_CASE("with a lock, only files of the locked hashes load; a changed file's c
   const std::string marked = dir.copy("constructor_plugin.so");
   keel::Lock lock;
   lock.file = (dir.path / "m.toml.lock").string();
-  lock.entries.push_back({"test-c-hook", "0", hook, keel::sha256_file(hook), {}});
+  lock.entries.push_back({"test-c-hook", "0", hook, keel::sha256_file(hook), {}, {}});
   // The lock names marked's path with another file's hash: marked "changed" since locking.
-  lock.entries.push_back({"constructor-plugin", "1.0.0", marked, keel::sha256_file(hook), {}});
+  lock.entries.push_back({"constructor-plugin", "1.0.0", marked, keel::sha256_file(hook), {}, {}});
   keel::Registry r;
   r.use_lock(lock);
   r.discover({dir.path.string()});
