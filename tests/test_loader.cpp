@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -641,6 +642,53 @@ TEST_CASE("a plugin file rewritten while it loads: the code loaded is the code h
   MESSAGE(loaded << " of 40 loads passed the lock");
   CHECK(loaded > 0);
   CHECK(mismatched == 0);
+}
+
+TEST_CASE("under a file size limit below a plugin's size: loaded from the checked file, or refused") {
+  // A sealed copy is written, so `ulimit -f` counts; where the limit cannot be raised (no
+  // CAP_SYS_RESOURCE and a hard limit below the file), a plugin whose path passed the checks
+  // loads from the file itself; with KEEL_ALLOW_WRITABLE_PLUGINS=1 it is refused, naming the
+  // limit. In a child process: the limit stays there.
+  TempDir dir;
+  const std::string file = dir.copy("constructor_plugin.so");
+  REQUIRE(fs::file_size(file) > 4096);
+  for (const bool allow_writable : {false, true}) {
+    CAPTURE(allow_writable);
+    int pipe_fds[2];
+    REQUIRE(pipe(pipe_fds) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      close(pipe_fds[0]);
+      signal(SIGXFSZ, SIG_IGN);
+      const struct rlimit small = {4096, 4096};
+      if (setrlimit(RLIMIT_FSIZE, &small) != 0) _exit(2);
+      if (allow_writable) setenv("KEEL_ALLOW_WRITABLE_PLUGINS", "1", 1);
+      keel::Registry r;
+      const bool ok = r.load(file);
+      const std::string why = ok ? "loaded" : refusal_at(r, file);
+      struct rlimit now = {0, 0};
+      getrlimit(RLIMIT_FSIZE, &now);  // put back after the copy
+      const std::string out =
+          why + (now.rlim_cur == 4096 && now.rlim_max == 4096 ? "" : " [limit changed]");
+      (void)!write(pipe_fds[1], out.data(), out.size());
+      _exit(0);
+    }
+    close(pipe_fds[1]);
+    std::string got;
+    char buf[512];
+    for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) got.append(buf, n);
+    close(pipe_fds[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    if (allow_writable)
+      CHECK(contains(got, "over the file size limit of 4 KiB (ulimit -f), which this process may "
+                          "not raise; hint: raise `ulimit -f`"));
+    else
+      CHECK(got == "loaded");
+  }
 }
 
 TEST_CASE("a second copy of a loaded plugin is refused and kept, naming both versions") {

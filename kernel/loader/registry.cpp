@@ -241,7 +241,7 @@ bool Registry::load_checked(const std::string& path, int fd) {
   }
   // 2. A copy nobody can change: everything below checks, hashes and loads that.
   std::string copy_error;
-  int memfd = sealed_copy(fd, fs::path(path).filename().string(), &copy_error);
+  int memfd = sealed_copy(fd, fs::path(path).filename().string(), !allow_writable_, &copy_error);
   if (memfd < 0) return refuse(copy_error);
   struct Closer {
     int* fd;

@@ -11,7 +11,9 @@
 //      directory holding the file (or the link) is never writable by others. The file the path
 //      ends at must be the one opened (device and inode);
 //   2. copies it into a sealed memfd (trust.hpp: sealed_copy) and does every later check on
-//      that copy, which nobody can change: what is checked and hashed is what is loaded;
+//      that copy, which nobody can change: what is checked and hashed is what is loaded (under
+//      a file size limit below its size that cannot be raised, a file that passed step 1 is
+//      used itself, see sealed_copy);
 //   3. checks that its ELF dynamic symbol table defines `keel_plugin_entry` (elf.hpp): any
 //      other library is skipped without being opened by the dynamic loader;
 //   4. hashes it (SHA-256) and, when a lock is in use, refuses it unless the lock lists that

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +19,8 @@
 #include <map>
 #include <mutex>
 #include <set>
+
+#include <spdlog/spdlog.h>
 
 #include "digest.hpp"
 #include "elf.hpp"
@@ -173,7 +177,62 @@ std::string unsafe_path(const std::string& path_in, bool is_dir, struct stat* fi
   return "";
 }
 
-int sealed_copy(int fd, const std::string& name, std::string* error) {
+namespace {
+
+// Raises RLIMIT_FSIZE so that `size` bytes can be written, for its lifetime (sealed_copy).
+class FileSizeLimitAtLeast {
+ public:
+  explicit FileSizeLimitAtLeast(off_t size) {
+    if (getrlimit(RLIMIT_FSIZE, &old_) != 0 || old_.rlim_cur == RLIM_INFINITY ||
+        static_cast<rlim_t>(size) <= old_.rlim_cur)
+      return;
+    struct rlimit raised = old_;
+    raised.rlim_cur = old_.rlim_max;
+    if (old_.rlim_max != RLIM_INFINITY && static_cast<rlim_t>(size) > old_.rlim_max)
+      raised.rlim_cur = raised.rlim_max = RLIM_INFINITY;  // needs CAP_SYS_RESOURCE
+    if (setrlimit(RLIMIT_FSIZE, &raised) == 0)
+      changed_ = true;
+    else
+      short_by_ = true;
+  }
+  ~FileSizeLimitAtLeast() {
+    if (changed_) setrlimit(RLIMIT_FSIZE, &old_);
+  }
+  // Why the limit stays too low, or "".
+  std::string problem(off_t size) const {
+    if (!short_by_) return "";
+    return "cannot copy it into memory: it is " + std::to_string(size / 1024) + " KiB, over the "
+           "file size limit of " + std::to_string(old_.rlim_max / 1024) + " KiB (ulimit -f), "
+           "which this process may not raise; hint: raise `ulimit -f` to at least its size";
+  }
+
+ private:
+  struct rlimit old_ {};
+  bool changed_ = false;
+  bool short_by_ = false;
+};
+
+}  // namespace
+
+int sealed_copy(int fd, const std::string& name, bool path_checked, std::string* error) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    *error = std::string("cannot stat it: ") + std::strerror(errno);
+    return -1;
+  }
+  const FileSizeLimitAtLeast limit(st.st_size);
+  if (std::string why = limit.problem(st.st_size); !why.empty()) {
+    if (path_checked) {
+      const int same = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (same >= 0) {
+        spdlog::debug("{}: loaded from the file itself, not a sealed copy: {}", name,
+                      why.substr(0, why.find("; hint: ")));
+        return same;
+      }
+    }
+    *error = std::move(why);
+    return -1;
+  }
   const int mfd = memfd_create(name.substr(0, 200).c_str(), MFD_ALLOW_SEALING | MFD_CLOEXEC);
   if (mfd < 0) {
     *error = std::string("cannot make a sealed copy of it (memfd_create: ") +
@@ -452,7 +511,7 @@ struct Finder {
       const int file = open(found.c_str(), O_RDONLY | O_CLOEXEC);
       if (file < 0) return dep_what + ": cannot open it: " + std::strerror(errno);
       std::string error;
-      const int mfd = sealed_copy(file, needed, &error);
+      const int mfd = sealed_copy(file, needed, check_permissions, &error);
       close(file);
       if (mfd < 0) return dep_what + ": " + error;
       Dependency dep;
