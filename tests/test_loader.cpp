@@ -291,6 +291,34 @@ TEST_CASE("with a lock, only files of the locked hashes load; a changed file's c
   }
 }
 
+TEST_CASE("relocking: a changed locked file loads only when its plugin is named") {
+  TempDir dir;
+  Mark mark(dir.path);
+  const std::string marked = dir.copy("constructor_plugin.so");
+  const std::string hook = kFixtures + "/c_hook.so";
+  keel::Lock lock;
+  lock.file = (dir.path / "m.toml.lock").string();
+  lock.manifest = (dir.path / "m.toml").string();
+  // marked's path, locked with another file's hash: "changed" since locking.
+  lock.entries.push_back({"constructor-plugin", "1.0.0", marked, keel::sha256_file(hook), {}, {}});
+  {
+    keel::Registry r;
+    r.use_lock_for_relock(lock, {});
+    CHECK_FALSE(r.load(marked));
+    REQUIRE(r.refusals().size() == 1);
+    CHECK(r.refusals()[0].changed_from_lock == "constructor-plugin");
+    CHECK(contains(r.refusals()[0].reason, "keel plugins lock " + lock.manifest +
+                                                " --update constructor-plugin"));
+    CHECK(mark.text().empty());  // refused before its code ran
+    // A file at a path the lock does not name loads (a plugin new to the search path).
+    CHECK(r.load(dir.copy("c_hook.so", "other.so")));
+  }
+  keel::Registry named;
+  named.use_lock_for_relock(lock, {"constructor-plugin"});
+  CHECK(named.load(marked));
+  CHECK(mark.text() == "constructor_plugin\n");
+}
+
 TEST_CASE("strings from a plugin are read within their bounds") {
   SUBCASE("an unterminated plugin name refuses the plugin") {
     keel::Registry r;
