@@ -16,6 +16,7 @@
 #include <set>
 
 #include "error.hpp"
+#include "unique_fd.hpp"
 
 namespace fs = std::filesystem;
 
@@ -49,25 +50,6 @@ bool private_group(gid_t gid) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
 
 // Checks the existing prefixes of `p` (absolute) as directories on the way to a run directory.
 void check_prefixes(const fs::path& p, const std::string& run_path) {
@@ -210,7 +192,7 @@ RunDir RunDir::open(const std::string& path_text, CreatedEntries& created) {
   const fs::path canonical_parent = fs::weakly_canonical(path.parent_path(), ec);
   if (!ec) check_prefixes(canonical_parent, shown);
 
-  Fd dir(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd dir(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() < 0) throw Error("run directory " + shown + ": cannot open /: " + errno_text());
   fs::path at = "/";
   std::vector<fs::path> parts(++path.begin(), path.end());
@@ -237,7 +219,7 @@ RunDir RunDir::open(const std::string& path_text, CreatedEntries& created) {
     }
     // Directories on the way may be symlinks (checked through their canonical path above);
     // the run directory itself may not.
-    Fd next(::openat(dir.get(), name.c_str(),
+    UniqueFd next(::openat(dir.get(), name.c_str(),
                      O_RDONLY | O_DIRECTORY | O_CLOEXEC | (last ? O_NOFOLLOW : 0)));
     if (next.get() < 0) {
       const int err = errno;
@@ -292,7 +274,7 @@ RunDir RunDir::subdir(const std::string& name, CreatedEntries& created) const {
   if (!made && errno != EEXIST)
     throw Error(shown + ": cannot create it (" + errno_text() +
                 "); hint: set [run] output_dir to a writable directory");
-  Fd fd(::openat(fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd fd(::openat(fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0)
     throw Error(shown + ": cannot open it as a directory (" +
                 (errno == ELOOP ? std::string("it is a symbolic link") : errno_text()) +
@@ -314,7 +296,7 @@ RunDir RunDir::new_subdir(const std::string& stem, CreatedEntries& created) cons
       throw Error(path_of(name) + ": cannot create it (" + errno_text() +
                   "); hint: set [run] output_dir to a writable directory");
     }
-    Fd fd(::openat(fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd fd(::openat(fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     struct stat st {};
     if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0)
       throw Error(path_of(name) + ": cannot open the directory keel just created (" +
@@ -329,7 +311,7 @@ int RunDir::open_file(const std::string& name, int flags, CreatedEntries& create
                       bool* existed) const {
   const std::string shown = path_of(name);
   constexpr int kBase = O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
-  Fd fd(::openat(fd_, name.c_str(), kBase | O_CREAT | O_EXCL, 0644));
+  UniqueFd fd(::openat(fd_, name.c_str(), kBase | O_CREAT | O_EXCL, 0644));
   bool was_there = false;
   if (fd.get() < 0 && errno == EEXIST) {
     if (flags & O_EXCL) return -1;
@@ -365,7 +347,7 @@ int RunDir::open_file(const std::string& name, int flags, CreatedEntries& create
 void RunDir::write_file(const std::string& name, const std::string& text,
                         CreatedEntries& created) const {
   const std::string tmp = own_name("." + name) + ".tmp";
-  Fd fd(open_file(tmp, O_EXCL, created));
+  UniqueFd fd(open_file(tmp, O_EXCL, created));
   if (fd.get() < 0) throw Error(path_of(tmp) + ": exists already; hint: remove it");
   struct stat st {}, old {};
   ::fstat(fd.get(), &st);
@@ -421,7 +403,7 @@ std::vector<std::pair<dev_t, ino_t>> RunDir::identities() const {
 
 void RunDir::probe_writable(CreatedEntries& created) const {
   const std::string name = own_name(".keel-write-check");
-  Fd fd(open_file(name, O_EXCL, created));
+  UniqueFd fd(open_file(name, O_EXCL, created));
   if (fd.get() < 0) throw Error(path_of(name) + ": exists already; hint: remove it");
   struct stat st {};
   const bool written = write_all(fd.get(), "keel\n") && ::fstat(fd.get(), &st) == 0 &&

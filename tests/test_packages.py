@@ -55,7 +55,19 @@ def snapshot(root):
     return out
 
 
-class Packages(unittest.TestCase):
+class OneErrorLine:
+    def assert_one_error_line(self, rc, err, *parts):
+        """keel failed (exit 1) with one line: 'keel: error: ...; hint: ...' holding `parts`."""
+        self.assertEqual(rc, 1, err)
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, err)
+        self.assertTrue(lines[0].startswith("keel: error: "), err)
+        self.assertIn("; hint: ", lines[0])
+        for part in parts:
+            self.assertIn(part, lines[0])
+
+
+class Packages(OneErrorLine, unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="keel-packages-")
         self.home = os.path.join(self.tmp, "home")
@@ -87,15 +99,6 @@ class Packages(unittest.TestCase):
         rc, out, err = self.keel(*args, **kw)
         self.assertEqual(rc, 0, f"keel {' '.join(args)}: {err}")
         return out
-
-    def assert_one_error_line(self, rc, err, *parts):
-        self.assertEqual(rc, 1, err)
-        lines = err.strip().splitlines()
-        self.assertEqual(len(lines), 1, err)
-        self.assertTrue(lines[0].startswith("keel: error: "), err)
-        self.assertIn("; hint: ", lines[0])
-        for part in parts:
-            self.assertIn(part, lines[0])
 
     def build_dir(self, plugins, name="acme-hooks", version="0.1.0", where="build", extra=""):
         """A plugin 'build directory': fixture .so files plus the keel-plugin.toml a plugin's
@@ -562,7 +565,7 @@ class Packages(unittest.TestCase):
         self.assertFalse(os.path.exists(self.root))
 
 
-class PluginLibraries(unittest.TestCase):
+class PluginLibraries(OneErrorLine, unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="keel-libraries-")
         os.chmod(self.tmp, 0o755)  # the other user may enter (the directories below say more)
@@ -598,15 +601,6 @@ class PluginLibraries(unittest.TestCase):
             if hook:
                 f.write(f'[[hooks]]\ntype = "{hook}"\n')
         return m
-
-    def assert_one_error_line(self, rc, err, *parts):
-        self.assertEqual(rc, 1, err)
-        lines = err.strip().splitlines()
-        self.assertEqual(len(lines), 1, err)
-        self.assertTrue(lines[0].startswith("keel: error: "), err)
-        self.assertIn("; hint: ", lines[0])
-        for part in parts:
-            self.assertIn(part, lines[0])
 
     def test_a_locked_plugins_own_library_is_locked_too(self):
         if not can_be_nobody():

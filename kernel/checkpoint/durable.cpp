@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "unique_fd.hpp"
 
 namespace keel {
 namespace {
@@ -26,22 +27,6 @@ namespace {
                    : "; hint: check that the run directory is writable"));
 }
 
-class Fd {
- public:
-  Fd(const std::string& path, int flags, mode_t mode = 0) : fd_(::open(path.c_str(), flags, mode)) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // close() reports deferred write errors (NFS, quota): checked on every file written.
-  int close() { return ::close(std::exchange(fd_, -1)); }
-
- private:
-  int fd_;
-};
-
 std::string parent_of(const std::string& path) {
   const std::filesystem::path p = std::filesystem::path(path).parent_path();
   return p.empty() ? "." : p.string();
@@ -50,13 +35,13 @@ std::string parent_of(const std::string& path) {
 }  // namespace
 
 void fsync_path(const std::string& path) {
-  Fd fd(path, O_RDONLY | O_CLOEXEC);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) fail("opening", path);
   if (::fsync(fd.get()) != 0) fail("fsync of", path);
 }
 
 void write_file_durably(const std::string& path, const std::string& text) {
-  Fd fd(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (fd.get() < 0) fail("creating", path);
   size_t done = 0;
   while (done < text.size()) {
@@ -70,7 +55,7 @@ void write_file_durably(const std::string& path, const std::string& text) {
 }
 
 uint64_t hash_file(const std::string& path, uint64_t* size, bool sync) {
-  Fd fd(path, O_RDONLY | O_CLOEXEC);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) fail("opening", path);
   std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(),
                                                                         &XXH3_freeState);

@@ -30,6 +30,7 @@
 #include "loader/registry.hpp"
 #include "loader/trust.hpp"
 #include "manifest.hpp"  // closest()
+#include "unique_fd.hpp"
 
 namespace fs = std::filesystem;
 
@@ -58,22 +59,6 @@ constexpr const char* kTarballHint =
   throw Error(what + " " + path + " failed: " + std::strerror(err) + "; hint: " + hint);
 }
 
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // close() reports deferred write errors: checked on every file written.
-  int close() { return ::close(std::exchange(fd_, -1)); }
-
- private:
-  int fd_;
-};
-
 // `path` made absolute and normal, without a trailing '/' ("pkg/" -> "/cwd/pkg").
 std::string absolute_path(const std::string& path) {
   fs::path p = fs::absolute(path).lexically_normal();
@@ -87,7 +72,7 @@ std::string parent_of(const std::string& path) {
 }
 
 void fsync_dir(const std::string& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) sys_fail("opening", dir, errno);
   if (::fsync(fd.get()) != 0) sys_fail("fsync of", dir, errno);
 }
@@ -105,7 +90,7 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
 
 // A new file `path` (it must not exist) holding `text`, mode 0644, fsync'd.
 void write_new_file(const std::string& path, const std::string& text) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (fd.get() < 0) sys_fail("creating", path, errno);
   write_all(fd.get(), text.data(), text.size(), path);
   if (::fchmod(fd.get(), 0644) != 0) sys_fail("chmod of", path, errno);
@@ -117,9 +102,9 @@ void write_new_file(const std::string& path, const std::string& text) {
 // Copies the regular file `from` (not through a link) to the new file `to` (mode 0644,
 // fsync'd); returns the SHA-256 of the bytes copied.
 std::string copy_file(const std::string& from, const std::string& to) {
-  Fd in(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd in(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (in.get() < 0) sys_fail("opening", from, errno);
-  Fd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (out.get() < 0) sys_fail("creating", to, errno);
   Sha256 sha;
   std::vector<char> buf(1 << 20);
@@ -444,7 +429,7 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
 
 // The content of the regular file `path` (not read through a link).
 std::string read_regular(const std::string& path, const std::string& shown) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) {
     if (errno == ELOOP) fail_at(shown, "a symbolic link", kLayoutHint);
     sys_fail("opening", shown, errno);
@@ -531,7 +516,7 @@ Located verify_package_dir(const std::string& dir, const std::string& shown) {
     if (std::find(names.begin(), names.end(), file) == names.end())
       fail_at(listed, "[files] lists " + toml_quoted(file) + ", which the package does not hold",
               "get the package again from its source, or re-pack it with `keel plugins pack`");
-    Fd fd(::open((dir + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd fd(::open((dir + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) sys_fail("opening", where, errno);
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) sys_fail("checking", where, errno);
@@ -690,7 +675,7 @@ std::string read_package_archive(int fd, const std::string& tarball, F&& file) {
 // as the user named it, for messages about keel-plugin.toml.
 std::string extract_package(const std::string& tarball, const std::string& dest,
                             const std::string& named) {
-  Fd fd(::open(tarball.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd fd(::open(tarball.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) sys_fail("opening", tarball, errno);
 
   std::optional<std::string> meta;
@@ -726,7 +711,7 @@ std::string extract_package(const std::string& tarball, const std::string& dest,
       fail_at(tarball, "entry " + toml_quoted(f.path) + " was not there when it was first read",
               "check that nothing rewrites the package file during the install");
     const std::string out = dest + "/" + f.name;
-    Fd w(::open(out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    UniqueFd w(::open(out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (w.get() < 0) sys_fail("creating", out, errno);
     std::string text;
     read_entry(a, tarball, f, [&](const char* p, size_t n) {
@@ -944,7 +929,7 @@ InstalledPackage install_package(const std::string& package, const std::string& 
   // RUNPATH that is relative, leaves the package through $ORIGIN, or names a directory that is
   // missing or that another user can write would let that user's code in later.
   for (const auto& [file, sha256] : info.files) {
-    Fd fd(::open((staging.path() + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd fd(::open((staging.path() + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) sys_fail("opening", shown + "/" + file, errno);
     const std::string bad = install_dependency_problem(fd.get(), staging.path());
     if (!bad.empty()) throw Error(one_line(shown + "/" + file + ": not installed: " + bad));
@@ -1087,7 +1072,7 @@ struct PackFile {
 // Streams `path` into the archive as the current entry's data; throws when its bytes no longer
 // hash to `sha256`.
 void write_entry_data(struct archive* a, const PackFile& f, const std::string& out) {
-  Fd fd(::open(f.path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd fd(::open(f.path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) sys_fail("opening", f.path, errno);
   Sha256 sha;
   std::vector<char> buf(1 << 20);
@@ -1119,7 +1104,7 @@ void write_tarball(const std::string& out, const PackageInfo& info,
                    const std::vector<PackFile>& files) {
   const std::string dir = parent_of(out);
   std::string tmp = dir + "/." + fs::path(out).filename().string() + ".XXXXXX";
-  Fd fd(::mkstemp(tmp.data()));
+  UniqueFd fd(::mkstemp(tmp.data()));
   if (fd.get() < 0) sys_fail("creating a file in", dir, errno);
   struct Unlink {
     std::string path;
@@ -1235,7 +1220,7 @@ std::string pack_package(const std::string& build_dir, const std::optional<std::
     throw Error(build_dir + ": cannot read it: " + ec.message() + "; hint: check its permissions");
   std::sort(candidates.begin(), candidates.end());
   for (const auto& name : candidates) {
-    Fd fd(::open((bd + "/" + name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd fd(::open((bd + "/" + name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) sys_fail("opening", bd + "/" + name, errno);
     const std::string why = elf_plugin_check(fd.get());
     if (why.empty())
