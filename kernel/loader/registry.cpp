@@ -21,6 +21,7 @@
 #include "digest.hpp"
 #include "elf.hpp"
 #include "package/package.hpp"
+#include "unique_fd.hpp"
 #include "trust.hpp"
 
 namespace fs = std::filesystem;
@@ -241,14 +242,9 @@ bool Registry::load_checked(const std::string& path, int fd) {
   }
   // 2. A copy nobody can change: everything below checks, hashes and loads that.
   std::string copy_error;
-  int memfd = sealed_copy(fd, fs::path(path).filename().string(), !allow_writable_, &copy_error);
-  if (memfd < 0) return refuse(copy_error);
-  struct Closer {
-    int* fd;
-    ~Closer() {
-      if (*fd >= 0) close(*fd);
-    }
-  } closer{&memfd};
+  UniqueFd copy(sealed_copy(fd, fs::path(path).filename().string(), !allow_writable_, &copy_error));
+  if (copy.get() < 0) return refuse(copy_error);
+  const int memfd = copy.get();
   // 3. A keel plugin, told from its symbol table without running it.
   const std::string not_plugin = elf_plugin_check(memfd);
   if (!not_plugin.empty()) return refuse("not a keel plugin: " + not_plugin, false);
@@ -320,8 +316,7 @@ bool Registry::load_checked(const std::string& path, int fd) {
     if (d.memfd >= 0)
       if (const std::string bad = preload_dependency(d); !bad.empty())
         return refuse("its library " + d.needed + " (" + d.path + ") does not load: " + bad);
-  const int load_fd = load_descriptor(memfd, p->sha256);
-  memfd = -1;  // kept by load_descriptor, or closed there
+  const int load_fd = load_descriptor(copy.release(), p->sha256);  // kept there, or closed
   try {
     p->library.load("/proc/self/fd/" + std::to_string(load_fd),
                     boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);

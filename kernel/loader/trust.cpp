@@ -406,22 +406,23 @@ struct Finder {
     ElfDynamic dyn;
     if (std::string bad = elf_read_dynamic(fd, &dyn); !bad.empty())
       return at(what, "cannot read its dynamic section: " + bad);
-    std::vector<std::string> runpath, rpath;
-    for (const auto& e : dyn.runpath) {
-      std::string dir;
-      if (std::string bad = expand(e, origin, "RUNPATH", &dir); !bad.empty())
-        return at(what, bad);
-      if (std::string bad = check_dir(dir, "RUNPATH"); !bad.empty()) return at(what, bad);
-      runpath.push_back(dir);
-    }
-    if (!dyn.has_runpath) {
-      for (const auto& e : dyn.rpath) {
+    // Each entry expanded ($ORIGIN) and checked, into `out`; "" or why not.
+    auto directories = [&](const std::vector<std::string>& entries, const char* kind,
+                           std::vector<std::string>* out) -> std::string {
+      for (const auto& e : entries) {
         std::string dir;
-        if (std::string bad = expand(e, origin, "RPATH", &dir); !bad.empty())
-          return at(what, bad);
-        if (std::string bad = check_dir(dir, "RPATH"); !bad.empty()) return at(what, bad);
-        rpath.push_back(dir);
+        if (std::string bad = expand(e, origin, kind, &dir); !bad.empty()) return bad;
+        if (std::string bad = check_dir(dir, kind); !bad.empty()) return bad;
+        out->push_back(dir);
       }
+      return "";
+    };
+    std::vector<std::string> runpath, rpath;
+    if (std::string bad = directories(dyn.runpath, "RUNPATH", &runpath); !bad.empty())
+      return at(what, bad);
+    if (!dyn.has_runpath) {
+      if (std::string bad = directories(dyn.rpath, "RPATH", &rpath); !bad.empty())
+        return at(what, bad);
       rpath.insert(rpath.end(), inherited.begin(), inherited.end());
     }
     for (const std::string& needed : dyn.needed) {
