@@ -106,7 +106,7 @@ std::map<int, std::string> open_fds() {
 // The registry keeps one descriptor per plugin content for the life of the process, a sealed
 // memfd named after the file ("/memfd:NAME.so (deleted)"), and one per library of a plugin's own
 // that it preloaded (named after its soname): dlopen knows each by /proc/self/fd/N
-// (kernel/loader/registry.cpp, trust.cpp). Shared objects, not leaks.
+// (kernel/loader/registry.cpp, dependencies.cpp). Shared objects, not leaks.
 bool plugin_descriptor(const std::string& target) {
   const std::string t = target.substr(0, target.rfind(" (deleted)"));
   return t.size() > 3 && (t.compare(t.size() - 3, 3, ".so") == 0 || t.find(".so.") != t.npos);

@@ -19,7 +19,9 @@
 #include "loader/digest.hpp"
 #include "loader/lock.hpp"
 #include "loader/registry.hpp"
-#include "loader/trust.hpp"
+#include "loader/dependencies.hpp"
+#include "loader/safe_path.hpp"
+#include "loader/sealed_copy.hpp"
 #include "support.hpp"
 
 namespace unit_loader {  // keel_units is one unity build: each file's names stay its own

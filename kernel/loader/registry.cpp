@@ -17,12 +17,14 @@
 #include <spdlog/spdlog.h>
 
 #include "bounded.hpp"
-#include "error.hpp"
+#include "dependencies.hpp"
 #include "digest.hpp"
 #include "elf.hpp"
+#include "error.hpp"
 #include "package/package.hpp"
+#include "safe_path.hpp"
+#include "sealed_copy.hpp"
 #include "unique_fd.hpp"
-#include "trust.hpp"
 
 namespace fs = std::filesystem;
 
@@ -98,6 +100,51 @@ void Registry::use_lock_for_relock(Lock lock, std::vector<std::string> updates) 
   updates_ = std::move(updates);
 }
 
+namespace {
+
+// One entry of a plugin's component table, checked and copied into `*comp` (its options point
+// into the plugin); "" or why it is malformed.
+std::string component_problem(const keel_component_desc& c, uint32_t i, Component* comp) {
+  constexpr size_t kOption10 = sizeof(keel_option_desc);  // ABI 1.0's size (see check)
+  if (c.name && !terminated_within(c.name, KEEL_NAME_CAPACITY))
+    return "component " + std::to_string(i) + "'s name does not end within " +
+           std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes";
+  const std::string cname = bounded(c.name, KEEL_NAME_CAPACITY);
+  if (!kind_name(c.kind))
+    return "component " + std::to_string(i) + " ('" + cname + "') has unknown kind " +
+           std::to_string(c.kind);
+  if (cname.empty() || !c.create)
+    return "component " + std::to_string(i) + " has no name or no factory";
+  if (cname.find(':') != std::string::npos)
+    return "component '" + cname + "': a name must not contain ':' (it separates the plugin "
+           "name in a manifest's type)";
+  if (c.option_count > 0 && (!c.options || c.option_size < kOption10))
+    return "component '" + cname + "' has a malformed option table";
+  comp->kind = c.kind;
+  comp->name = cname;
+  comp->description = bounded(c.description);
+  comp->create = c.create;
+  const auto* obase = reinterpret_cast<const unsigned char*>(c.options);
+  for (uint32_t j = 0; j < c.option_count; ++j) {
+    const auto& o = *reinterpret_cast<const keel_option_desc*>(obase + j * c.option_size);
+    // The schema keeps pointers into the plugin: each string must end within its bound.
+    const std::string at = "component '" + cname + "' option " + std::to_string(j);
+    if (o.key && !terminated_within(o.key, KEEL_NAME_CAPACITY))
+      return at + ": key does not end within " + std::to_string(KEEL_NAME_CAPACITY - 1) +
+             " bytes";
+    for (const auto& [field, text] : {std::pair{"default_toml", o.default_toml},
+                                      {"help", o.help}, {"choices", o.choices}})
+      if (text && !terminated_within(text, KEEL_STRING_CAPACITY))
+        return at + " ('" + bounded(o.key, KEEL_NAME_CAPACITY) + "'): " + field +
+               " does not end within " + std::to_string(KEEL_STRING_CAPACITY - 1) + " bytes";
+    comp->options.push_back(o);
+  }
+  const std::string bad = check_schema(comp->options);
+  return bad.empty() ? "" : kind_name(c.kind) + std::string(" '") + cname + "': " + bad;
+}
+
+}  // namespace
+
 std::string Registry::check(const LoadedPlugin& p,
                             std::vector<std::unique_ptr<Component>>& out) const {
   const keel_plugin_descriptor* d = p.descriptor;
@@ -119,7 +166,6 @@ std::string Registry::check(const LoadedPlugin& p,
   // the current sizeof.
   constexpr size_t kDescriptor10 = sizeof(keel_plugin_descriptor);
   constexpr size_t kComponent10 = sizeof(keel_component_desc);
-  constexpr size_t kOption10 = sizeof(keel_option_desc);
   if (d->struct_size < kDescriptor10)
     return "descriptor is " + std::to_string(d->struct_size) + " bytes, ABI " +
            std::to_string(KEEL_ABI_MAJOR) + " needs at least " + std::to_string(kDescriptor10);
@@ -144,46 +190,12 @@ std::string Registry::check(const LoadedPlugin& p,
   const auto* base = reinterpret_cast<const unsigned char*>(d->components);
   for (uint32_t i = 0; i < d->component_count; ++i) {
     const auto* c = reinterpret_cast<const keel_component_desc*>(base + i * d->component_size);
-    if (c->name && !terminated_within(c->name, KEEL_NAME_CAPACITY))
-      return "component " + std::to_string(i) + "'s name does not end within " +
-             std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes";
-    const std::string cname = bounded(c->name, KEEL_NAME_CAPACITY);
-    if (!kind_name(c->kind))
-      return "component " + std::to_string(i) + " ('" + cname + "') has unknown kind " +
-             std::to_string(c->kind);
-    if (cname.empty() || !c->create)
-      return "component " + std::to_string(i) + " has no name or no factory";
-    if (cname.find(':') != std::string::npos)
-      return "component '" + cname + "': a name must not contain ':' (it separates the plugin "
-             "name in a manifest's type)";
-    if (c->option_count > 0 && (!c->options || c->option_size < kOption10))
-      return "component '" + cname + "' has a malformed option table";
     auto comp = std::make_unique<Component>();
-    comp->kind = c->kind;
-    comp->name = cname;
-    comp->description = bounded(c->description);
-    comp->create = c->create;
+    if (std::string bad = component_problem(*c, i, comp.get()); !bad.empty()) return bad;
     comp->plugin = &p;
-    const auto* obase = reinterpret_cast<const unsigned char*>(c->options);
-    for (uint32_t j = 0; j < c->option_count; ++j) {
-      const auto& o = *reinterpret_cast<const keel_option_desc*>(obase + j * c->option_size);
-      // The schema keeps pointers into the plugin: each string must end within its bound.
-      const std::string at = "component '" + cname + "' option " + std::to_string(j);
-      if (o.key && !terminated_within(o.key, KEEL_NAME_CAPACITY))
-        return at + ": key does not end within " + std::to_string(KEEL_NAME_CAPACITY - 1) +
-               " bytes";
-      for (const auto& [field, text] : {std::pair{"default_toml", o.default_toml},
-                                        {"help", o.help}, {"choices", o.choices}})
-        if (text && !terminated_within(text, KEEL_STRING_CAPACITY))
-          return at + " ('" + bounded(o.key, KEEL_NAME_CAPACITY) + "'): " + field +
-                 " does not end within " + std::to_string(KEEL_STRING_CAPACITY - 1) + " bytes";
-      comp->options.push_back(o);
-    }
-    const std::string bad = check_schema(comp->options);
-    if (!bad.empty()) return kind_name(c->kind) + std::string(" '") + cname + "': " + bad;
     for (const auto& mine : out)
-      if (mine->kind == c->kind && mine->name == cname)
-        return std::string("declares ") + kind_name(c->kind) + " '" + cname + "' twice";
+      if (mine->kind == c->kind && mine->name == comp->name)
+        return std::string("declares ") + kind_name(c->kind) + " '" + comp->name + "' twice";
     out.push_back(std::move(comp));
   }
   return "";
@@ -256,23 +268,14 @@ bool Registry::load_checked(const std::string& path, int fd) {
   } catch (const std::exception& e) {
     return refuse(e.what());
   }
-  const LockEntry* locked = lock_ ? lock_->by_sha256(p->sha256) : nullptr;
-  if (lock_ && !locked) {
-    const LockEntry* e = lock_->by_path(path);
-    const bool relock_allows =
-        relock_ && (!e || std::find(updates_.begin(), updates_.end(), e->name) != updates_.end());
-    if (e && !relock_allows) {
-      refuse("not loaded: its sha256 " + p->sha256.substr(0, 16) + "... differs from " +
-             e->sha256.substr(0, 16) + "... that " + lock_->file + " holds for plugin " +
-             e->name + " " + e->version + "; hint: if this file is the one you want, review it "
-             "and run `keel plugins lock " + lock_->manifest + " --update " + e->name + "`");
-      refusals_.back().changed_from_lock = e->name;
+  const LockEntry* locked = nullptr;
+  {
+    std::string changed_plugin;
+    if (std::string bad = lock_problem(path, p->sha256, &locked, &changed_plugin); !bad.empty()) {
+      refuse(bad);
+      refusals_.back().changed_from_lock = changed_plugin;
       return false;
     }
-    if (!relock_allows)
-      return refuse("not loaded: " + lock_->file + " does not list this file (sha256 " +
-                    p->sha256.substr(0, 16) + "...); hint: `keel plugins lock` adds the plugins "
-                    "a manifest uses");
   }
   // 5. The libraries it brings with it.
   std::vector<Dependency> deps;
@@ -292,24 +295,7 @@ bool Registry::load_checked(const std::string& path, int fd) {
   } dep_closer{&deps};
   for (const Dependency& d : deps) {
     p->dependencies.push_back({d.needed, d.path, d.sha256});
-    // Relocking with --update naming the plugin: its libraries are pinned anew.
-    if (!locked || (relock_ && std::find(updates_.begin(), updates_.end(), locked->name) !=
-                                   updates_.end()))
-      continue;
-    const LockDependency* want = nullptr;
-    for (const auto& l : locked->dependencies)
-      if (l.name == d.needed) want = &l;
-    const std::string what = "its library " + d.needed + " (" + d.path + ", sha256 " +
-                             d.sha256.substr(0, 16) + "...)";
-    if (!want)
-      return refuse("not loaded: " + what + " is not listed with plugin " + locked->name + " " +
-                    locked->version + " in " + lock_->file + "; hint: review it, then `keel "
-                    "plugins lock " + lock_->manifest + " --update " + locked->name + "`");
-    if (want->sha256 != d.sha256)
-      return refuse("not loaded: " + what + " differs from " + want->sha256.substr(0, 16) +
-                    "... that " + lock_->file + " holds for it; hint: restore the locked file, "
-                    "or review the new one, then `keel plugins lock " + lock_->manifest +
-                    " --update " + locked->name + "`");
+    if (std::string bad = dependency_lock_problem(locked, d); !bad.empty()) return refuse(bad);
   }
   // 6. Load what was checked: the libraries first, then the plugin, from their sealed copies.
   for (Dependency& d : deps)
@@ -345,6 +331,47 @@ bool Registry::load_checked(const std::string& path, int fd) {
   for (auto& c : comps) components_.push_back(std::move(c));
   plugins_.push_back(std::move(p));
   return true;
+}
+
+std::string Registry::lock_problem(const std::string& path, const std::string& sha256,
+                                   const LockEntry** locked, std::string* changed_plugin) const {
+  *locked = lock_ ? lock_->by_sha256(sha256) : nullptr;
+  if (!lock_ || *locked) return "";
+  const LockEntry* e = lock_->by_path(path);
+  const bool relock_allows =
+      relock_ && (!e || std::find(updates_.begin(), updates_.end(), e->name) != updates_.end());
+  if (relock_allows) return "";
+  if (e) {
+    *changed_plugin = e->name;
+    return "not loaded: its sha256 " + sha256.substr(0, 16) + "... differs from " +
+           e->sha256.substr(0, 16) + "... that " + lock_->file + " holds for plugin " + e->name +
+           " " + e->version + "; hint: if this file is the one you want, review it and run "
+           "`keel plugins lock " + lock_->manifest + " --update " + e->name + "`";
+  }
+  return "not loaded: " + lock_->file + " does not list this file (sha256 " +
+         sha256.substr(0, 16) + "...); hint: `keel plugins lock` adds the plugins a manifest uses";
+}
+
+std::string Registry::dependency_lock_problem(const LockEntry* locked,
+                                              const Dependency& d) const {
+  // Relocking with --update naming the plugin: its libraries are pinned anew.
+  if (!locked ||
+      (relock_ && std::find(updates_.begin(), updates_.end(), locked->name) != updates_.end()))
+    return "";
+  const LockDependency* want = nullptr;
+  for (const auto& l : locked->dependencies)
+    if (l.name == d.needed) want = &l;
+  const std::string what = "its library " + d.needed + " (" + d.path + ", sha256 " +
+                           d.sha256.substr(0, 16) + "...)";
+  if (!want)
+    return "not loaded: " + what + " is not listed with plugin " + locked->name + " " +
+           locked->version + " in " + lock_->file + "; hint: review it, then `keel plugins "
+           "lock " + lock_->manifest + " --update " + locked->name + "`";
+  if (want->sha256 != d.sha256)
+    return "not loaded: " + what + " differs from " + want->sha256.substr(0, 16) + "... that " +
+           lock_->file + " holds for it; hint: restore the locked file, or review the new one, "
+           "then `keel plugins lock " + lock_->manifest + " --update " + locked->name + "`";
+  return "";
 }
 
 void Registry::discover(const std::vector<std::string>& dirs) {

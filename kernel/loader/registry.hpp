@@ -3,14 +3,14 @@
 // Discovery walks the search directories for *.so files and, for each, before anything of it
 // runs:
 //   1. opens it (O_RDONLY) and, unless KEEL_ALLOW_WRITABLE_PLUGINS=1, checks the path it was
-//      found at with unsafe_path (trust.hpp): the file and every directory from / down to it,
+//      found at with unsafe_path (safe_path.hpp): the file and every directory from / down to it,
 //      through every symbolic link on the way (the link's own directory and its target's
 //      directories), belong to this user or root and are not writable by group or others; a
 //      sticky directory such as /tmp may be passed through (only the owner of an entry in it
 //      can rename or delete the entry, and that entry must be this user's or root's), but the
 //      directory holding the file (or the link) is never writable by others. The file the path
 //      ends at must be the one opened (device and inode);
-//   2. copies it into a sealed memfd (trust.hpp: sealed_copy) and does every later check on
+//   2. copies it into a sealed memfd (sealed_copy.hpp) and does every later check on
 //      that copy, which nobody can change: what is checked and hashed is what is loaded (under
 //      a file size limit below its size that cannot be raised, a file that passed step 1 is
 //      used itself, see sealed_copy);
@@ -55,6 +55,8 @@
 #include "options.hpp"
 
 namespace keel {
+
+struct Dependency;  // dependencies.hpp
 
 struct LoadedPlugin {
   std::string path;  // the file as found on the search path (it is loaded from a sealed copy)
@@ -152,6 +154,13 @@ class Registry {
  private:
   std::string check(const LoadedPlugin& p, std::vector<std::unique_ptr<Component>>& out) const;
   bool load_checked(const std::string& path, int fd);
+  // Whether the lock in use lets the file with `sha256` at `path` load: "" (with `*locked`, its
+  // entry, or nullptr) or the refusal (with `*changed_plugin`, the plugin whose locked file it
+  // replaces, when that is why).
+  std::string lock_problem(const std::string& path, const std::string& sha256,
+                           const LockEntry** locked, std::string* changed_plugin) const;
+  // Whether the locked plugin `locked` may load its library `d`: "" or the refusal.
+  std::string dependency_lock_problem(const LockEntry* locked, const Dependency& d) const;
 
   std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
   std::vector<std::unique_ptr<Component>> components_;

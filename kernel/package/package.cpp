@@ -28,7 +28,7 @@
 #include "loader/digest.hpp"
 #include "loader/elf.hpp"
 #include "loader/registry.hpp"
-#include "loader/trust.hpp"
+#include "loader/dependencies.hpp"
 #include "manifest.hpp"  // closest()
 #include "unique_fd.hpp"
 
@@ -925,7 +925,7 @@ InstalledPackage install_package(const std::string& package, const std::string& 
   }
   const Located l = verify_package_dir(staging.path(), shown);
   const PackageInfo& info = l.info;
-  // Each plugin's own libraries, found as the loader will find them (loader/trust.hpp): a
+  // Each plugin's own libraries, found as the loader will find them (loader/dependencies.hpp): a
   // RUNPATH that is relative, leaves the package through $ORIGIN, or names a directory that is
   // missing or that another user can write would let that user's code in later.
   for (const auto& [file, sha256] : info.files) {
