@@ -303,21 +303,8 @@ bool Registry::load_checked(const std::string& path, int fd) {
       if (const std::string bad = preload_dependency(d); !bad.empty())
         return refuse("its library " + d.needed + " (" + d.path + ") does not load: " + bad);
   const int load_fd = load_descriptor(copy.release(), p->sha256);  // kept there, or closed
-  try {
-    p->library.load("/proc/self/fd/" + std::to_string(load_fd),
-                    boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
-  } catch (const std::exception& e) {
-    return refuse(std::string("not a loadable library: ") + e.what());
-  }
-  if (!p->library.has(KEEL_ENTRY_SYMBOL))
-    return refuse(std::string("no entry symbol '") + KEEL_ENTRY_SYMBOL +
-                  "'; hint: export it with KEEL_PLUGIN(...) or as extern \"C\"");
-  auto entry = p->library.get<const keel_plugin_descriptor*()>(KEEL_ENTRY_SYMBOL);
-  p->descriptor = entry();
-  if (!p->descriptor) return refuse("keel_plugin_entry returned NULL");
   std::vector<std::unique_ptr<Component>> comps;
-  const std::string bad = check(*p, comps);
-  if (!bad.empty()) return refuse(bad);
+  if (std::string bad = open_plugin(*p, load_fd, comps); !bad.empty()) return refuse(bad);
   p->name = bounded(p->descriptor->name, KEEL_NAME_CAPACITY);
   p->version = bounded(p->descriptor->version);
   p->description = bounded(p->descriptor->description);
@@ -331,6 +318,23 @@ bool Registry::load_checked(const std::string& path, int fd) {
   for (auto& c : comps) components_.push_back(std::move(c));
   plugins_.push_back(std::move(p));
   return true;
+}
+
+std::string Registry::open_plugin(LoadedPlugin& p, int load_fd,
+                                  std::vector<std::unique_ptr<Component>>& comps) const {
+  try {
+    p.library.load("/proc/self/fd/" + std::to_string(load_fd),
+                   boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
+  } catch (const std::exception& e) {
+    return std::string("not a loadable library: ") + e.what();
+  }
+  if (!p.library.has(KEEL_ENTRY_SYMBOL))
+    return std::string("no entry symbol '") + KEEL_ENTRY_SYMBOL +
+           "'; hint: export it with KEEL_PLUGIN(...) or as extern \"C\"";
+  auto entry = p.library.get<const keel_plugin_descriptor*()>(KEEL_ENTRY_SYMBOL);
+  p.descriptor = entry();
+  if (!p.descriptor) return "keel_plugin_entry returned NULL";
+  return check(p, comps);
 }
 
 std::string Registry::lock_problem(const std::string& path, const std::string& sha256,

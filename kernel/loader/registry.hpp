@@ -154,6 +154,10 @@ class Registry {
  private:
   std::string check(const LoadedPlugin& p, std::vector<std::unique_ptr<Component>>& out) const;
   bool load_checked(const std::string& path, int fd);
+  // dlopens the checked copy at `load_fd` into `p.library`, calls its entry and checks the
+  // descriptor and components (into `comps`); "" or why not.
+  std::string open_plugin(LoadedPlugin& p, int load_fd,
+                          std::vector<std::unique_ptr<Component>>& comps) const;
   // Whether the lock in use lets the file with `sha256` at `path` load: "" (with `*locked`, its
   // entry, or nullptr) or the refusal (with `*changed_plugin`, the plugin whose locked file it
   // replaces, when that is why).
