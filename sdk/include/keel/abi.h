@@ -6,26 +6,19 @@
  * can export a C symbol. C++ plugins normally use <keel/plugin.hpp>, which builds these
  * structs for them and catches every exception before it could cross the boundary.
  *
+ * What the ABI promises across versions (which plugins a kernel loads, what a minor version may
+ * add and what needs a new major, how structs with and without a struct_size are versioned, how
+ * strings are bounded) is stated once, in docs/abi.md of keel's source tree. In short: a
+ * minor version only appends, and a plugin built against an older minor of the same major keeps
+ * loading and working.
+ *
  * Rules that hold for everything below:
  *  - A plugin exports exactly one symbol, `keel_plugin_entry` (KEEL_ENTRY_SYMBOL), returning a
  *    pointer to a constant keel_plugin_descriptor that lives as long as the library.
- *  - Every struct that may grow starts with (or carries) a `struct_size`. Structs only grow by
- *    appending fields; a reader never touches a field that lies beyond the size the writer
- *    declared (see KEEL_HAS_FIELD). Adding a field bumps KEEL_ABI_MINOR; removing, reordering
- *    or changing a field bumps KEEL_ABI_MAJOR. The kernel refuses a plugin whose major differs
- *    from its own, or whose minor is newer than its own, naming the file and both versions.
- *  - The structs without a struct_size (keel_batch, keel_metric, keel_named_tensor,
- *    keel_option_desc, keel_component_desc, keel_build_fingerprint, keel_error) are versioned
- *    by the abi_minor the plugin's descriptor declares: a field appended to one of them in minor
- *    m exists only between a kernel and a plugin that both speak m or later, and a kernel keeps
- *    handing older plugins the layout of their minor. Arrays of keel_option_desc and
- *    keel_component_desc carry their element size too (option_size, component_size).
- *  - Strings a plugin hands the kernel are read with a bound, never past it, whether or not
- *    they are NUL-terminated: names (plugin, component, option key, parameter, state entry) up
- *    to KEEL_NAME_CAPACITY - 1 bytes, messages up to KEEL_ERROR_CAPACITY - 1 bytes, and every
- *    other string (version, description, help, default, choices, compiler, log lines) up to
- *    KEEL_STRING_CAPACITY - 1 bytes. A name that does not end within its bound is refused
- *    (naming the plugin); any other string is cut at its bound.
+ *  - Every struct that may grow starts with (or carries) a `struct_size`; a reader never
+ *    touches a field that lies beyond the size the writer declared (see KEEL_HAS_FIELD).
+ *  - Strings a plugin hands the kernel are read with a bound (KEEL_NAME_CAPACITY,
+ *    KEEL_ERROR_CAPACITY, KEEL_STRING_CAPACITY below), never past it.
  *  - No exception, no C++ type and no ownership crosses the boundary implicitly. A function
  *    that can fail returns keel_status and, on KEEL_ERR, writes a NUL-terminated message into
  *    the caller's keel_error. The kernel reports it prefixed with the plugin and component.
@@ -61,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.4)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.5)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
