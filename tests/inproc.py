@@ -147,11 +147,12 @@ class Pool:
 
 def normalized(text: str, d: Optional[str] = None, digits: bool = False) -> str:
     """Output without what differs between two runs of one case: its directory (as {d}), the
-    console's [HH:MM:SS] times, process ids, and with digits=True every number."""
+    console's [HH:MM:SS] times, process ids, and with digits=True every number (an integer and a
+    decimal alike: a rate can print as 1200 in one run and 1187.5 in the next)."""
     if d:
         text = text.replace(d, "{d}")
     text = re.sub(r"\[\d\d:\d\d:\d\d\]", "[T]", text)
     text = re.sub(r"pid \d+", "pid N", text)
     if digits:
-        text = re.sub(r"\d+", "N", text)
+        text = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", text)
     return text
