@@ -11,7 +11,7 @@
 #include "keel/schema.hpp"
 #include "loader/lock.hpp"
 #include "package/package.hpp"
-#include "package/semver.hpp"
+#include "loader/semver.hpp"
 
 namespace fs = std::filesystem;
 

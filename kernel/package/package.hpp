@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "package/semver.hpp"
+#include "loader/semver.hpp"
 
 namespace keel {
 
