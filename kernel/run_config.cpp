@@ -10,7 +10,7 @@
 #include "error.hpp"
 #include "keel/schema.hpp"
 #include "loader/lock.hpp"
-#include "package/package.hpp"
+#include "loader/installed.hpp"
 #include "loader/semver.hpp"
 
 namespace fs = std::filesystem;
