@@ -163,25 +163,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-}  // namespace
-
-std::string pack_package(const std::string& build_dir, const std::optional<std::string>& output,
-                         PackageInfo* packed) {
-  const std::string bd = absolute_path(build_dir);
-  if (!fs::is_directory(bd))
-    throw Error(build_dir +
-                ": not a directory; hint: name the plugin's build directory (the "
-                "one `meson setup` made)");
-  const std::string toml_path = bd + "/" + kPackageMetadataFile;
-  if (!lexists(toml_path))
-    throw Error(toml_path +
-                ": not found; hint: the plugin's meson.build writes it into the "
-                "build directory (`keel plugins new` sets that up); else write name, version, "
-                "description and license there");
-  const LocatedPackageInfo l = read_package_info(toml_path, toml_path, PackageInfoKeys::kBuild);
-  PackageInfo info = l.info;
-
-  // The plugin libraries: regular *.so files at the top level that export the entry symbol.
+// The plugin libraries of build directory `bd` (`build_dir` as the user named it): the regular
+// *.so files at its top level that export the entry symbol, sorted. Throws when there is none.
+std::vector<std::string> plugin_files(const std::string& bd, const std::string& build_dir) {
   std::vector<std::string> candidates, skipped, plugins;
   std::error_code ec;
   for (auto it = fs::directory_iterator(bd, ec); !ec && it != fs::end(it); it.increment(ec)) {
@@ -206,6 +190,28 @@ std::string pack_package(const std::string& build_dir, const std::optional<std::
     throw Error(build_dir + ": no keel plugin .so in it" +
                 (skipped.empty() ? std::string() : " (skipped: " + joined(skipped, "; ") + ")") +
                 "; hint: build the plugin first (`meson compile -C " + build_dir + "`)");
+  return plugins;
+}
+
+}  // namespace
+
+std::string pack_package(const std::string& build_dir, const std::optional<std::string>& output,
+                         PackageInfo* packed) {
+  const std::string bd = absolute_path(build_dir);
+  if (!fs::is_directory(bd))
+    throw Error(build_dir +
+                ": not a directory; hint: name the plugin's build directory (the "
+                "one `meson setup` made)");
+  const std::string toml_path = bd + "/" + kPackageMetadataFile;
+  if (!lexists(toml_path))
+    throw Error(toml_path +
+                ": not found; hint: the plugin's meson.build writes it into the "
+                "build directory (`keel plugins new` sets that up); else write name, version, "
+                "description and license there");
+  const LocatedPackageInfo l = read_package_info(toml_path, toml_path, PackageInfoKeys::kBuild);
+  PackageInfo info = l.info;
+
+  const std::vector<std::string> plugins = plugin_files(bd, build_dir);
 
   Registry registry;
   std::vector<PackFile> files;

@@ -259,6 +259,43 @@ std::string installed_toml(const std::string& source, const std::string& when) {
          "\ninstalled = " + toml_quoted(when) + "\n";
 }
 
+// Renames the staging directory to `target` (where nothing is) or swaps it in for the package
+// there; `already` is the error for a package installed meanwhile.
+void move_into_place(ScratchDir& staging, const std::string& target, const std::string& root,
+                     const std::string& already, bool* replaced) {
+  if (!lexists(target)) {
+    int rc =
+        ::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE);
+    // Without RENAME_NOREPLACE, rename() still refuses a non-empty existing directory.
+    if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
+      rc = ::rename(staging.path().c_str(), target.c_str());
+    if (rc != 0) {
+      if (errno == EEXIST || errno == ENOTEMPTY) throw Error(already);  // installed meanwhile
+      sys_fail("renaming " + staging.path() + " to", target, errno);
+    }
+    staging.release();
+  } else if (::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(),
+                         RENAME_EXCHANGE) == 0) {
+    // The old package now sits in the staging directory, which goes away with `staging`.
+    if (replaced) *replaced = true;
+  } else {
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+      sys_fail("exchanging " + staging.path() + " and", target, errno);
+    // No atomic exchange here: move the old one aside (onto an empty scratch directory), move
+    // the new one in, and put the old one back if that fails.
+    ScratchDir aside(root, ".keel-replaced-");
+    if (::rename(target.c_str(), aside.path().c_str()) != 0)
+      sys_fail("renaming " + target + " to", aside.path(), errno);
+    if (::rename(staging.path().c_str(), target.c_str()) != 0) {
+      const int err = errno;
+      if (::rename(aside.path().c_str(), target.c_str()) == 0) aside.release();
+      sys_fail("renaming " + staging.path() + " to", target, err);
+    }
+    staging.release();
+    if (replaced) *replaced = true;
+  }
+}
+
 }  // namespace
 
 InstalledPackage install_package(const std::string& package, const std::string& root_in, bool force,
@@ -337,37 +374,7 @@ InstalledPackage install_package(const std::string& package, const std::string& 
   fsync_dir(staging.path());
   make_dirs(name_dir, created);
 
-  if (!lexists(target)) {
-    int rc =
-        ::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE);
-    // Without RENAME_NOREPLACE, rename() still refuses a non-empty existing directory.
-    if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
-      rc = ::rename(staging.path().c_str(), target.c_str());
-    if (rc != 0) {
-      if (errno == EEXIST || errno == ENOTEMPTY) throw Error(already);  // installed meanwhile
-      sys_fail("renaming " + staging.path() + " to", target, errno);
-    }
-    staging.release();
-  } else if (::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(),
-                         RENAME_EXCHANGE) == 0) {
-    // The old package now sits in the staging directory, which goes away with `staging`.
-    if (replaced) *replaced = true;
-  } else {
-    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
-      sys_fail("exchanging " + staging.path() + " and", target, errno);
-    // No atomic exchange here: move the old one aside (onto an empty scratch directory), move
-    // the new one in, and put the old one back if that fails.
-    ScratchDir aside(root, ".keel-replaced-");
-    if (::rename(target.c_str(), aside.path().c_str()) != 0)
-      sys_fail("renaming " + target + " to", aside.path(), errno);
-    if (::rename(staging.path().c_str(), target.c_str()) != 0) {
-      const int err = errno;
-      if (::rename(aside.path().c_str(), target.c_str()) == 0) aside.release();
-      sys_fail("renaming " + staging.path() + " to", target, err);
-    }
-    staging.release();
-    if (replaced) *replaced = true;
-  }
+  move_into_place(staging, target, root, already, replaced);
   fsync_dir(name_dir);
   fsync_dir(root);
   created.keep();
