@@ -10,8 +10,8 @@
 #include "error.hpp"
 #include "keel/schema.hpp"
 #include "loader/lock.hpp"
-#include "package/package.hpp"
-#include "package/semver.hpp"
+#include "loader/installed.hpp"
+#include "loader/semver.hpp"
 
 namespace fs = std::filesystem;
 

@@ -750,20 +750,17 @@ struct Trainer::State {
       }
       resume_dir = dir;
     } else {
-      auto entries = CheckpointStore::list(root.string());
-      for (auto it = entries.rbegin(); it != entries.rend() && resume_dir.empty(); ++it) {
-        try {
-          resume_record = verify_checkpoint(it->dir);
-          resume_dir = it->dir;
-        } catch (const Error& e) {
-          spdlog::warn("--resume: skipping {}: {}", it->dir, e.what());
-        }
-      }
-      if (resume_dir.empty()) {
+      const auto newest = CheckpointStore::newest_verified(
+          root.string(), [](const std::string& dir, const Error& e) {
+            spdlog::warn("--resume: skipping {}: {}", dir, e.what());
+          });
+      if (!newest) {
         spdlog::info("--resume: no complete checkpoint in {}: starting a fresh run",
                      root.string());
         return;
       }
+      resume_dir = newest->dir;
+      resume_record = newest->record;
     }
     adopt_resume_checkpoint();
   }

@@ -149,6 +149,63 @@ class GoodInput(unittest.TestCase):
                      "mfu", "profiler", "checkpoint", "hook"]:
             self.assertIn(kind, kinds)
 
+    def test_tables_size_their_columns_to_their_content(self):
+        # Each table's header or first row gives where its columns start: every other row has
+        # two spaces before each of them and a cell starting there, however long the names
+        # (token_cross_entropy, keel-torch-checkpoint).
+        cases = [  # (command, the table's first line, a cell it must hold)
+            (["plugins"], lambda l: l.startswith("KIND "), "token_cross_entropy"),
+            (["plugins"], lambda l: l.startswith("KIND "), "keel-torch-checkpoint"),
+            (["plugins", "show", "adamw"], lambda l: l.startswith("  lr "), "weight_decay"),
+            (["options", "checkpoint"], lambda l: re.match(r"^  \S+  ", l),
+             "init_from_unverified"),
+        ]
+        for args, first, cell in cases:
+            with self.subTest(args=args, cell=cell):
+                rc, out, err = keel(*args)
+                self.assertEqual(rc, 0, err)
+                lines = out.splitlines()
+                start = next(i for i, l in enumerate(lines) if first(l))
+                rows = []
+                for l in lines[start:]:
+                    if not l.strip() or l.startswith("  ("):  # the table's end, or a note
+                        break
+                    rows.append(l)
+                self.assertTrue(any(cell in r.split() for r in rows), rows)
+                head = rows[0]
+                starts = [m.start() for m in re.finditer(r"(?<=  )\S", head)]
+                self.assertGreaterEqual(len(starts), 3, head)
+                for r in rows[1:]:
+                    for p in starts:
+                        self.assertEqual(r[p - 2:p], "  ", (r, p))
+                        self.assertNotEqual(r[p:p + 1], " ", (r, p))
+
+    def test_help_keeps_each_command_line_in_its_columns(self):
+        # keel --help: every command's summary starts in one column, after the widest
+        # "command operands" head (prepare INPUT --output DIR), and wraps into that column;
+        # no line is longer than 100 characters.
+        rc, out, err = keel("--help")
+        self.assertEqual(rc, 0, err)
+        lines = out.split("commands:\n")[1].split("\n\n")[0].splitlines()
+        heads = {}
+        column = None
+        for l in lines:
+            self.assertLessEqual(len(l), 100, l)
+            m = re.match(r"^  (\S+(?: \S+)*)  +(\S.*)$", l)
+            if m and not l.startswith("   "):
+                heads[m.group(1).split()[0]] = m.group(1)
+                self.assertIn(column, (None, m.start(2)), l)
+                column = m.start(2)
+            else:  # a summary's continuation
+                self.assertIsNotNone(column, l)
+                self.assertEqual(len(l) - len(l.lstrip()), column, l)
+        self.assertEqual(heads.get("prepare"), "prepare INPUT --output DIR")
+        self.assertEqual(heads.get("plugins"), "plugins [show NAME]")
+        self.assertEqual(set(heads), {"train", "evaluate", "validate", "plugins", "options",
+                                      "prepare", "report", "help"})
+        for l in out.splitlines():
+            self.assertLessEqual(len(l), 100, l)
+
     def test_plugins_show_lists_options(self):
         rc, out, _ = keel("plugins", "show", "adamw")
         self.assertEqual(rc, 0)
@@ -235,6 +292,34 @@ class GoodInput(unittest.TestCase):
             rc, _, err = keel("train", *common, "--resume", "--overwrite")
             self.assertEqual(rc, 2)
             self.assertIn("--overwrite and --resume", err)
+
+            # Without init_from, evaluate takes the run's newest verified checkpoint (by commit
+            # time, as --resume does) and says which: here step-45, since the --overwrite run's
+            # step-5, committed last, is damaged and skipped.
+            with open(f"{run}/checkpoints/step-5/model.safetensors", "ab") as f:
+                f.write(b"x")
+            rc, out, err = keel("evaluate", *common)
+            self.assertEqual(rc, 0, err)
+            said = [l for l in (out + err).splitlines()
+                    if "the newest verified checkpoint of the run" in l]
+            self.assertEqual(len(said), 1, out + err)
+            self.assertIn(f"evaluating {run}/checkpoints/step-45 (step 45)", said[0])
+            self.assertIn(f"skipping {run}/checkpoints/step-5", out + err)
+            newest = max((e for e in os.listdir(run) if e.startswith("eval-")),
+                         key=lambda e: os.path.getmtime(f"{run}/{e}"))
+            with open(f"{run}/{newest}/manifest.resolved.toml") as f:
+                self.assertRegex(f.read(), rf"\ninit_from = ['\"]{run}/checkpoints/step-45['\"]\n")
+            # With no verified checkpoint it refuses, and says what to do instead.
+            rc, out, err = keel("evaluate", *common[:-1], f"run.output_dir={d}/empty")
+            self.assertEqual(len(err.splitlines()), 1, err)
+            for part in ("keel: error: ", "nothing to evaluate",
+                         "[checkpoint] init_from is not set",
+                         f"{d}/empty/checkpoints holds no verified checkpoint",
+                         "--set checkpoint.init_from=DIR",
+                         f"keel train {ROOT}/configs/quickstart.toml"):
+                self.assertIn(part, err)
+            self.assertEqual(rc, 1)
+            self.assertFalse(os.path.exists(f"{d}/empty/checkpoints"))
 
     def test_help_lists_every_command_and_flag(self):
         rc, out, err = keel("--help")

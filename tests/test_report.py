@@ -4,9 +4,14 @@ profiler and a checkpoint), then `keel report`, opened in headless Chromium (Deb
 
 - the page renders without a script error or any console message (the page collects window
   errors into #errors; Chromium's --enable-logging=stderr prints every console message as a
-  CONSOLE line) and draws a chart of every numeric key of metrics.jsonl but the step: the
-  series it plotted, with their point counts and last values, equal those of metrics.jsonl (the
-  page writes them as JSON into #rendered after drawing);
+  CONSOLE line) and draws a chart of every numeric key of metrics.jsonl but the step and the
+  counters that only climb (epoch, samples, tokens), which it does not chart: the series it
+  plotted, with their point counts and last values, equal those of metrics.jsonl (the page
+  writes them as JSON into #rendered after drawing);
+- the summary at the top gives where the run stopped and why (run.log's "run finished at step
+  N: <reason>" line, "unknown" without one), the steps, the last counters, the wall time, the
+  mean throughput, and each evaluation metric's final and best value with their steps, all as
+  metrics.jsonl and run.log say;
 - the phase breakdown's bars are the profiler's phases with their mean ms per recorded step,
   computed here from trace.json, and the plugins table holds the plugins.json entries (names and
   versions);
@@ -50,6 +55,23 @@ def chromium(*args):
                           capture_output=True, text=True, timeout=120)
 
 
+def g(v):
+    """A number as the page prints it (printf's %.6g)."""
+    return f"{v:.6g}"
+
+
+def summary_of(dom):
+    """The summary table's rows (th -> td) and the evaluation table's rows (metric -> cells)."""
+    table = re.search(r'<table id="summary">(.*?)</table>', dom, re.S)
+    rows = dict(re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", table.group(1))) if table else {}
+    table = re.search(r'<table id="eval-summary">(.*?)</table>', dom, re.S)
+    evals = {}
+    for cells in re.findall(r"<tr><td>(.*?)</td></tr>", table.group(1) if table else ""):
+        cells = cells.split("</td><td>")
+        evals[cells[0]] = cells[1:]
+    return rows, evals
+
+
 def render(page):
     """Checks that the page logs nothing to the console and that its #errors is empty; returns
     its DOM after its scripts ran and its #rendered, parsed."""
@@ -86,10 +108,15 @@ with tempfile.TemporaryDirectory() as tmp:
     records = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
     dom, charts = render(page)
     series = {s["label"]: s for c in charts for s in c["series"]}
+    counters = {"epoch", "samples", "tokens"}
     for split in ("train", "test"):
         rows = [x for x in records if x.get("split") == split]
         keys = {k for x in rows for k, v in x.items() if isinstance(v, (int, float))}
         keys.discard("step")
+        check(split == "test" or {"epoch", "samples"} <= keys, f"{split} counters: {keys}")
+        for k in keys & counters:
+            check(f"{split} {k}" not in series, f"the counter {split} {k} is charted")
+        keys -= counters
         check(len(keys) >= (5 if split == "train" else 2), f"{split} keys: {keys}")
         for k in keys:
             label = f"{split} {k}"
@@ -99,6 +126,30 @@ with tempfile.TemporaryDirectory() as tmp:
                   abs(s["last"] - values[-1]) <= 1e-12 * max(1.0, abs(values[-1])),
                   f"chart series {label}: {s} vs {len(values)} points ending {values[-1]}")
     check(series.get("train loss", {}).get("points") == 6, "6 training records drawn")
+
+    # The summary, against metrics.jsonl and run.log.
+    rows, evals = summary_of(dom)
+    train_rows = [x for x in records if x.get("split") == "train"]
+    test_rows = [x for x in records if x.get("split") == "test"]
+    log = open(os.path.join(run, "run.log")).read()
+    finished = re.findall(r"\] run finished at step (\d+): (.*)", log)
+    reason = f"at step {finished[-1][0]}: {html.escape(finished[-1][1], quote=False)}" \
+        if finished else "at step 24: unknown"
+    check(rows.get("stopped") == reason, f"summary stopped: {rows.get('stopped')} vs {reason}")
+    check(rows.get("steps") == "24", f"summary steps: {rows}")
+    for k in ("epoch", "samples"):
+        check(rows.get(k) == g(train_rows[-1][k]), f"summary {k}: {rows.get(k)}")
+    wall = re.fullmatch(r"(\S+) s \(run\.log, 1 session\)", rows.get("wall time", ""))
+    check(wall is not None and 0 < float(wall.group(1)) < 600, f"summary wall time: {rows}")
+    rate = sum(x["samples_per_s"] for x in train_rows) / len(train_rows)
+    check(rows.get("throughput", "").startswith(f"{g(rate)} samples/s"),
+          f"summary throughput: {rows.get('throughput')} vs {g(rate)}")
+    for key, best in (("loss", min), ("accuracy", max)):
+        values = [(x[key], x["step"]) for x in test_rows]
+        b = best(values, key=lambda v: v[0])
+        want = [g(values[-1][0]), g(values[-1][1]), g(b[0]), g(b[1])]
+        check(evals.get(key) == want, f"summary of test {key}: {evals.get(key)} vs {want}")
+    check(not counters & set(evals), f"counters among the evaluation metrics: {evals}")
     check(series.get("test accuracy", {}).get("points") == 3, "3 evaluations drawn")
     trace = json.load(open(os.path.join(run, "trace.json")))
     totals, steps = {}, set()
@@ -126,15 +177,21 @@ with tempfile.TemporaryDirectory() as tmp:
     check(s.returncode == 0 and os.path.getsize(shot) > 20000, f"screenshot: {s.stderr[-500:]}")
     print("screenshot:", shot)
 
-    # An older run: no plugins.json, no profiler trace.
+    # An older run: no plugins.json, no profiler trace. And a run.log that says why it
+    # finished (the last such line counts).
     os.remove(os.path.join(run, "plugins.json"))
     os.remove(os.path.join(run, "trace.json"))
+    with open(os.path.join(run, "run.log"), "a") as f:
+        f.write("[2026-01-01 00:00:00.000] [info] run finished at step 7: a <test> reason\n")
     older = os.path.join(tmp, "older.html")
     r = subprocess.run([KEEL, "report", run, "--output", older], capture_output=True, text=True)
     check(r.returncode == 0 and os.path.exists(older), f"keel report --output: {r.stderr}")
     dom, charts = render(older)
     check("No plugins.json in the run directory" in dom, "the page says plugins.json is absent")
     check("No profiler trace" in dom, "the page says the trace is absent")
+    rows, _ = summary_of(dom)
+    check(rows.get("stopped") == "at step 7: a &lt;test&gt; reason",
+          f"summary stopped from run.log: {rows.get('stopped')}")
     check(not any(c["title"] == "phases" for c in charts) and len(charts) >= 8,
           f"charts without a trace: {[c['title'] for c in charts]}")
 

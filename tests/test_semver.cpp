@@ -1,11 +1,11 @@
-// Semantic versions and requirements (kernel/package/semver.hpp): semver 2.0 precedence, Cargo's
+// Semantic versions and requirements (kernel/loader/semver.hpp): semver 2.0 precedence, Cargo's
 // meaning of partial versions, ^ and ~ (with 0.x), pre-releases, and the error texts.
 #include <doctest/doctest.h>
 
 #include <string>
 
 #include "error.hpp"
-#include "package/semver.hpp"
+#include "loader/semver.hpp"
 
 using keel::Version;
 using keel::VersionRequirement;

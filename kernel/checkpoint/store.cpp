@@ -400,6 +400,20 @@ std::vector<CheckpointStore::Entry> CheckpointStore::list(const std::string& roo
   return out;
 }
 
+std::optional<CheckpointStore::Entry> CheckpointStore::newest_verified(
+    const std::string& root,
+    const std::function<void(const std::string& dir, const Error& why)>& skipped) {
+  const std::vector<Entry> entries = list(root);
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    try {
+      return Entry{it->dir, verify_checkpoint(it->dir)};
+    } catch (const Error& e) {
+      if (skipped) skipped(it->dir, e);
+    }
+  }
+  return std::nullopt;
+}
+
 void CheckpointStore::load(const std::string& dir, const std::string& stem,
                            const TensorList& into) const {
   if (into.empty()) return;

@@ -30,6 +30,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -38,6 +39,7 @@
 #include "checkpoint/commit.hpp"
 #include "checkpoint/meta.hpp"
 #include "components.hpp"
+#include "error.hpp"
 #include "keel/abi.h"
 
 namespace keel {
@@ -126,6 +128,12 @@ class CheckpointStore {
   // Checkpoint directories under `root` with a readable commit record (files not verified),
   // oldest commit first.
   static std::vector<Entry> list(const std::string& root);
+  // The newest of list(root) whose files verify (verify_checkpoint; `record` is the verified
+  // one), or nullopt when none does. `skipped` (when given) hears of each newer one that does
+  // not, with why. `keel train --resume` and `keel evaluate` without init_from start from it.
+  static std::optional<Entry> newest_verified(
+      const std::string& root,
+      const std::function<void(const std::string& dir, const Error& why)>& skipped = {});
 
   // Reads backend object `stem` of checkpoint `dir` into `into` (same names and shapes).
   void load(const std::string& dir, const std::string& stem, const TensorList& into) const;

@@ -8,8 +8,8 @@ void PluginsArgs::only_flags(const std::vector<std::string>& allowed) const {
     if (!set) return;
     for (const auto& a : allowed)
       if (a == flag) return;
-    throw ArgError(std::string("--") + flag + ": `" + where + "` does not take it; hint: `keel " +
-                   "plugins --help` says which subcommand takes which flag");
+    throw UsageError(std::string("--") + flag + ": `" + where + "` does not take it; hint: `keel " +
+                     "plugins --help` says which subcommand takes which flag", "plugins");
   };
   check(kind.has_value(), "kind");
   check(lang.has_value(), "lang");

@@ -1,25 +1,20 @@
-// The subcommands of `keel plugins` other than the listing and `show` (which live in main.cpp).
+// The subcommands of `keel plugins` other than the listing and `show` (plugins_list.cpp).
 //
-// main.cpp parses the flags of `keel plugins` once (program_options) into PluginsArgs and calls
-// the function of the subcommand named by the first positional argument. Each function checks
-// that it got the arguments and flags it takes, and reports a wrong one by throwing ArgError
-// (printed as "keel: error: <message>" plus the usage line of `keel plugins`, exit 2); any other
-// failure throws keel::Error (one line, exit 1). They return the process's exit status.
+// flags.cpp parses the flags of `keel plugins` once (program_options) into PluginsArgs, and
+// plugins_list.cpp calls the function of the subcommand named by the first positional argument.
+// Each function checks that it got the arguments and flags it takes, and reports a wrong one by
+// throwing UsageError(..., "plugins") (usage.hpp: "keel: error: <message>" plus the usage line of
+// `keel plugins`, exit 2); any other failure throws keel::Error (one line, exit 1). They return
+// the process's exit status.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "error.hpp"
+#include "cli/usage.hpp"
 
 namespace keel::cli {
-
-// A wrong argument or flag of a subcommand.
-class ArgError : public Error {
- public:
-  using Error::Error;
-};
 
 struct PluginsArgs {
   std::string subcommand;               // "new", "install", ...
@@ -32,7 +27,7 @@ struct PluginsArgs {
   std::vector<std::string> update;      // --update NAME (repeatable)
   std::optional<std::string> manifest;  // --manifest
 
-  // Throws ArgError naming the first flag that is set but not in `allowed` ("kind", "lang",
+  // Throws UsageError naming the first flag that is set but not in `allowed` ("kind", "lang",
   // "prefix", "output", "force", "update", "manifest").
   void only_flags(const std::vector<std::string>& allowed) const;
 };

@@ -40,11 +40,12 @@ void refuse_changed_files(const Registry& registry, const Lock& lock, const std:
 int plugins_lock(const PluginsArgs& args) {
   args.only_flags({"update"});
   if (args.positional.size() != 1)
-    throw ArgError(std::string(args.positional.empty() ? "keel plugins lock: needs a MANIFEST"
-                                                       : args.positional[1] +
-                                                             ": unexpected argument (`keel "
-                                                             "plugins lock` takes one MANIFEST)") +
-                   "; hint: keel plugins lock configs/quickstart.toml");
+    throw UsageError(std::string(args.positional.empty()
+                                     ? "keel plugins lock: needs a MANIFEST"
+                                     : args.positional[1] + ": unexpected argument (`keel "
+                                                            "plugins lock` takes one MANIFEST)") +
+                         "; hint: keel plugins lock configs/quickstart.toml",
+                     "plugins");
   const std::string& manifest = args.positional[0];
   Registry registry;
   const Manifest m = load_manifest(manifest, {});
@@ -55,11 +56,11 @@ int plugins_lock(const PluginsArgs& args) {
                                                 previous->entries.end(),
                                                 [&](const LockEntry& e) { return e.name == name; });
     if (!pinned)
-      throw ArgError("--update " + name + ": " +
-                     (previous ? previous->file + " pins no plugin named '" + name + "'"
-                               : std::string("there is no lock to update yet")) +
-                     "; hint: --update names a plugin the lock pins (keel plugins lock " +
-                     manifest + " without --update writes a first lock)");
+      throw UsageError("--update " + name + ": " +
+                       (previous ? previous->file + " pins no plugin named '" + name + "'"
+                                 : std::string("there is no lock to update yet")) +
+                       "; hint: --update names a plugin the lock pins (keel plugins lock " +
+                       manifest + " without --update writes a first lock)", "plugins");
   }
   if (previous) registry.use_lock_for_relock(*previous, args.update);
   RunConfig cfg;

@@ -175,61 +175,62 @@ int plugins_new(const PluginsArgs& args) {
   args.only_flags({"kind", "lang"});
   const char* example = "keel plugins new acme-loss --kind loss acme-loss";
   if (args.positional.size() < 2)
-    throw ArgError("keel plugins new: needs NAME and DIR, got " +
-                   std::to_string(args.positional.size()) + " arguments; hint: " + example);
+    throw UsageError("keel plugins new: needs NAME and DIR, got " +
+                     std::to_string(args.positional.size()) + " arguments; hint: " + example,
+        "plugins");
   if (args.positional.size() > 2)
-    throw ArgError(args.positional[2] + ": unexpected argument (`keel plugins new` takes NAME and "
-                   "DIR); hint: " + example);
+    throw UsageError(args.positional[2] + ": unexpected argument (`keel plugins new` takes "
+                     "NAME and DIR); hint: " + example, "plugins");
   const std::string& name = args.positional[0];
   const std::string& dir = args.positional[1];
 
   const std::string problem = name_problem(name);
   if (!problem.empty())
-    throw ArgError("NAME '" + name + "': not a plugin name: " + problem + "; hint: lowercase "
-                   "letters, digits, '-' and '_', starting with a letter, at most " +
-                   std::to_string(kMaxNameBytes) + " bytes, e.g. acme-loss");
+    throw UsageError("NAME '" + name + "': not a plugin name: " + problem + "; hint: lowercase "
+                     "letters, digits, '-' and '_', starting with a letter, at most " +
+                     std::to_string(kMaxNameBytes) + " bytes, e.g. acme-loss", "plugins");
 
   if (!args.kind)
-    throw ArgError("keel plugins new: needs --kind KIND; hint: --kind loss (kinds: " +
-                   joined(kind_names()) + ")");
+    throw UsageError("keel plugins new: needs --kind KIND; hint: --kind loss (kinds: " +
+                     joined(kind_names()) + ")", "plugins");
   const KindInfo* kind = nullptr;
   for (const auto& k : kKinds)
     if (*args.kind == k.kind) kind = &k;
   if (kind == nullptr) {
     const std::string near = closest(*args.kind, kind_names());
-    throw ArgError("--kind '" + *args.kind + "': not a component kind; hint: " +
-                   (near.empty() ? "" : "did you mean '" + near + "'? ") +
-                   "kinds: " + joined(kind_names()));
+    throw UsageError("--kind '" + *args.kind + "': not a component kind; hint: " +
+                     (near.empty() ? "" : "did you mean '" + near + "'? ") +
+                     "kinds: " + joined(kind_names()), "plugins");
   }
 
   const std::string lang = args.lang.value_or("cpp");
   if (lang != "c" && lang != "cpp")
-    throw ArgError("--lang '" + lang + "': not a language `keel plugins new` writes; hint: "
-                   "--lang c or --lang cpp (the default)");
+    throw UsageError("--lang '" + lang + "': not a language `keel plugins new` writes; hint: "
+                     "--lang c or --lang cpp (the default)", "plugins");
   const std::string kind_dir = std::string("kinds/") + kind->kind + "/";
   if (lang == "c" && find_template(kind_dir + "component.c") == nullptr)
-    throw ArgError("--lang c: a " + std::string(kind->kind) + " needs LibTorch (autograd or "
-                   "direct access to the model's tensors), which the host functions of "
-                   "keel/abi.h do not give a C plugin; hint: --lang cpp, or a kind C can "
-                   "implement: " + joined(c_kinds()));
+    throw UsageError("--lang c: a " + std::string(kind->kind) + " needs LibTorch (autograd or "
+                     "direct access to the model's tensors), which the host functions of "
+                     "keel/abi.h do not give a C plugin; hint: --lang cpp, or a kind C can "
+                     "implement: " + joined(c_kinds()), "plugins");
 
   std::error_code ec;
   fs::path target = fs::absolute(dir, ec).lexically_normal();
   if (ec || dir.empty())
-    throw ArgError("DIR '" + dir + "': not a usable path; hint: name a new directory, e.g. " +
-                   name);
+    throw UsageError("DIR '" + dir + "': not a usable path; hint: name a new directory, e.g. " +
+                     name, "plugins");
   if (target.filename().empty()) target = target.parent_path();  // "dir/" or "."
   const fs::file_status st = fs::status(target, ec);
   const bool existed = fs::exists(st);
   if (existed) {
     if (!fs::is_directory(st))
-      throw ArgError("DIR '" + dir + "' exists and is not a directory; hint: name a new "
-                     "directory, e.g. " + name);
+      throw UsageError("DIR '" + dir + "' exists and is not a directory; hint: name a new "
+                       "directory, e.g. " + name, "plugins");
     const bool empty = fs::is_empty(target, ec);
     if (ec) fail_io("listing directory", dir, ec.value());
     if (!empty)
-      throw ArgError("DIR '" + dir + "' exists and is not empty; hint: name a new directory, "
-                     "or empty this one first");
+      throw UsageError("DIR '" + dir + "' exists and is not empty; hint: name a new directory, "
+                       "or empty this one first", "plugins");
   }
 
   // The files, rendered in memory first: a template problem leaves nothing behind.

@@ -7,21 +7,21 @@
 namespace keel::cli {
 namespace {
 
-// The one positional argument of `keel plugins <sub>`, or ArgError.
+// The one positional argument of `keel plugins <sub>`, or UsageError.
 const std::string& one_positional(const PluginsArgs& args, const char* what) {
   if (args.positional.size() != 1)
-    throw ArgError("keel plugins " + args.subcommand + ": needs exactly one " + what + ", got " +
-                   std::to_string(args.positional.size()) + " arguments; hint: keel plugins " +
-                   args.subcommand + " " + what);
+    throw UsageError("keel plugins " + args.subcommand + ": needs exactly one " + what + ", got " +
+                     std::to_string(args.positional.size()) + " arguments; hint: keel plugins " +
+                     args.subcommand + " " + what, "plugins");
   return args.positional[0];
 }
 
 std::string root_of(const PluginsArgs& args) {
   if (args.prefix) {
     if (args.prefix->empty())
-      throw ArgError(
-          "--prefix: an empty directory name; hint: --prefix DIR names the plugin "
-          "directory");
+      throw UsageError(
+            "--prefix: an empty directory name; hint: --prefix DIR names the plugin "
+            "directory", "plugins");
     return *args.prefix;
   }
   return default_install_root();
@@ -54,9 +54,9 @@ int plugins_remove(const PluginsArgs& args) {
   std::optional<std::string> version;
   if (at != std::string::npos) version = spec.substr(at + 1);
   if (name.empty() || (version && version->empty()))
-    throw ArgError("'" + spec +
-                   "': not NAME or NAME@VERSION; hint: e.g. keel plugins remove "
-                   "acme-losses@1.2.0");
+    throw UsageError("'" + spec +
+                     "': not NAME or NAME@VERSION; hint: e.g. keel plugins remove "
+                     "acme-losses@1.2.0", "plugins");
   const std::string root = root_of(args);
   const std::string removed = remove_package(root, name, version);
   std::printf("removed %s %s from %s\n", name.c_str(), removed.c_str(), root.c_str());
@@ -67,9 +67,9 @@ int plugins_pack(const PluginsArgs& args) {
   args.only_flags({"output"});
   const std::string& build_dir = one_positional(args, "BUILD_DIR");
   if (args.output && args.output->empty())
-    throw ArgError(
-        "--output: an empty file name; hint: --output NAME-VERSION.tar.gz, or a "
-        "directory name for an unpacked package");
+    throw UsageError(
+          "--output: an empty file name; hint: --output NAME-VERSION.tar.gz, or a "
+          "directory name for an unpacked package", "plugins");
   PackageInfo info;
   const std::string out = pack_package(build_dir, args.output, &info);
   std::vector<std::string> files;

@@ -70,9 +70,9 @@ constexpr const char* kReferenceHeader =
 int plugins_reference(const PluginsArgs& args) {
   args.only_flags({});
   if (!args.positional.empty())
-    throw ArgError(args.positional[0] +
-                   ": unexpected argument (`keel plugins reference` takes none); hint: keel "
-                   "plugins reference > docs/components.md");
+    throw UsageError(args.positional[0] +
+                     ": unexpected argument (`keel plugins reference` takes none); hint: keel "
+                     "plugins reference > docs/components.md", "plugins");
 
   Registry registry;
   registry.discover(plugin_search_path({}));

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/durable.hpp"
-#include "plugins_commands.hpp"
+#include "cli/usage.hpp"
 
 namespace fs = std::filesystem;
 
@@ -122,17 +122,17 @@ void write_replacing(const std::string& path, const std::string& data) {
 int prepare(const PrepareArgs& args) {
   const std::string example = "keel prepare input.txt --output data/";
   if (args.positional.empty())
-    throw ArgError("keel prepare: needs an INPUT text file; hint: " + example);
+    throw UsageError("keel prepare: needs an INPUT text file; hint: " + example, "prepare");
   if (args.positional.size() > 1)
-    throw ArgError(args.positional[1] + ": unexpected argument (`keel prepare` takes one INPUT); "
-                   "hint: " + example);
+    throw UsageError(args.positional[1] + ": unexpected argument (`keel prepare` takes one INPUT); "
+                     "hint: " + example, "prepare");
   if (!args.output || args.output->empty())
-    throw ArgError("keel prepare: needs --output DIR (where tokens.bin and vocab.json go); "
-                   "hint: " + example);
+    throw UsageError("keel prepare: needs --output DIR (where tokens.bin and vocab.json go); "
+                     "hint: " + example, "prepare");
   const std::string level = args.level ? *args.level : "char";
   if (level != "char" && level != "byte")
-    throw ArgError("--level " + level + ": not a level; hint: use --level char (one token per "
-                   "UTF-8 character) or --level byte (one per byte)");
+    throw UsageError("--level " + level + ": not a level; hint: use --level char (one token per "
+                     "UTF-8 character) or --level byte (one per byte)", "prepare");
   const std::string& input = args.positional[0];
   const std::string& dir = *args.output;
 

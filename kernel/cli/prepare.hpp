@@ -23,7 +23,7 @@
 // vocabulary size, dtype and the two paths.
 //
 // A missing INPUT or --output, an extra argument or a --level other than char or byte throws
-// ArgError (main.cpp: exit 2 with prepare's usage line); an unreadable or empty INPUT, invalid
+// UsageError (usage.hpp: exit 2 with prepare's usage line); an unreadable or empty INPUT, invalid
 // UTF-8 at char level, or a failed write throws keel::Error (exit 1).
 #pragma once
 

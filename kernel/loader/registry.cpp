@@ -21,7 +21,7 @@
 #include "digest.hpp"
 #include "elf.hpp"
 #include "error.hpp"
-#include "package/package.hpp"
+#include "loader/installed.hpp"
 #include "safe_path.hpp"
 #include "sealed_copy.hpp"
 #include "unique_fd.hpp"
@@ -450,7 +450,7 @@ std::vector<std::string> plugin_search_path(const std::vector<std::string>& mani
       dirs.push_back(item);
     }
   }
-  // Installed packages: one version of each (package.hpp).
+  // Installed packages: one version of each (installed.hpp).
   std::map<std::string, VersionRequirement> wanted;
   for (const auto& r : requirements) wanted[r.name] = VersionRequirement::parse(r.requirement);
   std::string root;

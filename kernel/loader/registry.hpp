@@ -177,7 +177,7 @@ class Registry {
 };
 
 // The default search path: `manifest_dirs`, then KEEL_PLUGIN_PATH (colon-separated), then the
-// installed packages (package.hpp: in default_install_root(), one version of each name: the
+// installed packages (installed.hpp: in default_install_root(), one version of each name: the
 // highest that meets its requirement, else the highest), then the build tree's plugins/ when
 // this executable runs from the build tree, else the install directory.
 // A manifest's [plugins] require entry (run_config.hpp).

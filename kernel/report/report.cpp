@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include "error.hpp"
+#include "report/summary.hpp"
 #include "report_assets.hpp"
 
 namespace keel::report {
@@ -104,7 +105,8 @@ constexpr const char kScript[] = R"keel_js(
     const data = JSON.parse(document.getElementById('data').textContent);
     const rendered = [];
     // The known metrics, in this order, some sharing a chart; every other numeric key of a
-    // split gets a chart of its own after them, the progress counters last.
+    // split gets a chart of its own after them, but the counters that only climb (epoch,
+    // samples, tokens: the summary gives their last values).
     const groups = [
       ['Loss', [['train', 'loss'], ['train', 'loss_last'], ['test', 'loss']]],
       ['Accuracy', [['train', 'accuracy'], ['test', 'accuracy']]],
@@ -121,7 +123,7 @@ constexpr const char kScript[] = R"keel_js(
        [['train', 'eval_time_s'], ['train', 'eval_seconds'], ['train', 'checkpoint_time_s'],
         ['train', 'checkpoint_seconds']]],
     ];
-    const progress = ['epoch', 'samples', 'tokens'];
+    const counters = new Set(data.counters);
     const used = new Set();
     for (const [, series] of groups) for (const [split, key] of series) used.add(split + ':' + key);
     const rest = [];
@@ -129,11 +131,10 @@ constexpr const char kScript[] = R"keel_js(
       const keys = new Set();
       for (const r of data[split]) for (const k in r) if (typeof r[k] === 'number') keys.add(k);
       for (const k of keys)
-        if (k !== 'step' && !used.has(split + ':' + k)) rest.push([split + ' ' + k, [[split, k]]]);
+        if (k !== 'step' && !counters.has(k) && !used.has(split + ':' + k))
+          rest.push([split + ' ' + k, [[split, k]]]);
     }
-    const late = g => progress.includes(g[1][0][1]) ? 1 : 0;
-    rest.sort((a, b) => late(a) - late(b));  // stable: otherwise in order of first appearance
-    groups.push(...rest);
+    groups.push(...rest);  // in order of first appearance
     const charts = document.getElementById('charts');
     const width = Math.min(560, Math.max(320, window.innerWidth / 2 - 40));
     const colors = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e'];
@@ -202,7 +203,7 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.5em; }
 .chart { display: inline-block; margin: 0 1em 1em 0; vertical-align: top; }
 pre.text { background: #f6f6f6; padding: 0.8em; overflow: auto; max-height: 30em; }
 table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
-#errors { color: #b00; } #rendered { display: none; }
+#errors { color: #b00; } #rendered { display: none; } #summary { margin-bottom: 0.8em; }
 )keel_css";
 
 std::string escape_html(const std::string& s) {
@@ -219,22 +220,14 @@ std::string escape_html(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-std::string write_report(const std::string& run_dir_arg, const std::string& output_arg) {
-  const fs::path run_dir(run_dir_arg);
+// metrics.jsonl's records, split into training and evaluation records (file order).
+void read_records(const fs::path& metrics, ordered_json& train, ordered_json& test) {
   std::error_code ec;
-  if (!fs::is_directory(run_dir, ec))
-    throw Error("keel report: " + run_dir_arg +
-                " is not a directory; hint: give the run directory of a `keel train` run "
-                "([run] output_dir, default runs/<name>)");
-  const fs::path metrics = run_dir / "metrics.jsonl";
   std::ifstream in(metrics);
   if (!fs::is_regular_file(metrics, ec) || !in)
     throw Error("keel report: " + metrics.string() +
                 " does not exist; hint: the run must have the jsonl hook (the default hooks "
                 "include it)");
-  ordered_json train = ordered_json::array(), test = ordered_json::array();
   std::string line;
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -247,73 +240,54 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
     const bool is_train = split == r.end() || !split->is_string() || *split == "train";
     (is_train ? train : test).push_back(std::move(r));
   }
+}
 
-  const fs::path manifest = run_dir / "manifest.resolved.toml";
-  const std::string manifest_text = fs::exists(manifest, ec) ? read_text(manifest) : "";
-
-  const fs::path run_abs = fs::weakly_canonical(fs::absolute(run_dir), ec);  // no "." at the end
-  ordered_json data = {{"run_dir", run_abs.string()},
-                       {"train", train},
-                       {"test", test},
-                       {"phases", nullptr}};
-  const fs::path trace = trace_path(run_dir, manifest_text);
-  std::string phases_html;
-  if (!fs::is_regular_file(trace, ec))
-    phases_html = "<p>No profiler trace (" + escape_html(trace.string()) +
-                  " does not exist): run with a [profiler] type = \"chrome_trace\" table to "
-                  "record the phases of a step.</p>";
-  else if ((data["phases"] = phase_breakdown(trace)).is_null())
-    phases_html = "<p>" + escape_html(trace.string()) +
-                  " is not a Chrome trace with phase events (complete events of process 0).</p>";
-
-  std::string plugins_html;
-  const fs::path plugins = run_dir / "plugins.json";
+// The plugins table from plugins.json, or a sentence saying why there is none.
+std::string plugins_html(const fs::path& plugins) {
+  std::error_code ec;
   const bool have_plugins = fs::exists(plugins, ec);
   const auto pj = have_plugins ? nlohmann::json::parse(read_text(plugins), nullptr, false)
                                : nlohmann::json();
-  if (pj.is_object() && pj.contains("plugins") && pj["plugins"].is_array()) {
-    plugins_html = "<table><tr><th>plugin</th><th>version</th><th>components</th><th>sha256</th>"
-                   "<th>file</th></tr>";
-    for (const auto& p : pj["plugins"]) {
-      std::string components;
-      if (p.is_object() && p.contains("components") && p["components"].is_array())
-        for (const auto& c : p["components"])
-          if (c.is_string()) components += (components.empty() ? "" : ", ") + c.get<std::string>();
-      const std::string sha = string_at(p, "sha256");
-      plugins_html += "<tr><td>" + escape_html(string_at(p, "name")) + "</td><td>" +
-                      escape_html(string_at(p, "version")) + "</td><td>" +
-                      escape_html(components) + "</td><td><code title=\"" + escape_html(sha) +
-                      "\">" + escape_html(sha.substr(0, 16)) + "...</code></td><td><code>" +
-                      escape_html(string_at(p, "path")) + "</code></td></tr>";
-    }
-    plugins_html += "</table>";
-  } else if (have_plugins) {
-    plugins_html = "<p>" + escape_html(plugins.string()) +
-                   " is not a {\"plugins\": [...]} JSON object: the plugins are not shown.</p>";
-  } else {
-    plugins_html = "<p>No plugins.json in the run directory (a run from before keel recorded "
-                   "its plugins): the plugins are not known.</p>";
+  if (!have_plugins)
+    return "<p>No plugins.json in the run directory (a run from before keel recorded "
+           "its plugins): the plugins are not known.</p>";
+  if (!pj.is_object() || !pj.contains("plugins") || !pj["plugins"].is_array())
+    return "<p>" + escape_html(plugins.string()) +
+           " is not a {\"plugins\": [...]} JSON object: the plugins are not shown.</p>";
+  std::string html = "<table><tr><th>plugin</th><th>version</th><th>components</th>"
+                     "<th>sha256</th><th>file</th></tr>";
+  for (const auto& p : pj["plugins"]) {
+    std::string components;
+    if (p.is_object() && p.contains("components") && p["components"].is_array())
+      for (const auto& c : p["components"])
+        if (c.is_string()) components += (components.empty() ? "" : ", ") + c.get<std::string>();
+    const std::string sha = string_at(p, "sha256");
+    html += "<tr><td>" + escape_html(string_at(p, "name")) + "</td><td>" +
+            escape_html(string_at(p, "version")) + "</td><td>" + escape_html(components) +
+            "</td><td><code title=\"" + escape_html(sha) + "\">" +
+            escape_html(sha.substr(0, 16)) + "...</code></td><td><code>" +
+            escape_html(string_at(p, "path")) + "</code></td></tr>";
   }
+  return html + "</table>";
+}
 
-  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\n<title>keel report: " +
-                     escape_html(run_abs.filename().string()) + "</title>\n<style>" + kUplotCss +
-                     "</style>\n<style>" + kStyle + "</style>\n<script>" + kUplotJs +
-                     "</script>\n</head><body>\n<h1>keel run " +
-                     escape_html(run_abs.string()) + "</h1>\n" +
-                     "<p>" + std::to_string(train.size()) + " training records, " +
-                     std::to_string(test.size()) + " evaluation records.</p>\n" +
-                     "<pre id=\"errors\"></pre>\n<h2>Metrics over steps</h2>\n<div id=\"charts\"></div>\n" +
-                     "<h2>Phase breakdown of a step</h2>\n<div id=\"phases\">" + phases_html + "</div>\n" +
-                     "<h2>Plugins</h2>\n" + plugins_html + "\n<h2>Resolved manifest</h2>\n" +
-                     (manifest_text.empty() ? std::string("<p>No manifest.resolved.toml.</p>")
-                                            : "<pre class=\"text\">" + escape_html(manifest_text) + "</pre>") +
-                     "\n<pre id=\"rendered\"></pre>\n<script type=\"application/json\" id=\"data\">" +
-                     script_json(data) + "</script>\n<script>" + kScript + "</script>\n" +
-                     "<details><summary>The charts are drawn by uPlot, inlined into this page "
-                     "(its licence)</summary><pre class=\"text\">" + escape_html(kUplotLicense) +
-                     "</pre></details>\n</body></html>\n";
+// The phase chart's data into data["phases"]; returns the sentence shown instead ("" when
+// the chart is drawn).
+std::string read_phases(const fs::path& trace, ordered_json& data) {
+  std::error_code ec;
+  if (!fs::is_regular_file(trace, ec))
+    return "<p>No profiler trace (" + escape_html(trace.string()) +
+           " does not exist): run with a [profiler] type = \"chrome_trace\" table to "
+           "record the phases of a step.</p>";
+  if ((data["phases"] = phase_breakdown(trace)).is_null())
+    return "<p>" + escape_html(trace.string()) +
+           " is not a Chrome trace with phase events (complete events of process 0).</p>";
+  return "";
+}
 
-  const fs::path output = output_arg.empty() ? run_dir / "report.html" : fs::path(output_arg);
+// Writes `html` to `output` under a temporary name, renamed into place.
+void write_page(const fs::path& output, const std::string& html) {
+  std::error_code ec;
   if (fs::is_directory(output, ec))
     throw Error("keel report: cannot write " + output.string() +
                 ": it is a directory; hint: pass --output FILE, a file name");
@@ -336,6 +310,53 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
                 "; hint: check that it is not a directory and that its directory is writable, or "
                 "pass --output");
   }
+}
+
+}  // namespace
+
+std::string write_report(const std::string& run_dir_arg, const std::string& output_arg) {
+  const fs::path run_dir(run_dir_arg);
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
+    throw Error("keel report: " + run_dir_arg +
+                " is not a directory; hint: give the run directory of a `keel train` run "
+                "([run] output_dir, default runs/<name>)");
+  ordered_json train = ordered_json::array(), test = ordered_json::array();
+  read_records(run_dir / "metrics.jsonl", train, test);
+  const fs::path manifest = run_dir / "manifest.resolved.toml";
+  const std::string manifest_text = fs::exists(manifest, ec) ? read_text(manifest) : "";
+  const fs::path run_log = run_dir / "run.log";
+  const ordered_json summary =
+      run_summary(train, test, fs::is_regular_file(run_log, ec) ? read_text(run_log) : "");
+
+  const fs::path run_abs = fs::weakly_canonical(fs::absolute(run_dir), ec);  // no "." at the end
+  ordered_json data = {{"run_dir", run_abs.string()}, {"summary", summary},
+                       {"counters", counter_keys()},
+                       {"train", train}, {"test", test}, {"phases", nullptr}};
+  const std::string phases_html = read_phases(trace_path(run_dir, manifest_text), data);
+
+  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\n<title>keel report: " +
+                     escape_html(run_abs.filename().string()) + "</title>\n<style>" + kUplotCss +
+                     "</style>\n<style>" + kStyle + "</style>\n<script>" + kUplotJs +
+                     "</script>\n</head><body>\n<h1>keel run " +
+                     escape_html(run_abs.string()) + "</h1>\n" +
+                     "<h2>Summary</h2>\n" + summary_html(summary) +
+                     "<p>" + std::to_string(train.size()) + " training records, " +
+                     std::to_string(test.size()) + " evaluation records.</p>\n" +
+                     "<pre id=\"errors\"></pre>\n<h2>Metrics over steps</h2>\n<div id=\"charts\"></div>\n" +
+                     "<h2>Phase breakdown of a step</h2>\n<div id=\"phases\">" + phases_html + "</div>\n" +
+                     "<h2>Plugins</h2>\n" + plugins_html(run_dir / "plugins.json") +
+                     "\n<h2>Resolved manifest</h2>\n" +
+                     (manifest_text.empty() ? std::string("<p>No manifest.resolved.toml.</p>")
+                                            : "<pre class=\"text\">" + escape_html(manifest_text) + "</pre>") +
+                     "\n<pre id=\"rendered\"></pre>\n<script type=\"application/json\" id=\"data\">" +
+                     script_json(data) + "</script>\n<script>" + kScript + "</script>\n" +
+                     "<details><summary>The charts are drawn by uPlot, inlined into this page "
+                     "(its licence)</summary><pre class=\"text\">" + escape_html(kUplotLicense) +
+                     "</pre></details>\n</body></html>\n";
+
+  const fs::path output = output_arg.empty() ? run_dir / "report.html" : fs::path(output_arg);
+  write_page(output, html);
   return output.string();
 }
 

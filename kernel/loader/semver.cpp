@@ -1,4 +1,4 @@
-#include "package/semver.hpp"
+#include "loader/semver.hpp"
 
 #include <algorithm>
 #include <cctype>

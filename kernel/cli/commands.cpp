@@ -1,0 +1,103 @@
+// The table of keel's commands (commands.hpp), and the two small ones: report and prepare.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "report/report.hpp"
+
+namespace keel::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"train",
+       "MANIFEST [--resume [PATH]] [--resume-changed] [--overwrite] [--set KEY=VALUE]... "
+       "[--log-level LEVEL]",
+       "train the run a manifest describes, or continue it from a checkpoint",
+       "MANIFEST: a TOML file (README, \"Manifest\"); `keel options` and `keel plugins show "
+       "NAME` list the keys of each table",
+       add_train_flags, run_manifest_command},
+      {"evaluate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
+       "evaluate [data.test] with the weights of [checkpoint] init_from, else of the run's newest "
+       "verified checkpoint",
+       "MANIFEST: a TOML file (README, \"Manifest\"); `keel options` and `keel plugins show "
+       "NAME` list the keys of each table\n(the same as train with --set run.mode=evaluate; "
+       "without init_from it evaluates the newest checkpoint of [run] output_dir that verifies, "
+       "and refuses when there is none)",
+       add_set_flag, run_manifest_command},
+      {"validate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
+       "everything train checks (options, plugins, data), without training",
+       "MANIFEST: a TOML file (README, \"Manifest\"); `keel options` and `keel plugins show "
+       "NAME` list the keys of each table",
+       add_set_flag, run_manifest_command},
+      {"plugins",
+       "[show NAME] [--manifest MANIFEST] | new NAME --kind KIND [--lang c|cpp] DIR | install "
+       "PACKAGE [--prefix DIR] [--force] | remove NAME[@VERSION] [--prefix DIR] | pack BUILD_DIR "
+       "[--output FILE] | lock MANIFEST [--update NAME]... | reference] [--log-level LEVEL]",
+       "the plugins found and refused, one component's options, or make, pack, install, remove "
+       "and lock plugin packages",
+       "NAME: a component (adamw, mlp, ...) or a plugin (keel-optimizers, ...)",
+       add_plugins_flags, plugins_command},
+      {"options", "[TABLE] [--log-level LEVEL]",
+       "every key of the kernel's own tables ([run], [train], ...), or of one",
+       "TABLE: run, train, checkpoint, hooks, optimizer.groups, plugins (all when left out)",
+       nullptr, options_command},
+      {"prepare", "INPUT --output DIR [--level char|byte] [--log-level LEVEL]",
+       "tokenize a text file into DIR/tokens.bin and DIR/vocab.json for the tokens dataset",
+       "INPUT: a text file; the files' format: README, \"Preparing token files\"",
+       add_prepare_flags, prepare_command},
+      {"report", "RUN_DIR [--output FILE] [--log-level LEVEL]",
+       "write one self-contained HTML page of a run's summary, metrics, phases, manifest and "
+       "plugins",
+       "RUN_DIR: the run directory of `keel train` ([run] output_dir); the page: README, \"Run "
+       "report\"",
+       add_report_flags, report_command},
+      {"help", "[COMMAND]", "this help, or a command's", "", nullptr, nullptr},
+  };
+  return table;
+}
+
+const Command* find_command(const std::string& name) {
+  for (const Command& c : commands())
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+std::vector<std::string> command_names() {
+  std::vector<std::string> names;
+  for (const Command& c : commands()) names.emplace_back(c.name);
+  return names;
+}
+
+std::string usage_line(const std::string& command) {
+  if (const Command* c = find_command(command))
+    return std::string("keel ") + c->name + " " + c->args + "  (`keel " + c->name +
+           " --help` for more)";
+  return "keel COMMAND [ARGS] [FLAGS], COMMAND one of train, evaluate, validate, plugins, "
+         "options, prepare, report  (`keel --help` for more)";
+}
+
+// keel report RUN_DIR [--output FILE].
+int report_command(const std::string& name, const Parsed& p) {
+  call_state().activity = "while writing the report";
+  if (p.positional.size() != 1)
+    throw UsageError(p.positional.empty()
+                         ? "keel report: needs RUN_DIR (a run directory); hint: keel report "
+                           "runs/quickstart"
+                         : "keel report: takes one RUN_DIR, got " +
+                               std::to_string(p.positional.size()) +
+                               " arguments; hint: one run directory per call, --output FILE "
+                               "for the page",
+                     name);
+  const std::string out = report::write_report(p.positional[0], p.plugins.output.value_or(""));
+  std::printf("keel report: wrote %s\n", out.c_str());
+  return 0;
+}
+
+// keel prepare INPUT --output DIR (prepare.hpp).
+int prepare_command(const std::string&, const Parsed& p) {
+  call_state().activity = "while preparing token files";
+  return prepare(p.prepare);
+}
+
+}  // namespace keel::cli
