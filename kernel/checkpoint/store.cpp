@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <atomic>
 #include <chrono>
@@ -16,8 +17,9 @@
 #include <mutex>
 #include <random>
 
-#include "checkpoint/durable.hpp"
+#include "checkpoint/checksum.hpp"
 #include "error.hpp"
+#include "files/files.hpp"
 #include "keel/tensor.hpp"
 
 namespace fs = std::filesystem;
@@ -84,6 +86,13 @@ bool lock_is_stale(const std::string& path) {
   if (free) ::unlink(path.c_str());
   ::close(fd);
   return free;
+}
+
+// The hint for a file-system failure of a save (files/files.hpp leaves hints to its callers).
+std::string save_hint(int code) {
+  return code == ENOSPC || code == EFBIG || code == EDQUOT
+             ? "free space in the run directory or lower [checkpoint] keep_last"
+             : "check that the run directory is writable";
 }
 
 // Deletes a committed or staged directory: renamed to trash first, so that a kill midway never
@@ -298,6 +307,9 @@ std::string CheckpointStore::commit(const Snapshot& snap, const SaveParts& parts
       }
       return target.string();
     }
+  } catch (const FileError& e) {
+    fs::remove_all(staging, ec);
+    throw Error(std::string(e.what()) + "; hint: " + save_hint(e.code()));
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;

@@ -31,12 +31,14 @@
 #include "cli/plugins_commands.hpp"
 #include "cli/prepare.hpp"
 #include "report/report.hpp"
+#include "text/text.hpp"
 #include "loader/registry.hpp"
 #include "package/package.hpp"
 #include "run_config.hpp"
 #include "trainer.hpp"
 
 namespace po = boost::program_options;
+namespace text = keel::text;
 
 namespace {
 
@@ -101,27 +103,6 @@ std::string usage_line(const std::string& command) {
            " --help` for more)";
   return "keel COMMAND [ARGS] [FLAGS], COMMAND one of train, evaluate, validate, plugins, "
          "options, prepare, report  (`keel --help` for more)";
-}
-
-// One line: newlines and tabs of a message (a plugin's, LibTorch's) become spaces.
-std::string one_line(const std::string& s) {
-  std::string out;
-  bool space = false;
-  for (char c : s) {
-    if (c == '\n' || c == '\r' || c == '\t') {
-      space = true;
-      continue;
-    }
-    if (space && !out.empty()) out += ' ';
-    space = false;
-    out += c;
-  }
-  return out;
-}
-
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  const std::string near = keel::closest(word, candidates);
-  return near.empty() ? "" : "did you mean '" + near + "'? ";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -234,7 +215,7 @@ po::variables_map parse_flags(const std::vector<std::string>& args, const std::s
     po::notify(vm);
   } catch (const po::unknown_option& e) {
     const std::string flag = e.get_option_name();
-    std::string hint = did_you_mean(flag, flag_names(visible));
+    std::string hint = text::did_you_mean(flag, flag_names(visible));
     if (flag.size() == 2 && flag[0] == '-') {  // -s: the long flag starting with s, if one
       std::vector<std::string> longs;
       for (const auto& c : flag_names(visible))
@@ -282,7 +263,7 @@ spdlog::level::level_enum console_level(const std::optional<std::string>& flag,
     return spdlog::level::info;
   }
   if (const auto level = keel::parse_log_level(value)) return *level;
-  throw UsageError(where + ": not a log level; hint: " + did_you_mean(value, names) +
+  throw UsageError(where + ": not a log level; hint: " + text::did_you_mean(value, names) +
                        "use one of " + keel::log_level_names(),
                    usage_line(command));
 }
@@ -391,8 +372,7 @@ void start_logging(const Parsed& p, const std::string& command,
                    const std::optional<std::string>& global_level,
                    const std::vector<std::string>& argv) {
   keel::init_logging(console_level(p.log_level ? p.log_level : global_level, command));
-  std::string line;
-  for (const auto& a : argv) line += (line.empty() ? "" : " ") + a;
+  const std::string line = text::join(argv, " ");
   spdlog::debug("keel {} (plugin ABI {}.{}, LibTorch {}), pid {}", KEEL_VERSION, KEEL_ABI_MAJOR,
                 KEEL_ABI_MINOR, keel::kernel_torch_version(), getpid());
   spdlog::debug("command line: {}", line);
@@ -474,8 +454,8 @@ int cmd_run(const std::string& command, const Parsed& p) {
   } catch (const std::exception& e) {
     // run.log ends with why the run ended (main prints it on stderr itself).
     const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-    keel::run_log_only(spdlog::level::err,
-                       "run failed: " + one_line(c10 ? c10->what_without_backtrace() : e.what()));
+    const char* what = c10 ? c10->what_without_backtrace() : e.what();
+    keel::run_log_only(spdlog::level::err, "run failed: " + text::one_line(what));
     throw;
   }
   if (cfg.mode == keel::RunMode::kEvaluate)
@@ -581,10 +561,9 @@ int cmd_options(const Parsed& p) {
   std::vector<std::string> names;
   for (const auto& t : keel::kernel_tables()) names.emplace_back(t.name);
   if (!plugins_table) names.emplace_back("plugins");
-  std::string all;
-  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  const std::string all = text::join(names);
   throw keel::Error("keel options " + p.positional[0] + ": no kernel table named '" + want +
-                    "'; hint: " + did_you_mean(want, names) + "tables: " + all +
+                    "'; hint: " + text::did_you_mean(want, names) + "tables: " + all +
                     " (`keel options` lists them all)");
 }
 
@@ -696,12 +675,13 @@ int cmd_plugins(const Parsed& p) {
     const std::string refused = registry.refusal_summary();
     throw keel::Error("keel plugins show " + name + ": no plugin or component named '" + name +
                       "'" + (refused.empty() ? "" : " (" + refused + ")") + "; hint: " +
-                      did_you_mean(name, names) + "(`keel plugins` lists everything found)");
+                      text::did_you_mean(name, names) +
+                      "(`keel plugins` lists everything found)");
   }
   if (!args.empty())
     throw UsageError(args[0] + ": unexpected argument to `keel plugins`; hint: " +
-                         did_you_mean(args[0], {"show", "new", "install", "remove", "pack", "lock",
-                                              "reference"}) +
+                         text::did_you_mean(args[0], {"show", "new", "install", "remove", "pack",
+                                                    "lock", "reference"}) +
                          "keel plugins, keel plugins show NAME, or a subcommand (keel plugins "
                          "--help)",
                      usage_line("plugins"));
@@ -750,10 +730,9 @@ std::vector<std::string> command_names() {
 }
 
 [[noreturn]] void unknown_command(const std::string& command) {
-  std::string list;
-  for (const auto& c : kCommands) list += (list.empty() ? "" : ", ") + std::string(c.name);
+  const std::string list = text::join(command_names());
   throw UsageError("'" + command + "': unknown command; hint: " +
-                       did_you_mean(command, command_names()) + "commands: " + list,
+                       text::did_you_mean(command, command_names()) + "commands: " + list,
                    usage_line(""));
 }
 
@@ -835,7 +814,7 @@ int run(int argc, char** argv) {
   std::fprintf(stderr,
                "keel: internal error: %s: %s; this is a bug in keel, please report it with the "
                "command line\n",
-               g_activity.c_str(), one_line(what).c_str());
+               g_activity.c_str(), text::one_line(what).c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   // No cleanup that could wait on a lock the failing thread holds: exit now.
@@ -895,15 +874,16 @@ int keel::cli_main(int argc, char** argv) {
   try {
     status = run(argc, argv);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", one_line(e.what()).c_str(),
+    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", text::one_line(e.what()).c_str(),
                  e.usage.c_str());
     status = kExitUsage;
   } catch (const keel::cli::ArgError& e) {
-    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", one_line(e.what()).c_str(),
+    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", text::one_line(e.what()).c_str(),
                  usage_line("plugins").c_str());
     status = kExitUsage;
   } catch (const keel::Error& e) {
-    std::fprintf(stderr, "keel: error: %s%s\n", g_rank_prefix.c_str(), one_line(e.what()).c_str());
+    std::fprintf(stderr, "keel: error: %s%s\n", g_rank_prefix.c_str(),
+                 text::one_line(e.what()).c_str());
     status = kExitError;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "keel: error: out of memory %s; hint: lower batch_size or the model "

@@ -29,7 +29,8 @@
 #include "loader/elf.hpp"
 #include "loader/registry.hpp"
 #include "loader/trust.hpp"
-#include "manifest.hpp"  // closest()
+#include "files/files.hpp"
+#include "text/text.hpp"
 #include "unique_fd.hpp"
 
 namespace fs = std::filesystem;
@@ -51,12 +52,17 @@ constexpr const char* kTarballHint =
     ".so files; make one with `keel plugins pack BUILD_DIR`";
 
 // ------------------------------------------------------------------------------------------
-// Small file-system helpers. Each failure throws keel::Error naming the operation and path.
+// Small file-system helpers, on top of files/files.hpp. Each failure throws keel::FileError
+// naming the operation and path; the public functions add file_hint's hint to it.
 
 [[noreturn]] void sys_fail(const std::string& what, const std::string& path, int err) {
-  std::string hint = "check that its directory exists and that you may write there";
-  if (err == ENOSPC || err == EDQUOT) hint = "free some space on that file system";
-  throw Error(what + " " + path + " failed: " + std::strerror(err) + "; hint: " + hint);
+  throw FileError(what, path, err);
+}
+
+std::string file_hint(int err) {
+  return err == ENOSPC || err == EDQUOT
+             ? "free some space on that file system"
+             : "check that its directory exists and that you may write there";
 }
 
 // `path` made absolute and normal, without a trailing '/' ("pkg/" -> "/cwd/pkg").
@@ -66,46 +72,12 @@ std::string absolute_path(const std::string& path) {
   return p.string();
 }
 
-std::string parent_of(const std::string& path) {
-  const fs::path p = fs::path(path).parent_path();
-  return p.empty() ? "." : p.string();
-}
-
-void fsync_dir(const std::string& dir) {
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) sys_fail("opening", dir, errno);
-  if (::fsync(fd.get()) != 0) sys_fail("fsync of", dir, errno);
-}
-
-void write_all(int fd, const void* data, size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) sys_fail("writing", path, n < 0 ? errno : EIO);
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-// A new file `path` (it must not exist) holding `text`, mode 0644, fsync'd.
-void write_new_file(const std::string& path, const std::string& text) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (fd.get() < 0) sys_fail("creating", path, errno);
-  write_all(fd.get(), text.data(), text.size(), path);
-  if (::fchmod(fd.get(), 0644) != 0) sys_fail("chmod of", path, errno);
-  if (::fsync(fd.get()) != 0) sys_fail("fsync of", path, errno);
-  if (fd.close() != 0) sys_fail("closing", path, errno);
-}
-
-
 // Copies the regular file `from` (not through a link) to the new file `to` (mode 0644,
 // fsync'd); returns the SHA-256 of the bytes copied.
 std::string copy_file(const std::string& from, const std::string& to) {
   UniqueFd in(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (in.get() < 0) sys_fail("opening", from, errno);
-  UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (out.get() < 0) sys_fail("creating", to, errno);
+  UniqueFd out = create_file(to);
   Sha256 sha;
   std::vector<char> buf(1 << 20);
   for (;;) {
@@ -114,11 +86,9 @@ std::string copy_file(const std::string& from, const std::string& to) {
     if (n < 0) sys_fail("reading", from, errno);
     if (n == 0) break;
     sha.update(buf.data(), static_cast<size_t>(n));
-    write_all(out.get(), buf.data(), static_cast<size_t>(n), to);
+    write_data(out.get(), buf.data(), static_cast<size_t>(n), to);
   }
-  if (::fchmod(out.get(), 0644) != 0) sys_fail("chmod of", to, errno);
-  if (::fsync(out.get()) != 0) sys_fail("fsync of", to, errno);
-  if (out.close() != 0) sys_fail("closing", to, errno);
+  finish_file(out, to, 0644);
   return sha.hex();
 }
 
@@ -188,12 +158,6 @@ bool lexists(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
-std::string joined(const std::vector<std::string>& items, const std::string& sep = ", ") {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
-  return out;
-}
-
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -206,10 +170,7 @@ std::string utc_now() {
 // ------------------------------------------------------------------------------------------
 // keel-plugin.toml
 
-std::string at(const std::string& path, const toml::source_region& r) {
-  if (r.begin.line == 0) return path;
-  return path + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
-}
+using text::located;
 
 // A TOML basic string ("..." with escapes).
 std::string toml_quoted(const std::string& s) {
@@ -218,15 +179,9 @@ std::string toml_quoted(const std::string& s) {
   return out.str();
 }
 
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
-
 [[noreturn]] void fail_at(const std::string& where, const std::string& what,
                           const std::string& hint) {
-  throw Error(one_line(where + ": " + what + "; hint: " + hint));
+  throw Error(text::one_line(where + ": " + what + "; hint: " + hint));
 }
 
 std::string file_name_problem(const std::string& n) {
@@ -278,7 +233,7 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
   try {
     t = toml::parse(text, shown);
   } catch (const toml::parse_error& e) {
-    fail_at(at(shown, e.source()), "not valid TOML: " + std::string(e.description()),
+    fail_at(located(shown, e.source()), "not valid TOML: " + std::string(e.description()),
             "fix the TOML syntax at that place");
   }
   std::vector<std::string> names;
@@ -290,13 +245,11 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
     if (keys == Keys::build)
       for (const Key& known : kKeys)
         if (key == known.name)
-          fail_at(at(shown, k.source()), "'" + key + "' is filled in by `keel plugins pack`",
+          fail_at(located(shown, k.source()), "'" + key + "' is filled in by `keel plugins pack`",
                   "remove it: the build directory's keel-plugin.toml holds only name, version, "
                   "description and license");
-    const std::string near = closest(key, names);
-    fail_at(
-        at(shown, k.source()), "unknown key " + toml_quoted(key),
-        near.empty() ? "keel-plugin.toml holds " + joined(names) : "did you mean '" + near + "'?");
+    fail_at(located(shown, k.source()), "unknown key " + toml_quoted(key),
+            text::did_you_mean_or(key, names, "keel-plugin.toml holds " + text::join(names)));
   }
   Located out;
   PackageInfo& info = out.info;
@@ -306,7 +259,7 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
       fail_at(shown, std::string("no '") + k.name + "'",
               std::string("add ") + k.example +
                   (k.in_build ? "" : " (`keel plugins pack BUILD_DIR` fills it in)"));
-    if (n) out.where[k.name] = at(shown, n->source());
+    if (n) out.where[k.name] = located(shown, n->source());
     return n;
   };
   auto str = [&](const Key& k) -> std::optional<std::string> {
@@ -315,7 +268,7 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
     const auto* s = n->as_string();
     if (!s)
       fail_at(
-          at(shown, n->source()), std::string("'") + k.name + "' must be a string",
+          located(shown, n->source()), std::string("'") + k.name + "' must be a string",
           std::string("write it quoted") + (*k.example ? std::string(", e.g. ") + k.example : ""));
     return s->get();
   };
@@ -365,7 +318,7 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
       if (const toml::node* n = node(k)) {
         const auto* i = n->as_integer();
         if (!i || (i->get() != 0 && i->get() != 1))
-          fail_at(at(shown, n->source()), "'cxx11_abi' must be 0 or 1",
+          fail_at(located(shown, n->source()), "'cxx11_abi' must be 0 or 1",
                   "write the _GLIBCXX_USE_CXX11_ABI the plugins were built with");
         info.cxx11_abi = static_cast<int>(i->get());
       }
@@ -373,7 +326,7 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
       const toml::node* n = node(k);
       const auto* a = n->as_array();
       if (!a)
-        fail_at(at(shown, n->source()), "'components' must be a list of strings",
+        fail_at(located(shown, n->source()), "'components' must be a list of strings",
                 "write it as components = [\"loss:my_ce\"]");
       std::set<std::string> seen;
       for (const toml::node& e : *a) {
@@ -384,13 +337,13 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
         if (!s || colon == std::string::npos || colon + 1 == c.size() ||
             c.find(':', colon + 1) != std::string::npos ||
             !kind_from_name(c.substr(0, colon), &kind))
-          fail_at(at(shown, e.source()),
+          fail_at(located(shown, e.source()),
                   "a component must be a string KIND:NAME with a known kind" +
                       (s ? " (got " + toml_quoted(c) + ")" : std::string()),
                   "KIND is model, dataset, optimizer, lr_scheduler, loss, grad_clipper, mfu, "
                   "profiler, checkpoint or hook, e.g. \"loss:my_ce\"");
         if (!seen.insert(c).second)
-          fail_at(at(shown, e.source()), "component " + toml_quoted(c) + " is listed twice",
+          fail_at(located(shown, e.source()), "component " + toml_quoted(c) + " is listed twice",
                   "list each component once");
         info.components.push_back(c);
       }
@@ -398,24 +351,24 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
       const toml::node* n = node(k);
       const auto* ft = n->as_table();
       if (!ft)
-        fail_at(at(shown, n->source()), "'files' must be a table",
+        fail_at(located(shown, n->source()), "'files' must be a table",
                 "write it as a [files] header followed by \"FILE.so\" = \"<sha256>\" lines");
       if (ft->empty())
-        fail_at(at(shown, n->source()), "[files] lists no file",
+        fail_at(located(shown, n->source()), "[files] lists no file",
                 "list each plugin .so with its sha256 (`keel plugins pack` does)");
       for (const auto& [fk, fv] : *ft) {
         const std::string file(fk.str());
         const std::string bad = file_name_problem(file);
         if (!bad.empty())
-          fail_at(at(shown, fk.source()), "[files] " + toml_quoted(file) + ": " + bad,
+          fail_at(located(shown, fk.source()), "[files] " + toml_quoted(file) + ": " + bad,
                   "list only the plugin .so files at the package's top level");
         const auto* s = fv.as_string();
         if (!s || !is_sha256_hex(s->get()))
-          fail_at(at(shown, fv.source()),
+          fail_at(located(shown, fv.source()),
                   "[files] " + toml_quoted(file) + " must be a sha256: 64 lowercase hex digits",
                   "`sha256sum FILE` prints it; `keel plugins pack` fills [files] in");
         info.files[file] = s->get();
-        out.where["files." + file] = at(shown, fk.source());
+        out.where["files." + file] = located(shown, fk.source());
       }
     }
   }
@@ -427,23 +380,15 @@ Located parse_info(const std::string& text, const std::string& shown, Keys keys)
   return out;
 }
 
-// The content of the regular file `path` (not read through a link).
+// The content of the file `path` (not read through a link), named `shown` in messages.
 std::string read_regular(const std::string& path, const std::string& shown) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ELOOP) fail_at(shown, "a symbolic link", kLayoutHint);
-    sys_fail("opening", shown, errno);
+  try {
+    return read_file(path, /*follow_links=*/false);
+  } catch (const FileError& e) {
+    if (e.code() == ELOOP) fail_at(shown, "a symbolic link", kLayoutHint);
+    if (path == shown) throw;
+    sys_fail("reading", shown, e.code());
   }
-  std::string text;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) sys_fail("reading", shown, errno);
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  return text;
 }
 
 Located read_info(const std::string& path, const std::string& shown, Keys keys) {
@@ -711,19 +656,16 @@ std::string extract_package(const std::string& tarball, const std::string& dest,
       fail_at(tarball, "entry " + toml_quoted(f.path) + " was not there when it was first read",
               "check that nothing rewrites the package file during the install");
     const std::string out = dest + "/" + f.name;
-    UniqueFd w(::open(out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-    if (w.get() < 0) sys_fail("creating", out, errno);
+    UniqueFd w = create_file(out);
     std::string text;
     read_entry(a, tarball, f, [&](const char* p, size_t n) {
       if (is_meta) text.append(p, n);
-      write_all(w.get(), p, n, out);
+      write_data(w.get(), p, n, out);
     });
     if (is_meta && text != *meta)
       fail_at(tarball, "entry " + toml_quoted(f.path) + " changed while it was read",
               "check that nothing rewrites the package file during the install");
-    if (::fchmod(w.get(), 0644) != 0) sys_fail("chmod of", out, errno);
-    if (::fsync(w.get()) != 0) sys_fail("fsync of", out, errno);
-    if (w.close() != 0) sys_fail("closing", out, errno);
+    finish_file(w, out, 0644);
   });
   if (again != top)
     fail_at(tarball, "its top-level directory changed while it was read",
@@ -824,7 +766,7 @@ std::string package_info_toml(const PackageInfo& info) {
   if (info.cxx11_abi) s += "cxx11_abi = " + std::to_string(*info.cxx11_abi) + "\n";
   std::vector<std::string> comps;
   for (const auto& c : info.components) comps.push_back(toml_quoted(c));
-  s += "components = [" + joined(comps) + "]\n";
+  s += "components = [" + text::join(comps) + "]\n";
   s += "\n[files]\n";
   for (const auto& [file, sha] : info.files)
     s += toml_quoted(file) + " = " + toml_quoted(sha) + "\n";
@@ -932,7 +874,7 @@ InstalledPackage install_package(const std::string& package, const std::string& 
     UniqueFd fd(::open((staging.path() + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) sys_fail("opening", shown + "/" + file, errno);
     const std::string bad = install_dependency_problem(fd.get(), staging.path());
-    if (!bad.empty()) throw Error(one_line(shown + "/" + file + ": not installed: " + bad));
+    if (!bad.empty()) throw Error(text::one_line(shown + "/" + file + ": not installed: " + bad));
   }
   const std::string expected_top = info.name + "-" + info.version;
   if (!is_dir && shown != named + ":" + expected_top)
@@ -955,45 +897,34 @@ InstalledPackage install_package(const std::string& package, const std::string& 
   result.dir = target;
   result.source = source;
   result.installed_at = utc_now();
-  write_new_file(staging.path() + "/" + kInstalledMetadataFile,
-                 installed_toml(result.source, result.installed_at));
+  write_file_durably(staging.path() + "/" + kInstalledMetadataFile,
+                     installed_toml(result.source, result.installed_at), 0644);
   if (::chmod(staging.path().c_str(), 0755) != 0) sys_fail("chmod of", staging.path(), errno);
-  fsync_dir(staging.path());
+  fsync_path(staging.path());
   make_dirs(name_dir, created);
 
   if (!lexists(target)) {
-    int rc =
-        ::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE);
-    // Without RENAME_NOREPLACE, rename() still refuses a non-empty existing directory.
-    if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
-      rc = ::rename(staging.path().c_str(), target.c_str());
-    if (rc != 0) {
-      if (errno == EEXIST || errno == ENOTEMPTY) throw Error(already);  // installed meanwhile
-      sys_fail("renaming " + staging.path() + " to", target, errno);
-    }
+    // Where RENAME_NOREPLACE is missing, rename() still refuses a non-empty existing directory.
+    if (!durable_rename_new(staging.path(), target)) throw Error(already);  // installed meanwhile
     staging.release();
-  } else if (::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(),
-                         RENAME_EXCHANGE) == 0) {
+  } else if (durable_exchange(staging.path(), target)) {
     // The old package now sits in the staging directory, which goes away with `staging`.
     if (replaced) *replaced = true;
   } else {
-    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
-      sys_fail("exchanging " + staging.path() + " and", target, errno);
     // No atomic exchange here: move the old one aside (onto an empty scratch directory), move
-    // the new one in, and put the old one back if that fails.
+    // the new one in, and put the old one back if the new one did not get there.
     ScratchDir aside(root, ".keel-replaced-");
-    if (::rename(target.c_str(), aside.path().c_str()) != 0)
-      sys_fail("renaming " + target + " to", aside.path(), errno);
-    if (::rename(staging.path().c_str(), target.c_str()) != 0) {
-      const int err = errno;
-      if (::rename(aside.path().c_str(), target.c_str()) == 0) aside.release();
-      sys_fail("renaming " + staging.path() + " to", target, err);
+    try {
+      durable_rename(target, aside.path());
+      durable_rename(staging.path(), target);
+    } catch (const FileError&) {
+      if (!lexists(target) && ::rename(aside.path().c_str(), target.c_str()) == 0)
+        aside.release();
+      throw;
     }
     staging.release();
     if (replaced) *replaced = true;
   }
-  fsync_dir(name_dir);
-  fsync_dir(root);
   created.keep();
   return result;
 }
@@ -1003,13 +934,11 @@ std::string remove_package(const std::string& root_in, const std::string& name,
   const std::string root = absolute_path(root_in);
   const std::vector<std::string> names = subdirs(root);
   if (std::find(names.begin(), names.end(), name) == names.end()) {
-    const std::string near = closest(name, names);
-    throw Error(
-        name + ": no package of that name is installed in " + root +
-        (names.empty() ? " (none is)" : " (installed: " + joined(names) + ")") + "; hint: " +
-        (near.empty()
-             ? std::string("`keel plugins --prefix ") + root + "` lists the installed packages"
-             : "did you mean '" + near + "'?"));
+    throw Error(name + ": no package of that name is installed in " + root +
+                (names.empty() ? " (none is)" : " (installed: " + text::join(names) + ")") +
+                "; hint: " +
+                text::did_you_mean_or(name, names, "`keel plugins --prefix " + root +
+                                                       "` lists the installed packages"));
   }
   const std::string name_dir = root + "/" + name;
   const std::vector<std::string> versions = [&] {
@@ -1025,7 +954,7 @@ std::string remove_package(const std::string& root_in, const std::string& name,
   if (version) {
     if (std::find(versions.begin(), versions.end(), *version) == versions.end())
       throw Error(name + "@" + *version + ": that version is not installed in " + root +
-                  " (installed: " + (versions.empty() ? "none" : joined(versions)) + ")" +
+                  " (installed: " + (versions.empty() ? "none" : text::join(versions)) + ")" +
                   (versions.empty() ? "; hint: nothing of " + name + " is left to remove"
                                     : "; hint: name one of these, e.g. `keel plugins remove " +
                                           name + "@" + versions.back() + "`"));
@@ -1037,16 +966,14 @@ std::string remove_package(const std::string& root_in, const std::string& name,
                 " is empty); hint: remove that directory by hand");
   } else {
     throw Error(name + ": " + std::to_string(versions.size()) + " versions are installed in " +
-                root + " (" + joined(versions) + "); hint: name one, e.g. `keel plugins remove " +
-                name + "@" + versions.back() + "`");
+                root + " (" + text::join(versions) +
+                "); hint: name one, e.g. `keel plugins remove " + name + "@" + versions.back() +
+                "`");
   }
   const std::string target = name_dir + "/" + chosen;
   // Moved out of sight in one step (onto an empty scratch directory), then deleted.
   ScratchDir trash(root, ".keel-remove-");
-  if (::rename(target.c_str(), trash.path().c_str()) != 0)
-    sys_fail("renaming " + target + " to", trash.path(), errno);
-  fsync_dir(name_dir);
-  fsync_dir(root);
+  durable_rename(target, trash.path());
   std::error_code ec;
   fs::remove_all(trash.path(), ec);
   if (ec)
@@ -1054,7 +981,7 @@ std::string remove_package(const std::string& root_in, const std::string& name,
                 trash.path() + " failed: " + ec.message() +
                 "; hint: delete that directory by hand");
   trash.release();
-  if (::rmdir(name_dir.c_str()) == 0) fsync_dir(root);
+  if (::rmdir(name_dir.c_str()) == 0) fsync_path(root);
   return chosen;
 }
 
@@ -1151,11 +1078,9 @@ void write_tarball(const std::string& out, const PackageInfo& info,
     write_entry_data(a.get(), f, out);
   }
   check(archive_write_close(a.get()));
-  if (::fsync(fd.get()) != 0) sys_fail("fsync of", tmp, errno);
-  if (fd.close() != 0) sys_fail("closing", tmp, errno);
-  if (::rename(tmp.c_str(), out.c_str()) != 0) sys_fail("renaming " + tmp + " to", out, errno);
+  finish_file(fd, tmp);
+  durable_rename(tmp, out);
   cleanup.path.clear();
-  fsync_dir(dir);
 }
 
 void write_package_dir(const std::string& out, const PackageInfo& info,
@@ -1167,21 +1092,14 @@ void write_package_dir(const std::string& out, const PackageInfo& info,
       throw Error(f.path +
                   ": changed while it was packed; hint: pack again once the build has "
                   "finished");
-  write_new_file(tmp.path() + "/" + kPackageMetadataFile, package_info_toml(info));
+  write_file_durably(tmp.path() + "/" + kPackageMetadataFile, package_info_toml(info), 0644);
   if (::chmod(tmp.path().c_str(), 0755) != 0) sys_fail("chmod of", tmp.path(), errno);
-  fsync_dir(tmp.path());
-  int rc = ::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE);
-  if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
-    rc = ::rename(tmp.path().c_str(), out.c_str());
-  if (rc != 0) {
-    if (errno == EEXIST || errno == ENOTEMPTY)
-      throw Error(out +
-                  ": already exists; hint: remove it, or write the package elsewhere with "
-                  "--output");
-    sys_fail("renaming " + tmp.path() + " to", out, errno);
-  }
+  fsync_path(tmp.path());
+  if (!durable_rename_new(tmp.path(), out))
+    throw Error(out +
+                ": already exists; hint: remove it, or write the package elsewhere with "
+                "--output");
   tmp.release();
-  fsync_dir(dir);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -1230,7 +1148,7 @@ std::string pack_package(const std::string& build_dir, const std::optional<std::
   }
   if (plugins.empty())
     throw Error(build_dir + ": no keel plugin .so in it" +
-                (skipped.empty() ? std::string() : " (skipped: " + joined(skipped, "; ") + ")") +
+                (skipped.empty() ? "" : " (skipped: " + text::join(skipped, "; ") + ")") +
                 "; hint: build the plugin first (`meson compile -C " + build_dir + "`)");
 
   Registry registry;
@@ -1239,7 +1157,7 @@ std::string pack_package(const std::string& build_dir, const std::optional<std::
   for (const auto& name : plugins) {
     const std::string path = bd + "/" + name;
     if (!registry.load(path))
-      throw Error(one_line(path + ": cannot pack it: " + registry.refusals().back().reason));
+      throw Error(text::one_line(path + ": cannot pack it: " + registry.refusals().back().reason));
     const LoadedPlugin& p = *registry.plugins().back();
     if (p.version != info.version)
       fail_at(l.where.at("version"),
