@@ -42,8 +42,7 @@ class Reader {
  public:
   Reader(const toml::table& t, const std::string& path, std::string table,
          std::initializer_list<const char*> keys)
-      : t_(t), path_(path), table_(std::move(table)) {
-    for (const char* k : keys) keys_ += std::string(keys_.empty() ? "" : ", ") + k;
+      : t_(t), path_(path), table_(std::move(table)), keys_(text::join(keys)) {
     for (const auto& [k, v] : t) {
       bool known = false;
       for (const char* key : keys) known = known || k.str() == key;
