@@ -37,12 +37,6 @@ struct AsyncResult {
 
 namespace {
 
-const std::pair<const char*, at::ScalarType> kDtypes[] = {
-    {"F32", at::kFloat}, {"F64", at::kDouble}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-    {"I64", at::kLong},  {"I32", at::kInt},    {"I8", at::kChar},  {"U8", at::kByte},
-    {"BOOL", at::kBool},
-};
-
 // The flock'd lock file of one save; unlocked and removed by release().
 class SaveLock {
  public:
@@ -119,15 +113,13 @@ std::string random_token() {
 }
 
 std::string dtype_name(at::ScalarType type) {
-  for (const auto& [name, t] : kDtypes)
-    if (t == type) return name;
-  return at::toString(type);
+  const Dtype* d = dtype_of(type);
+  return d ? d->name : at::toString(type);
 }
 
 at::ScalarType dtype_of_name(const std::string& name) {
-  for (const auto& [n, t] : kDtypes)
-    if (name == n) return t;
-  return at::ScalarType::Undefined;
+  const Dtype* d = dtype_named(name);
+  return d ? d->torch : at::ScalarType::Undefined;
 }
 
 void Snapshot::copy_tensors(bool deferred_ones) {
