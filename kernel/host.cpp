@@ -14,25 +14,13 @@
 namespace keel {
 namespace {
 
-struct DtypeMap {
-  keel_dtype keel;
-  at::ScalarType torch;
-};
-constexpr DtypeMap kDtypes[] = {
-    {KEEL_DTYPE_F32, at::kFloat}, {KEEL_DTYPE_F64, at::kDouble}, {KEEL_DTYPE_F16, at::kHalf},
-    {KEEL_DTYPE_BF16, at::kBFloat16}, {KEEL_DTYPE_I64, at::kLong}, {KEEL_DTYPE_I32, at::kInt},
-    {KEEL_DTYPE_U8, at::kByte}, {KEEL_DTYPE_I8, at::kChar}, {KEEL_DTYPE_BOOL, at::kBool},
-};
-
 const at::TensorImpl* impl(const keel_tensor* t) {
   return reinterpret_cast<const at::TensorImpl*>(t);
 }
 
 keel_dtype tensor_dtype(const keel_tensor* t) {
-  const auto st = c10::typeMetaToScalarType(impl(t)->dtype());
-  for (const auto& d : kDtypes)
-    if (d.torch == st) return d.keel;
-  return KEEL_DTYPE_UNKNOWN;
+  const Dtype* d = dtype_of(c10::typeMetaToScalarType(impl(t)->dtype()));
+  return d ? d->keel : KEEL_DTYPE_UNKNOWN;
 }
 int32_t tensor_ndim(const keel_tensor* t) { return static_cast<int32_t>(impl(t)->dim()); }
 int64_t tensor_size(const keel_tensor* t, int32_t dim) {
@@ -56,9 +44,7 @@ keel_tensor* tensor_from_buffer(keel_dtype dtype, const int64_t* shape, int32_t 
                                 const void* data) {
   try {
     if (ndim < 0 || (ndim > 0 && !shape)) return nullptr;
-    const DtypeMap* m = nullptr;
-    for (const auto& d : kDtypes)
-      if (d.keel == dtype) m = &d;
+    const Dtype* m = dtype_of(dtype);
     if (!m) return nullptr;
     at::Tensor out = at::zeros(at::IntArrayRef(shape, static_cast<size_t>(ndim)),
                                at::TensorOptions().dtype(m->torch));

@@ -481,22 +481,6 @@ class Override {
 
 };
 
-// Optimal string alignment distance: insertions, deletions, substitutions and transpositions
-// of two adjacent characters cost 1 each ("mpl" is 1 from "mlp", 2 from "gpt").
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i)
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
-                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[a.size()][b.size()];
-}
-
 }  // namespace
 
 std::string where(const toml::source_region& source) {
@@ -506,19 +490,6 @@ std::string where(const toml::source_region& source) {
   if (source.begin.line == 0) return path;
   return path + ":" + std::to_string(source.begin.line) + ":" +
          std::to_string(source.begin.column);
-}
-
-std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_distance = std::max<size_t>(2, word.size() / 3) + 1;  // exclusive bound
-  for (const auto& c : candidates) {
-    const size_t d = edit_distance(word, c);
-    if (d < best_distance) {
-      best_distance = d;
-      best = c;
-    }
-  }
-  return best;
 }
 
 Manifest load_manifest(const std::string& path, const std::vector<std::string>& overrides) {

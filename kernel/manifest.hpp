@@ -25,7 +25,4 @@ Manifest load_manifest(const std::string& path, const std::vector<std::string>& 
 // "file:line:col" of a node (or key), or the --set argument it came from.
 std::string where(const toml::source_region& source);
 
-// Levenshtein-closest candidate to `word` (empty when none is reasonably close).
-std::string closest(const std::string& word, const std::vector<std::string>& candidates);
-
 }  // namespace keel

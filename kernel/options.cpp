@@ -6,6 +6,7 @@
 
 #include "error.hpp"
 #include "manifest.hpp"
+#include "text/text.hpp"
 
 namespace keel {
 namespace {
@@ -113,9 +114,8 @@ class Checker {
       if (item == v) return v;
       options.push_back(item);
     }
-    std::string near = closest(v, options);
     fail(n, "expected one of " + all + ", got \"" + v + "\"",
-         near.empty() ? "use one of " + all : "did you mean \"" + near + "\"?");
+         text::did_you_mean_or(v, options, "use one of " + all, '"'));
   }
   // "e.g. lr = 0.001 (the default)", plus where the option is documented.
   std::string example() const {
@@ -177,10 +177,8 @@ keel_options validate_options(const toml::table& table, const std::string& secti
     for (const auto& o : schema)
       if (key == o.key) desc = &o;
     if (!desc) {
-      const std::string near = closest(key, keys);
       throw Error(where(k.source()) + ": unknown key '" + key + "' in [" + section + "]; hint: " +
-                  (near.empty() ? "" : "did you mean '" + near + "'? ") + docs +
-                  " lists every option");
+                  text::did_you_mean(key, keys) + docs + " lists every option");
     }
     out.values[key] = Checker(section + "." + key, *desc, docs).convert(v);
   }

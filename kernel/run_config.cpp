@@ -12,6 +12,7 @@
 #include "loader/lock.hpp"
 #include "loader/installed.hpp"
 #include "loader/semver.hpp"
+#include "text/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -108,12 +109,6 @@ const std::vector<std::string> kTopLevel = {"run", "plugins", "train", "model", 
                                             "mfu", "profiler", "checkpoint", "hooks", "distributed",
                                             "extends"};
 
-// "did you mean 'x'? " (with a trailing space), or "".
-std::string near_hint(const std::string& word, const std::vector<std::string>& candidates) {
-  const std::string n = closest(word, candidates);
-  return n.empty() ? "" : "did you mean '" + n + "'? ";
-}
-
 const toml::table& table_or_empty(const toml::table& root, const std::string& key,
                                   const std::string& where_label) {
   static const toml::table empty;
@@ -135,8 +130,7 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
   const toml::node* type = table.get("type");
   std::vector<std::string> names;
   for (const Component* c : registry.of_kind(kind)) names.push_back(c->name);
-  std::string available;
-  for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
+  const std::string available = text::join(names);
   if (!type || !type->is_string())
     throw Error(where(type ? type->source() : table.source()) + ": [" + section +
                 "] needs type = \"<" + kind_name(kind) + ">\" (available: " +
@@ -162,7 +156,7 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
     throw Error(where(type->source()) + ": [" + section + "].type: no " + kind_name(kind) +
                 " named '" + name + "' (available: " + (available.empty() ? "none" : available) +
                 ")" + (refused.empty() ? "" : "; " + refused) + "; hint: " +
-                near_hint(name, names) +
+                text::did_you_mean(name, names) +
                 "`keel plugins` lists what was found and why files were refused");
   }
   spec.component = found[0];
@@ -302,7 +296,7 @@ PluginsTable manifest_plugins(const Manifest& m) {
     if (k.str() != "paths" && k.str() != "require" && k.str() != "locked")
       throw Error(where(k.source()) + ": unknown key '" + std::string(k.str()) +
                   "' in [plugins]; hint: " +
-                  near_hint(std::string(k.str()), {"paths", "require", "locked"}) +
+                  text::did_you_mean(std::string(k.str()), {"paths", "require", "locked"}) +
                   "its keys are paths, require and locked (`keel options plugins`)");
   if (const toml::node* locked = t.get("locked")) {
     if (!locked->is_boolean())
@@ -462,9 +456,10 @@ RunConfig resolve(const Manifest& m, Registry& registry, bool use_lock) {
     const std::string key(k.str());
     if (std::find(kTopLevel.begin(), kTopLevel.end(), key) == kTopLevel.end())
       throw Error(where(k.source()) + ": unknown section '" + key + "'; hint: " +
-                  near_hint(key, kTopLevel) + "a manifest holds run, plugins, train, model, "
-                  "data, optimizer, lr_scheduler, loss, grad_clipper, mfu, profiler, checkpoint, "
-                  "hooks, distributed (README, \"Manifest\")");
+                  text::did_you_mean(key, kTopLevel) +
+                  "a manifest holds run, plugins, train, model, data, optimizer, lr_scheduler, "
+                  "loss, grad_clipper, mfu, profiler, checkpoint, hooks, distributed (README, "
+                  "\"Manifest\")");
   }
 
   const PluginsTable plugins = manifest_plugins(m);
@@ -574,7 +569,7 @@ RunConfig resolve(const Manifest& m, Registry& registry, bool use_lock) {
   for (const auto& [k, v] : data)
     if (k.str() != "train" && k.str() != "test")
       throw Error(where(k.source()) + ": unknown table [data." + std::string(k.str()) +
-                  "]; hint: " + near_hint(std::string(k.str()), {"train", "test"}) +
+                  "]; hint: " + text::did_you_mean(std::string(k.str()), {"train", "test"}) +
                   "datasets go in [data.train] and [data.test]");
   if (!data.get("train"))
     throw Error(m.path + ": the manifest has no [data.train] table; hint: add one with type = \"<dataset>\"");

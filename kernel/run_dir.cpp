@@ -16,6 +16,7 @@
 #include <set>
 
 #include "error.hpp"
+#include "files/files.hpp"
 #include "unique_fd.hpp"
 
 namespace fs = std::filesystem;
@@ -84,17 +85,6 @@ std::string untrusted_directory(const struct stat& st, bool is_run_dir) {
   if (!is_run_dir && (st.st_mode & S_ISVTX)) return "";  // others cannot rename or remove ours
   return std::string("is writable by ") + (others ? "every user" : "its group") + " (mode " +
          mode_text(st.st_mode) + (is_run_dir ? ")" : ", no sticky bit)");
-}
-
-bool write_all(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
 }
 
 // ---- CreatedEntries ----

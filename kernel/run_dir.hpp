@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "files/files.hpp"  // write_all (kernel/trainer.cpp takes it from here)
+
 namespace keel {
 
 class RunDir;
@@ -139,8 +141,5 @@ class RunDir {
 // Why a directory on the way to a run directory (`is_run_dir` false) or the run directory
 // itself (true) with status `st` is not trusted under the rule above, or "" when it is.
 std::string untrusted_directory(const struct stat& st, bool is_run_dir);
-
-// Writes all of `text` to `fd`; false (errno set) on failure.
-bool write_all(int fd, const std::string& text);
 
 }  // namespace keel

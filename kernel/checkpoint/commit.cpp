@@ -8,8 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/durable.hpp"
+#include "checkpoint/checksum.hpp"
 #include "error.hpp"
+#include "files/files.hpp"
 
 namespace fs = std::filesystem;
 

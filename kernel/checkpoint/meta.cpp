@@ -8,19 +8,15 @@
 #include <toml++/toml.h>
 
 #include "error.hpp"
+#include "text/text.hpp"
 
 namespace keel {
 namespace {
 
-std::string at(const std::string& path, const toml::source_region& r) {
-  return path + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
-}
+using text::located;
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
-  std::string line = where + ": invalid checkpoint metadata: " + what;
-  for (char& c : line)
-    if (c == '\n' || c == '\r') c = ' ';
-  throw Error(line);
+  throw Error(text::one_line(where + ": invalid checkpoint metadata: " + what));
 }
 
 // A TOML basic string ("..." with escapes).
@@ -46,13 +42,12 @@ class Reader {
  public:
   Reader(const toml::table& t, const std::string& path, std::string table,
          std::initializer_list<const char*> keys)
-      : t_(t), path_(path), table_(std::move(table)) {
-    for (const char* k : keys) keys_ += std::string(keys_.empty() ? "" : ", ") + k;
+      : t_(t), path_(path), table_(std::move(table)), keys_(text::join(keys)) {
     for (const auto& [k, v] : t) {
       bool known = false;
       for (const char* key : keys) known = known || k.str() == key;
       if (!known)
-        fail(at(path, k.source()), "unknown key " + quoted(std::string(k.str())) + in() +
+        fail(located(path, k.source()), "unknown key " + quoted(std::string(k.str())) + in() +
                                        " (expected " + keys_ + ")");
     }
   }
@@ -60,39 +55,39 @@ class Reader {
   const toml::node& node(const char* key) const {
     const toml::node* n = t_.get(key);
     if (n == nullptr)
-      fail(at(path_, t_.source()), std::string("no '") + key + "'" + in() + " (expected " + keys_ + ")");
+      fail(located(path_, t_.source()), std::string("no '") + key + "'" + in() + " (expected " + keys_ + ")");
     return *n;
   }
   int64_t integer(const char* key, int64_t min = 0) const {
     const toml::node& n = node(key);
     const auto* i = n.as_integer();
     if (i == nullptr || i->get() < min)
-      fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be an integer >= " +
+      fail(located(path_, n.source()), std::string("'") + key + "'" + in() + " must be an integer >= " +
                                       std::to_string(min));
     return i->get();
   }
   double real(const char* key) const {
     const toml::node& n = node(key);
     if (const auto* f = n.as_floating_point()) return f->get();
-    fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be a float");
+    fail(located(path_, n.source()), std::string("'") + key + "'" + in() + " must be a float");
   }
   std::string string(const char* key) const {
     const toml::node& n = node(key);
     const auto* s = n.as_string();
-    if (s == nullptr) fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be a string");
+    if (s == nullptr) fail(located(path_, n.source()), std::string("'") + key + "'" + in() + " must be a string");
     return s->get();
   }
   const toml::array& array(const char* key) const {
     const toml::node& n = node(key);
     const auto* a = n.as_array();
-    if (a == nullptr) fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be a list");
+    if (a == nullptr) fail(located(path_, n.source()), std::string("'") + key + "'" + in() + " must be a list");
     return *a;
   }
   std::vector<std::string> strings(const char* key) const {
     std::vector<std::string> out;
     for (const toml::node& o : array(key)) {
       const auto* s = o.as_string();
-      if (s == nullptr) fail(at(path_, o.source()), std::string("'") + key + "'" + in() + " must be a list of strings");
+      if (s == nullptr) fail(located(path_, o.source()), std::string("'") + key + "'" + in() + " must be a list of strings");
       out.push_back(s->get());
     }
     return out;
@@ -100,7 +95,7 @@ class Reader {
   const toml::table& table(const char* key) const {
     const toml::node& n = node(key);
     const auto* t = n.as_table();
-    if (t == nullptr) fail(at(path_, n.source()), std::string("'") + key + "'" + in() + " must be a table");
+    if (t == nullptr) fail(located(path_, n.source()), std::string("'") + key + "'" + in() + " must be a table");
     return *t;
   }
   const std::string& path() const { return path_; }
@@ -118,13 +113,13 @@ MetricList metrics(const Reader& parent, const char* split) {
   const std::vector<std::string> keys = r.strings("keys");
   const toml::array& values = r.array("values");
   if (values.size() != keys.size())
-    fail(at(r.path(), values.source()), "[metrics." + std::string(split) + "] has " +
+    fail(located(r.path(), values.source()), "[metrics." + std::string(split) + "] has " +
                                             std::to_string(keys.size()) + " keys but " +
                                             std::to_string(values.size()) + " values");
   MetricList out;
   for (size_t i = 0; i < keys.size(); ++i) {
     const auto* f = values[i].as_floating_point();
-    if (f == nullptr) fail(at(r.path(), values[i].source()), "metric values must be floats");
+    if (f == nullptr) fail(located(r.path(), values[i].source()), "metric values must be floats");
     out.emplace_back(keys[i], f->get());
   }
   return out;
@@ -171,7 +166,7 @@ CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& pa
   try {
     t = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    fail(at(path, e.source()), "not valid TOML: " + std::string(e.description()));
+    fail(located(path, e.source()), "not valid TOML: " + std::string(e.description()));
   }
   const Reader r(t, path, "",
                  {"run_id", "step", "epoch", "epoch_batches", "samples", "tokens",
@@ -204,7 +199,7 @@ CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& pa
   m.window.tokens = w.integer("tokens");
   for (const auto& [name, version] : r.table("plugins")) {
     const auto* v = version.as_string();
-    if (v == nullptr) fail(at(path, version.source()), "[plugins] values must be version strings");
+    if (v == nullptr) fail(located(path, version.source()), "[plugins] values must be version strings");
     m.plugins.emplace_back(std::string(name.str()), v->get());
   }
   const Reader mr(r.table("metrics"), path, "metrics", {"train", "test"});

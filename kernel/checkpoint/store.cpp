@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <atomic>
 #include <chrono>
@@ -16,8 +17,9 @@
 #include <mutex>
 #include <random>
 
-#include "checkpoint/durable.hpp"
+#include "checkpoint/checksum.hpp"
 #include "error.hpp"
+#include "files/files.hpp"
 #include "keel/tensor.hpp"
 
 namespace fs = std::filesystem;
@@ -34,12 +36,6 @@ struct AsyncResult {
 };
 
 namespace {
-
-const std::pair<const char*, at::ScalarType> kDtypes[] = {
-    {"F32", at::kFloat}, {"F64", at::kDouble}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-    {"I64", at::kLong},  {"I32", at::kInt},    {"I8", at::kChar},  {"U8", at::kByte},
-    {"BOOL", at::kBool},
-};
 
 // The flock'd lock file of one save; unlocked and removed by release().
 class SaveLock {
@@ -86,6 +82,13 @@ bool lock_is_stale(const std::string& path) {
   return free;
 }
 
+// The hint for a file-system failure of a save (files/files.hpp leaves hints to its callers).
+std::string save_hint(int code) {
+  return code == ENOSPC || code == EFBIG || code == EDQUOT
+             ? "free space in the run directory or lower [checkpoint] keep_last"
+             : "check that the run directory is writable";
+}
+
 // Deletes a committed or staged directory: renamed to trash first, so that a kill midway never
 // leaves a partial directory under a checkpoint's name.
 void trash(const fs::path& dir) {
@@ -110,15 +113,13 @@ std::string random_token() {
 }
 
 std::string dtype_name(at::ScalarType type) {
-  for (const auto& [name, t] : kDtypes)
-    if (t == type) return name;
-  return at::toString(type);
+  const Dtype* d = dtype_of(type);
+  return d ? d->name : at::toString(type);
 }
 
 at::ScalarType dtype_of_name(const std::string& name) {
-  for (const auto& [n, t] : kDtypes)
-    if (name == n) return t;
-  return at::ScalarType::Undefined;
+  const Dtype* d = dtype_named(name);
+  return d ? d->torch : at::ScalarType::Undefined;
 }
 
 void Snapshot::copy_tensors(bool deferred_ones) {
@@ -298,6 +299,9 @@ std::string CheckpointStore::commit(const Snapshot& snap, const SaveParts& parts
       }
       return target.string();
     }
+  } catch (const FileError& e) {
+    fs::remove_all(staging, ec);
+    throw Error(std::string(e.what()) + "; hint: " + save_hint(e.code()));
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;

@@ -26,36 +26,15 @@
 #include "cli/commands.hpp"
 #include "error.hpp"
 #include "keel/abi.h"
-#include "log.hpp"
 #include "loader/registry.hpp"
-#include "manifest.hpp"  // closest()
+#include "log.hpp"
+#include "text/text.hpp"
 
 namespace keel::cli {
 
 CallState& call_state() {
   static CallState state;
   return state;
-}
-
-// One line: newlines and tabs of a message (a plugin's, LibTorch's) become spaces.
-std::string one_line(const std::string& s) {
-  std::string out;
-  bool space = false;
-  for (char c : s) {
-    if (c == '\n' || c == '\r' || c == '\t') {
-      space = true;
-      continue;
-    }
-    if (space && !out.empty()) out += ' ';
-    space = false;
-    out += c;
-  }
-  return out;
-}
-
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  const std::string near = closest(word, candidates);
-  return near.empty() ? "" : "did you mean '" + near + "'? ";
 }
 
 void log_registry(const Registry& registry) {
@@ -80,18 +59,16 @@ void start_logging(const Parsed& p, const std::string& command,
                    const std::optional<std::string>& global_level,
                    const std::vector<std::string>& argv) {
   keel::init_logging(console_level(p.log_level ? p.log_level : global_level, command));
-  std::string line;
-  for (const auto& a : argv) line += (line.empty() ? "" : " ") + a;
+  const std::string line = text::join(argv, " ");
   spdlog::debug("keel {} (plugin ABI {}.{}, LibTorch {}), pid {}", KEEL_VERSION, KEEL_ABI_MAJOR,
                 KEEL_ABI_MINOR, keel::kernel_torch_version(), getpid());
   spdlog::debug("command line: {}", line);
 }
 
 [[noreturn]] void unknown_command(const std::string& command) {
-  std::string list;
-  for (const auto& name : command_names()) list += (list.empty() ? "" : ", ") + name;
+  const std::string list = text::join(command_names());
   throw UsageError("'" + command + "': unknown command; hint: " +
-                       did_you_mean(command, command_names()) + "commands: " + list,
+                       text::did_you_mean(command, command_names()) + "commands: " + list,
                    "");
 }
 
@@ -171,7 +148,7 @@ int run(int argc, char** argv) {
   std::fprintf(stderr,
                "keel: internal error: %s: %s; this is a bug in keel, please report it with the "
                "command line\n",
-               call_state().activity.c_str(), one_line(what).c_str());
+               call_state().activity.c_str(), text::one_line(what).c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   // No cleanup that could wait on a lock the failing thread holds: exit now.
@@ -228,12 +205,12 @@ int keel::cli_main(int argc, char** argv) {
   try {
     status = run(argc, argv);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", one_line(e.what()).c_str(),
+    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", text::one_line(e.what()).c_str(),
                  usage_line(e.command()).c_str());
     status = kExitUsage;
   } catch (const keel::Error& e) {
     std::fprintf(stderr, "keel: error: %s%s\n", call_state().rank_prefix.c_str(),
-                 one_line(e.what()).c_str());
+                 text::one_line(e.what()).c_str());
     status = kExitError;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "keel: error: out of memory %s; hint: lower batch_size or the model "

@@ -113,10 +113,6 @@ struct CallState {
 };
 CallState& call_state();
 
-// Newlines and tabs of a message (a plugin's, LibTorch's) become spaces.
-std::string one_line(const std::string& s);
-// "did you mean 'X'? " for the closest candidate, or "".
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
 // The registry's components and refusals, at debug level.
 void log_registry(const Registry& registry);
 

@@ -11,7 +11,7 @@
 
 #include "cli/commands.hpp"
 #include "log.hpp"
-#include "manifest.hpp"  // closest()
+#include "text/text.hpp"
 
 namespace keel::cli {
 namespace {
@@ -128,7 +128,7 @@ po::variables_map parse_flags(const std::vector<std::string>& args, const std::s
     po::notify(vm);
   } catch (const po::unknown_option& e) {
     const std::string flag = e.get_option_name();
-    std::string hint = did_you_mean(flag, flag_names(visible));
+    std::string hint = text::did_you_mean(flag, flag_names(visible));
     if (flag.size() == 2 && flag[0] == '-') {  // -s: the long flag starting with s, if one
       std::vector<std::string> longs;
       for (const auto& c : flag_names(visible))
@@ -176,7 +176,7 @@ spdlog::level::level_enum console_level(const std::optional<std::string>& flag,
     return spdlog::level::info;
   }
   if (const auto level = parse_log_level(value)) return *level;
-  throw UsageError(where + ": not a log level; hint: " + did_you_mean(value, names) +
+  throw UsageError(where + ": not a log level; hint: " + text::did_you_mean(value, names) +
                        "use one of " + log_level_names(),
                    command);
 }

@@ -10,6 +10,7 @@
 #include "loader/registry.hpp"
 #include "options.hpp"
 #include "run_config.hpp"  // kernel_tables()
+#include "text/text.hpp"
 
 namespace keel::cli {
 
@@ -116,10 +117,9 @@ int options_command(const std::string& command, const Parsed& p) {
   std::vector<std::string> names;
   for (const auto& t : kernel_tables()) names.emplace_back(t.name);
   if (!plugins_table) names.emplace_back("plugins");
-  std::string all;
-  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  const std::string all = text::join(names);
   throw Error("keel options " + p.positional[0] + ": no kernel table named '" + want +
-              "'; hint: " + did_you_mean(want, names) + "tables: " + all +
+              "'; hint: " + text::did_you_mean(want, names) + "tables: " + all +
               " (`keel options` lists them all)");
 }
 

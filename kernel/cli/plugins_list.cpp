@@ -15,6 +15,7 @@
 #include "loader/registry.hpp"
 #include "manifest.hpp"
 #include "run_config.hpp"
+#include "text/text.hpp"
 
 namespace keel::cli {
 namespace {
@@ -70,7 +71,7 @@ std::vector<std::string> discover(Registry& registry, const PluginsArgs& args) {
   }
   const std::string refused = registry.refusal_summary();
   throw Error(none + (refused.empty() ? "" : " (" + refused + ")") + "; hint: " +
-              did_you_mean(name, names) + "(`keel plugins` lists everything found)");
+              text::did_you_mean(name, names) + "(`keel plugins` lists everything found)");
 }
 
 // keel plugins show NAME: every component NAME names (a component, a plugin, KIND:NAME).
@@ -156,7 +157,7 @@ int plugins_command(const std::string& command, const Parsed& p) {
     std::vector<std::string> subcommands = {"show"};
     for (const auto& [name, fn] : kPluginsSubcommands) subcommands.emplace_back(name);
     throw UsageError(args[0] + ": unexpected argument to `keel plugins`; hint: " +
-                         did_you_mean(args[0], subcommands) +
+                         text::did_you_mean(args[0], subcommands) +
                          "keel plugins, keel plugins show NAME, or a subcommand (keel plugins "
                          "--help)",
                      command);

@@ -19,6 +19,7 @@
 #include "manifest.hpp"
 #include "plugins_commands.hpp"
 #include "scaffold_templates.hpp"
+#include "text/text.hpp"
 
 namespace keel::cli {
 namespace {
@@ -65,12 +66,6 @@ const char* template_text(const std::string& path) {
     throw Error("keel plugins new: template '" + path + "' is missing from this keel build; "
                 "hint: rebuild keel (its templates come from sdk/templates/)");
   return text;
-}
-
-std::string joined(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
 }
 
 std::vector<std::string> kind_names() {
@@ -129,7 +124,7 @@ std::string render(const std::string& text, const std::map<std::string, std::str
                   key + "}'; hint: the placeholders are " + [&] {
                     std::vector<std::string> keys;
                     for (const auto& [k, v] : vars) keys.push_back("@{" + k + "}");
-                    return joined(keys);
+                    return text::join(keys);
                   }());
     out.append(text, i, at - i);
     out += it->second;
@@ -192,15 +187,14 @@ int plugins_new(const PluginsArgs& args) {
 
   if (!args.kind)
     throw UsageError("keel plugins new: needs --kind KIND; hint: --kind loss (kinds: " +
-                     joined(kind_names()) + ")", "plugins");
+                     text::join(kind_names()) + ")", "plugins");
   const KindInfo* kind = nullptr;
   for (const auto& k : kKinds)
     if (*args.kind == k.kind) kind = &k;
   if (kind == nullptr) {
-    const std::string near = closest(*args.kind, kind_names());
     throw UsageError("--kind '" + *args.kind + "': not a component kind; hint: " +
-                     (near.empty() ? "" : "did you mean '" + near + "'? ") +
-                     "kinds: " + joined(kind_names()), "plugins");
+                     text::did_you_mean(*args.kind, kind_names()) +
+                     "kinds: " + text::join(kind_names()), "plugins");
   }
 
   const std::string lang = args.lang.value_or("cpp");
@@ -212,7 +206,7 @@ int plugins_new(const PluginsArgs& args) {
     throw UsageError("--lang c: a " + std::string(kind->kind) + " needs LibTorch (autograd or "
                      "direct access to the model's tensors), which the host functions of "
                      "keel/abi.h do not give a C plugin; hint: --lang cpp, or a kind C can "
-                     "implement: " + joined(c_kinds()), "plugins");
+                     "implement: " + text::join(c_kinds()), "plugins");
 
   std::error_code ec;
   fs::path target = fs::absolute(dir, ec).lexically_normal();
@@ -294,7 +288,7 @@ int plugins_new(const PluginsArgs& args) {
   std::printf("wrote the %s plugin %s (%s `%s`) into %s: %s\nnext: cd %s && meson setup build "
               "&& meson test -C build\n",
               lang == "c" ? "C" : "C++", name.c_str(), kind->kind, component.c_str(),
-              target.c_str(), joined(written).c_str(), dir.c_str());
+              target.c_str(), text::join(written).c_str(), dir.c_str());
   return 0;
 }
 

@@ -3,6 +3,7 @@
 
 #include "package/package.hpp"
 #include "plugins_commands.hpp"
+#include "text/text.hpp"
 
 namespace keel::cli {
 namespace {
@@ -27,12 +28,6 @@ std::string root_of(const PluginsArgs& args) {
   return default_install_root();
 }
 
-std::string joined(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
 }  // namespace
 
 int plugins_install(const PluginsArgs& args) {
@@ -42,7 +37,7 @@ int plugins_install(const PluginsArgs& args) {
   const InstalledPackage p = install_package(package, root_of(args), args.force, &replaced);
   std::printf("%s %s %s into %s (components: %s)\n", replaced ? "replaced" : "installed",
               p.info.name.c_str(), p.info.version.c_str(), p.dir.c_str(),
-              p.info.components.empty() ? "none" : joined(p.info.components).c_str());
+              p.info.components.empty() ? "none" : text::join(p.info.components).c_str());
   return 0;
 }
 
@@ -75,7 +70,7 @@ int plugins_pack(const PluginsArgs& args) {
   std::vector<std::string> files;
   for (const auto& f : info.files) files.push_back(f.first);
   std::printf("packed %s %s (%s) into %s\n", info.name.c_str(), info.version.c_str(),
-              joined(files).c_str(), out.c_str());
+              text::join(files).c_str(), out.c_str());
   return 0;
 }
 

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/durable.hpp"
 #include "cli/usage.hpp"
+#include "files/files.hpp"
 
 namespace fs = std::filesystem;
 
@@ -109,8 +109,15 @@ void write_replacing(const std::string& path, const std::string& data) {
           .string();
   ::unlink(tmp.c_str());  // left by a killed run of the same pid
   try {
-    write_file_durably(tmp, data);
-    durable_rename(tmp, path);
+    add_hint(
+        [&] {
+          write_file_durably(tmp, data);
+          durable_rename(tmp, path);
+        },
+        [](int code) {
+          return code == ENOSPC || code == EDQUOT ? "free some space, or choose another --output"
+                                                  : "choose a writable --output";
+        });
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -143,7 +150,8 @@ int prepare(const PrepareArgs& args) {
   if (!S_ISREG(st.st_mode))
     throw Error(input + ": is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
                 "; hint: name a text file");
-  const std::string text = read_file(input);
+  const std::string text =
+      add_hint([&] { return read_file(input); }, [](int) { return "check its permissions"; });
   if (text.empty())
     throw Error(input + ": is empty, so there are no tokens to write; hint: name a non-empty "
                 "text file");

@@ -18,7 +18,7 @@
 //   point i (its Latin-1 reading), so that at either level the code point of vocab[i] decodes
 //   id i: the character itself, or the byte's value.
 // Each file is written under a temporary name in DIR, fsync'd, and renamed over its final name
-// (checkpoint/durable.hpp); tokens.bin comes first, vocab.json last. A failure removes the
+// (files/files.hpp); tokens.bin comes first, vocab.json last. A failure removes the
 // temporary file and leaves earlier files as they were. On success it prints one line: tokens,
 // vocabulary size, dtype and the two paths.
 //

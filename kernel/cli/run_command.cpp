@@ -18,10 +18,11 @@
 #include "cli/commands.hpp"
 #include "distributed/launch.hpp"
 #include "error.hpp"
+#include "loader/registry.hpp"
 #include "log.hpp"
 #include "manifest.hpp"
-#include "loader/registry.hpp"
 #include "run_config.hpp"
+#include "text/text.hpp"
 #include "trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -95,7 +96,7 @@ int run_trainer(const RunConfig& cfg, const std::string& manifest) {
     // run.log ends with why the run ended (main prints it on stderr itself).
     const auto* c10 = dynamic_cast<const c10::Error*>(&e);
     run_log_only(spdlog::level::err,
-                 "run failed: " + one_line(c10 ? c10->what_without_backtrace() : e.what()));
+                 "run failed: " + text::one_line(c10 ? c10->what_without_backtrace() : e.what()));
     throw;
   }
   if (cfg.mode == RunMode::kEvaluate)

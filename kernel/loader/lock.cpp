@@ -3,12 +3,13 @@
 #include <toml++/toml.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 
-#include "checkpoint/durable.hpp"
 #include "error.hpp"
+#include "files/files.hpp"
 #include "manifest.hpp"
 
 namespace fs = std::filesystem;
@@ -169,8 +170,15 @@ void write_lock(const Lock& lock, const std::string& manifest) {
   const std::string tmp =
       lock.file + ".tmp-" + std::to_string(getpid());
   std::remove(tmp.c_str());
-  write_file_durably(tmp, text.str());
-  durable_rename(tmp, lock.file);
+  add_hint(
+      [&] {
+        write_file_durably(tmp, text.str());
+        durable_rename(tmp, lock.file);
+      },
+      [&](int code) {
+        return code == ENOSPC || code == EDQUOT ? "free some space on that file system"
+                                                : "check that you may write " + parent_of(lock.file);
+      });
 }
 
 }  // namespace keel

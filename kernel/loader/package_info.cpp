@@ -12,10 +12,11 @@
 #include <sstream>
 
 #include "error.hpp"
+#include "files/files.hpp"
 #include "keel/abi.h"
 #include "loader/registry.hpp"  // kind_from_name(), kernel_torch_version()
 #include "loader/semver.hpp"
-#include "manifest.hpp"         // closest()
+#include "text/text.hpp"
 #include "unique_fd.hpp"
 
 namespace keel {
@@ -23,13 +24,17 @@ namespace keel {
 namespace package_text {
 
 void fail_at(const std::string& where, const std::string& what, const std::string& hint) {
-  throw Error(one_line(where + ": " + what + "; hint: " + hint));
+  throw Error(text::one_line(where + ": " + what + "; hint: " + hint));
+}
+
+std::string file_hint(int err) {
+  return err == ENOSPC || err == EDQUOT
+             ? "free some space on that file system"
+             : "check that its directory exists and that you may write there";
 }
 
 void sys_fail(const std::string& what, const std::string& path, int err) {
-  std::string hint = "check that its directory exists and that you may write there";
-  if (err == ENOSPC || err == EDQUOT) hint = "free some space on that file system";
-  throw Error(what + " " + path + " failed: " + std::strerror(err) + "; hint: " + hint);
+  throw Error(FileError(what, path, err).what() + std::string("; hint: ") + file_hint(err));
 }
 
 std::string read_regular(const std::string& path, const std::string& shown) {
@@ -58,18 +63,6 @@ std::string toml_quoted(const std::string& s) {
 
 std::string abi_text(uint32_t major, uint32_t minor) {
   return std::to_string(major) + "." + std::to_string(minor);
-}
-
-std::string joined(const std::vector<std::string>& items, const std::string& sep) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
-  return out;
-}
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
 }
 
 }  // namespace package_text
@@ -284,9 +277,9 @@ void check_unknown_keys(const toml::table& t, const std::string& shown, PackageI
           fail_at(at(shown, k.source()), "'" + key + "' is filled in by `keel plugins pack`",
                   "remove it: the build directory's keel-plugin.toml holds only name, version, "
                   "description and license");
-    const std::string near = closest(key, names);
+    const std::string near = text::closest(key, names);
     fail_at(at(shown, k.source()), "unknown key " + toml_quoted(key),
-            near.empty() ? "keel-plugin.toml holds " + joined(names)
+            near.empty() ? "keel-plugin.toml holds " + text::join(names)
                          : "did you mean '" + near + "'?");
   }
 }
@@ -350,7 +343,7 @@ std::string package_info_toml(const PackageInfo& info) {
   if (info.cxx11_abi) s += "cxx11_abi = " + std::to_string(*info.cxx11_abi) + "\n";
   std::vector<std::string> comps;
   for (const auto& c : info.components) comps.push_back(toml_quoted(c));
-  s += "components = [" + joined(comps) + "]\n";
+  s += "components = [" + text::join(comps) + "]\n";
   s += "\n[files]\n";
   for (const auto& [file, sha] : info.files)
     s += toml_quoted(file) + " = " + toml_quoted(sha) + "\n";

@@ -78,6 +78,9 @@ inline constexpr const char* kLayoutHint =
                           const std::string& hint);
 // Throws keel::Error "<what> <path> failed: <strerror(err)>; hint: ..." (free space for
 // ENOSPC and EDQUOT, else the directory and its permissions).
+// The packages' hint for a failed file-system call with errno `err`.
+std::string file_hint(int err);
+// Throws "<what> <path> failed: <errno text>; hint: <file_hint>" (files/files.hpp's text).
 [[noreturn]] void sys_fail(const std::string& what, const std::string& path, int err);
 // The content of the regular file `path` (not read through a link), named `shown` in messages.
 std::string read_regular(const std::string& path, const std::string& shown);
@@ -85,10 +88,6 @@ std::string read_regular(const std::string& path, const std::string& shown);
 std::string toml_quoted(const std::string& s);
 // "MAJOR.MINOR".
 std::string abi_text(uint32_t major, uint32_t minor);
-// `items` joined with `sep`.
-std::string joined(const std::vector<std::string>& items, const std::string& sep = ", ");
-// Newlines become spaces.
-std::string one_line(std::string s);
 
 }  // namespace package_text
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "files/files.hpp"
 #include "package/detail.hpp"
 #include "package/package.hpp"
 #include "unique_fd.hpp"
@@ -198,19 +199,16 @@ std::string extract_package(const std::string& tarball, const std::string& dest,
       fail_at(tarball, "entry " + toml_quoted(f.path) + " was not there when it was first read",
               "check that nothing rewrites the package file during the install");
     const std::string out = dest + "/" + f.name;
-    UniqueFd w(::open(out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-    if (w.get() < 0) sys_fail("creating", out, errno);
+    UniqueFd w = create_file(out);
     std::string text;
     read_entry(a, tarball, f, [&](const char* p, size_t n) {
       if (is_meta) text.append(p, n);
-      write_all(w.get(), p, n, out);
+      write_data(w.get(), p, n, out);
     });
     if (is_meta && text != *meta)
       fail_at(tarball, "entry " + toml_quoted(f.path) + " changed while it was read",
               "check that nothing rewrites the package file during the install");
-    if (::fchmod(w.get(), 0644) != 0) sys_fail("chmod of", out, errno);
-    if (::fsync(w.get()) != 0) sys_fail("fsync of", out, errno);
-    if (w.close() != 0) sys_fail("closing", out, errno);
+    finish_file(w, out, 0644);
   });
   if (again != top)
     fail_at(tarball, "its top-level directory changed while it was read",

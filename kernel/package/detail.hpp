@@ -1,6 +1,8 @@
 // What the package tools' files (package.cpp: install and remove; archive.cpp: reading a
-// package .tar.gz; pack.cpp: pack) share. Each failure throws keel::Error naming the operation
-// and the path (package_text::sys_fail, loader/package_info.hpp).
+// package .tar.gz; pack.cpp: pack) share. They write through the file-system layer
+// (files/files.hpp, whose FileErrors install_package, remove_package and pack_package give the
+// packages' hint, file_hint); their own failed calls throw keel::Error naming the operation and
+// the path (package_text::sys_fail, loader/package_info.hpp).
 #pragma once
 
 #include <cstddef>
@@ -14,12 +16,6 @@ inline constexpr const char* kTarballHint =
 
 // `path` made absolute and normal, without a trailing '/' ("pkg/" -> "/cwd/pkg").
 std::string absolute_path(const std::string& path);
-// The directory `path` is in ("." for a bare name).
-std::string parent_of(const std::string& path);
-void fsync_dir(const std::string& dir);
-void write_all(int fd, const void* data, size_t size, const std::string& path);
-// A new file `path` (it must not exist) holding `text`, mode 0644, fsync'd.
-void write_new_file(const std::string& path, const std::string& text);
 // Copies the regular file `from` (not through a link) to the new file `to` (mode 0644,
 // fsync'd); returns the SHA-256 of the bytes copied.
 std::string copy_file(const std::string& from, const std::string& to);

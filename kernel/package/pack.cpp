@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "files/files.hpp"
 #include "keel/abi.h"
 #include "loader/bounded.hpp"
 #include "loader/digest.hpp"
@@ -21,6 +22,7 @@
 #include "loader/registry.hpp"
 #include "package/detail.hpp"
 #include "package/package.hpp"
+#include "text/text.hpp"
 #include "unique_fd.hpp"
 
 namespace fs = std::filesystem;
@@ -125,11 +127,9 @@ void write_tarball(const std::string& out, const PackageInfo& info,
     write_entry_data(a.get(), f, out);
   }
   check(archive_write_close(a.get()));
-  if (::fsync(fd.get()) != 0) sys_fail("fsync of", tmp, errno);
-  if (fd.close() != 0) sys_fail("closing", tmp, errno);
-  if (::rename(tmp.c_str(), out.c_str()) != 0) sys_fail("renaming " + tmp + " to", out, errno);
+  finish_file(fd, tmp);
+  durable_rename(tmp, out);
   cleanup.path.clear();
-  fsync_dir(dir);
 }
 
 void write_package_dir(const std::string& out, const PackageInfo& info,
@@ -141,21 +141,15 @@ void write_package_dir(const std::string& out, const PackageInfo& info,
       throw Error(f.path +
                   ": changed while it was packed; hint: pack again once the build has "
                   "finished");
-  write_new_file(tmp.path() + "/" + kPackageMetadataFile, package_info_toml(info));
+  write_file_durably(tmp.path() + "/" + kPackageMetadataFile, package_info_toml(info), 0644);
   if (::chmod(tmp.path().c_str(), 0755) != 0) sys_fail("chmod of", tmp.path(), errno);
-  fsync_dir(tmp.path());
-  int rc = ::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE);
-  if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
-    rc = ::rename(tmp.path().c_str(), out.c_str());
-  if (rc != 0) {
-    if (errno == EEXIST || errno == ENOTEMPTY)
-      throw Error(out +
-                  ": already exists; hint: remove it, or write the package elsewhere with "
-                  "--output");
-    sys_fail("renaming " + tmp.path() + " to", out, errno);
-  }
+  fsync_path(tmp.path());
+  // Where RENAME_NOREPLACE is missing, rename() still refuses a non-empty existing directory.
+  if (!durable_rename_new(tmp.path(), out))
+    throw Error(out +
+                ": already exists; hint: remove it, or write the package elsewhere with "
+                "--output");
   tmp.release();
-  fsync_dir(dir);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -188,15 +182,13 @@ std::vector<std::string> plugin_files(const std::string& bd, const std::string& 
   }
   if (plugins.empty())
     throw Error(build_dir + ": no keel plugin .so in it" +
-                (skipped.empty() ? std::string() : " (skipped: " + joined(skipped, "; ") + ")") +
+                (skipped.empty() ? std::string() : " (skipped: " + text::join(skipped, "; ") + ")") +
                 "; hint: build the plugin first (`meson compile -C " + build_dir + "`)");
   return plugins;
 }
 
-}  // namespace
-
-std::string pack_package(const std::string& build_dir, const std::optional<std::string>& output,
-                         PackageInfo* packed) {
+std::string pack(const std::string& build_dir, const std::optional<std::string>& output,
+                 PackageInfo* packed) {
   const std::string bd = absolute_path(build_dir);
   if (!fs::is_directory(bd))
     throw Error(build_dir +
@@ -219,7 +211,7 @@ std::string pack_package(const std::string& build_dir, const std::optional<std::
   for (const auto& name : plugins) {
     const std::string path = bd + "/" + name;
     if (!registry.load(path))
-      throw Error(one_line(path + ": cannot pack it: " + registry.refusals().back().reason));
+      throw Error(text::one_line(path + ": cannot pack it: " + registry.refusals().back().reason));
     const LoadedPlugin& p = *registry.plugins().back();
     if (p.version != info.version)
       fail_at(l.where.at("version"),
@@ -263,6 +255,14 @@ std::string pack_package(const std::string& build_dir, const std::optional<std::
   }
   if (packed) *packed = info;
   return out;
+}
+
+}  // namespace
+
+// The file-system layer's errors get the packages' hint (file_hint).
+std::string pack_package(const std::string& build_dir, const std::optional<std::string>& output,
+                         PackageInfo* packed) {
+  return add_hint([&] { return pack(build_dir, output, packed); }, file_hint);
 }
 
 }  // namespace keel

@@ -17,13 +17,14 @@
 #include <vector>
 
 #include "error.hpp"
+#include "files/files.hpp"
 #include "keel/abi.h"
+#include "loader/dependencies.hpp"
 #include "loader/digest.hpp"
 #include "loader/elf.hpp"
 #include "loader/registry.hpp"  // kernel_torch_version(), kernel_cxx11_abi()
-#include "loader/dependencies.hpp"
-#include "manifest.hpp"         // closest()
 #include "package/detail.hpp"
+#include "text/text.hpp"
 #include "unique_fd.hpp"
 
 namespace fs = std::filesystem;
@@ -41,46 +42,12 @@ std::string absolute_path(const std::string& path) {
   return p.string();
 }
 
-std::string parent_of(const std::string& path) {
-  const fs::path p = fs::path(path).parent_path();
-  return p.empty() ? "." : p.string();
-}
-
-void fsync_dir(const std::string& dir) {
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) sys_fail("opening", dir, errno);
-  if (::fsync(fd.get()) != 0) sys_fail("fsync of", dir, errno);
-}
-
-void write_all(int fd, const void* data, size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) sys_fail("writing", path, n < 0 ? errno : EIO);
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-// A new file `path` (it must not exist) holding `text`, mode 0644, fsync'd.
-void write_new_file(const std::string& path, const std::string& text) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (fd.get() < 0) sys_fail("creating", path, errno);
-  write_all(fd.get(), text.data(), text.size(), path);
-  if (::fchmod(fd.get(), 0644) != 0) sys_fail("chmod of", path, errno);
-  if (::fsync(fd.get()) != 0) sys_fail("fsync of", path, errno);
-  if (fd.close() != 0) sys_fail("closing", path, errno);
-}
-
-
 // Copies the regular file `from` (not through a link) to the new file `to` (mode 0644,
 // fsync'd); returns the SHA-256 of the bytes copied.
 std::string copy_file(const std::string& from, const std::string& to) {
   UniqueFd in(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (in.get() < 0) sys_fail("opening", from, errno);
-  UniqueFd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (out.get() < 0) sys_fail("creating", to, errno);
+  UniqueFd out = create_file(to);
   Sha256 sha;
   std::vector<char> buf(1 << 20);
   for (;;) {
@@ -89,11 +56,9 @@ std::string copy_file(const std::string& from, const std::string& to) {
     if (n < 0) sys_fail("reading", from, errno);
     if (n == 0) break;
     sha.update(buf.data(), static_cast<size_t>(n));
-    write_all(out.get(), buf.data(), static_cast<size_t>(n), to);
+    write_data(out.get(), buf.data(), static_cast<size_t>(n), to);
   }
-  if (::fchmod(out.get(), 0644) != 0) sys_fail("chmod of", to, errno);
-  if (::fsync(out.get()) != 0) sys_fail("fsync of", to, errno);
-  if (out.close() != 0) sys_fail("closing", to, errno);
+  finish_file(out, to, 0644);
   return sha.hex();
 }
 
@@ -264,42 +229,35 @@ std::string installed_toml(const std::string& source, const std::string& when) {
 void move_into_place(ScratchDir& staging, const std::string& target, const std::string& root,
                      const std::string& already, bool* replaced) {
   if (!lexists(target)) {
-    int rc =
-        ::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE);
-    // Without RENAME_NOREPLACE, rename() still refuses a non-empty existing directory.
-    if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP))
-      rc = ::rename(staging.path().c_str(), target.c_str());
-    if (rc != 0) {
-      if (errno == EEXIST || errno == ENOTEMPTY) throw Error(already);  // installed meanwhile
-      sys_fail("renaming " + staging.path() + " to", target, errno);
-    }
+    // Where RENAME_NOREPLACE is missing, rename() still refuses a non-empty existing directory.
+    if (!durable_rename_new(staging.path(), target)) throw Error(already);  // installed meanwhile
     staging.release();
-  } else if (::renameat2(AT_FDCWD, staging.path().c_str(), AT_FDCWD, target.c_str(),
-                         RENAME_EXCHANGE) == 0) {
-    // The old package now sits in the staging directory, which goes away with `staging`.
-    if (replaced) *replaced = true;
-  } else {
-    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
-      sys_fail("exchanging " + staging.path() + " and", target, errno);
-    // No atomic exchange here: move the old one aside (onto an empty scratch directory), move
-    // the new one in, and put the old one back if that fails.
-    ScratchDir aside(root, ".keel-replaced-");
-    if (::rename(target.c_str(), aside.path().c_str()) != 0)
-      sys_fail("renaming " + target + " to", aside.path(), errno);
-    if (::rename(staging.path().c_str(), target.c_str()) != 0) {
-      const int err = errno;
-      if (::rename(aside.path().c_str(), target.c_str()) == 0) aside.release();
-      sys_fail("renaming " + staging.path() + " to", target, err);
-    }
-    staging.release();
-    if (replaced) *replaced = true;
+    return;
   }
+  // The old package then sits in the staging directory, which goes away with `staging`.
+  if (!durable_exchange(staging.path(), target)) {
+    // No atomic exchange here: move the old one aside (onto an empty scratch directory), move
+    // the new one in, and put the old one back if the new one did not get there.
+    ScratchDir aside(root, ".keel-replaced-");
+    try {
+      durable_rename(target, aside.path());
+      durable_rename(staging.path(), target);
+    } catch (const FileError&) {
+      if (!lexists(target) && ::rename(aside.path().c_str(), target.c_str()) == 0)
+        aside.release();
+      throw;
+    }
+    staging.release();
+  }
+  if (replaced) *replaced = true;
 }
 
 }  // namespace
 
-InstalledPackage install_package(const std::string& package, const std::string& root_in, bool force,
-                                 bool* replaced) {
+namespace {
+
+InstalledPackage install(const std::string& package, const std::string& root_in, bool force,
+                         bool* replaced) {
   if (replaced) *replaced = false;
   const std::string source = absolute_path(package);
   const std::string root = absolute_path(root_in);
@@ -345,7 +303,7 @@ InstalledPackage install_package(const std::string& package, const std::string& 
     UniqueFd fd(::open((staging.path() + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (fd.get() < 0) sys_fail("opening", shown + "/" + file, errno);
     const std::string bad = install_dependency_problem(fd.get(), staging.path());
-    if (!bad.empty()) throw Error(one_line(shown + "/" + file + ": not installed: " + bad));
+    if (!bad.empty()) throw Error(text::one_line(shown + "/" + file + ": not installed: " + bad));
   }
   const std::string expected_top = info.name + "-" + info.version;
   if (!is_dir && shown != named + ":" + expected_top)
@@ -368,28 +326,28 @@ InstalledPackage install_package(const std::string& package, const std::string& 
   result.dir = target;
   result.source = source;
   result.installed_at = utc_now();
-  write_new_file(staging.path() + "/" + kInstalledMetadataFile,
-                 installed_toml(result.source, result.installed_at));
+  write_file_durably(staging.path() + "/" + kInstalledMetadataFile,
+                     installed_toml(result.source, result.installed_at), 0644);
   if (::chmod(staging.path().c_str(), 0755) != 0) sys_fail("chmod of", staging.path(), errno);
-  fsync_dir(staging.path());
+  fsync_path(staging.path());
   make_dirs(name_dir, created);
 
   move_into_place(staging, target, root, already, replaced);
-  fsync_dir(name_dir);
-  fsync_dir(root);
+  fsync_path(name_dir);
+  fsync_path(root);
   created.keep();
   return result;
 }
 
-std::string remove_package(const std::string& root_in, const std::string& name,
-                           const std::optional<std::string>& version) {
+std::string remove(const std::string& root_in, const std::string& name,
+                   const std::optional<std::string>& version) {
   const std::string root = absolute_path(root_in);
   const std::vector<std::string> names = package_subdirs(root);
   if (std::find(names.begin(), names.end(), name) == names.end()) {
-    const std::string near = closest(name, names);
+    const std::string near = text::closest(name, names);
     throw Error(
         name + ": no package of that name is installed in " + root +
-        (names.empty() ? " (none is)" : " (installed: " + joined(names) + ")") + "; hint: " +
+        (names.empty() ? " (none is)" : " (installed: " + text::join(names) + ")") + "; hint: " +
         (near.empty()
              ? std::string("`keel plugins --prefix ") + root + "` lists the installed packages"
              : "did you mean '" + near + "'?"));
@@ -404,7 +362,7 @@ std::string remove_package(const std::string& root_in, const std::string& name,
   if (version) {
     if (std::find(versions.begin(), versions.end(), *version) == versions.end())
       throw Error(name + "@" + *version + ": that version is not installed in " + root +
-                  " (installed: " + (versions.empty() ? "none" : joined(versions)) + ")" +
+                  " (installed: " + (versions.empty() ? "none" : text::join(versions)) + ")" +
                   (versions.empty() ? "; hint: nothing of " + name + " is left to remove"
                                     : "; hint: name one of these, e.g. `keel plugins remove " +
                                           name + "@" + versions.back() + "`"));
@@ -416,16 +374,13 @@ std::string remove_package(const std::string& root_in, const std::string& name,
                 " is empty); hint: remove that directory by hand");
   } else {
     throw Error(name + ": " + std::to_string(versions.size()) + " versions are installed in " +
-                root + " (" + joined(versions) + "); hint: name one, e.g. `keel plugins remove " +
+                root + " (" + text::join(versions) + "); hint: name one, e.g. `keel plugins remove " +
                 name + "@" + versions.back() + "`");
   }
   const std::string target = name_dir + "/" + chosen;
   // Moved out of sight in one step (onto an empty scratch directory), then deleted.
   ScratchDir trash(root, ".keel-remove-");
-  if (::rename(target.c_str(), trash.path().c_str()) != 0)
-    sys_fail("renaming " + target + " to", trash.path(), errno);
-  fsync_dir(name_dir);
-  fsync_dir(root);
+  durable_rename(target, trash.path());
   std::error_code ec;
   fs::remove_all(trash.path(), ec);
   if (ec)
@@ -433,8 +388,21 @@ std::string remove_package(const std::string& root_in, const std::string& name,
                 trash.path() + " failed: " + ec.message() +
                 "; hint: delete that directory by hand");
   trash.release();
-  if (::rmdir(name_dir.c_str()) == 0) fsync_dir(root);
+  if (::rmdir(name_dir.c_str()) == 0) fsync_path(root);
   return chosen;
+}
+
+}  // namespace
+
+// The file-system layer's errors get the packages' hint (file_hint).
+InstalledPackage install_package(const std::string& package, const std::string& root, bool force,
+                                 bool* replaced) {
+  return add_hint([&] { return install(package, root, force, replaced); }, file_hint);
+}
+
+std::string remove_package(const std::string& root, const std::string& name,
+                           const std::optional<std::string>& version) {
+  return add_hint([&] { return remove(root, name, version); }, file_hint);
 }
 
 }  // namespace keel

@@ -4,13 +4,13 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include <toml++/toml.h>
 
 #include "error.hpp"
+#include "files/files.hpp"
 #include "report/summary.hpp"
 #include "report_assets.hpp"
 
@@ -21,11 +21,13 @@ using nlohmann::ordered_json;
 
 namespace {
 
+// The file's content, or "" when it cannot be read.
 std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  try {
+    return read_file(p.string());
+  } catch (const FileError&) {
+    return "";
+  }
 }
 
 // j[key] when j is an object whose key holds a string, else "".

@@ -40,21 +40,17 @@
 
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "keel/module_model.hpp"
 #include "keel/plugin.hpp"
+#include "keel/tensor.hpp"
 
 namespace {
 
-namespace nn = torch::nn;
+namespace text = keel::text;
 
-std::string shape_str(at::IntArrayRef shape) {
-  std::ostringstream s;
-  s << shape;
-  return s.str();
-}
+namespace nn = torch::nn;
 
 struct Config {
   int64_t vocab, context, layers, heads, width;
@@ -342,7 +338,7 @@ class GptModel : public keel::ModuleModel<Gpt> {
       throw std::runtime_error("gpt: expected int64 token ids of shape [batch, time] with 1 <= "
                                "time <= context (" + std::to_string(c_.context) + "), got " +
                                std::string(c10::toString(input.scalar_type())) + " " +
-                               shape_str(input.sizes()) +
+                               text::shape(input.sizes()) +
                                "; hint: the data's context must not exceed [model] context");
   }
   static Config config(const keel::Context& ctx) {

@@ -28,26 +28,22 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "keel/plugin.hpp"
+#include "keel/tensor.hpp"
 
 namespace {
+
+namespace text = keel::text;
 
 namespace F = torch::nn::functional;
 
 constexpr int64_t kNoIgnore = std::numeric_limits<int64_t>::min();
 // kNoIgnore as the option's TOML default.
 const char* const kNoIgnoreToml = "-9223372036854775808";
-
-std::string shape_str(at::IntArrayRef shape) {
-  std::ostringstream s;
-  s << shape;
-  return s.str();
-}
 
 // Class-index targets that count: all of them (numel, no host sync) without an ignore_index,
 // else those not equal to it (one host sync).
@@ -65,16 +61,16 @@ int64_t check_index_target(const std::string& who, const at::Tensor& output,
   if (nd < 1 || class_dim < -nd || class_dim >= nd)
     throw std::invalid_argument(who + ": class_dim = " + std::to_string(class_dim) +
                                 " is out of range for a model output of shape " +
-                                shape_str(output.sizes()) + "; hint: class_dim counts from 0 " +
+                                text::shape(output.sizes()) + "; hint: class_dim counts from 0 " +
                                 "(1 for [N, C] logits) or from the end (-1 for [batch, time, vocab])");
   const int64_t dim = class_dim < 0 ? class_dim + nd : class_dim;
   std::vector<int64_t> expected = output.sizes().vec();
   expected.erase(expected.begin() + dim);
   if (target.sizes() != at::IntArrayRef(expected))
-    throw std::invalid_argument(who + ": model output " + shape_str(output.sizes()) +
-                                " and target " + shape_str(target.sizes()) +
+    throw std::invalid_argument(who + ": model output " + text::shape(output.sizes()) +
+                                " and target " + text::shape(target.sizes()) +
                                 " do not match: with class_dim = " + std::to_string(class_dim) +
-                                " the target must be " + shape_str(expected) +
+                                " the target must be " + text::shape(expected) +
                                 " (one class index per position); hint: check the model's "
                                 "output size and the dataset's targets");
   return dim;
@@ -126,8 +122,8 @@ class CrossEntropy : public keel::Loss {
   at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
     if (target.is_floating_point()) {
       if (target.sizes() != output.sizes())
-        throw std::invalid_argument("cross_entropy: model output " + shape_str(output.sizes()) +
-                                    " and target " + shape_str(target.sizes()) +
+        throw std::invalid_argument("cross_entropy: model output " + text::shape(output.sizes()) +
+                                    " and target " + text::shape(target.sizes()) +
                                     " do not match: class probabilities must be shaped like the "
                                     "output; hint: check the model's output size and the "
                                     "dataset's targets");
@@ -159,7 +155,7 @@ class CrossEntropy : public keel::Loss {
     if (nd >= 1 && class_dim_ >= -nd && class_dim_ < nd) return class_dim_ < 0 ? class_dim_ + nd : class_dim_;
     throw std::invalid_argument("cross_entropy: class_dim = " + std::to_string(class_dim_) +
                                 " is out of range for a model output of shape " +
-                                shape_str(output.sizes()) + "; hint: class_dim counts from 0 " +
+                                text::shape(output.sizes()) + "; hint: class_dim counts from 0 " +
                                 "(1 for [N, C] logits) or from the end (-1 for [batch, time, vocab])");
   }
   // F::cross_entropy takes the classes in dimension 1 (or 0 for a 1-d output).
@@ -330,7 +326,7 @@ class TokenLossBase : public keel::Loss {
   // [batch, time] token ids; one error line otherwise. Sizes and dtypes only.
   void check_target(const at::Tensor& output, const at::Tensor& target) const {
     if (output.dim() != 3)
-      throw std::invalid_argument(name_ + ": model output " + shape_str(output.sizes()) +
+      throw std::invalid_argument(name_ + ": model output " + text::shape(output.sizes()) +
                                   " is not [batch, time, vocab] logits; hint: use cross_entropy "
                                   "(with class_dim) for other shapes");
     check_index_target(name_, output, target, -1);
@@ -379,8 +375,8 @@ class ChunkedCrossEntropy : public TokenLossBase {
   at::Tensor compute_linear(const at::Tensor& features, const at::Tensor& weight,
                             const at::Tensor& target, int64_t* count) override {
     if (features.dim() != 3 || weight.dim() != 2 || weight.size(1) != features.size(2))
-      throw std::invalid_argument(name_ + ": model features " + shape_str(features.sizes()) +
-                                  " and output weight " + shape_str(weight.sizes()) +
+      throw std::invalid_argument(name_ + ": model features " + text::shape(features.sizes()) +
+                                  " and output weight " + text::shape(weight.sizes()) +
                                   " are not [batch, time, F] and [vocab, F]; hint: the model's "
                                   "forward_features must give a language model's final hidden "
                                   "states and its output layer's weight");

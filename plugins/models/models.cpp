@@ -13,7 +13,6 @@
 // Parameters use LibTorch's default initialisation (as PyTorch's), drawn from the global
 // generator, which the kernel seeds before it creates the model.
 #include <numeric>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,16 +30,13 @@
 
 #include "keel/module_model.hpp"
 #include "keel/plugin.hpp"
+#include "keel/tensor.hpp"
 
 namespace {
 
-namespace nn = torch::nn;
+namespace text = keel::text;
 
-std::string shape_str(at::IntArrayRef shape) {
-  std::ostringstream s;
-  s << shape;
-  return s.str();
-}
+namespace nn = torch::nn;
 
 nn::AnyModule make_activation(const std::string& name) {
   if (name == "gelu") return nn::AnyModule(nn::GELU());
@@ -59,7 +55,7 @@ class Mlp : public keel::ModuleModel<nn::Sequential> {
     in_features_ = std::accumulate(input_shape_.begin(), input_shape_.end(), int64_t{1},
                                    std::multiplies<int64_t>());
     if (in_features_ < 1)
-      throw std::runtime_error("mlp: input_shape " + shape_str(input_shape_) +
+      throw std::runtime_error("mlp: input_shape " + text::shape(input_shape_) +
                                " has no elements; hint: every extent must be >= 1");
     const std::string activation = ctx.get_string("activation");
     const double dropout = ctx.get_float("dropout");
@@ -86,9 +82,9 @@ class Mlp : public keel::ModuleModel<nn::Sequential> {
   at::Tensor forward(const at::Tensor& input) override {
     if (input.dim() < 1 || input.numel() != input.size(0) * in_features_)
       throw std::runtime_error("mlp: expected inputs of shape [N, " +
-                               shape_str(input_shape_).substr(1) + " (" +
+                               text::shape(input_shape_).substr(1) + " (" +
                                std::to_string(in_features_) + " values per sample), got " +
-                               shape_str(input.sizes()) + "; hint: set [model] input_shape");
+                               text::shape(input.sizes()) + "; hint: set [model] input_shape");
     // The Sequential's layers, called directly: nn::Sequential::forward dispatches each one
     // through AnyModule (type-erased arguments and results), measurable at this model's size.
     at::Tensor x = input.reshape({input.size(0), in_features_});
@@ -155,7 +151,7 @@ class Cnn : public keel::ModuleModel<nn::Sequential> {
         input.size(3) != size_)
       throw std::runtime_error("cnn: expected inputs of shape [N, " + std::to_string(in_channels_) +
                                ", " + std::to_string(size_) + ", " + std::to_string(size_) +
-                               "], got " + shape_str(input.sizes()) +
+                               "], got " + text::shape(input.sizes()) +
                                "; hint: set [model] in_channels and image_size");
     return module_->forward(input);
   }

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/plugin.hpp"
+#include "keel/tensor.hpp"
 #include "safetensors_header.hpp"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -28,23 +29,10 @@
 
 namespace {
 
-// The dtypes LibTorch can load and save here (the format defines more: see
-// safetensors_header.cpp; a checkpoint holding those is read, but not loaded into a model).
-struct DType {
-  const char* name;
-  at::ScalarType scalar;
-};
-const DType kDTypes[] = {
-    {"F32", at::kFloat}, {"F64", at::kDouble}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-    {"I64", at::kLong},  {"I32", at::kInt},    {"I8", at::kChar},  {"U8", at::kByte},
-    {"BOOL", at::kBool},
-};
-
-const DType* dtype_of(at::ScalarType s) {
-  for (const DType& d : kDTypes)
-    if (d.scalar == s) return &d;
-  return nullptr;
-}
+// The dtypes LibTorch can load and save here are keel's (keel::kDtypes, keel/tensor.hpp); the
+// format defines more (safetensors_header.cpp): a checkpoint holding those is read, but not
+// loaded into a model.
+using keel::dtype_of;
 
 using keel_safetensors::shape_string;
 
@@ -122,7 +110,7 @@ class SafeTensors : public keel::Checkpoint {
       if (name == "__metadata__")
         throw std::runtime_error("saving '" + path +
                                  "': '__metadata__' is reserved and cannot name a tensor");
-      const DType* d = dtype_of(tensor.scalar_type());
+      const keel::Dtype* d = dtype_of(tensor.scalar_type());
       if (d == nullptr)
         throw std::runtime_error("saving '" + path + "': tensor '" + name +
                                  "' has unsupported dtype " +
@@ -178,7 +166,7 @@ class SafeTensors : public keel::Checkpoint {
         throw std::runtime_error("'" + path + "' has no tensor '" + name +
                                  "' (was it saved by a different model?)");
       const keel_safetensors::TensorEntry& e = *it->second;
-      const DType* want = dtype_of(target.scalar_type());
+      const keel::Dtype* want = dtype_of(target.scalar_type());
       if (want == nullptr || std::string(e.dtype->name) != want->name)
         throw std::runtime_error(
             "'" + path + "': tensor '" + name + "' is stored as " + e.dtype->name +

@@ -1,4 +1,4 @@
-// Conversions between keel_tensor handles and at::Tensor.
+// Conversions between keel_tensor handles and at::Tensor; keel's dtypes; a shape as text.
 //
 // A keel_tensor* is an at::TensorImpl* that carries one reference count when it is "new" and
 // none when it is "borrowed" (see abi.h). These conversions are only valid between binaries
@@ -7,6 +7,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <string>
 
 #include "keel/abi.h"
 
@@ -38,5 +40,48 @@ inline keel_tensor* peek(const at::Tensor& tensor) {
   if (!tensor.defined()) return nullptr;
   return reinterpret_cast<keel_tensor*>(tensor.unsafeGetTensorImpl());
 }
+
+// The dtypes a keel_tensor may have: the ABI's keel_dtype, LibTorch's scalar type, and the
+// name the safetensors format gives it (which keel's checkpoint commit record uses too).
+struct Dtype {
+  keel_dtype keel;
+  at::ScalarType torch;
+  const char* name;
+};
+inline constexpr Dtype kDtypes[] = {
+    {KEEL_DTYPE_F32, at::kFloat, "F32"}, {KEEL_DTYPE_F64, at::kDouble, "F64"},
+    {KEEL_DTYPE_F16, at::kHalf, "F16"},  {KEEL_DTYPE_BF16, at::kBFloat16, "BF16"},
+    {KEEL_DTYPE_I64, at::kLong, "I64"},  {KEEL_DTYPE_I32, at::kInt, "I32"},
+    {KEEL_DTYPE_I8, at::kChar, "I8"},    {KEEL_DTYPE_U8, at::kByte, "U8"},
+    {KEEL_DTYPE_BOOL, at::kBool, "BOOL"},
+};
+
+// The row of kDtypes for a LibTorch scalar type, a keel_dtype or a name; nullptr for none.
+inline const Dtype* dtype_of(at::ScalarType type) {
+  for (const Dtype& d : kDtypes)
+    if (d.torch == type) return &d;
+  return nullptr;
+}
+inline const Dtype* dtype_of(keel_dtype type) {
+  for (const Dtype& d : kDtypes)
+    if (d.keel == type) return &d;
+  return nullptr;
+}
+inline const Dtype* dtype_named(const std::string& name) {
+  for (const Dtype& d : kDtypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+namespace text {
+
+// A shape as text: "[2, 3]" ("[]" for a scalar), as LibTorch prints sizes.
+inline std::string shape(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+
+}  // namespace text
 
 }  // namespace keel

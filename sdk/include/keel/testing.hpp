@@ -376,16 +376,6 @@ inline OptionValues validate(const keel_component_desc& c, const Options& given)
 }
 
 // ---- the host -------------------------------------------------------------------------------
-struct DtypeMap {
-  keel_dtype keel;
-  at::ScalarType torch;
-};
-inline constexpr DtypeMap kDtypes[] = {
-    {KEEL_DTYPE_F32, at::kFloat},     {KEEL_DTYPE_F64, at::kDouble}, {KEEL_DTYPE_F16, at::kHalf},
-    {KEEL_DTYPE_BF16, at::kBFloat16}, {KEEL_DTYPE_I64, at::kLong},   {KEEL_DTYPE_I32, at::kInt},
-    {KEEL_DTYPE_U8, at::kByte},       {KEEL_DTYPE_I8, at::kChar},    {KEEL_DTYPE_BOOL, at::kBool},
-};
-
 inline const at::TensorImpl* impl(const keel_tensor* t) {
   return reinterpret_cast<const at::TensorImpl*>(t);
 }

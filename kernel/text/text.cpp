@@ -1,0 +1,67 @@
+#include "text/text.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace keel::text {
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
+                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, word.size() / 3) + 1;  // exclusive bound
+  for (const auto& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_distance) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string hint = did_you_mean_or(word, candidates, "");
+  return hint.empty() ? "" : hint + " ";
+}
+
+std::string did_you_mean_or(const std::string& word, const std::vector<std::string>& candidates,
+                            const std::string& otherwise, char quote) {
+  const std::string near = closest(word, candidates);
+  if (near.empty()) return otherwise;
+  return "did you mean " + std::string(1, quote) + near + quote + "?";
+}
+
+std::string one_line(const std::string& s) {
+  std::string out;
+  bool space = false;
+  for (char c : s) {
+    if (c == '\n' || c == '\r' || c == '\t') {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty()) out += ' ';
+    space = false;
+    out += c;
+  }
+  return out;
+}
+
+std::string number(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
+
+}  // namespace keel::text

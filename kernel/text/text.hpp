@@ -1,0 +1,49 @@
+// Text for messages, in one place: the closest match and "did you mean", lists joined, one
+// line, a place in a TOML file, a number. (A tensor's shape as text is keel::text::shape in the
+// SDK's keel/tensor.hpp, for the plugins too.) LibTorch-free.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+namespace keel::text {
+
+// The candidate closest to `word` by optimal string alignment distance (insertions,
+// deletions, substitutions and transpositions of two adjacent characters cost 1 each: "mpl"
+// is 1 from "mlp", 2 from "gpt"), or "" when none is within max(2, size of word / 3) edits.
+std::string closest(const std::string& word, const std::vector<std::string>& candidates);
+
+// "did you mean 'x'? " naming the closest candidate, with a trailing space to go before the
+// rest of a hint; "" when none is close.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+
+// "did you mean 'x'?" naming the closest candidate (between two `quote` characters), or
+// `otherwise` when none is close.
+std::string did_you_mean_or(const std::string& word, const std::vector<std::string>& candidates,
+                            const std::string& otherwise, char quote = '\'');
+
+// The items of `range`, each formatted with "{}", with `sep` between them.
+template <class Range>
+std::string join(const Range& range, fmt::string_view sep = ", ") {
+  return fmt::format("{}", fmt::join(range, sep));
+}
+
+// `s` on one line (a message of a plugin's, LibTorch's): each run of line breaks and tabs
+// becomes one space, none at the start or the end.
+std::string one_line(const std::string& s);
+
+// "path:line:col" of a place in a TOML file (a toml::source_region, or anything with
+// begin.line and begin.column), or `path` alone when the place has no line.
+template <class Region>
+std::string located(const std::string& path, const Region& region) {
+  if (region.begin.line == 0) return path;
+  return path + ":" + std::to_string(region.begin.line) + ":" +
+         std::to_string(region.begin.column);
+}
+
+// A number as the shortest text that reads back the same ("0.1", "3", "1e-08"), and "nan".
+std::string number(double v);
+
+}  // namespace keel::text
