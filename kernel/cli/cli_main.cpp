@@ -448,7 +448,7 @@ int cmd_run(const std::string& command, const Parsed& p) {
   }
   cfg.overwrite = p.overwrite;
   log_registry(registry);
-  spdlog::debug("run '{}' -> {}", cfg.name, cfg.output_dir);
+  spdlog::debug("run '{}' -> {}", cfg.run.name, cfg.run.output_dir);
   if (command != "validate")
     if (const auto launch = keel::detect_launch(); launch && launch->world_size > 1) {
       keel::set_log_rank(launch->rank);
@@ -457,8 +457,8 @@ int cmd_run(const std::string& command, const Parsed& p) {
 
   if (command == "validate") {
     keel::check_run(cfg);
-    std::printf("%s: ok (run '%s' -> %s)\n", cfg.manifest_path.c_str(), cfg.name.c_str(),
-                cfg.output_dir.c_str());
+    std::printf("%s: ok (run '%s' -> %s)\n", cfg.manifest_path.c_str(), cfg.run.name.c_str(),
+                cfg.run.output_dir.c_str());
     return 0;
   }
   g_torch_threads_before = at::get_num_threads();
@@ -478,7 +478,7 @@ int cmd_run(const std::string& command, const Parsed& p) {
                        "run failed: " + one_line(c10 ? c10->what_without_backtrace() : e.what()));
     throw;
   }
-  if (cfg.mode == keel::RunMode::kEvaluate)
+  if (cfg.run.mode == keel::RunMode::kEvaluate)
     spdlog::info("done: evaluation loss {:.4f}{}, run directory {}", s.eval_loss,
                  s.eval_accuracy >= 0 ? fmt::format(", accuracy {:.4f}", s.eval_accuracy) : "",
                  s.run_dir);
