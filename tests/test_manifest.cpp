@@ -450,7 +450,8 @@ TEST_CASE("no [[hooks]]: keel's own console and jsonl, also when another plugin 
   TempDir d;
   std::filesystem::create_directories(d.path / "plugins");
   std::filesystem::copy_file(KEEL_CONSOLE_ELSEWHERE, d.path / "plugins" / "console_elsewhere.so");
-  const std::string base = keel_test::small_run(d.path / "run") + "[plugins]\npaths = [\"plugins\"]\n";
+  const std::string base =
+      keel_test::small_run(d.path / "run") + "[plugins]\npaths = [\"plugins\"]\n";
   struct Case {
     const char* hooks;       // the manifest's [[hooks]] ("": none)
     const char* error;       // the start of the error after "<file>:", or "" for none
@@ -495,8 +496,8 @@ TEST_CASE("no [[hooks]]: keel's own console and jsonl, also when another plugin 
     // A default the user never wrote names the other provider in a note.
     bool noted = false;
     for (const std::string& line : log)
-      noted |= line.find("has no [[hooks]]: the default hook 'console' is plugin keel-sinks's; "
-                         "plugin test-console-elsewhere (") != std::string::npos;
+      noted |= line.find("has no [[hooks]]: the default hook 'console' comes from plugin "
+                         "keel-sinks; plugin test-console-elsewhere (") != std::string::npos;
     CHECK(noted == !*c.hooks);
   }
 }

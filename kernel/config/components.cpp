@@ -102,8 +102,8 @@ std::vector<ComponentSpec> default_hooks(const Registry& registry, const std::st
                   qualified_types(found));
     for (const Component* other : found)
       if (other != chosen)
-        spdlog::info("{} has no [[hooks]]: the default hook '{}' is plugin {}'s; plugin {} ({}) "
-                     "provides one too ([[hooks]] type = \"{}\" uses that one)",
+        spdlog::info("{} has no [[hooks]]: the default hook '{}' comes from plugin {}; plugin "
+                     "{} ({}) provides one too ([[hooks]] type = \"{}\" uses that one)",
                      manifest, name, chosen->plugin->name, other->plugin->name,
                      other->plugin->path, other->qualified_name());
     for (const keel_option_desc& o : chosen->options)

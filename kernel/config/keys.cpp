@@ -74,7 +74,9 @@ Key<S> key(T S::*member, keel_option_desc option, OnResume on_resume) {
     throw std::logic_error(std::string("kernel key '") + option.key +
                            "': its schema type does not fit its member");
   return {option, on_resume,
-          [member, option](S& s, const KeelOptionValue& v) { s.*member = from_value<T>(v, option); },
+          [member, option](S& s, const KeelOptionValue& v) {
+            s.*member = from_value<T>(v, option);
+          },
           [member, option](const S& s) { return to_value(s.*member, option); }};
 }
 
@@ -161,8 +163,8 @@ const KeyTable<TrainKeys>& train_keys() {
   static const KeyTable<S> t{
       "train", "the loop: stop targets, accumulation, precision, logging, evaluation", {
       key(&S::epochs, opt_int("epochs", "1", "epochs to train (0: no epoch limit)", 0, 1e9), kSafe),
-      key(&S::max_steps, opt_int("max_steps", "0", "optimizer steps to train (0: no limit)", 0, 1e15),
-          kSafe),
+      key(&S::max_steps,
+          opt_int("max_steps", "0", "optimizer steps to train (0: no limit)", 0, 1e15), kSafe),
       key(&S::max_samples,
           opt_int("max_samples", "0", "training samples to consume (0: no limit)", 0, 9e15), kSafe),
       key(&S::max_tokens,
