@@ -30,9 +30,9 @@
 #include <thread>
 
 #include "checkpoint/durable.hpp"
-#include "checkpoint/resume.hpp"
 #include "checkpoint/store.hpp"
 #include "components.hpp"
+#include "config/resume_check.hpp"
 #include "distributed/grad_sync.hpp"
 #include "distributed/launch.hpp"
 #include "distributed/process_group.hpp"
@@ -85,9 +85,9 @@ void configure_allocator() {
 
 void apply_process_settings(const RunConfig& config) {
   const std::optional<Launch> launch = detect_launch();
-  configure_threads(config.threads, launch ? launch->local_world_size : 1);
-  if (config.malloc_tuning) configure_allocator();
-  at::manual_seed(config.seed);
+  configure_threads(config.run.threads, launch ? launch->local_world_size : 1);
+  if (config.run.malloc_tuning) configure_allocator();
+  at::manual_seed(config.run.seed);
 }
 
 namespace {
@@ -446,7 +446,7 @@ struct Trainer::State {
     c.host = host();
     c.options = &spec.options;
     c.section = spec.section.c_str();
-    c.seed = cfg.seed;
+    c.seed = cfg.run.seed;
     c.rank = rank;
     c.world_size = world;
     c.run_dir = run_dir.c_str();
@@ -606,7 +606,7 @@ struct Trainer::State {
     snap.objects.emplace_back(rank_object("state"), std::move(state_t));
     // Backends take CPU tensors: a synchronous save copies device tensors now (an asynchronous
     // one copies every tensor to the CPU itself).
-    if (!device.is_cpu() && !cfg.checkpoint_async)
+    if (!device.is_cpu() && !cfg.checkpointing.async)
       for (auto& [stem, tensors] : snap.objects)
         for (auto& [name, t] : tensors) t = t.cpu();
 
@@ -653,7 +653,7 @@ struct Trainer::State {
     finish_async_save(/*block=*/true);  // at most one in flight
     Snapshot snap = snapshot();
     last_saved_step = ts.step;
-    if (cfg.checkpoint_async) {
+    if (cfg.checkpointing.async) {
       store->save_async(std::move(snap));
       end("checkpoint");
       spdlog::debug("checkpoint of step {} being written in the background", ts.step);
@@ -736,7 +736,7 @@ struct Trainer::State {
     if (!cfg.checkpoint)
       throw Error("--resume: the manifest has no [checkpoint] table, so this run keeps no "
                   "checkpoints to resume from; hint: add [checkpoint] with type = \"safetensors\"");
-    const fs::path root = fs::path(cfg.output_dir) / "checkpoints";
+    const fs::path root = fs::path(cfg.run.output_dir) / "checkpoints";
     if (cfg.resume == RunConfig::Resume::kPath) {
       const std::string dir = fs::absolute(cfg.resume_path).lexically_normal().string();
       if (!fs::is_directory(dir))
@@ -799,14 +799,10 @@ struct Trainer::State {
   }
 
   void check_manifest_changes(const std::string& saved) {
-    std::vector<ManifestChange> breaking;
-    for (const ManifestChange& c : manifest_changes(saved, resolved_text)) {
-      if (c.harmless)
-        spdlog::warn("--resume: {} changed since the checkpoint ({} -> {})", c.key, c.before,
-                     c.after);
-      else
-        breaking.push_back(c);
-    }
+    const auto [safe, breaking] = resume_changes(saved, resolved_text);
+    for (const ManifestChange& c : safe)
+      spdlog::warn("--resume: {} changed since the checkpoint ({} -> {})", c.key, c.before,
+                   c.after);
     if (breaking.empty()) return;
     if (cfg.resume_changed) {
       for (const ManifestChange& c : breaking)
@@ -974,7 +970,7 @@ struct Trainer::State {
   // [checkpoint] init_from: model weights (selected by init_include / init_exclude, names
   // rewritten by init_rename) and hook state; nothing else.
   void warm_start() {
-    const std::string& dir = cfg.init_from;
+    const std::string& dir = cfg.checkpointing.init_from;
     if (!fs::is_directory(dir))
       throw Error("checkpoint.init_from: '" + dir + "' is not a checkpoint directory; hint: point "
                   "it at runs/<name>/checkpoints/step-<N>");
@@ -992,7 +988,7 @@ struct Trainer::State {
       const Component* backend = cfg.checkpoint ? cfg.checkpoint->component : nullptr;
       const bool safetensors = backend && backend->name == "safetensors" && backend->plugin &&
                                backend->plugin->name == "keel-safetensors";
-      if (!safetensors && !cfg.init_from_unverified)
+      if (!safetensors && !cfg.checkpointing.init_from_unverified)
         throw Error("checkpoint.init_from: '" + dir + "' has no commit record (commit.json: not "
                     "committed by keel), and only the safetensors backend loads such a directory "
                     "unasked, not " + (backend ? backend->label() : std::string("this backend")) +
@@ -1001,18 +997,18 @@ struct Trainer::State {
       spdlog::warn("checkpoint.init_from: {} has no commit record (not committed by keel): its "
                    "files are loaded unverified", dir);
     }
-    const std::regex include(cfg.init_include), exclude(cfg.init_exclude);
+    const std::regex include(cfg.checkpointing.init_include), exclude(cfg.checkpointing.init_exclude);
     TensorList into;
     std::vector<std::string> kept;
     for (const auto& nt : model_state) {
       const std::string name = nt.name;
-      if ((!cfg.init_include.empty() && !std::regex_search(name, include)) ||
-          (!cfg.init_exclude.empty() && std::regex_search(name, exclude))) {
+      if ((!cfg.checkpointing.init_include.empty() && !std::regex_search(name, include)) ||
+          (!cfg.checkpointing.init_exclude.empty() && std::regex_search(name, exclude))) {
         kept.push_back(name);
         continue;
       }
       std::string stored = name;  // the checkpoint's name: init_rename maps it to the model's
-      for (const auto& [from, to] : cfg.init_rename)
+      for (const auto& [from, to] : cfg.checkpointing.init_rename)
         if (name.rfind(to, 0) == 0) {
           stored = from + name.substr(to.size());
           break;
@@ -1084,7 +1080,7 @@ struct Trainer::State {
     std::vector<MicroBatch> out;
     const auto t0 = Clock::now();
     begin("data");
-    for (int64_t i = 0; i < cfg.grad_accum; ++i) {
+    for (int64_t i = 0; i < cfg.train.grad_accum; ++i) {
       keel_batch b{};
       int has = 0;
       train_data.call("next", train_data->next, &b, &has);
@@ -1210,7 +1206,7 @@ struct Trainer::State {
       items.push_back(loss.get("count_items", loss->count_items, peek(mb.targets)));
       if (items.back() < 0) {
         // "auto": a loss that reports no count for these targets gets the mean (1/k).
-        if (cfg.accum_normalization == AccumNorm::kAuto) return w;
+        if (cfg.train.accum_normalization == AccumNorm::kAuto) return w;
         throw loss.error("count_items returned " + std::to_string(items.back()) +
                          " but train.accum_normalization = \"items\" needs item counts; "
                          "hint: use \"mean\" or \"auto\"");
@@ -1240,7 +1236,7 @@ struct Trainer::State {
       at::Tensor micro_loss;
       {
         begin("forward");
-        Autocast autocast(cfg.precision, device);
+        Autocast autocast(cfg.train.precision, device);
         int64_t count = 0;
         micro_loss = linear_loss ? linear_loss_of(mbs[i].inputs, mbs[i].targets, &count)
                                  : compute_loss(forward(mbs[i].inputs), mbs[i].targets, &count, true);
@@ -1311,7 +1307,7 @@ struct Trainer::State {
       begin("optimizer");
       optimizer.call("step", optimizer->step);
       end("optimizer");
-    } else if (cfg.nonfinite == NonFinite::kError && !use_scaler) {
+    } else if (cfg.train.nonfinite == NonFinite::kError && !use_scaler) {
       throw Error("non-finite " + std::string(std::isfinite(step_loss) ? "gradient norm" : "loss") +
                   " at step " + std::to_string(ts.step + 1) + " (loss " + num(step_loss) +
                   ", grad norm " + num(norm) + "); hint: lower the learning rate, "
@@ -1320,8 +1316,8 @@ struct Trainer::State {
       ts.skipped_steps += 1;
       spdlog::warn("step {}: non-finite loss or gradients, optimizer step skipped ({} so far)",
                    ts.step + 1, ts.skipped_steps);
-      if (!use_scaler && ts.skipped_steps > cfg.max_skips)
-        throw Error("more than train.max_skips = " + std::to_string(cfg.max_skips) +
+      if (!use_scaler && ts.skipped_steps > cfg.train.max_skips)
+        throw Error("more than train.max_skips = " + std::to_string(cfg.train.max_skips) +
                     " steps skipped for non-finite values (latest at step " +
                     std::to_string(ts.step + 1) + "); hint: lower the learning rate");
     }
@@ -1377,7 +1373,7 @@ struct Trainer::State {
       last_train.push_back({"grad_norm", window.norms ? window.grad_norm / window.norms : NAN});
       last_train.push_back({"grad_norm_last", ts.grad_norm});
     }
-    if (cfg.nonfinite == NonFinite::kSkip || use_scaler)
+    if (cfg.train.nonfinite == NonFinite::kSkip || use_scaler)
       last_train.push_back({"skipped_steps", double(ts.skipped_steps)});
     if (use_scaler) last_train.push_back({"loss_scale", scaler.scale()});
     if (mfu) {
@@ -1397,7 +1393,7 @@ struct Trainer::State {
     // of a run that ends (a stop, a stop target, the final epoch): its sums stay, so that a
     // run resumed from the checkpoint saved after it reports the same window at the boundary
     // as a run that never stopped.
-    if (ts.step % cfg.log_every == 0) window = Window();
+    if (ts.step % cfg.train.log_every == 0) window = Window();
   }
 
   void evaluate(RunSummary& summary) {
@@ -1414,7 +1410,7 @@ struct Trainer::State {
     bool classification = true;
     // Next-token prediction: [batch, time, vocab] outputs for [batch, time] integer targets.
     bool sequence = true;
-    while (cfg.eval_max_batches == 0 || batches < cfg.eval_max_batches) {
+    while (cfg.train.eval_max_batches == 0 || batches < cfg.train.eval_max_batches) {
       keel_batch b{};
       int has = 0;
       test_data.call("next", test_data->next, &b, &has);
@@ -1425,7 +1421,7 @@ struct Trainer::State {
       int64_t count = 0;
       double batch_loss = 0;
       {
-        Autocast autocast(cfg.precision, device);
+        Autocast autocast(cfg.train.precision, device);
         out = forward(x);
         batch_loss = compute_loss(out, y, &count, false).item<double>();
       }
@@ -1479,12 +1475,12 @@ struct Trainer::State {
   }
 
   bool stop_target_reached() const {
-    return (cfg.max_steps > 0 && ts.step >= cfg.max_steps) ||
-           (cfg.max_samples > 0 && ts.samples >= cfg.max_samples) ||
-           (cfg.max_tokens > 0 && ts.tokens >= cfg.max_tokens);
+    return (cfg.train.max_steps > 0 && ts.step >= cfg.train.max_steps) ||
+           (cfg.train.max_samples > 0 && ts.samples >= cfg.train.max_samples) ||
+           (cfg.train.max_tokens > 0 && ts.tokens >= cfg.train.max_tokens);
   }
 
-  bool evaluating() const { return cfg.mode != RunMode::kTrain; }
+  bool evaluating() const { return cfg.run.mode != RunMode::kTrain; }
 
   // Parameter groups from [[optimizer.groups]]: each parameter joins the first group whose
   // regex matches its whole name, else group 0 (the optimizer's own settings).
@@ -1520,16 +1516,16 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
                            const std::optional<Launch>& launch) {
   State& s = *this;
   s.cfg = config;
-  s.device = resolve_device(config.device, launch ? launch->local_rank : 0);
+  s.device = resolve_device(config.run.device, launch ? launch->local_rank : 0);
   if (launch && launch->world_size > 1) {
-    if (config.checkpoint && config.checkpoint_async)
+    if (config.checkpoint && config.checkpointing.async)
       throw Error("checkpoint.async = true is not supported with several processes yet (" +
                   std::to_string(launch->world_size) + " ranks); hint: set [checkpoint] "
                   "async = false");
     DistributedOptions o;
-    o.timeout = std::chrono::seconds(config.dist_timeout_s);
-    o.backend = config.dist_backend;
-    o.bucket_bytes = config.dist_bucket_cap_mb << 20;
+    o.timeout = std::chrono::seconds(config.distributed.timeout_s);
+    o.backend = config.distributed.backend;
+    o.bucket_bytes = config.distributed.bucket_cap_mb << 20;
     s.dist = std::make_unique<ProcessGroup>(*launch, o, s.device);
     s.rank = launch->rank;
     s.world = launch->world_size;
@@ -1544,8 +1540,8 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
          << config.resolved << "\n";
     s.resolved_text = text.str();
   }
-  const fs::path out = config.output_dir;
-  const bool evaluate = config.mode == RunMode::kEvaluate;
+  const fs::path out = config.run.output_dir;
+  const bool evaluate = config.run.mode == RunMode::kEvaluate;
   const std::string dir = s.on_rank0("prepare the run directory " + out.string(), [&] {
     CreatedEntries& created = *s.created;
     RunDir run = RunDir::open(out.string(), created);
@@ -1654,20 +1650,20 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     throw s.train_data.error("batches_per_epoch returned " + std::to_string(batches) +
                              ": the training split yields no batches; hint: check its path, "
                              "limit and batch_size");
-  const int64_t steps_per_epoch = (batches + config.grad_accum - 1) / config.grad_accum;
+  const int64_t steps_per_epoch = (batches + config.train.grad_accum - 1) / config.train.grad_accum;
   std::vector<int64_t> plans;
-  if (config.epochs > 0) plans.push_back(config.epochs * steps_per_epoch);
-  if (config.max_steps > 0) plans.push_back(config.max_steps);
-  if (config.max_samples > 0) {
+  if (config.train.epochs > 0) plans.push_back(config.train.epochs * steps_per_epoch);
+  if (config.train.max_steps > 0) plans.push_back(config.train.max_steps);
+  if (config.train.max_samples > 0) {
     const int64_t size = s.train_data.get("size", s.train_data->size);
     if (size <= 0)
       throw s.train_data.error("size returned " + std::to_string(size) +
                                "; train.max_samples needs the samples per epoch");
     // Samples of all ranks per optimizer step (size and batches are this rank's shard's).
-    const double per_step = static_cast<double>(size) / batches * config.grad_accum * s.world;
-    plans.push_back(static_cast<int64_t>(std::ceil(config.max_samples / per_step)));
+    const double per_step = static_cast<double>(size) / batches * config.train.grad_accum * s.world;
+    plans.push_back(static_cast<int64_t>(std::ceil(config.train.max_samples / per_step)));
   }
-  if (config.max_tokens > 0) {
+  if (config.train.max_tokens > 0) {
     // Tokens of all ranks per optimizer step, from the dataset's tokens per sample (ABI 1.4).
     const int64_t tps = KEEL_HAS_SLOT(s.train_data, keel_dataset, tokens_per_sample)
                             ? s.train_data.get("tokens_per_sample", s.train_data->tokens_per_sample)
@@ -1675,8 +1671,8 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     const int64_t size = s.train_data.get("size", s.train_data->size);
     if (tps > 0 && size > 0) {
       const double per_step =
-          static_cast<double>(size) / batches * config.grad_accum * s.world * static_cast<double>(tps);
-      plans.push_back(static_cast<int64_t>(std::ceil(config.max_tokens / per_step)));
+          static_cast<double>(size) / batches * config.train.grad_accum * s.world * static_cast<double>(tps);
+      plans.push_back(static_cast<int64_t>(std::ceil(config.train.max_tokens / per_step)));
     } else {
       spdlog::warn("{}: does not report a fixed number of tokens per sample, so train.max_tokens "
                    "stops the run but does not plan its length (schedules and progress use the "
@@ -1716,10 +1712,10 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
   }
   s.loss = s.make<keel_loss>(config.loss);
   const bool counts = KEEL_HAS_SLOT(s.loss, keel_loss, count_items);
-  if (config.accum_normalization == AccumNorm::kItems && !counts)
+  if (config.train.accum_normalization == AccumNorm::kItems && !counts)
     throw s.loss.error("does not report item counts (no count_items), which "
                        "train.accum_normalization = \"items\" needs; hint: use \"mean\" or \"auto\"");
-  s.items_normalization = counts && config.accum_normalization != AccumNorm::kMean;
+  s.items_normalization = counts && config.train.accum_normalization != AccumNorm::kMean;
   s.linear_loss = KEEL_HAS_SLOT(s.model, keel_model, forward_features) &&
                   KEEL_HAS_SLOT(s.loss, keel_loss, compute_linear);
   if (s.linear_loss)
@@ -1727,7 +1723,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
                  "(forward_features, compute_linear): the model's whole output is not built "
                  "there; evaluation calls forward and compute",
                  s.loss.label(), s.model.label());
-  s.use_scaler = config.precision == Precision::kFp16;
+  s.use_scaler = config.train.precision == Precision::kFp16;
 
   if (config.grad_clipper) {
     s.clipper = create_instance<keel_grad_clipper>(*config.grad_clipper->component,
@@ -1774,15 +1770,13 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
 
   s.ts.struct_size = sizeof(s.ts);
   s.ts.max_steps = s.total_steps;
-  s.ts.epochs = config.epochs;
+  s.ts.epochs = config.train.epochs;
   s.ts.grad_norm = NAN;
 
   if (config.checkpoint) {
     s.checkpoint = s.make<keel_checkpoint>(*config.checkpoint);
-    Retention keep{config.checkpoint_keep_last, config.checkpoint_keep_best,
-                   config.checkpoint_best_metric, config.checkpoint_best_max};
     s.store = std::make_unique<CheckpointStore>((s.run_dir / "checkpoints").string(),
-                                                &s.checkpoint, keep, s.run_id);
+                                                &s.checkpoint, config.checkpointing, s.run_id);
     if (!validate_only && s.rank == 0 && s.store->remove_stale() > 0)
       spdlog::info("removed what interrupted checkpoint saves left in {}",
                    (s.run_dir / "checkpoints").string());
@@ -1791,10 +1785,10 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
       spdlog::info("resuming from {} (step {}, epoch {}, batch {} of that epoch)", s.resume_dir,
                    s.resumed.step, s.resumed.epoch, s.resumed.epoch_batches);
       s.emit(KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, s.resume_dir.c_str());
-    } else if (!config.init_from.empty()) {
+    } else if (!config.checkpointing.init_from.empty()) {
       s.warm_start();
       if (!validate_only)
-        s.emit(KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, config.init_from.c_str());
+        s.emit(KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, config.checkpointing.init_from.c_str());
     }
   }
   if (validate_only) return;
@@ -1810,7 +1804,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     spdlog::info("gradients all-reduced in {}", s.grad_sync->describe());
     // Ranks other than 0 draw their own random numbers from here on (dropout, ...).
     if (s.rank > 0 && s.resume_dir.empty())
-      at::manual_seed(config.seed + 1000003ull * static_cast<uint64_t>(s.rank));
+      at::manual_seed(config.run.seed + 1000003ull * static_cast<uint64_t>(s.rank));
   }
   if (s.rank != 0) return;  // rank 0 writes the run directory's files
 
@@ -1901,8 +1895,8 @@ RunSummary Trainer::train() {
   RunSummary summary;
   summary.run_dir = s.run_dir.string();
   try {
-    if (s.cfg.mode == RunMode::kEvaluate) {
-      if (s.cfg.init_from.empty())
+    if (s.cfg.run.mode == RunMode::kEvaluate) {
+      if (s.cfg.checkpointing.init_from.empty())
         spdlog::warn("evaluating freshly initialised weights: set [checkpoint] init_from to a "
                      "checkpoint directory to evaluate trained ones");
       s.emit(KEEL_EVENT_TRAIN_START);
@@ -1915,13 +1909,13 @@ RunSummary Trainer::train() {
     s.model.get("set_training", s.model->set_training, 1);
     s.set_lr_for(s.ts.step);
     s.emit(KEEL_EVENT_TRAIN_START);
-    if (s.store && s.cfg.checkpoint_initial && !resumed) s.save_checkpoint();
+    if (s.store && s.cfg.checkpointing.initial && !resumed) s.save_checkpoint();
     if (!resumed) s.window = Window();
     s.window.start = Clock::now();
 
     // A resumed run that already reached its end (a changed max_steps, or the at_end
     // checkpoint of a finished run) trains no further.
-    bool done = s.stop_target_reached() || (s.cfg.epochs > 0 && s.ts.epoch >= s.cfg.epochs);
+    bool done = s.stop_target_reached() || (s.cfg.train.epochs > 0 && s.ts.epoch >= s.cfg.train.epochs);
     if (done) spdlog::info("--resume: the run had already reached its end at step {}", s.ts.step);
     for (int64_t epoch = s.ts.epoch; !done; ++epoch) {
       s.ts.epoch = epoch;
@@ -1935,7 +1929,7 @@ RunSummary Trainer::train() {
         s.train_data.call("start_epoch", s.train_data->start_epoch, epoch);
       }
       bool epoch_complete = false;
-      const bool final_epoch = s.cfg.epochs > 0 && epoch + 1 >= s.cfg.epochs;
+      const bool final_epoch = s.cfg.train.epochs > 0 && epoch + 1 >= s.cfg.train.epochs;
       while (!done) {
         const std::vector<MicroBatch> mbs = s.fetch_micro_batches();
         if (mbs.empty()) {
@@ -1950,14 +1944,14 @@ RunSummary Trainer::train() {
         if (const int sig = s.agree_requests(g_stop_signal.load(), /*always=*/true))
           s.stop_for_signal(sig);
         const bool last = s.stop_target_reached() || (s.requests & KEEL_REQUEST_STOP);
-        if (s.ts.step % s.cfg.log_every == 0 || last) s.log_train_metrics();
+        if (s.ts.step % s.cfg.train.log_every == 0 || last) s.log_train_metrics();
         s.agree_requests(0, false);
-        if ((s.cfg.eval_every_steps > 0 && s.ts.step % s.cfg.eval_every_steps == 0) ||
+        if ((s.cfg.train.eval_every_steps > 0 && s.ts.step % s.cfg.train.eval_every_steps == 0) ||
             (s.requests & KEEL_REQUEST_EVAL))
           s.evaluate(summary);
         s.agree_requests(0, false);
-        if (s.store && ((s.cfg.checkpoint_every_steps > 0 &&
-                         s.ts.step % s.cfg.checkpoint_every_steps == 0) ||
+        if (s.store && ((s.cfg.checkpointing.every_steps > 0 &&
+                         s.ts.step % s.cfg.checkpointing.every_steps == 0) ||
                         (s.requests & KEEL_REQUEST_CHECKPOINT)))
           s.save_checkpoint();
         s.agree_requests(0, false);
@@ -1983,7 +1977,7 @@ RunSummary Trainer::train() {
         if (done && s.unrecorded_steps()) s.log_train_metrics();
       };
       // After each epoch, when the run ends, and on request.
-      if ((s.cfg.eval_each_epoch && epoch_complete) || done ||
+      if ((s.cfg.train.eval_each_epoch && epoch_complete) || done ||
           (s.requests & (KEEL_REQUEST_EVAL | KEEL_REQUEST_STOP)))
         s.evaluate(summary);
       stop_if_requested();  // e.g. early stopping on that evaluation
@@ -1994,7 +1988,7 @@ RunSummary Trainer::train() {
       s.requests = 0;
     }
 
-    if (s.store && s.cfg.checkpoint_at_end && s.last_saved_step != s.ts.step) s.save_checkpoint();
+    if (s.store && s.cfg.checkpointing.at_end && s.last_saved_step != s.ts.step) s.save_checkpoint();
     s.finish_async_save(/*block=*/true);
     s.emit(KEEL_EVENT_TRAIN_END);
     if (s.profiler) s.profiler.call("flush", s.profiler->flush);

@@ -79,10 +79,21 @@ struct Fixture {
   FlakyBackend backend;
   keel::Instance<keel_checkpoint> instance{&backend.vt, "checkpoint 'flaky' (plugin test)"};
   ~Fixture() { instance.reset(); }
-  keel::CheckpointStore store(const std::string& run, keel::Retention keep = {}) {
+  keel::CheckpointStore store(const std::string& run, keel::CheckpointKeys keep = {}) {
     return keel::CheckpointStore(d.path.string(), &instance, keep, run);
   }
 };
+
+// [checkpoint] keep_last / keep_best (best_metric "test.loss") / best_mode.
+keel::CheckpointKeys retention(int64_t keep_last, int64_t keep_best = 0,
+                               keel::BestMode mode = keel::BestMode::kMin) {
+  keel::CheckpointKeys k;
+  k.keep_last = keep_last;
+  k.keep_best = keep_best;
+  k.best_metric = "test.loss";
+  k.best_mode = mode;
+  return k;
+}
 
 void flip_byte(const fs::path& file) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -155,7 +166,7 @@ TEST_CASE("keep_last prunes only this run's checkpoints, by step, after the comm
   auto other = f.store("run-b");
   other.save(snap(10));
   other.save(snap(20));
-  auto mine = f.store("run-a", {/*keep_last=*/2});
+  auto mine = f.store("run-a", retention(/*keep_last=*/2));
   for (int64_t step : {10, 20, 30}) mine.save(snap(step));
   // run-b's step-10 and step-20 hold those names; run-a's are suffixed with its run id, and
   // its oldest was pruned; run-b's are untouched.
@@ -169,21 +180,21 @@ TEST_CASE("keep_last prunes only this run's checkpoints, by step, after the comm
   // keep_last = 1 with a resumed run saving an older step: the new one stays, though a later
   // step exists (the newest commit is never deleted).
   f.backend.fail = false;
-  auto resumed = f.store("run-a", {/*keep_last=*/1});
+  auto resumed = f.store("run-a", retention(/*keep_last=*/1));
   resumed.save(snap(25));
   CHECK(entries(f.d.path) == std::vector<std::string>{"step-10", "step-20", "step-25", "step-30"});
 }
 
 TEST_CASE("keep_best keeps the best checkpoints by metric, and always the newest") {
   Fixture f;
-  keel::Retention keep{/*keep_last=*/1, /*keep_best=*/1, "test.loss", /*best_max=*/false};
+  keel::CheckpointKeys keep = retention(/*keep_last=*/1, /*keep_best=*/1);
   auto store = f.store("run-a", keep);
   store.save(snap(1, 1, 0.9));
   store.save(snap(2, 1, 0.3));
   store.save(snap(3, 1, 0.5));
   store.save(snap(4, 1, 0.7));
   CHECK(entries(f.d.path) == std::vector<std::string>{"step-2", "step-4"});
-  keep.best_max = true;
+  keep.best_mode = keel::BestMode::kMax;
   auto max_store = f.store("run-a", keep);
   max_store.save(snap(5, 1, 0.1));  // the best by max among 2, 4, 5 is step-4 (0.7)
   CHECK(entries(f.d.path) == std::vector<std::string>{"step-4", "step-5"});

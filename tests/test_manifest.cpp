@@ -1,8 +1,12 @@
 // Manifest parsing (extends, --set) and every validation error: each names file:line:col or
 // the --set argument, the dotted key, and a hint.
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config/keys.hpp"
+#include "config/resume_check.hpp"
 #include "manifest.hpp"
 #include "loader/registry.hpp"
 #include "run_config.hpp"
@@ -37,9 +41,9 @@ TEST_CASE("a valid manifest resolves with defaults filled in") {
   TempDir d;
   const auto p = d.write("m.toml", keel_test::small_run(d.path / "run"));
   const keel::RunConfig rc = resolve_file(p);
-  CHECK(rc.name == "t");
-  CHECK(rc.epochs == 2);
-  CHECK(rc.log_every == 4);
+  CHECK(rc.run.name == "t");
+  CHECK(rc.train.epochs == 2);
+  CHECK(rc.train.log_every == 4);
   CHECK(rc.model.component->name == "mlp");
   CHECK(std::get<std::vector<int64_t>>(rc.model.options.values.at("hidden")) ==
         std::vector<int64_t>{32});
@@ -61,7 +65,7 @@ TEST_CASE("extends merges a base manifest, the including file wins") {
   const keel::RunConfig rc = resolve_file(p);
   CHECK(std::get<double>(rc.optimizer.options.values.at("lr")) == 0.5);
   CHECK(std::get<double>(rc.optimizer.options.values.at("momentum")) == 0.9);  // from the base
-  CHECK(rc.epochs == 3);
+  CHECK(rc.train.epochs == 3);
   CHECK(rc.lr_scheduler->component->name == "constant");
 }
 
@@ -80,7 +84,7 @@ TEST_CASE("--set overrides any key with the same checks") {
       resolve_file(p, {"optimizer.lr=3e-4", "data.train.batch_size=16", "run.name=renamed"});
   CHECK(std::get<double>(rc.optimizer.options.values.at("lr")) == doctest::Approx(3e-4));
   CHECK(std::get<int64_t>(rc.train_data.options.values.at("batch_size")) == 16);
-  CHECK(rc.name == "renamed");  // unquoted text is taken as a string
+  CHECK(rc.run.name == "renamed");  // unquoted text is taken as a string
 
   CHECK(error_of([&] { resolve_file(p, {"optimizer.lr=-1"}); }) ==
         "--set optimizer.lr=-1: optimizer.lr: must be >= 0, got -1; hint: use a value >= 0 "
@@ -265,8 +269,8 @@ TEST_CASE("--set: array elements, whole arrays and inline tables") {
         "constant");
   CHECK(resolve_file(p, {" optimizer.lr = 0.5 "}).optimizer.options.values.at("lr") ==
         KeelOptionValue(0.5));
-  CHECK(resolve_file(p, {"run.name=a=b"}).name == "a=b");  // the first '=' splits
-  CHECK(resolve_file(p, {"run.name=\"\""}).name.empty());
+  CHECK(resolve_file(p, {"run.name=a=b"}).run.name == "a=b");  // the first '=' splits
+  CHECK(resolve_file(p, {"run.name=\"\""}).run.name.empty());
 }
 
 TEST_CASE("only regular files are read: directory, FIFO, device, missing") {
@@ -332,6 +336,170 @@ TEST_CASE("extends errors name file:line:col") {
   const auto p5 = d.write("g.toml", "extends = \"bad.toml\"\n");
   CHECK(error_of([&] { keel::load_manifest(p5.string(), {}); })
             .rfind((d.path / "bad.toml").string() + ":2:", 0) == 0);
+}
+
+// The rows' defaults as validate_options fills them in, landed in a section struct and read
+// back: the same TOML (each row's member fits its type; choices land in the right enum value).
+template <class S>
+void check_round_trip(const keel::KeyTable<S>& keys, const S& landed) {
+  CAPTURE(keys.name);
+  const keel_options defaults = keel::validate_options(toml::table{}, keys.name, "", keys.schema);
+  S fresh;
+  keys.land(defaults, fresh);
+  CHECK(keys.resolved(fresh) == keel::to_toml(defaults));
+  CHECK(keys.resolved(landed) == keel::to_toml(defaults));
+  CHECK(keys.schema.size() == keys.keys.size());
+}
+
+TEST_CASE("kernel keys: the defaults of the rows are what resolve fills in") {
+  TempDir d;
+  // A manifest that sets none of [run]'s, [train]'s, [distributed]'s or [checkpoint]'s keys.
+  const auto bare = d.write(
+      "bare.toml", "[model]\ntype = \"mlp\"\nhidden = [8]\n"
+                   "[data.train]\ntype = \"fashion_mnist\"\nsplit = \"train\"\nlimit = 64\n"
+                   "[optimizer]\ntype = \"sgd\"\nlr = 0.1\n[loss]\ntype = \"cross_entropy\"\n");
+  keel::RunConfig rc = resolve_file(bare);
+  rc.run.output_dir = "";  // made absolute (runs/<name>) after landing
+  check_round_trip(keel::run_keys(), rc.run);
+  check_round_trip(keel::train_keys(), rc.train);
+  check_round_trip(keel::distributed_keys(), rc.distributed);
+  check_round_trip(keel::checkpoint_keys(), rc.checkpointing);  // without [checkpoint] too
+  CHECK(rc.checkpointing.best_metric == "test.loss");
+  CHECK(rc.checkpointing.at_end);
+  CHECK(rc.run.mode == keel::RunMode::kTrainAndEvaluate);
+  CHECK(rc.train.precision == keel::Precision::kFp32);
+  // Choices land by their position in the row's list.
+  const keel::RunConfig set = resolve_file(
+      bare, {"data.test.type=fashion_mnist", "run.mode=evaluate", "train.precision=bf16",
+             "train.nonfinite=skip", "train.accum_normalization=items",
+             "checkpoint.type=safetensors", "checkpoint.best_mode=max"});
+  CHECK(set.run.mode == keel::RunMode::kEvaluate);
+  CHECK(set.train.precision == keel::Precision::kBf16);
+  CHECK(set.train.nonfinite == keel::NonFinite::kSkip);
+  CHECK(set.train.accum_normalization == keel::AccumNorm::kItems);
+  CHECK(set.checkpointing.best_mode == keel::BestMode::kMax);
+  CHECK(set.resolved["checkpoint"]["best_mode"].value<std::string>() == "max");
+  CHECK(set.resolved["run"]["mode"].value<std::string>() == "evaluate");
+  // `keel options` shows the rows.
+  for (const keel::KernelTable& t : keel::kernel_tables()) CHECK(!t.schema->empty());
+}
+
+TEST_CASE("resume: which changed keys keep the continuation exact") {
+  const std::vector<std::pair<const char*, bool>> cases = {
+      // key, safe to change on --resume
+      {"run.name", true}, {"run.output_dir", true}, {"run.threads", true},
+      {"run.malloc_tuning", true}, {"run.mode", true}, {"run.seed", false},
+      {"run.device", false}, {"run.no_such_key", false},
+      {"distributed.timeout_s", true}, {"distributed.bucket_cap_mb", true},
+      {"distributed.backend", false},
+      {"train.log_every", true}, {"train.epochs", true}, {"train.max_steps", true},
+      {"train.max_samples", true}, {"train.max_tokens", true}, {"train.eval_each_epoch", true},
+      {"train.eval_every_steps", true}, {"train.eval_max_batches", true},
+      {"train.grad_accum", false}, {"train.accum_normalization", false},
+      {"train.precision", false}, {"train.nonfinite", false}, {"train.max_skips", false},
+      {"checkpoint.type", true}, {"checkpoint.keep_last", true}, {"checkpoint.init_from", true},
+      {"checkpoint.init_rename.a.", true}, {"checkpoint.dtype", true},
+      {"hooks", true}, {"hooks[1].type", true}, {"hooks[0].label", true}, {"hooks[2].path", true},
+      {"profiler.type", true}, {"mfu.peak_tflops", true}, {"data.test.limit", true},
+      {"plugins.paths", true}, {"plugins.require.acme", true},
+      {"model.hidden", false}, {"model.type", false}, {"optimizer.lr", false},
+      {"optimizer.groups[0].lr", false}, {"optimizer.groups[0].params", false},
+      {"data.train.batch_size", false}, {"loss.type", false}, {"lr_scheduler.warmup_steps", false},
+      {"grad_clipper.max_norm", false}, {"extends", false}, {"trainer.x", false},
+  };
+  for (const auto& [key, safe] : cases) {
+    CAPTURE(key);
+    CHECK((keel::on_resume(key) == keel::OnResume::kSafe) == safe);
+  }
+  const keel::ResumeChanges changes = keel::resume_changes(
+      "[run]\nname = \"a\"\nseed = 1\n[train]\nepochs = 1\n[[hooks]]\ntype = \"console\"\n",
+      "[run]\nname = \"b\"\nseed = 2\n[train]\nepochs = 1\ngrad_accum = 2\n[[hooks]]\n"
+      "type = \"jsonl\"\n");
+  REQUIRE(changes.safe.size() == 2);
+  CHECK(changes.safe[0].key == "hooks[0].type");
+  CHECK(changes.safe[1].key == "run.name");
+  REQUIRE(changes.breaking.size() == 2);
+  CHECK(changes.breaking[0].key == "run.seed");
+  CHECK(changes.breaking[0].before == "1");
+  CHECK(changes.breaking[0].after == "2");
+  CHECK(changes.breaking[1].key == "train.grad_accum");
+  CHECK(changes.breaking[1].before == "(absent)");
+}
+
+// Log lines at info and above while `f` runs.
+template <class F>
+std::vector<std::string> logged(F&& f) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto logger = spdlog::default_logger();
+  const spdlog::level::level_enum level = logger->level();
+  logger->set_level(spdlog::level::info);
+  logger->sinks().push_back(sink);
+  struct Restore {
+    std::shared_ptr<spdlog::logger> logger;
+    spdlog::level::level_enum level;
+    ~Restore() {
+      logger->sinks().pop_back();
+      logger->set_level(level);
+    }
+  } restore{logger, level};
+  f();
+  return sink->last_formatted();
+}
+
+TEST_CASE("no [[hooks]]: keel's own console and jsonl, also when another plugin has a console") {
+  TempDir d;
+  std::filesystem::create_directories(d.path / "plugins");
+  std::filesystem::copy_file(KEEL_CONSOLE_ELSEWHERE, d.path / "plugins" / "console_elsewhere.so");
+  const std::string base =
+      keel_test::small_run(d.path / "run") + "[plugins]\npaths = [\"plugins\"]\n";
+  struct Case {
+    const char* hooks;       // the manifest's [[hooks]] ("": none)
+    const char* error;       // the start of the error after "<file>:", or "" for none
+    const char* plugin;      // the plugin of hooks[0]
+    const char* type;        // its `type` in manifest.resolved.toml
+  };
+  const std::vector<Case> cases = {
+      {"", "", "keel-sinks", "keel-sinks:console"},
+      {"[[hooks]]\ntype = \"test-console-elsewhere:console\"\n", "", "test-console-elsewhere",
+       "test-console-elsewhere:console"},
+      {"[[hooks]]\ntype = \"keel-sinks:console\"\n", "", "keel-sinks", "keel-sinks:console"},
+      {"[[hooks]]\ntype = \"console\"\n",
+       ":2:8: [hooks[0]].type: 2 plugins provide hook 'console': test-console-elsewhere (", "",
+       ""},
+  };
+  for (const Case& c : cases) {
+    const std::string hooks = c.hooks;
+    CAPTURE(hooks);
+    keel::Registry registry;  // its own: the fixture stays out of the other cases' registry
+    const auto p = d.write("m.toml", std::string(c.hooks) + base);
+    std::vector<std::string> log;
+    const std::string err = error_of([&] {
+      log = logged([&] {
+        const keel::RunConfig rc = keel::resolve(keel::load_manifest(p.string(), {}), registry);
+        REQUIRE(!rc.hooks.empty());
+        CHECK(rc.hooks[0].component->plugin->name == c.plugin);
+        CHECK(rc.hooks[0].label == "console");
+        CHECK(rc.resolved["hooks"][0]["type"].value<std::string>() == c.type);
+        if (!*c.hooks) {
+          REQUIRE(rc.hooks.size() == 2);
+          CHECK(rc.hooks[1].component->name == "jsonl");
+          CHECK(rc.hooks[1].section == "hooks[1]");
+        }
+      });
+    });
+    if (*c.error) {
+      CHECK(err.rfind(p.string() + c.error, 0) == 0);
+      CHECK(err.find("type = \"keel-sinks:console\"") != std::string::npos);
+      continue;
+    }
+    CHECK(err == "<no error>");
+    // A default the user never wrote names the other provider in a note.
+    bool noted = false;
+    for (const std::string& line : log)
+      noted |= line.find("has no [[hooks]]: the default hook 'console' comes from plugin "
+                         "keel-sinks; plugin test-console-elsewhere (") != std::string::npos;
+    CHECK(noted == !*c.hooks);
+  }
 }
 
 }  // namespace unit_manifest

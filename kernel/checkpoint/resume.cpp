@@ -22,20 +22,6 @@ void flatten(const toml::node& n, const std::string& key, std::map<std::string, 
   }
 }
 
-bool starts(const std::string& key, const char* prefix) { return key.rfind(prefix, 0) == 0; }
-
-bool harmless(const std::string& key) {
-  for (const char* k : {"run.name", "run.output_dir", "run.threads", "run.malloc_tuning",
-                        "distributed.timeout_s", "distributed.bucket_cap_mb",
-                        "run.mode", "train.log_every", "train.epochs", "train.max_steps",
-                        "train.max_samples", "train.max_tokens"})
-    if (key == k) return true;
-  for (const char* p : {"train.eval_", "checkpoint.", "hooks", "profiler.", "mfu.", "data.test.",
-                        "plugins."})
-    if (starts(key, p)) return true;
-  return false;
-}
-
 std::map<std::string, std::string> parse(const std::string& text, const char* which) {
   std::map<std::string, std::string> out;
   try {
@@ -57,14 +43,14 @@ std::vector<ManifestChange> manifest_changes(const std::string& saved, const std
   const std::string absent = "(absent)";
   while (ia != a.end() || ib != b.end()) {
     if (ib == b.end() || (ia != a.end() && ia->first < ib->first)) {
-      out.push_back({ia->first, ia->second, absent, harmless(ia->first)});
+      out.push_back({ia->first, ia->second, absent});
       ++ia;
     } else if (ia == a.end() || ib->first < ia->first) {
-      out.push_back({ib->first, absent, ib->second, harmless(ib->first)});
+      out.push_back({ib->first, absent, ib->second});
       ++ib;
     } else {
       if (ia->second != ib->second)
-        out.push_back({ia->first, ia->second, ib->second, harmless(ia->first)});
+        out.push_back({ia->first, ia->second, ib->second});
       ++ia;
       ++ib;
     }

@@ -130,7 +130,7 @@ void Snapshot::copy_tensors(bool deferred_ones) {
 }
 
 CheckpointStore::CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend,
-                                 Retention retention, std::string run_id)
+                                 CheckpointKeys retention, std::string run_id)
     : root_(std::move(root)),
       backend_(backend),
       retention_(std::move(retention)),
@@ -328,7 +328,7 @@ void CheckpointStore::prune(const std::string& committed) {
     std::stable_sort(ranked.begin(), ranked.end(), [&](size_t a, size_t b) {
       const double va = mine[a].record.metrics.at(retention_.best_metric);
       const double vb = mine[b].record.metrics.at(retention_.best_metric);
-      return retention_.best_max ? va > vb : va < vb;
+      return retention_.best_mode == BestMode::kMax ? va > vb : va < vb;
     });
     for (size_t k = 0; k < ranked.size() && static_cast<int64_t>(k) < retention_.keep_best; ++k)
       keep[ranked[k]] = true;

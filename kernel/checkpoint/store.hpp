@@ -39,22 +39,13 @@
 #include "checkpoint/commit.hpp"
 #include "checkpoint/meta.hpp"
 #include "components.hpp"
+#include "config/sections.hpp"
 #include "error.hpp"
 #include "keel/abi.h"
 
 namespace keel {
 
 using TensorList = std::vector<std::pair<std::string, at::Tensor>>;
-
-// Which committed checkpoints of this run to keep once a new one is committed: the newest
-// keep_last by step, the best keep_best by `best_metric` ("test.loss": the latest record of
-// split "test" when saved), and always the new one. Both 0: keep everything.
-struct Retention {
-  int64_t keep_last = 0;
-  int64_t keep_best = 0;
-  std::string best_metric;
-  bool best_max = false;  // "max": larger is better
-};
 
 // Everything one checkpoint holds, gathered on the training thread at a step boundary.
 struct Snapshot {
@@ -88,8 +79,12 @@ struct SaveParts {
 
 class CheckpointStore {
  public:
-  CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend, Retention retention,
-                  std::string run_id);
+  // Retention, once a new checkpoint is committed, by [checkpoint]'s keys: the newest keep_last
+  // of this run's checkpoints by step, the best keep_best by best_metric ("test.loss": the
+  // latest record of split "test" when saved; best_mode), and always the new one. Both 0: keep
+  // everything. The store reads no other key.
+  CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend,
+                  CheckpointKeys retention, std::string run_id);
   ~CheckpointStore();  // waits for an asynchronous save still in flight
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;
@@ -144,7 +139,7 @@ class CheckpointStore {
 
   std::string root_;
   const Instance<keel_checkpoint>* backend_;
-  Retention retention_;
+  CheckpointKeys retention_;
   std::string run_id_;
   std::thread worker_;
   std::shared_ptr<struct AsyncResult> result_;

@@ -59,8 +59,8 @@ const std::string& manifest_argument(const std::string& command, const Parsed& p
 // (CheckpointStore::newest_verified), said in one console line and written into the resolved
 // manifest; with none, it is refused (freshly initialised weights are not worth evaluating).
 void choose_evaluated_checkpoint(RunConfig& cfg, const std::string& manifest) {
-  if (cfg.mode != RunMode::kEvaluate || !cfg.init_from.empty()) return;
-  const std::string root = (fs::path(cfg.output_dir) / "checkpoints").string();
+  if (cfg.run.mode != RunMode::kEvaluate || !cfg.checkpointing.init_from.empty()) return;
+  const std::string root = (fs::path(cfg.run.output_dir) / "checkpoints").string();
   const auto newest = CheckpointStore::newest_verified(
       root, [](const std::string& dir, const Error& e) {
         spdlog::warn("evaluate: skipping {}: {}", dir, e.what());
@@ -70,7 +70,7 @@ void choose_evaluated_checkpoint(RunConfig& cfg, const std::string& manifest) {
                 root + " holds no verified checkpoint; hint: name the weights with --set "
                 "checkpoint.init_from=DIR (runs/<name>/checkpoints/step-<N>) or [checkpoint] "
                 "init_from, or train the run first: keel train " + manifest);
-  cfg.init_from = newest->dir;
+  cfg.checkpointing.init_from = newest->dir;
   if (toml::table* t = cfg.resolved["checkpoint"].as_table())
     t->insert_or_assign("init_from", newest->dir);
   spdlog::info("evaluating {} (step {}), the newest verified checkpoint of the run; "
@@ -99,7 +99,7 @@ int run_trainer(const RunConfig& cfg, const std::string& manifest) {
                  "run failed: " + text::one_line(c10 ? c10->what_without_backtrace() : e.what()));
     throw;
   }
-  if (cfg.mode == RunMode::kEvaluate)
+  if (cfg.run.mode == RunMode::kEvaluate)
     spdlog::info("done: evaluation loss {:.4f}{}, run directory {}", s.eval_loss,
                  s.eval_accuracy >= 0 ? fmt::format(", accuracy {:.4f}", s.eval_accuracy) : "",
                  s.run_dir);
@@ -137,11 +137,11 @@ int run_manifest_command(const std::string& command, const Parsed& p) {
   }
   cfg.overwrite = p.overwrite;
   log_registry(registry);
-  spdlog::debug("run '{}' -> {}", cfg.name, cfg.output_dir);
+  spdlog::debug("run '{}' -> {}", cfg.run.name, cfg.run.output_dir);
   if (command == "validate") {
     check_run(cfg);
-    std::printf("%s: ok (run '%s' -> %s)\n", cfg.manifest_path.c_str(), cfg.name.c_str(),
-                cfg.output_dir.c_str());
+    std::printf("%s: ok (run '%s' -> %s)\n", cfg.manifest_path.c_str(), cfg.run.name.c_str(),
+                cfg.run.output_dir.c_str());
     return 0;
   }
   if (const auto launch = detect_launch(); launch && launch->world_size > 1) {
