@@ -128,7 +128,7 @@ void Snapshot::copy_tensors(bool deferred_ones) {
         t = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
-CheckpointStore::CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend,
+CheckpointStore::CheckpointStore(std::string root, const CheckpointBackend* backend,
                                  Retention retention, std::string run_id)
     : root_(std::move(root)),
       backend_(backend),
@@ -195,8 +195,7 @@ TensorIndex CheckpointStore::write_part(
       named.push_back({name.c_str(), peek(t)});
       entries.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec()});
     }
-    backend_->call("save", (*backend_)->save, staging.c_str(), stem.c_str(), named.data(),
-                   named.size());
+    backend_->save(staging, stem, named);
   }
   return index;
 }
@@ -405,8 +404,7 @@ void CheckpointStore::load(const std::string& dir, const std::string& stem,
   if (into.empty()) return;
   std::vector<keel_named_tensor> named;
   for (const auto& [name, t] : into) named.push_back({name.c_str(), peek(t)});
-  backend_->call("load", (*backend_)->load, dir.c_str(), stem.c_str(), named.data(),
-                 named.size());
+  backend_->load(dir, stem, named);
 }
 
 }  // namespace keel

@@ -35,10 +35,9 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/backend.hpp"
 #include "checkpoint/commit.hpp"
 #include "checkpoint/meta.hpp"
-#include "components.hpp"
-#include "keel/abi.h"
 
 namespace keel {
 
@@ -74,7 +73,7 @@ struct Snapshot {
 using TensorIndex = std::map<std::string, std::vector<CommitRecord::Tensor>>;
 
 // A save that other processes add files to (data parallelism: each rank writes its own part
-// into the staging directory; see the trainer's save_checkpoint).
+// into the staging directory; see checkpoint/multi_rank.hpp).
 struct SaveParts {
   // Called once the staging directory exists, before this process writes into it.
   std::function<void(const std::string& staging)> staged;
@@ -86,7 +85,8 @@ struct SaveParts {
 
 class CheckpointStore {
  public:
-  CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend, Retention retention,
+  // `backend` writes and reads the objects' files; it outlives the store.
+  CheckpointStore(std::string root, const CheckpointBackend* backend, Retention retention,
                   std::string run_id);
   ~CheckpointStore();  // waits for an asynchronous save still in flight
   CheckpointStore(const CheckpointStore&) = delete;
@@ -135,7 +135,7 @@ class CheckpointStore {
   void prune(const std::string& committed);
 
   std::string root_;
-  const Instance<keel_checkpoint>* backend_;
+  const CheckpointBackend* backend_;
   Retention retention_;
   std::string run_id_;
   std::thread worker_;

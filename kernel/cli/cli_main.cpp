@@ -34,7 +34,7 @@
 #include "loader/registry.hpp"
 #include "package/package.hpp"
 #include "run_config.hpp"
-#include "trainer.hpp"
+#include "run/trainer.hpp"
 
 namespace po = boost::program_options;
 
