@@ -408,6 +408,25 @@ void log_registry(const keel::Registry& registry) {
     spdlog::debug("  refused {}: {}", r.path, r.reason);
 }
 
+// `word` as one shell word: as it is when it holds only characters no shell treats specially,
+// else in single quotes (a ' inside written '\'').
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of(
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,/:=+@%") == std::string::npos;
+  if (plain) return word;
+  std::string quoted = "'";
+  for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// The command that continues a stopped training run: its manifest and every --set, then
+// --resume (the newest checkpoint of the run directory those name).
+std::string continue_command(const std::string& manifest, const std::vector<std::string>& sets) {
+  std::string command = "keel train " + shell_word(manifest);
+  for (const auto& set : sets) command += " --set " + shell_word(set);
+  return command + " --resume";
+}
+
 int cmd_run(const std::string& command, const Parsed& p) {
   if (p.positional.empty()) {
     for (const auto& set : p.sets)
@@ -487,8 +506,8 @@ int cmd_run(const std::string& command, const Parsed& p) {
   if (s.stop_signal) {
     // Documented in the README ("Checkpoints"): 128 + the signal, as a shell reports a process
     // the signal ended, after the checkpoint of the last step was committed.
-    spdlog::warn("stopped by {}; continue with: keel train {} --resume",
-                 s.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", manifest);
+    spdlog::warn("stopped by {}; continue with: {}",
+                 s.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", continue_command(manifest, p.sets));
     return 128 + s.stop_signal;
   }
   return 0;
