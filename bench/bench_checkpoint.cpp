@@ -85,7 +85,8 @@
 #include "keel/tensor.hpp"
 #include "machine_load.hpp"
 #include "loader/registry.hpp"
-#include "trainer.hpp"
+#include "run/checkpoint_backend.hpp"
+#include "run/trainer.hpp"
 
 #ifndef KEEL_BENCH_BUILD_ROOT
 #define KEEL_BENCH_BUILD_ROOT "."
@@ -511,7 +512,8 @@ int main(int argc, char** argv) try {
               tmpfs ? "  WARNING: in memory, not a disk" : "");
   std::fflush(stdout);
 
-  keel::CheckpointStore store(tmp.path.string(), &backend, keel::Retention{}, "bench");
+  const keel::PluginCheckpointBackend store_backend(backend);
+  keel::CheckpointStore store(tmp.path.string(), &store_backend, keel::Retention{}, "bench");
   // Reused buffers for the snapshot-copy diagnostic, allocated and touched once.
   keel::TensorList reused;
   for (const auto& [n, t] : model) reused.emplace_back(n, at::empty_like(t).zero_());

@@ -69,7 +69,7 @@
 #include "manifest.hpp"
 #include "loader/registry.hpp"
 #include "run_config.hpp"
-#include "trainer.hpp"
+#include "run/trainer.hpp"
 
 #ifndef KEEL_SOURCE_ROOT
 #define KEEL_SOURCE_ROOT "."

@@ -1,4 +1,4 @@
-"""The thread settings keel's kernel applies (kernel/trainer.cpp, configure_threads), for the
+"""The thread settings keel's kernel applies (kernel/run/process_settings.cpp, configure_threads), for the
 Python side of a benchmark: LibTorch intra-op threads on every core; OpenBLAS, when it is the
 OpenMP build (openblas_get_parallel() == 2, what setup.sh selects), on the same threads (one
 pool), else on one thread (its pthread pool would spin against LibTorch's)."""

@@ -64,18 +64,23 @@ class Instance {
     if (!reported.empty()) throw Error(label_ + ": " + what + " failed: " + reported);
   }
 
-  // Calls a slot without an error channel (it returns a value or nothing) and throws when the
-  // plugin reported an error through keel_host.report_error during the call.
+  // Calls a slot without an error channel that returns a value, and throws when the plugin
+  // reported an error through keel_host.report_error during the call.
   template <class R, class... Slot, class... Args>
   R get(const char* what, R (*slot)(void*, Slot...), Args&&... args) const {
-    if constexpr (std::is_void_v<R>) {
-      slot(vt_->self, std::forward<Args>(args)...);
-      check_reported(what);
-    } else {
-      R r = slot(vt_->self, std::forward<Args>(args)...);
-      check_reported(what);
-      return r;
-    }
+    static_assert(!std::is_void_v<R>, "a slot that returns nothing: use run()");
+    R r = slot(vt_->self, std::forward<Args>(args)...);
+    check_reported(what);
+    return r;
+  }
+
+  // Calls a slot without an error channel that returns nothing (set_training, zero_grad, a
+  // profiler's begin and end), and throws when the plugin reported an error through
+  // keel_host.report_error during the call.
+  template <class... Slot, class... Args>
+  void run(const char* what, void (*slot)(void*, Slot...), Args&&... args) const {
+    slot(vt_->self, std::forward<Args>(args)...);
+    check_reported(what);
   }
 
   // An error about what the plugin did: "<label>: <what>".

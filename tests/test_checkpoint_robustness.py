@@ -32,6 +32,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import struct
 import subprocess
@@ -398,13 +399,16 @@ class FlippedByte(CheckpointTest):
 
 
 class StopSignals(CheckpointTest):
-    def stop(self, tmp, sig):
+    def stop(self, tmp, sig, output_dir=None):
         """A run sent `sig` after its first step's log line, checked to have committed exactly
         one checkpoint, of the step it stopped after: (exit status, output, that step, manifest
-        path, output directory)."""
+        path, output directory). `output_dir`: given with --set run.output_dir=..."""
         path, run_dir = write_manifest(tmp, "run", steps=SIGNAL_STEPS, every_steps=0,
                                        log_every=1)
-        p = subprocess.Popen([KEEL, "train", path], env=ENV, stdout=subprocess.PIPE,
+        sets = []
+        if output_dir is not None:
+            sets, run_dir = ["--set", f"run.output_dir={output_dir}"], output_dir
+        p = subprocess.Popen([KEEL, "train", path, *sets], env=ENV, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         lines = []
         for line in p.stdout:
@@ -436,8 +440,16 @@ class StopSignals(CheckpointTest):
 
     def test_sigint(self):
         with tempfile.TemporaryDirectory() as tmp:
-            rc, out, _, _, _ = self.stop(tmp, signal.SIGINT)
+            # --set run.output_dir (with a space and a quote to quote): the command the run
+            # prints continues this run, in that directory, not the manifest's.
+            other = os.path.join(tmp, "the other's dir")
+            rc, out, _, path, _ = self.stop(tmp, signal.SIGINT, output_dir=other)
             self.assertEqual(rc, 130, out)
+            m = re.search(r"stopped by SIGINT; continue with: (.*)", out)
+            self.assertIsNotNone(m, out)
+            self.assertEqual(shlex.split(m.group(1)),
+                             ["keel", "train", path, "--set", f"run.output_dir={other}",
+                              "--resume"])
 
 
 class ChangedManifest(CheckpointTest):

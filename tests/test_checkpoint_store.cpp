@@ -18,6 +18,7 @@
 #include "checkpoint/meta.hpp"
 #include "checkpoint/store.hpp"
 #include "keel/tensor.hpp"
+#include "run/checkpoint_backend.hpp"
 #include "run_dir.hpp"
 #include "support.hpp"
 
@@ -78,9 +79,10 @@ struct Fixture {
   TempDir d;
   FlakyBackend backend;
   keel::Instance<keel_checkpoint> instance{&backend.vt, "checkpoint 'flaky' (plugin test)"};
+  keel::PluginCheckpointBackend plugin_backend{instance};  // the store's view of it
   ~Fixture() { instance.reset(); }
   keel::CheckpointStore store(const std::string& run, keel::CheckpointKeys keep = {}) {
-    return keel::CheckpointStore(d.path.string(), &instance, keep, run);
+    return keel::CheckpointStore(d.path.string(), &plugin_backend, keep, run);
   }
 };
 

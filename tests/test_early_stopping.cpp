@@ -9,7 +9,7 @@
 #include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
-#include "trainer.hpp"
+#include "run/trainer.hpp"
 
 namespace unit_early_stopping {  // keel_units is one unity build: each file's names stay its own
 

@@ -1,6 +1,6 @@
 // trainer_state.toml, the kernel's metadata file in every checkpoint directory: everything a
 // resumed run needs besides tensors. Every field written is read back by `keel train --resume`
-// (trainer.cpp, State::load_resume_checkpoint):
+// (run/resume.cpp, load_resume_point):
 //
 //   run_id = "3f2a9c1e5b7d4e60"   # the run that saved it (a resumed run keeps its run_id)
 //   step = 32                     # optimizer steps taken (skipped ones included)

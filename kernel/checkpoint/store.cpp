@@ -99,6 +99,84 @@ void trash(const fs::path& dir) {
 }
 
 
+// Every file of the staging directory (only regular files: `backend` names the writer in the
+// error), fsync'd and checksummed: their commit-record entries, in name order.
+std::vector<CommitRecord::File> checksum_files(const fs::path& staging,
+                                               const std::string& backend) {
+  std::vector<CommitRecord::File> files_out;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(staging)) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const fs::path& f : files)
+    if (!fs::is_regular_file(f))
+      throw Error(backend + ": save wrote " + f.string() +
+                  ", which is not a regular file; a backend writes only files");
+  // Every file is fsync'd on a second thread while this one checksums them (reading the page
+  // cache): the device's writeback and the hashing overlap, so the checksum adds little to
+  // the save (bench/bench_checkpoint measures both).
+  std::exception_ptr sync_error;
+  std::thread syncer([&files, &sync_error] {
+    try {
+      for (const fs::path& f : files) fsync_path(f.string());
+    } catch (...) {
+      sync_error = std::current_exception();
+    }
+  });
+  try {
+    for (const fs::path& f : files) {
+      CommitRecord::File entry;
+      entry.name = f.filename().string();
+      entry.xxh3 = hash_file(f.string(), &entry.size, /*sync=*/false);
+      files_out.push_back(std::move(entry));
+    }
+  } catch (...) {
+    syncer.join();
+    throw;
+  }
+  syncer.join();
+  if (sync_error) std::rethrow_exception(sync_error);
+  return files_out;
+}
+
+// Commits `staging` as `name` (step-<N>), or as <name>-<run_id> when a committed checkpoint of
+// another run holds that name; a committed one of this run is replaced. Returns the path.
+std::string rename_into_place(const fs::path& staging, const fs::path& name,
+                              const std::string& run_id) {
+  std::error_code ec;
+  // The name: step-<N>, unless a committed step-<N> of another run holds it. Another run
+  // sharing the directory may commit its step-<N> between the check and the rename: the
+  // rename then refuses to replace it, and the name is chosen again (step-<N>-<run_id>).
+  for (int attempt = 0;; ++attempt) {
+    fs::path target = name;
+    bool exists = fs::exists(target, ec);
+    if (exists) {
+      std::string owner;
+      try {
+        owner = read_commit_file(target.string()).run_id;
+      } catch (const Error&) {
+      }
+      if (owner != run_id) {
+        target = name.string() + "-" + run_id;
+        exists = fs::exists(target, ec);
+      }
+    }
+    if (!exists) {
+      if (durable_rename_new(staging.string(), target.string())) return target.string();
+      if (attempt < 3) continue;
+      throw Error("cannot commit " + staging.string() + " as " + target.string() +
+                  ": another process keeps taking that name; hint: give each run its own "
+                  "[run] output_dir");
+    }
+    if (durable_exchange(staging.string(), target.string())) {
+      trash(staging);  // the checkpoint it replaced
+    } else {
+      trash(target);  // no atomic exchange here: the old one goes first
+      durable_rename(staging.string(), target.string());
+    }
+    return target.string();
+  }
+}
+
 }  // namespace
 
 std::string random_token() {
@@ -129,7 +207,7 @@ void Snapshot::copy_tensors(bool deferred_ones) {
         t = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
-CheckpointStore::CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend,
+CheckpointStore::CheckpointStore(std::string root, const CheckpointBackend* backend,
                                  CheckpointKeys retention, std::string run_id)
     : root_(std::move(root)),
       backend_(backend),
@@ -196,8 +274,7 @@ TensorIndex CheckpointStore::write_part(
       named.push_back({name.c_str(), peek(t)});
       entries.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec()});
     }
-    backend_->call("save", (*backend_)->save, staging.c_str(), stem.c_str(), named.data(),
-                   named.size());
+    backend_->save(staging, stem, named);
   }
   return index;
 }
@@ -230,75 +307,13 @@ std::string CheckpointStore::commit(const Snapshot& snap, const SaveParts& parts
       }
     write_file_durably((staging / "trainer_state.toml").string(), write_checkpoint_meta(meta));
     write_file_durably((staging / "manifest.resolved.toml").string(), snap.manifest);
-    std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(staging)) files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-    for (const fs::path& f : files)
-      if (!fs::is_regular_file(f))
-        throw Error(backend_->label() + ": save wrote " + f.string() +
-                    ", which is not a regular file; a backend writes only files");
-    // Every file is fsync'd on a second thread while this one checksums them (reading the page
-    // cache): the device's writeback and the hashing overlap, so the checksum adds little to
-    // the save (bench/bench_checkpoint measures both).
-    std::exception_ptr sync_error;
-    std::thread syncer([&files, &sync_error] {
-      try {
-        for (const fs::path& f : files) fsync_path(f.string());
-      } catch (...) {
-        sync_error = std::current_exception();
-      }
-    });
-    try {
-      for (const fs::path& f : files) {
-        CommitRecord::File entry;
-        entry.name = f.filename().string();
-        entry.xxh3 = hash_file(f.string(), &entry.size, /*sync=*/false);
-        record.files.push_back(std::move(entry));
-      }
-    } catch (...) {
-      syncer.join();
-      throw;
-    }
-    syncer.join();
-    if (sync_error) std::rethrow_exception(sync_error);
+    record.files = checksum_files(staging, backend_->label());
     record.committed_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count();
     write_file_durably((staging / "commit.json").string(), write_commit_record(record));
     fsync_path(staging.string());
-
-    // The name: step-<N>, unless a committed step-<N> of another run holds it. Another run
-    // sharing the directory may commit its step-<N> between the check and the rename: the
-    // rename then refuses to replace it, and the name is chosen again (step-<N>-<run_id>).
-    for (int attempt = 0;; ++attempt) {
-      fs::path target = root / ("step-" + step);
-      bool exists = fs::exists(target, ec);
-      if (exists) {
-        std::string owner;
-        try {
-          owner = read_commit_file(target.string()).run_id;
-        } catch (const Error&) {
-        }
-        if (owner != run_id_) {
-          target = root / ("step-" + step + "-" + run_id_);
-          exists = fs::exists(target, ec);
-        }
-      }
-      if (!exists) {
-        if (durable_rename_new(staging.string(), target.string())) return target.string();
-        if (attempt < 3) continue;
-        throw Error("cannot commit " + staging.string() + " as " + target.string() +
-                    ": another process keeps taking that name; hint: give each run its own "
-                    "[run] output_dir");
-      }
-      if (durable_exchange(staging.string(), target.string())) {
-        trash(staging);  // the checkpoint it replaced
-      } else {
-        trash(target);  // no atomic exchange here: the old one goes first
-        durable_rename(staging.string(), target.string());
-      }
-      return target.string();
-    }
+    return rename_into_place(staging, root / ("step-" + step), run_id_);
   } catch (const FileError& e) {
     fs::remove_all(staging, ec);
     throw Error(std::string(e.what()) + "; hint: " + save_hint(e.code()));
@@ -423,8 +438,7 @@ void CheckpointStore::load(const std::string& dir, const std::string& stem,
   if (into.empty()) return;
   std::vector<keel_named_tensor> named;
   for (const auto& [name, t] : into) named.push_back({name.c_str(), peek(t)});
-  backend_->call("load", (*backend_)->load, dir.c_str(), stem.c_str(), named.data(),
-                 named.size());
+  backend_->load(dir, stem, named);
 }
 
 }  // namespace keel

@@ -36,12 +36,11 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/backend.hpp"
 #include "checkpoint/commit.hpp"
 #include "checkpoint/meta.hpp"
-#include "components.hpp"
 #include "config/sections.hpp"
 #include "error.hpp"
-#include "keel/abi.h"
 
 namespace keel {
 
@@ -67,7 +66,7 @@ struct Snapshot {
 using TensorIndex = std::map<std::string, std::vector<CommitRecord::Tensor>>;
 
 // A save that other processes add files to (data parallelism: each rank writes its own part
-// into the staging directory; see the trainer's save_checkpoint).
+// into the staging directory; see checkpoint/multi_rank.hpp).
 struct SaveParts {
   // Called once the staging directory exists, before this process writes into it.
   std::function<void(const std::string& staging)> staged;
@@ -82,9 +81,10 @@ class CheckpointStore {
   // Retention, once a new checkpoint is committed, by [checkpoint]'s keys: the newest keep_last
   // of this run's checkpoints by step, the best keep_best by best_metric ("test.loss": the
   // latest record of split "test" when saved; best_mode), and always the new one. Both 0: keep
-  // everything. The store reads no other key.
-  CheckpointStore(std::string root, const Instance<keel_checkpoint>* backend,
-                  CheckpointKeys retention, std::string run_id);
+  // everything. The store reads no other key. `backend` writes and reads the objects' files;
+  // it outlives the store.
+  CheckpointStore(std::string root, const CheckpointBackend* backend, CheckpointKeys retention,
+                  std::string run_id);
   ~CheckpointStore();  // waits for an asynchronous save still in flight
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;
@@ -138,7 +138,7 @@ class CheckpointStore {
   void prune(const std::string& committed);
 
   std::string root_;
-  const Instance<keel_checkpoint>* backend_;
+  const CheckpointBackend* backend_;
   CheckpointKeys retention_;
   std::string run_id_;
   std::thread worker_;

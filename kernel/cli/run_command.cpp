@@ -23,7 +23,7 @@
 #include "manifest.hpp"
 #include "run_config.hpp"
 #include "text/text.hpp"
-#include "trainer.hpp"
+#include "run/trainer.hpp"
 
 namespace fs = std::filesystem;
 
@@ -78,9 +78,29 @@ void choose_evaluated_checkpoint(RunConfig& cfg, const std::string& manifest) {
                newest->dir, newest->record.step);
 }
 
+// `word` as one shell word: as it is when it holds only characters no shell treats specially,
+// else in single quotes (a ' inside written '\'').
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of(
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,/:=+@%") == std::string::npos;
+  if (plain) return word;
+  std::string quoted = "'";
+  for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// The command that continues a stopped training run: its manifest and every --set, then
+// --resume (the newest checkpoint of the run directory those name).
+std::string continue_command(const std::string& manifest, const std::vector<std::string>& sets) {
+  std::string command = "keel train " + shell_word(manifest);
+  for (const auto& set : sets) command += " --set " + shell_word(set);
+  return command + " --resume";
+}
+
 // Sets the process up for the run (threads, malloc; cli_main puts the thread counts back),
 // trains or evaluates, and says how it ended. Returns the exit status.
-int run_trainer(const RunConfig& cfg, const std::string& manifest) {
+int run_trainer(const RunConfig& cfg, const std::string& manifest,
+                const std::vector<std::string>& sets) {
   CallState& call = call_state();
   call.torch_threads_before = at::get_num_threads();
   using GetThreads = int (*)();
@@ -106,10 +126,10 @@ int run_trainer(const RunConfig& cfg, const std::string& manifest) {
   else
     spdlog::info("done: {} steps, {} samples, run directory {}", s.steps, s.samples, s.run_dir);
   if (s.stop_signal) {
-    // Documented in the README ("Checkpoints"): 128 + the signal, as a shell reports a process
-    // the signal ended, after the checkpoint of the last step was committed.
-    spdlog::warn("stopped by {}; continue with: keel train {} --resume",
-                 s.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", manifest);
+    // Documented in docs/checkpoints.md ("Preemption"): 128 + the signal, as a shell reports a
+    // process the signal ended, after the checkpoint of the last step was committed.
+    spdlog::warn("stopped by {}; continue with: {}", s.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT",
+                 continue_command(manifest, sets));
     return 128 + s.stop_signal;
   }
   return 0;
@@ -149,7 +169,7 @@ int run_manifest_command(const std::string& command, const Parsed& p) {
     call_state().rank_prefix = "rank " + std::to_string(launch->rank) + ": ";
   }
   choose_evaluated_checkpoint(cfg, manifest);
-  return run_trainer(cfg, manifest);
+  return run_trainer(cfg, manifest, p.sets);
 }
 
 }  // namespace keel::cli

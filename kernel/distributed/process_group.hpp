@@ -3,9 +3,10 @@
 // when keel is built against a CUDA LibTorch that has it), and gradient synchronisation through
 // c10d::Reducer (grad_sync.hpp). Every c10d call of keel is in this folder.
 //
-// Collectives are blocking and every rank must call the same ones in the same order (the
-// trainer agrees every decision that changes the sequence). A failure (a rank died, or did not
-// arrive within [distributed] timeout_s) throws keel::Error naming the operation and the rank.
+// Collectives are blocking and every rank must call the same ones in the same order (the loop
+// agrees every decision that changes the sequence: run/requests.hpp). A failure (a rank died,
+// or did not arrive within [distributed] timeout_s) throws keel::Error naming the operation and
+// the rank.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,9 +37,6 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  int rank() const { return launch_.rank; }
-  int world_size() const { return launch_.world_size; }
-  const Launch& launch() const { return launch_; }
   const DistributedOptions& options() const { return options_; }
   const std::string& backend_name() const;
 

@@ -1,5 +1,7 @@
-// The training loop. Trainer assembles a run from a validated RunConfig (every component
-// created before step 1) and runs it; see abi.h (keel_hook) for the event order.
+// The training loop's public entry points. Trainer assembles a run from a validated RunConfig
+// (every component created before step 1; run/assemble.cpp) and runs it (run/trainer.cpp, the
+// loop a reader starts with); see abi.h (keel_hook) for the event order. The process-wide
+// settings are run/process_settings.cpp's.
 #pragma once
 
 #include <memory>
@@ -9,6 +11,8 @@
 #include "run_config.hpp"
 
 namespace keel {
+
+struct Run;
 
 struct RunSummary {
   int64_t steps = 0;
@@ -40,11 +44,13 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
+  // Trains (or, with run.mode = "evaluate", evaluates) the run to its end. Logs why it ended as
+  // one line "run finished at step N: <reason>". Throws keel::Error when the run fails (the
+  // hooks hear EXCEPTION first).
   RunSummary train();
 
  private:
-  struct State;
-  std::unique_ptr<State> s_;
+  std::unique_ptr<Run> run_;
 };
 
 // Everything `keel train` does before step 1, without training (`keel validate`): checks that
@@ -62,12 +68,13 @@ void check_run(const RunConfig& config);
 void apply_process_settings(const RunConfig& config);
 
 // Applies the run's thread policy: `threads` LibTorch intra-op threads (0: the cores divided
-// by `local_processes`, the ranks on this machine, at least 1) and a single-threaded BLAS, so
-// that the pools never oversubscribe the cores.
+// by `local_processes`, the ranks on this machine, at least 1), and OpenBLAS's threads to
+// match (its OpenMP build: the same threads; its pthread build: 1), so that the pools never
+// oversubscribe the cores.
 void configure_threads(int64_t threads, int local_processes = 1);
 
 // Keeps large freed blocks in glibc's heap (no mmap/munmap and page faults for every step's
-// temporaries); see trainer.cpp for the measurement. [run] malloc_tuning = false turns it off.
+// temporaries); see run/process_settings.cpp for the measurement. [run] malloc_tuning = false turns it off.
 void configure_allocator();
 
 }  // namespace keel

@@ -1,0 +1,35 @@
+// Saving checkpoints of the run: what a checkpoint holds (a snapshot at a step boundary), when
+// one is due, and announcing commits to the hooks. The commit protocol itself is the store's
+// (checkpoint/store.hpp; several ranks: checkpoint/multi_rank.hpp).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace keel {
+
+struct Run;
+enum class Moment;
+
+// Whether a checkpoint is due at `moment` (never without [checkpoint]): at the start when
+// checkpoint.initial is set (not when resuming); after a step every checkpoint.every_steps
+// steps and on a hook's request (a stop signal requests one); after an epoch's end on request
+// and at the finish when checkpoint.at_end is set, both unless this step was saved already.
+bool save_due(Run& run, Moment moment);
+
+// Saves a checkpoint of the current step (synchronously, or handed to a background writer
+// with checkpoint.async) and announces a synchronous commit (CHECKPOINT_SAVED).
+void save_checkpoint(Run& run);
+
+// An asynchronous save that has finished (or, with `block`, the one in flight): its error fails
+// the run here, its commit is announced to the hooks here.
+void finish_async_save(Run& run, bool block);
+
+// "rank<r>.<stem>": a checkpoint object of rank r > 0 (rank 0's is plain `stem`).
+std::string rank_object(const Run& run, const std::string& stem);
+
+// Name and version of the plugin of every component, once each.
+std::vector<std::pair<std::string, std::string>> plugin_versions(const Run& run);
+
+}  // namespace keel

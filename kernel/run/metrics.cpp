@@ -1,0 +1,99 @@
+#include "run/metrics.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "run/events.hpp"
+#include "run/run.hpp"
+#include "text/text.hpp"
+
+namespace keel {
+
+namespace {
+
+// Seconds of the window as the slowest rank saw them: training (wall time less evaluations
+// and checkpoint saves, reported on their own so that throughput and MFU describe training
+// steps), data loading, evaluation, checkpoint saving.
+struct WindowTimes {
+  double train_s, data_s, eval_s, checkpoint_s;
+};
+
+WindowTimes window_times(Run& run) {
+  const Window& w = run.window;
+  WindowTimes t{std::chrono::duration<double>(Clock::now() - w.start).count() - w.eval_s -
+                    w.checkpoint_s,
+                w.data_s, w.eval_s, w.checkpoint_s};
+  if (run.ranks.group) {  // the slowest rank's times
+    const std::vector<double> v = run.ranks.group->max(
+        {t.train_s, t.data_s, t.eval_s, t.checkpoint_s}, "reducing step times");
+    t = {v[0], v[1], v[2], v[3]};
+  }
+  return t;
+}
+
+// The mfu's value for `samples_per_s` (of all ranks), and its peak.
+void add_mfu(const Run& run, double samples_per_s, std::vector<keel_metric>& record) {
+  const Instance<keel_mfu>& mfu = run.components.mfu;
+  if (!mfu) return;
+  // Per device: the samples of all ranks over the devices of all ranks.
+  const double v =
+      mfu.get("compute", mfu->compute, run.plan.flops_per_sample, samples_per_s / run.ranks.world);
+  if (!std::isfinite(v) || v < 0)
+    throw mfu.error("compute returned " + text::number(v) +
+                    "; an mfu must be a finite value >= 0 (a fraction of the peak)");
+  record.push_back({"mfu", v});
+  if (run.plan.mfu_peak > 0) record.push_back({"mfu_peak_tflops", run.plan.mfu_peak / 1e12});
+}
+
+}  // namespace
+
+bool record_due(const Run& run) {
+  const bool unrecorded =
+      run.window.steps > 0 && run.records.last_train_step != run.progress.step;
+  return unrecorded && (run.progress.step % run.config.train.log_every == 0 || run.end.decided());
+}
+
+void record_train(Run& run) {
+  const keel_trainer_state& p = run.progress;
+  const Window& w = run.window;
+  const WindowTimes t = window_times(run);
+  const double sps = w.samples / std::max(t.train_s, 1e-9);
+  const double steps = std::max<int64_t>(w.steps, 1);
+  std::vector<keel_metric>& record = run.records.train;
+  record = {
+      {"step", double(p.step)},
+      {"epoch", double(p.epoch)},
+      {"samples", double(p.samples)},
+      {"tokens", double(p.tokens)},
+      {"loss", w.loss / steps},
+      {"loss_last", p.loss},
+      {"lr", p.lr},
+      {"samples_per_s", sps},
+      {"tokens_per_s", w.tokens / std::max(t.train_s, 1e-9)},
+      {"step_time_ms", 1e3 * t.train_s / steps},
+      {"data_time_ms", 1e3 * t.data_s / steps},
+  };
+  if (run.components.test_data) record.push_back({"eval_time_s", t.eval_s});
+  if (run.components.store) record.push_back({"checkpoint_time_s", t.checkpoint_s});
+  if (run.components.clipper) {
+    record.push_back({"grad_norm", w.norms ? w.grad_norm / w.norms : NAN});
+    record.push_back({"grad_norm_last", p.grad_norm});
+  }
+  if (run.config.train.nonfinite == NonFinite::kSkip || run.plan.scaler)
+    record.push_back({"skipped_steps", double(p.skipped_steps)});
+  if (run.plan.scaler) record.push_back({"loss_scale", run.plan.scaler->scale()});
+  add_mfu(run, sps, record);
+  run.progress.train_metrics = record.data();
+  run.progress.train_metric_count = record.size();
+  emit(run, KEEL_EVENT_METRICS, "train", &record);
+  run.records.last_train_step = p.step;
+  // The window restarts at log_every boundaries only. A record between them is the last one
+  // of a run that ends (a stop, a stop target, the final epoch): its sums stay, so that a run
+  // resumed from the checkpoint saved after it reports the same window at the boundary as a
+  // run that never stopped.
+  if (p.step % run.config.train.log_every == 0) run.window = Window();
+}
+
+}  // namespace keel

@@ -1,0 +1,37 @@
+// Where a run starts from: `keel train --resume` (the checkpoint chosen, checked against this
+// run, and loaded whole) and [checkpoint] init_from (model weights and hook state only).
+#pragma once
+
+#include <string>
+
+#include "checkpoint/store.hpp"
+
+namespace keel {
+
+struct Run;
+
+// `--resume [PATH]`: rank 0 chooses the checkpoint (PATH, or the newest complete one of the
+// run directory), verifies it and shares it; every rank reads its metadata and checks that
+// this run can continue it (run.resume). Runs before any component is created. Nothing when
+// there is no checkpoint yet (a fresh run).
+void choose_resume_point(Run& run);
+
+// Loads everything the resume checkpoint holds into the components, and the progress, records
+// and loss scale it saved.
+void load_resume_point(Run& run);
+
+// Positions the training data at micro-batch `batch` of `epoch` (a resumed run): the dataset's
+// seek, or replaying batches without one.
+void seek_train_data(Run& run, int64_t epoch, int64_t batch);
+
+// [checkpoint] init_from: model weights (selected by init_include / init_exclude, names
+// rewritten by init_rename) and hook state; nothing else.
+void load_init_from(Run& run);
+
+// Shared by both: the model's tensors against a checkpoint's index (every one present with its
+// shape), and hook state by label.
+void check_model_tensors(const Run& run, const CommitRecord& rec, const std::string& dir,
+                         const TensorList& into, const std::string& hint);
+void load_hook_state(Run& run, const CommitRecord& rec, const std::string& dir);
+
+}  // namespace keel

@@ -1,0 +1,173 @@
+// The state of one run, grouped into named parts; the loop's files (kernel/run/) each work on
+// the parts they name. Trainer (trainer.hpp) owns one Run.
+//
+// Destruction is by declaration order (last declared, first destroyed), which gives the order
+// the run needs: the gradient synchronisation first (its autograd hooks hold the parameters),
+// then the component instances in reverse order of creation (hooks first, then the checkpoint
+// store before the backend it writes with, ..., the model last), so that the files they hold
+// are closed; then the process group; then the run directory's part, which detaches run.log
+// and removes a scratch directory. The plugins themselves stay loaded until the caller's
+// Registry goes, after the Trainer (plugin code must outlive its instances).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/resume.hpp"
+#include "checkpoint/store.hpp"
+#include "components.hpp"
+#include "distributed/grad_sync.hpp"
+#include "distributed/process_group.hpp"
+#include "keel/abi.h"
+#include "loss_scaler.hpp"
+#include "run/checkpoint_backend.hpp"
+#include "run/requests.hpp"
+#include "run/run_directory.hpp"
+#include "run_config.hpp"
+#include "run/trainer.hpp"
+
+namespace keel {
+
+using Clock = std::chrono::steady_clock;
+
+// The points of the loop at which the periodic decisions are taken (trainer.cpp, train()).
+enum class Moment {
+  kStart,      // training starts (a resumed run may have reached its end already)
+  kStepEnd,    // a step was taken
+  kEpochOver,  // the epoch's last step was taken (its end events not sent yet)
+  kEpochEnd,   // the epoch's end events were sent
+  kFinish,     // the run is over
+};
+
+// The processes of a data-parallel run (a launcher started several; `group` is null when this
+// process runs alone), and this process's device.
+struct Ranks {
+  std::unique_ptr<ProcessGroup> group;
+  int rank = 0, world = 1;
+  at::Device device{at::kCPU};
+};
+
+// The component instances, in creation order (destroyed in reverse).
+struct Components {
+  Instance<keel_model> model;
+  Instance<keel_dataset> train_data, test_data;  // test_data: only when the run evaluates
+  Instance<keel_optimizer> optimizer;
+  Instance<keel_lr_scheduler> scheduler;
+  Instance<keel_loss> loss;
+  Instance<keel_grad_clipper> clipper;
+  Instance<keel_mfu> mfu;
+  Instance<keel_profiler> profiler;
+  Instance<keel_checkpoint> checkpoint;
+  std::optional<PluginCheckpointBackend> backend;  // over `checkpoint`
+  std::unique_ptr<CheckpointStore> store;          // writes with `backend`; null: no checkpoints
+  std::vector<Instance<keel_hook>> hooks;          // in call order (priority, then manifest)
+};
+
+// The model's tensors as the run uses them.
+struct Parameters {
+  // Trainable parameters, each once (a shared one under its first name): what the optimizer,
+  // clipper and mfu get.
+  std::vector<keel_tensor*> handles;
+  std::vector<const char*> names;
+  std::vector<at::Tensor> tensors;
+  std::vector<keel_named_tensor> model_state;  // what checkpoints hold of the model
+  // Hooks' checkpointed state, named "<label>.<name>" (the names are kept in hook_state_names).
+  std::vector<keel_named_tensor> hook_state;
+  std::vector<std::string> hook_state_names;
+  std::vector<double> base_lrs;  // per optimizer group, before the schedule's factor
+};
+
+// How training steps run, decided at assembly.
+struct StepPlan {
+  int64_t total_steps = 0;       // the planned length (0: unknown), for schedules and progress
+  double flops_per_sample = 0;   // the model's (0: unknown)
+  double mfu_peak = 0;           // FLOP/s the mfu divides by (keel_mfu.peak_flops), 0: not reported
+  bool items_normalization = false;  // micro-batches weighted by their items (count_items)
+  // Training steps compute the loss from the model's features and output weight (model
+  // forward_features and loss compute_linear, ABI 1.5) instead of forward and compute.
+  bool linear_loss = false;
+  std::optional<LossScaler> scaler;  // fp16: dynamic loss scaling
+};
+
+// The checkpoint this run resumes from (`dir` empty: a fresh run).
+struct ResumePoint {
+  std::string dir;
+  CommitRecord record;
+  CheckpointMeta meta;
+  bool active() const { return !dir.empty(); }
+};
+
+// Where the run is inside the current epoch.
+struct EpochPosition {
+  int64_t batches = 0;    // micro-batches of the current epoch consumed
+  bool finished = false;  // its end events ran: a checkpoint saved now points at the next epoch
+};
+
+// Sums over one log_every window.
+struct Window {
+  double loss = 0, grad_norm = 0, data_s = 0;
+  // Evaluation and checkpoint time inside the window: not training, so not in its throughput.
+  double eval_s = 0, checkpoint_s = 0;
+  int64_t steps = 0, norms = 0, samples = 0, tokens = 0;
+  Clock::time_point start = Clock::now();
+};
+
+// The latest records, which keel_trainer_state points at, and the steps of the latest record,
+// evaluation and save.
+struct Records {
+  std::vector<keel_metric> train, eval;
+  std::vector<std::string> restored_keys;  // storage of the keys of records a resume restored
+  int64_t last_train_step = -1, last_eval_step = -1, last_saved_step = -1;
+};
+
+// The reason the run ends, once decided (run/trainer.cpp, decide_end).
+struct RunEnd {
+  std::string reason;  // "": still running
+  int stop_signal = 0;  // SIGTERM / SIGINT that stopped the run
+  bool decided() const { return !reason.empty(); }
+};
+
+struct Run {
+  RunConfig config;
+  RunDirectory directory;
+  Ranks ranks;
+  Components components;
+  Parameters parameters;
+  StepPlan plan;
+  ResumePoint resume;
+  std::string run_id;             // kept by a resumed run (retention only touches its own)
+  std::string resolved_manifest;  // the text of manifest.resolved.toml
+  keel_trainer_state progress{};  // step, epoch, counters, latest records: what hooks see
+  EpochPosition epoch;
+  Window window;
+  Records records;
+  Requests requests;
+  RunEnd end;
+  RunSummary summary;  // what train() returns, filled in as the run goes
+  std::unique_ptr<GradSync> grad_sync;  // last: destroyed first (its hooks hold the parameters)
+
+  bool evaluates() const { return config.run.mode != RunMode::kTrain; }
+};
+
+// Seconds from its construction to its destruction, added to `to`.
+class AddElapsed {
+ public:
+  explicit AddElapsed(double& to) : to_(to) {}
+  ~AddElapsed() { to_ += std::chrono::duration<double>(Clock::now() - t0_).count(); }
+  AddElapsed(const AddElapsed&) = delete;
+  AddElapsed& operator=(const AddElapsed&) = delete;
+
+ private:
+  double& to_;
+  Clock::time_point t0_ = Clock::now();
+};
+
+}  // namespace keel

@@ -1,0 +1,73 @@
+// The run directory as the run uses it: rank 0 opens (and, for a fresh training run, claims)
+// it, the components get its path (a scratch directory when only validating), and run.log is
+// attached to the log once the run is assembled. What this start created is recorded in
+// `created` (the Trainer removes it again when the start fails; run_dir.hpp).
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "run_config.hpp"
+#include "run_dir.hpp"
+
+namespace keel {
+
+// A directory removed, with what is in it, when this goes.
+class ScratchDirectory {
+ public:
+  ScratchDirectory() = default;
+  ~ScratchDirectory();
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  // Creates keel-validate-XXXXXX in the temporary directory; returns its path.
+  const std::string& create();
+
+ private:
+  std::string path_;
+};
+
+// run.log attached to the log (log.hpp) while this lives.
+class AttachedRunLog {
+ public:
+  AttachedRunLog() = default;
+  ~AttachedRunLog();
+  AttachedRunLog(const AttachedRunLog&) = delete;
+  AttachedRunLog& operator=(const AttachedRunLog&) = delete;
+  void attach(int fd, const std::string& path);
+
+ private:
+  bool attached_ = false;
+};
+
+struct RunDirectory {
+  std::filesystem::path path;  // the components' run directory (validating: the scratch one)
+  // Rank 0: the run directory, opened (run_dir.hpp), and its entries' identities then.
+  std::optional<RunDir> dir;
+  std::vector<std::pair<dev_t, ino_t>> before;
+  CreatedEntries* created = nullptr;  // the Trainer's, while it assembles the run
+  bool claimed = false;  // a fresh run: manifest.resolved.toml created at the start (O_EXCL)
+  // Declared last, so gone first: run.log detached, then the scratch directory removed (after
+  // the components, declared later in Run, closed their files in it).
+  ScratchDirectory scratch;
+  AttachedRunLog run_log;
+};
+
+// Rank 0: opens config.run.output_dir (created when missing, checked trusted and writable). An
+// evaluation gets a new eval-<UTC time>/ inside it; a fresh training run (no --resume, no
+// --overwrite) refuses one holding an earlier run's records and claims it by creating
+// manifest.resolved.toml (`resolved_manifest`). `validate_only`: only probes it. Returns the
+// run directory's path.
+std::string prepare_run_directory(RunDirectory& directory, const RunConfig& config,
+                                  const std::string& resolved_manifest, bool validate_only);
+
+// Rank 0, once every component exists: writes manifest.resolved.toml (when not claimed) and
+// plugins.json, and attaches run.log (appended to) with a header line naming this run.
+void start_run_log(RunDirectory& directory, const RunConfig& config,
+                   const std::string& resolved_manifest, const std::string& run_id);
+
+}  // namespace keel

@@ -1,0 +1,249 @@
+#include "run/step.hpp"
+
+#include <ATen/core/Tensor.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "error.hpp"
+#include "keel/tensor.hpp"
+#include "run/autocast.hpp"
+#include "run/events.hpp"
+#include "run/run.hpp"
+#include "text/text.hpp"
+
+namespace keel {
+
+namespace {
+
+// What a step computed, before and after the ranks agree on it.
+struct StepOutcome {
+  double loss = 0;       // the sum of the micro-batches' weighted losses (then: mean over ranks)
+  bool finite = true;    // loss and gradients finite (on every rank)
+  double grad_norm = NAN;  // before clipping (NaN: no clipper)
+  int64_t samples = 0, tokens = 0;
+};
+
+// Weight of each micro-batch's mean loss in the step's loss: its share of the items when the
+// loss reports item counts (token-normalised accumulation), else 1/k.
+std::vector<double> micro_batch_weights(const Run& run, const std::vector<MicroBatch>& mbs) {
+  const Instance<keel_loss>& loss = run.components.loss;
+  std::vector<double> w(mbs.size(), 1.0 / static_cast<double>(mbs.size()));
+  if (!run.plan.items_normalization || mbs.size() == 1) return w;  // one micro-batch: weight 1
+  std::vector<int64_t> items;
+  int64_t total = 0;
+  for (const auto& mb : mbs) {
+    items.push_back(loss.get("count_items", loss->count_items, peek(mb.targets)));
+    if (items.back() < 0) {
+      // "auto": a loss that reports no count for these targets gets the mean (1/k).
+      if (run.config.train.accum_normalization == AccumNorm::kAuto) return w;
+      throw loss.error("count_items returned " + std::to_string(items.back()) +
+                       " but train.accum_normalization = \"items\" needs item counts; "
+                       "hint: use \"mean\" or \"auto\"");
+    }
+    total += items.back();
+  }
+  for (size_t i = 0; i < mbs.size(); ++i)
+    w[i] = total > 0 ? static_cast<double>(items[i]) / static_cast<double>(total) : 0.0;
+  return w;
+}
+
+// Forward and loss of one micro-batch under autocast, weighted by its share of the step.
+at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, double weight) {
+  profile_begin(run, "forward");
+  const Autocast autocast(run.config.train.precision, run.ranks.device);
+  int64_t count = 0;
+  at::Tensor loss = run.plan.linear_loss
+                        ? linear_loss_of(run, mb.inputs, mb.targets, &count)
+                        : compute_loss(run, forward(run, mb.inputs), mb.targets, &count, true);
+  // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
+  if (weight != 1.0) loss = loss.mul(weight);
+  profile_end(run, "forward");
+  return loss;
+}
+
+// Backward of one micro-batch's loss (scaled for fp16). `sync`: this backward all-reduces the
+// gradients (the step's last micro-batch, with several ranks).
+void backward(Run& run, const at::Tensor& loss, bool sync) {
+  const Components& c = run.components;
+  profile_begin(run, "backward");
+  if (sync) run.grad_sync->before_backward(loss);
+  // Backward runs the autograd functions of the model's and the loss's operations (and, when
+  // synchronising, the gradient all-reduce).
+  try {
+    (run.plan.scaler ? run.plan.scaler->scale_loss(loss) : loss).backward();
+  } catch (const c10::Error& e) {
+    const std::string who = c.model.label() + " / " + c.loss.label();
+    if (!sync) throw Error(who + ": backward failed: " + e.what_without_backtrace());
+    throw run.ranks.group->failure("backward of step " + std::to_string(run.progress.step + 1) +
+                                       " (" + who + ", with the gradient all-reduce)",
+                                   e.what_without_backtrace());
+  }
+  profile_end(run, "backward");
+}
+
+// Forward and backward of every micro-batch; gradients accumulate in the parameters.
+StepOutcome forward_backward(Run& run, const std::vector<MicroBatch>& mbs) {
+  StepOutcome step;
+  const std::vector<double> weights = micro_batch_weights(run, mbs);
+  for (size_t i = 0; i < mbs.size(); ++i) {
+    // Only the step's last backward all-reduces the gradients (the earlier ones accumulate
+    // locally, as under DDP's no_sync).
+    const bool sync = run.grad_sync && i + 1 == mbs.size();
+    if (sync) run.grad_sync->before_forward();
+    const at::Tensor loss = micro_batch_loss(run, mbs[i], weights[i]);
+    const double value = loss.item<double>();
+    step.finite = step.finite && std::isfinite(value);
+    step.loss += value;
+    backward(run, loss, sync);
+  }
+  for (const auto& mb : mbs) {
+    step.samples += mb.samples;
+    step.tokens += mb.tokens;
+  }
+  return step;
+}
+
+// The gradient clipper's norm before clipping (NaN without a clipper); a non-finite norm makes
+// the step non-finite.
+void clip_gradients(Run& run, StepOutcome& step) {
+  const Instance<keel_grad_clipper>& clipper = run.components.clipper;
+  if (!clipper) return;
+  double norm = NAN;
+  profile_begin(run, "clip");
+  clipper.call("clip", clipper->clip, &norm);
+  profile_end(run, "clip");
+  if (norm < 0)  // NaN passes on to the non-finite policy: the gradients may hold NaN
+    throw clipper.error("clip reported a negative gradient norm (" + text::number(norm) +
+                        "); the norm before clipping is >= 0");
+  step.finite = step.finite && std::isfinite(norm);
+  step.grad_norm = norm;
+}
+
+// With several ranks, one all-reduce: the loss (mean over ranks), whether any rank saw a
+// non-finite value (then every rank skips the step), samples and tokens (sums).
+void reduce_across_ranks(Run& run, StepOutcome& step) {
+  if (!run.ranks.group) return;
+  const std::vector<double> v = run.ranks.group->sum(
+      {step.loss, step.finite ? 0.0 : 1.0, static_cast<double>(step.samples),
+       static_cast<double>(step.tokens)},
+      "reducing the loss of step " + std::to_string(run.progress.step + 1));
+  step.loss = v[0] / run.ranks.world;
+  step.finite = v[1] == 0;
+  step.samples = static_cast<int64_t>(v[2]);
+  step.tokens = static_cast<int64_t>(v[3]);
+}
+
+// The optimizer step when the step is finite; otherwise train.nonfinite decides: "error" fails
+// the run, "skip" (and fp16's loss scaling, which expects overflows) skips the update, up to
+// train.max_skips times without loss scaling.
+void step_or_skip(Run& run, const StepOutcome& step) {
+  const bool scaling = run.plan.scaler.has_value();
+  const int64_t next = run.progress.step + 1;
+  if (step.finite) {
+    if (run.components.store) run.components.store->wait_copied();  // an asynchronous save's copy
+    emit(run, KEEL_EVENT_BEFORE_OPTIMIZER_STEP);
+    profile_begin(run, "optimizer");
+    run.components.optimizer.call("step", run.components.optimizer->step);
+    profile_end(run, "optimizer");
+  } else if (run.config.train.nonfinite == NonFinite::kError && !scaling) {
+    throw Error("non-finite " + std::string(std::isfinite(step.loss) ? "gradient norm" : "loss") +
+                " at step " + std::to_string(next) + " (loss " + text::number(step.loss) +
+                ", grad norm " + text::number(step.grad_norm) + "); hint: lower the learning "
+                "rate, clip gradients, or set train.nonfinite = \"skip\"");
+  } else {
+    run.progress.skipped_steps += 1;
+    spdlog::warn("step {}: non-finite loss or gradients, optimizer step skipped ({} so far)",
+                 next, run.progress.skipped_steps);
+    if (!scaling && run.progress.skipped_steps > run.config.train.max_skips)
+      throw Error("more than train.max_skips = " + std::to_string(run.config.train.max_skips) +
+                  " steps skipped for non-finite values (latest at step " +
+                  std::to_string(next) + "); hint: lower the learning rate");
+  }
+}
+
+// The step counted: the progress hooks see and the log window's sums.
+void count_step(Run& run, const StepOutcome& step) {
+  keel_trainer_state& p = run.progress;
+  Window& w = run.window;
+  p.step += 1;
+  p.samples += step.samples;
+  p.tokens += step.tokens;
+  p.loss = step.loss;
+  w.samples += step.samples;
+  w.tokens += step.tokens;
+  w.loss += step.loss;
+  w.steps += 1;
+  if (std::isfinite(step.grad_norm)) {
+    w.grad_norm += step.grad_norm;
+    w.norms += 1;
+  }
+}
+
+}  // namespace
+
+std::vector<MicroBatch> fetch_micro_batches(Run& run) {
+  const Instance<keel_dataset>& data = run.components.train_data;
+  std::vector<MicroBatch> out;
+  const auto t0 = Clock::now();
+  profile_begin(run, "data");
+  for (int64_t i = 0; i < run.config.train.grad_accum; ++i) {
+    keel_batch b{};
+    int has = 0;
+    data.call("next", data->next, &b, &has);
+    if (!has) break;
+    out.push_back(on_device(run, checked_batch(data, b)));
+  }
+  profile_end(run, "data");
+  if (run.ranks.group) {
+    // Every rank takes as many micro-batches as the rank with the fewest (none: the epoch
+    // ends on every rank), so that all run the same gradient all-reduces.
+    const size_t fewest = static_cast<size_t>(-run.ranks.group->max(
+        {-static_cast<double>(out.size())},
+        "agreeing on the batches of step " + std::to_string(run.progress.step + 1))[0]);
+    if (fewest < out.size()) {
+      spdlog::warn("{} has {} more micro-batch(es) in epoch {} than another rank: left out "
+                   "(hint: shard the data evenly, e.g. fashion_mnist remainder = \"pad\" or "
+                   "\"drop\")", data.label(), out.size() - fewest, run.progress.epoch);
+      out.resize(fewest);
+    }
+  }
+  run.window.data_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+double train_step(Run& run, const std::vector<MicroBatch>& batches) {
+  emit(run, KEEL_EVENT_STEP_START);
+  for (size_t i = 0; i < batches.size(); ++i)
+    emit(run, KEEL_EVENT_AFTER_DATA, nullptr, nullptr, nullptr, static_cast<int64_t>(i));
+  run.components.optimizer.run("zero_grad", run.components.optimizer->zero_grad);
+  StepOutcome step = forward_backward(run, batches);
+  if (run.plan.scaler) step.finite = run.plan.scaler->unscale(run.parameters.tensors) && step.finite;
+  emit(run, KEEL_EVENT_AFTER_BACKWARD);
+  clip_gradients(run, step);
+  run.progress.grad_norm = step.grad_norm;
+  reduce_across_ranks(run, step);
+  if (run.plan.scaler) run.plan.scaler->update(step.finite);
+  step_or_skip(run, step);
+  count_step(run, step);
+  emit(run, KEEL_EVENT_STEP_END);
+  return step.loss;
+}
+
+void set_lr_for(Run& run, int64_t step) {
+  const Instance<keel_lr_scheduler>& scheduler = run.components.scheduler;
+  const Instance<keel_optimizer>& optimizer = run.components.optimizer;
+  const double f = scheduler ? scheduler.get("factor", scheduler->factor, step) : 1.0;
+  if (!std::isfinite(f) || f < 0)
+    throw scheduler.error("factor(" + std::to_string(step) + ") returned " + text::number(f) +
+                          "; a schedule must return a finite value >= 0");
+  const std::vector<double>& base = run.parameters.base_lrs;
+  for (size_t g = 0; g < base.size(); ++g)
+    optimizer.run("set_lr", optimizer->set_lr, g, base[g] * f);
+  run.progress.lr = base.empty() ? 0 : base[0] * f;
+}
+
+}  // namespace keel
+

@@ -1,0 +1,25 @@
+// One training step: the micro-batches of one optimizer step, and the step over them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "run/model_calls.hpp"
+
+namespace keel {
+
+struct Run;
+
+// Fetches up to grad_accum micro-batches; fewer at the end of an epoch, none when it is over.
+// With several ranks, every rank takes as many as the rank with the fewest.
+std::vector<MicroBatch> fetch_micro_batches(Run& run);
+
+// One optimizer step over `batches` (events STEP_START ... STEP_END, abi.h). Returns the step's
+// loss (the mean over ranks).
+double train_step(Run& run, const std::vector<MicroBatch>& batches);
+
+// Sets every optimizer group's learning rate for `step`: its base rate times the schedule's
+// factor.
+void set_lr_for(Run& run, int64_t step);
+
+}  // namespace keel
