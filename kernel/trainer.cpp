@@ -42,6 +42,7 @@
 #include "keel/tensor.hpp"
 #include "log.hpp"
 #include "loss_scaler.hpp"
+#include "run/eval_metrics.hpp"
 #include "run_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -396,6 +397,7 @@ struct Trainer::State {
   Instance<keel_optimizer> optimizer;
   Instance<keel_lr_scheduler> scheduler;
   Instance<keel_loss> loss;
+  EvalMetrics eval_metrics;  // the evaluation's sums and the loss's task metrics
   Instance<keel_grad_clipper> clipper;
   Instance<keel_mfu> mfu;
   Instance<keel_profiler> profiler;
@@ -1412,69 +1414,35 @@ struct Trainer::State {
     at::NoGradGuard no_grad;
     model.get("set_training", model->set_training, 0);
     test_data.call("start_epoch", test_data->start_epoch, int64_t{0});
-    double loss_sum = 0;
-    int64_t items = 0, correct = 0, rows = 0, samples = 0, batches = 0;
-    bool classification = true;
-    // Next-token prediction: [batch, time, vocab] outputs for [batch, time] integer targets.
-    bool sequence = true;
-    while (cfg.eval_max_batches == 0 || batches < cfg.eval_max_batches) {
+    eval_metrics.begin();
+    for (int64_t batches = 0; cfg.eval_max_batches == 0 || batches < cfg.eval_max_batches;
+         ++batches) {
       keel_batch b{};
       int has = 0;
       test_data.call("next", test_data->next, &b, &has);
       if (!has) break;
       const MicroBatch mb = on_device(checked_batch(test_data, b));
-      const at::Tensor &x = mb.inputs, &y = mb.targets;
       at::Tensor out;
       int64_t count = 0;
       double batch_loss = 0;
       {
         Autocast autocast(cfg.precision, device);
-        out = forward(x);
-        batch_loss = compute_loss(out, y, &count, false).item<double>();
+        out = forward(mb.inputs);
+        batch_loss = compute_loss(out, mb.targets, &count, false).item<double>();
       }
-      loss_sum += batch_loss * static_cast<double>(count);
-      items += count;
-      samples += mb.samples;
-      if (classification && out.dim() == 2 && y.dim() == 1 && !y.is_floating_point() &&
-          out.size(0) == y.size(0)) {
-        correct += out.argmax(1).eq(y).sum().item<int64_t>();
-        rows += y.size(0);
-      } else {
-        classification = false;
-      }
-      sequence = sequence && out.dim() == 3 && y.dim() == 2 && !y.is_floating_point() &&
-                 out.size(0) == y.size(0) && out.size(1) == y.size(1);
-      ++batches;
+      eval_metrics.update(out, mb.targets, batch_loss, count, mb.samples);
     }
     model.get("set_training", model->set_training, 1);
-    if (dist) {
-      // Exact over the ranks' shards: sums of losses, items and correct predictions.
-      const std::vector<double> v = dist->sum(
-          {loss_sum, double(items), double(correct), double(rows), double(samples),
-           classification ? 0.0 : 1.0, sequence ? 0.0 : 1.0},
-          "reducing the evaluation at step " + std::to_string(ts.step));
-      loss_sum = v[0];
-      items = static_cast<int64_t>(v[1]);
-      correct = static_cast<int64_t>(v[2]);
-      rows = static_cast<int64_t>(v[3]);
-      samples = static_cast<int64_t>(v[4]);
-      classification = v[5] == 0;
-      sequence = v[6] == 0;
-    }
+    if (dist)  // exact over the ranks' shards: sums of losses, items, samples and task state
+      eval_metrics.reduce([&](std::vector<double> v) {
+        return dist->sum(std::move(v),
+                         "reducing the evaluation at step " + std::to_string(ts.step));
+      });
     end("eval");
-    last_eval = {{"step", double(ts.step)},
-                 {"epoch", double(ts.epoch)},
-                 {"loss", items ? loss_sum / items : NAN}};
-    summary.eval_loss = last_eval[2].value;
-    if (classification && rows > 0) {
-      last_eval.push_back({"accuracy", static_cast<double>(correct) / rows});
-      summary.eval_accuracy = last_eval.back().value;
-    }
-    // The mean loss in bits: bits per character for a character-level language model (for
-    // a cross-entropy loss in nats, as every first-party loss computes it).
-    if (sequence && batches > 0 && items > 0)
-      last_eval.push_back({"bits_per_token", loss_sum / items / std::log(2.0)});
-    last_eval.push_back({"samples", static_cast<double>(samples)});
+    last_eval = eval_metrics.finish(ts.step, ts.epoch);
+    summary.eval_loss = eval_metrics.loss();
+    for (const keel_metric& m : last_eval)  // the loss's accuracy, when it reports one
+      if (std::strcmp(m.key, "accuracy") == 0) summary.eval_accuracy = m.value;
     ts.eval_metrics = last_eval.data();
     ts.eval_metric_count = last_eval.size();
     emit(KEEL_EVENT_EVAL_END, "test");
@@ -1718,6 +1686,7 @@ void Trainer::State::setup(const RunConfig& config, bool validate_only,
     s.scheduler = create_instance<keel_lr_scheduler>(*config.lr_scheduler->component, sctx);
   }
   s.loss = s.make<keel_loss>(config.loss);
+  s.eval_metrics = EvalMetrics(s.loss);
   const bool counts = KEEL_HAS_SLOT(s.loss, keel_loss, count_items);
   if (config.accum_normalization == AccumNorm::kItems && !counts)
     throw s.loss.error("does not report item counts (no count_items), which "
