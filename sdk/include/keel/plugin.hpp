@@ -147,11 +147,13 @@ class Context {
   const keel_create_context* raw_;
 };
 
-// Logs through the host, prefixed with the component's manifest section. Keep one as a member
-// to log after construction.
+// Logs through the host, prefixed with the component's manifest section (or another origin).
+// Keep one as a member to log after construction.
 class Logger {
  public:
   explicit Logger(const Context& ctx) : host_(&ctx.host()), origin_(ctx.section()) {}
+  // With an origin of the component's own choosing ("": lines without a prefix).
+  Logger(const Context& ctx, std::string origin) : host_(&ctx.host()), origin_(std::move(origin)) {}
   void operator()(keel_log_level level, const std::string& message) const {
     host_->log(level, origin_.c_str(), message.c_str());
   }
