@@ -112,12 +112,12 @@ int option_list_float(const keel_options* o, const char* key, int64_t i, double*
 
 void log(keel_log_level level, const char* origin, const char* message) {
   const std::string o = origin ? bounded(origin, KEEL_NAME_CAPACITY) : "plugin";
-  const std::string m = bounded(message);
+  const std::string m = o.empty() ? bounded(message) : "[" + o + "] " + bounded(message);
   switch (level) {
-    case KEEL_LOG_DEBUG: spdlog::debug("[{}] {}", o, m); break;
-    case KEEL_LOG_INFO: spdlog::info("[{}] {}", o, m); break;
-    case KEEL_LOG_WARN: spdlog::warn("[{}] {}", o, m); break;
-    default: spdlog::error("[{}] {}", o, m); break;
+    case KEEL_LOG_DEBUG: spdlog::debug("{}", m); break;
+    case KEEL_LOG_INFO: spdlog::info("{}", m); break;
+    case KEEL_LOG_WARN: spdlog::warn("{}", m); break;
+    default: spdlog::error("{}", m); break;
   }
 }
 

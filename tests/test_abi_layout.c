@@ -140,13 +140,21 @@ AT(keel_lr_scheduler, self, 8, 8);
 AT(keel_lr_scheduler, destroy, 16, 8);
 AT(keel_lr_scheduler, factor, 24, 8);
 
-SIZE(keel_loss, 48);
+SIZE(keel_metric_writer, 24);
+AT(keel_metric_writer, struct_size, 0, 4);
+AT(keel_metric_writer, host_data, 8, 8);
+AT(keel_metric_writer, put, 16, 8);
+
+SIZE(keel_loss, 72);
 AT(keel_loss, struct_size, 0, 4);
 AT(keel_loss, self, 8, 8);
 AT(keel_loss, destroy, 16, 8);
 AT(keel_loss, compute, 24, 8);
 AT(keel_loss, count_items, 32, 8);
 AT(keel_loss, compute_linear, 40, 8);
+AT(keel_loss, metric_state_size, 48, 8);
+AT(keel_loss, metric_update, 56, 8);
+AT(keel_loss, metric_finish, 64, 8);
 
 SIZE(keel_grad_clipper, 32);
 AT(keel_grad_clipper, struct_size, 0, 4);

@@ -1,24 +1,29 @@
-// The current ABI against the frozen 1.0 and 1.1 headers (tests/abi/), asserted at compile time:
+// The current ABI against the frozen 1.0, 1.1 and 1.5 headers (tests/abi/), asserted at compile
+// time:
 // a plugin built against an older minor keeps finding every field where it was, and the kernel
 // keeps asking it for no more than that minor had. This is a compile-time test: the executable
 // only builds when every static_assert holds, and main() has nothing left to check.
 //
-// The frozen headers are included under other names: the build generates keel10_abi.h and
-// keel11_abi.h from them, with keel_ -> keel10_ / keel11_ and KEEL_ -> KEEL10_ / KEEL11_.
+// The frozen headers are included under other names: the build generates keel10_abi.h,
+// keel11_abi.h and keel15_abi.h from them, with keel_ -> keel10_ / keel11_ / keel15_ and
+// KEEL_ -> KEEL10_ / KEEL11_ / KEEL15_.
 #include <cstddef>
 
 #include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
 #include "keel10_abi.h"
 #include "keel11_abi.h"
+#include "keel15_abi.h"
 
 static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
 static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
-                  KEEL11_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL11_ABI_MINOR == 1,
-              "tests/abi/1.0 and tests/abi/1.1 must hold the frozen 1.0 and 1.1 headers");
+                  KEEL11_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL11_ABI_MINOR == 1 &&
+                  KEEL15_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL15_ABI_MINOR == 5,
+              "tests/abi/1.0, 1.1 and 1.5 must hold the frozen 1.0, 1.1 and 1.5 headers");
 
 #define ABI_10 "1.0"
 #define ABI_11 "1.1"
-// A field of minor V (10: 1.0, 11: 1.1) keeps its offset and size.
+#define ABI_15 "1.5"
+// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5) keeps its offset and size.
 #define SAME(V, T, field)                                                                    \
   static_assert(offsetof(keel_##T, field) == offsetof(keel##V##_##T, field) &&               \
                     sizeof(keel_##T::field) == sizeof(keel##V##_##T::field),                 \
@@ -179,6 +184,9 @@ SAME(10, loss, compute);
 SAME(11, loss, count_items);
 APPENDED(loss, count_items, 10);
 APPENDED(loss, compute_linear, 11);
+APPENDED(loss, metric_state_size, 15);
+APPENDED(loss, metric_update, 15);
+APPENDED(loss, metric_finish, 15);
 
 // keel_grad_clipper
 GROWN(grad_clipper);
@@ -299,6 +307,227 @@ SAME(10, plugin_descriptor, fingerprint);
 SAME(10, plugin_descriptor, components);
 SAME(10, plugin_descriptor, component_count);
 SAME(10, plugin_descriptor, component_size);
+
+// Every field of ABI 1.5 (the minor before the current one) keeps its offset and size, in every
+// struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.6).
+// keel_error
+SAME(15, error, message);
+
+// keel_host
+SAME(15, host, struct_size);
+SAME(15, host, abi_major);
+SAME(15, host, abi_minor);
+SAME(15, host, torch_version);
+SAME(15, host, tensor_dtype);
+SAME(15, host, tensor_ndim);
+SAME(15, host, tensor_size);
+SAME(15, host, tensor_numel);
+SAME(15, host, tensor_cpu_data);
+SAME(15, host, tensor_contiguous_cpu);
+SAME(15, host, tensor_from_buffer);
+SAME(15, host, tensor_retain);
+SAME(15, host, tensor_release);
+SAME(15, host, option_bool);
+SAME(15, host, option_int);
+SAME(15, host, option_float);
+SAME(15, host, option_string);
+SAME(15, host, option_list_size);
+SAME(15, host, option_list_int);
+SAME(15, host, option_list_float);
+SAME(15, host, log);
+SAME(15, host, report_error);
+
+// keel_option_desc
+SAME(15, option_desc, key);
+SAME(15, option_desc, type);
+SAME(15, option_desc, default_toml);
+SAME(15, option_desc, help);
+SAME(15, option_desc, min);
+SAME(15, option_desc, max);
+SAME(15, option_desc, choices);
+
+// keel_named_tensor
+SAME(15, named_tensor, name);
+SAME(15, named_tensor, tensor);
+
+// keel_state_writer
+SAME(15, state_writer, struct_size);
+SAME(15, state_writer, host_data);
+SAME(15, state_writer, put);
+
+// keel_create_context
+SAME(15, create_context, struct_size);
+SAME(15, create_context, host);
+SAME(15, create_context, options);
+SAME(15, create_context, section);
+SAME(15, create_context, seed);
+SAME(15, create_context, rank);
+SAME(15, create_context, world_size);
+SAME(15, create_context, run_dir);
+SAME(15, create_context, params);
+SAME(15, create_context, param_names);
+SAME(15, create_context, param_count);
+SAME(15, create_context, total_steps);
+SAME(15, create_context, param_group);
+SAME(15, create_context, group_count);
+SAME(15, create_context, group_lr);
+SAME(15, create_context, group_weight_decay);
+SAME(15, create_context, resume_step);
+
+// keel_model
+SAME(15, model, struct_size);
+SAME(15, model, self);
+SAME(15, model, destroy);
+SAME(15, model, forward);
+SAME(15, model, set_training);
+SAME(15, model, param_count);
+SAME(15, model, param);
+SAME(15, model, state_count);
+SAME(15, model, state);
+SAME(15, model, flops_per_sample);
+SAME(15, model, state_save);
+SAME(15, model, state_load);
+SAME(15, model, forward_features);
+
+// keel_batch
+SAME(15, batch, inputs);
+SAME(15, batch, targets);
+SAME(15, batch, samples);
+SAME(15, batch, tokens);
+
+// keel_dataset
+SAME(15, dataset, struct_size);
+SAME(15, dataset, self);
+SAME(15, dataset, destroy);
+SAME(15, dataset, size);
+SAME(15, dataset, batches_per_epoch);
+SAME(15, dataset, start_epoch);
+SAME(15, dataset, next);
+SAME(15, dataset, seek);
+SAME(15, dataset, state_save);
+SAME(15, dataset, state_load);
+SAME(15, dataset, tokens_per_sample);
+
+// keel_optimizer
+SAME(15, optimizer, struct_size);
+SAME(15, optimizer, self);
+SAME(15, optimizer, destroy);
+SAME(15, optimizer, step);
+SAME(15, optimizer, zero_grad);
+SAME(15, optimizer, group_count);
+SAME(15, optimizer, get_lr);
+SAME(15, optimizer, set_lr);
+SAME(15, optimizer, state_save);
+SAME(15, optimizer, state_load);
+
+// keel_lr_scheduler
+SAME(15, lr_scheduler, struct_size);
+SAME(15, lr_scheduler, self);
+SAME(15, lr_scheduler, destroy);
+SAME(15, lr_scheduler, factor);
+
+// keel_loss
+SAME(15, loss, struct_size);
+SAME(15, loss, self);
+SAME(15, loss, destroy);
+SAME(15, loss, compute);
+SAME(15, loss, count_items);
+SAME(15, loss, compute_linear);
+
+// keel_grad_clipper
+SAME(15, grad_clipper, struct_size);
+SAME(15, grad_clipper, self);
+SAME(15, grad_clipper, destroy);
+SAME(15, grad_clipper, clip);
+
+// keel_mfu
+SAME(15, mfu, struct_size);
+SAME(15, mfu, self);
+SAME(15, mfu, destroy);
+SAME(15, mfu, compute);
+SAME(15, mfu, peak_flops);
+
+// keel_profiler
+SAME(15, profiler, struct_size);
+SAME(15, profiler, self);
+SAME(15, profiler, destroy);
+SAME(15, profiler, begin);
+SAME(15, profiler, end);
+SAME(15, profiler, flush);
+
+// keel_checkpoint
+SAME(15, checkpoint, struct_size);
+SAME(15, checkpoint, self);
+SAME(15, checkpoint, destroy);
+SAME(15, checkpoint, save);
+SAME(15, checkpoint, load);
+
+// keel_metric
+SAME(15, metric, key);
+SAME(15, metric, value);
+
+// keel_trainer_state
+SAME(15, trainer_state, struct_size);
+SAME(15, trainer_state, step);
+SAME(15, trainer_state, epoch);
+SAME(15, trainer_state, samples);
+SAME(15, trainer_state, tokens);
+SAME(15, trainer_state, max_steps);
+SAME(15, trainer_state, epochs);
+SAME(15, trainer_state, lr);
+SAME(15, trainer_state, loss);
+SAME(15, trainer_state, skipped_steps);
+SAME(15, trainer_state, grad_norm);
+SAME(15, trainer_state, train_metrics);
+SAME(15, trainer_state, train_metric_count);
+SAME(15, trainer_state, eval_metrics);
+SAME(15, trainer_state, eval_metric_count);
+
+// keel_event
+SAME(15, event, struct_size);
+SAME(15, event, kind);
+SAME(15, event, state);
+SAME(15, event, split);
+SAME(15, event, metrics);
+SAME(15, event, metric_count);
+SAME(15, event, path);
+SAME(15, event, requests);
+SAME(15, event, micro_batch);
+SAME(15, event, message);
+
+// keel_hook
+SAME(15, hook, struct_size);
+SAME(15, hook, self);
+SAME(15, hook, destroy);
+SAME(15, hook, on_event);
+SAME(15, hook, state_count);
+SAME(15, hook, state);
+
+// keel_component_desc
+SAME(15, component_desc, kind);
+SAME(15, component_desc, name);
+SAME(15, component_desc, description);
+SAME(15, component_desc, options);
+SAME(15, component_desc, option_count);
+SAME(15, component_desc, option_size);
+SAME(15, component_desc, create);
+
+// keel_build_fingerprint
+SAME(15, build_fingerprint, torch_version);
+SAME(15, build_fingerprint, compiler);
+SAME(15, build_fingerprint, cxx11_abi);
+
+// keel_plugin_descriptor
+SAME(15, plugin_descriptor, abi_major);
+SAME(15, plugin_descriptor, abi_minor);
+SAME(15, plugin_descriptor, struct_size);
+SAME(15, plugin_descriptor, name);
+SAME(15, plugin_descriptor, version);
+SAME(15, plugin_descriptor, description);
+SAME(15, plugin_descriptor, fingerprint);
+SAME(15, plugin_descriptor, components);
+SAME(15, plugin_descriptor, component_count);
+SAME(15, plugin_descriptor, component_size);
 
 // The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
 // NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never

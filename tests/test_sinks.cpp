@@ -174,12 +174,49 @@ TEST_CASE("console: rank r > 0 prints only with every_rank") {
       record_on_rank(d.path, "console", "progress = \"never\"\n" + options, rank, 2);
     });
   };
+  // The record's line, without an origin prefix (not the hook's position, "[hooks[0]]"), nor an
+  // ETA: TRAIN_START came at step 3 too, so no pace is known.
+  const std::regex line(R"(\[[0-9:]{8}\] step 3/10 loss 0\.5\n)");
   const std::string rank0 = printed(0, "every_rank = true");
-  CHECK(rank0.find("[hooks[0]] step 3/10 loss 0.5\n") != std::string::npos);
+  CHECK(std::regex_search(rank0, line));
+  CHECK(rank0.find("[hooks[0]]") == std::string::npos);
   CHECK(rank0.find("[rank") == std::string::npos);
   CHECK(printed(1, "") == "");
-  CHECK(printed(1, "every_rank = true").find("[hooks[0]] step 3/10 loss 0.5\n") !=
-        std::string::npos);
+  CHECK(std::regex_search(printed(1, "every_rank = true"), line));
+}
+
+TEST_CASE("console: a concise line per record on the console, the whole record in run.log") {
+  keel::init_logging(spdlog::level::info);
+  TempDir d;
+  const std::string out = captured_stdout(d.path / "stdout.txt", [&] {
+    train(d, "[[hooks]]\ntype = \"console\"\nprogress = \"never\"\n");
+  });
+  // small_run: 16 steps, a train record every 4, an evaluation after each epoch (steps 8, 16).
+  const std::regex train_line(
+      R"(^\[[0-9:]{8}\] step (4|8|12|16)/16 epoch [01] loss \S+ lr \S+ \S+ samples/s( ETA \d+:\d\d)?$)");
+  const std::regex eval_line(R"(^\[[0-9:]{8}\] eval test step (8|16): loss \S+ accuracy \S+$)");
+  int trains = 0, evals = 0;
+  for (const std::string& l : split_on(out, '\n')) {
+    trains += std::regex_match(l, train_line);
+    evals += std::regex_match(l, eval_line);
+  }
+  CHECK(trains == 4);
+  CHECK(evals == 2);
+  CHECK(out.find("ETA") != std::string::npos);     // steps 4, 8, 12 have time left
+  CHECK(out.find("loss_last") == std::string::npos);  // the rest of the record: run.log only
+  CHECK(out.find("[hooks[") == std::string::npos);
+  const std::string log = keel_test::read(d.path / "run" / "run.log");
+  for (const std::string key :
+       {" epoch 0 samples 128 tokens 128 loss ", " loss_last ", " lr ", " samples_per_s ",
+        " tokens_per_s ", " step_time_ms ", " data_time_ms ", " eval_time_s "}) {
+    CAPTURE(key);
+    const size_t at = log.find("] [debug] record train step 4:");
+    REQUIRE(at != std::string::npos);
+    CHECK(log.substr(at, log.find('\n', at) - at).find(key) != std::string::npos);
+  }
+  CHECK(std::regex_search(
+      log, std::regex(R"(\] \[debug\] record test step 8: epoch 0 loss \S+ accuracy \S+ samples 200\n)")));
+  CHECK(std::regex_search(log, std::regex(R"(\] \[info\] eval test step 8: loss \S+ accuracy \S+\n)")));
 }
 
 TEST_CASE("csv: one file per split, the jsonl's values in the first record's columns") {

@@ -183,6 +183,7 @@ void create_schedule_and_loss(Run& run) {
     c.scheduler = create_instance<keel_lr_scheduler>(*config.lr_scheduler->component, ctx);
   }
   c.loss = make_instance<keel_loss>(run, config.loss);
+  c.eval_metrics = EvalMetrics(c.loss);
   const bool counts = KEEL_HAS_SLOT(c.loss, keel_loss, count_items);
   if (config.train.accum_normalization == AccumNorm::kItems && !counts)
     throw c.loss.error("does not report item counts (no count_items), which "

@@ -3,11 +3,11 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
 
-#include <cmath>
 #include <string>
 #include <vector>
 
 #include "run/autocast.hpp"
+#include "run/eval_metrics.hpp"
 #include "run/events.hpp"
 #include "run/model_calls.hpp"
 #include "run/run.hpp"
@@ -16,60 +16,15 @@ namespace keel {
 
 namespace {
 
-// ---- task metrics ----
-// The kernel's guess of the task from the shapes of outputs and targets: a classification
-// ([batch, classes] outputs for [batch] integer targets) reports accuracy; next-token
-// prediction ([batch, time, vocab] outputs for [batch, time] integer targets) reports the mean
-// loss in bits (bits per character for a character-level language model, for a cross-entropy
-// loss in nats, as every first-party loss computes it).
-struct TaskMetrics {
-  double correct = 0, rows = 0;
-  bool classification = true, sequence = true;
-
-  void add_batch(const at::Tensor& out, const at::Tensor& y) {
-    if (classification && out.dim() == 2 && y.dim() == 1 && !y.is_floating_point() &&
-        out.size(0) == y.size(0)) {
-      correct += static_cast<double>(out.argmax(1).eq(y).sum().item<int64_t>());
-      rows += static_cast<double>(y.size(0));
-    } else {
-      classification = false;
-    }
-    sequence = sequence && out.dim() == 3 && y.dim() == 2 && !y.is_floating_point() &&
-               out.size(0) == y.size(0) && out.size(1) == y.size(1);
-  }
-  // As sums over ranks: counts, and "not this task" flags (any rank's says no).
-  std::vector<double> sums() const {
-    return {correct, rows, classification ? 0.0 : 1.0, sequence ? 0.0 : 1.0};
-  }
-  void set_sums(const double* v) {
-    correct = v[0];
-    rows = v[1];
-    classification = v[2] == 0;
-    sequence = v[3] == 0;
-  }
-  // Appends the metrics of the guessed task to the test record.
-  void append(double loss_sum, int64_t items, int64_t batches,
-              std::vector<keel_metric>& record) const {
-    if (classification && rows > 0) record.push_back({"accuracy", correct / rows});
-    if (sequence && batches > 0 && items > 0)
-      record.push_back({"bits_per_token", loss_sum / items / std::log(2.0)});
-  }
-};
-// ---- end of task metrics ----
-
-// Sums over the test split.
-struct EvalSums {
-  double loss_sum = 0;
-  int64_t items = 0, samples = 0, batches = 0;
-  TaskMetrics task;
-};
-
-// Runs the model over the test split (up to eval_max_batches batches).
-EvalSums run_test_split(Run& run) {
+// Runs the model over the test split (up to eval_max_batches batches), adding each batch to
+// the evaluation's sums (run/eval_metrics.hpp).
+void run_test_split(Run& run) {
   const Instance<keel_dataset>& data = run.components.test_data;
-  EvalSums sums;
+  EvalMetrics& sums = run.components.eval_metrics;
+  sums.begin();
   data.call("start_epoch", data->start_epoch, int64_t{0});
-  while (run.config.train.eval_max_batches == 0 || sums.batches < run.config.train.eval_max_batches) {
+  const int64_t max_batches = run.config.train.eval_max_batches;
+  for (int64_t batches = 0; max_batches == 0 || batches < max_batches; ++batches) {
     keel_batch b{};
     int has = 0;
     data.call("next", data->next, &b, &has);
@@ -83,26 +38,8 @@ EvalSums run_test_split(Run& run) {
       out = forward(run, mb.inputs);
       batch_loss = compute_loss(run, out, mb.targets, &count, false).item<double>();
     }
-    sums.loss_sum += batch_loss * static_cast<double>(count);
-    sums.items += count;
-    sums.samples += mb.samples;
-    sums.task.add_batch(out, mb.targets);
-    ++sums.batches;
+    sums.update(out, mb.targets, batch_loss, count, mb.samples);
   }
-  return sums;
-}
-
-// Exact over the ranks' shards: sums of losses, items, samples and the task's counts.
-void reduce_across_ranks(Run& run, EvalSums& sums) {
-  if (!run.ranks.group) return;
-  std::vector<double> local = {sums.loss_sum, double(sums.items), double(sums.samples)};
-  for (double v : sums.task.sums()) local.push_back(v);
-  const std::vector<double> v = run.ranks.group->sum(
-      local, "reducing the evaluation at step " + std::to_string(run.progress.step));
-  sums.loss_sum = v[0];
-  sums.items = static_cast<int64_t>(v[1]);
-  sums.samples = static_cast<int64_t>(v[2]);
-  sums.task.set_sums(&v[3]);
 }
 
 }  // namespace
@@ -110,9 +47,9 @@ void reduce_across_ranks(Run& run, EvalSums& sums) {
 bool evaluation_due(Run& run, Moment moment, bool epoch_complete) {
   const RunConfig& c = run.config;
   if (moment == Moment::kStepEnd)
-    return (c.eval_every_steps > 0 && run.progress.step % c.eval_every_steps == 0) ||
+    return (c.train.eval_every_steps > 0 && run.progress.step % c.train.eval_every_steps == 0) ||
            run.requests.evaluate();
-  return (c.eval_each_epoch && epoch_complete) || run.end.decided() || run.requests.evaluate();
+  return (c.train.eval_each_epoch && epoch_complete) || run.end.decided() || run.requests.evaluate();
 }
 
 void evaluate(Run& run) {
@@ -124,18 +61,18 @@ void evaluate(Run& run) {
   profile_begin(run, "eval");
   const at::NoGradGuard no_grad;  // to the end, the events below included
   model.run("set_training", model->set_training, 0);
-  EvalSums sums = run_test_split(run);
+  run_test_split(run);
   model.run("set_training", model->set_training, 1);
-  reduce_across_ranks(run, sums);
+  if (run.ranks.group)  // exact over the ranks' shards: sums of losses, items, samples, task state
+    run.components.eval_metrics.reduce([&](std::vector<double> v) {
+      return run.ranks.group->sum(
+          std::move(v), "reducing the evaluation at step " + std::to_string(run.progress.step));
+    });
   profile_end(run, "eval");
   std::vector<keel_metric>& record = run.records.eval;
-  record = {{"step", double(run.progress.step)},
-            {"epoch", double(run.progress.epoch)},
-            {"loss", sums.items ? sums.loss_sum / sums.items : NAN}};
-  sums.task.append(sums.loss_sum, sums.items, sums.batches, record);
-  record.push_back({"samples", static_cast<double>(sums.samples)});
-  run.summary.eval_loss = record[2].value;
-  for (const keel_metric& m : record)
+  record = run.components.eval_metrics.finish(run.progress.step, run.progress.epoch);
+  run.summary.eval_loss = run.components.eval_metrics.loss();
+  for (const keel_metric& m : record)  // the loss's accuracy, when it reports one
     if (std::string(m.key) == "accuracy") run.summary.eval_accuracy = m.value;
   run.progress.eval_metrics = record.data();
   run.progress.eval_metric_count = record.size();

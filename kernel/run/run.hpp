@@ -29,6 +29,7 @@
 #include "keel/abi.h"
 #include "loss_scaler.hpp"
 #include "run/checkpoint_backend.hpp"
+#include "run/eval_metrics.hpp"
 #include "run/requests.hpp"
 #include "run/run_directory.hpp"
 #include "run_config.hpp"
@@ -62,6 +63,7 @@ struct Components {
   Instance<keel_optimizer> optimizer;
   Instance<keel_lr_scheduler> scheduler;
   Instance<keel_loss> loss;
+  EvalMetrics eval_metrics;  // the evaluation's sums and the loss's task metrics (over `loss`)
   Instance<keel_grad_clipper> clipper;
   Instance<keel_mfu> mfu;
   Instance<keel_profiler> profiler;

@@ -29,9 +29,9 @@ namespace {
 std::string stop_target_reached(const Run& run) {
   const RunConfig& c = run.config;
   const keel_trainer_state& p = run.progress;
-  if (c.max_steps > 0 && p.step >= c.max_steps) return "max_steps reached";
-  if (c.max_samples > 0 && p.samples >= c.max_samples) return "max_samples reached";
-  if (c.max_tokens > 0 && p.tokens >= c.max_tokens) return "max_tokens reached";
+  if (c.train.max_steps > 0 && p.step >= c.train.max_steps) return "max_steps reached";
+  if (c.train.max_samples > 0 && p.samples >= c.train.max_samples) return "max_samples reached";
+  if (c.train.max_tokens > 0 && p.tokens >= c.train.max_tokens) return "max_tokens reached";
   return "";
 }
 
@@ -58,8 +58,8 @@ void decide_end(Run& run, Moment moment) {
   if (run.end.stop_signal)
     reason = std::string("stopped by ") + (run.end.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
   const bool epochs_done =
-      c.epochs > 0 && (moment == Moment::kStart ? run.progress.epoch >= c.epochs
-                       : moment == Moment::kEpochOver ? run.progress.epoch + 1 >= c.epochs
+      c.train.epochs > 0 && (moment == Moment::kStart ? run.progress.epoch >= c.train.epochs
+                       : moment == Moment::kEpochOver ? run.progress.epoch + 1 >= c.train.epochs
                                                       : false);
   if (reason.empty() && epochs_done) reason = "epochs done";
   if (reason.empty() && (moment == Moment::kStepEnd || moment == Moment::kEpochEnd) &&

@@ -20,7 +20,7 @@ struct RunSummary {
   int64_t skipped_steps = 0;
   double last_loss = 0;
   double eval_loss = -1;      // -1: no evaluation ran
-  double eval_accuracy = -1;  // -1: not a classification task / no evaluation
+  double eval_accuracy = -1;  // -1: no evaluation, or its loss reports no "accuracy"
   int stop_signal = 0;        // SIGTERM / SIGINT that stopped the run after a checkpoint
   std::string run_dir;
 };

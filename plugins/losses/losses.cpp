@@ -22,6 +22,16 @@
 // A batch of class indices in which none counts (all ignored, or none at all) has loss 0 and
 // gradient 0; PyTorch's mean gives NaN (0/0) there, which would make keel's step loss (each
 // micro-batch's loss times its weight, here 0) and evaluation sum (loss times count) NaN too.
+//
+// Evaluation metrics (abi.h, "Evaluation metrics of a loss", ABI 1.6), in every evaluation
+// record after the loss:
+//   cross_entropy          accuracy: the share of the class-index targets that count (as above)
+//                          whose class is the output's argmax along class_dim; state {correct,
+//                          counted}. Batches of class probabilities add nothing; without any
+//                          class-index target counted, no accuracy.
+//   token_cross_entropy,   bits_per_token: the mean loss over ln 2 (bits per character for a
+//   chunked_cross_entropy  character-level model); state {sum of loss * count, sum of count};
+//                          none when no token counted.
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/loss.h>
 
@@ -108,6 +118,16 @@ at::Tensor index_cross_entropy(const at::Tensor& logits, const at::Tensor& ids, 
   return F::cross_entropy(logits, ids, options);
 }
 
+// The accuracy of class-index targets: argmax along `dim` equal to the target, among the
+// targets that count. State {correct, counted}. One host sync per batch (.item()).
+void add_accuracy(const at::Tensor& output, const at::Tensor& labels, int64_t dim,
+                  int64_t ignore_index, keel::MetricState state) {
+  at::Tensor hits = output.argmax(dim).eq(labels);
+  if (ignore_index != kNoIgnore) hits.logical_and_(labels.ne(ignore_index));
+  state[0] += static_cast<double>(hits.sum().item<int64_t>());
+  state[1] += static_cast<double>(count_targets(labels, ignore_index));
+}
+
 class CrossEntropy : public keel::Loss {
  public:
   explicit CrossEntropy(const keel::Context& ctx)
@@ -147,6 +167,18 @@ class CrossEntropy : public keel::Loss {
       return target.dim() < 2 ? 1 : target.numel() / std::max<int64_t>(1, target.size(dim));
     }
     return count_targets(target, ignore_index_);
+  }
+
+  size_t metric_state_size() override { return 2; }
+  void metric_update(const at::Tensor& output, const at::Tensor& target, double /*loss*/,
+                     int64_t /*count*/, keel::MetricState state) override {
+    if (target.is_floating_point()) return;  // class probabilities: no accuracy
+    const int64_t dim = check_index_target("cross_entropy", output, target, class_dim_);
+    add_accuracy(output, target.to(at::kLong), dim, ignore_index_, state);
+  }
+  keel::Metrics metric_finish(const std::vector<double>& state) override {
+    if (state[1] <= 0) return {};
+    return {{"accuracy", state[0] / state[1]}};
   }
 
  private:
@@ -319,6 +351,17 @@ class TokenLossBase : public keel::Loss {
   // other than ignore_index otherwise.
   int64_t count_items(const at::Tensor& target) override {
     return count_targets(target, ignore_index_);
+  }
+
+  size_t metric_state_size() override { return 2; }
+  void metric_update(const at::Tensor& /*output*/, const at::Tensor& /*target*/, double loss,
+                     int64_t count, keel::MetricState state) override {
+    state[0] += loss * static_cast<double>(count);
+    state[1] += static_cast<double>(count);
+  }
+  keel::Metrics metric_finish(const std::vector<double>& state) override {
+    if (state[1] <= 0) return {};
+    return {{"bits_per_token", state[0] / state[1] / std::log(2.0)}};
   }
 
  protected:

@@ -1,8 +1,19 @@
-// console: metric records as compact log lines ("step 100/1875 epoch 0 loss 0.5123 ...",
-// "eval test step 1875: loss 0.41 ..."), and, on a terminal, a live progress bar below them.
+// console: each metric record as one concise log line, and, on a terminal, a live progress bar
+// below them:
+//   step 100/1875 epoch 0 loss 0.5123 lr 0.001 850.2 samples/s ETA 0:04
+//   eval test step 1875: loss 0.41 accuracy 0.8512
+// A train line shows the step (of the planned steps), epoch, loss (mean over the log window),
+// lr, throughput (tokens/s when the data's tokens are not its samples, else samples/s) and the
+// time left at the run's pace so far; an eval line the loss and the loss plugin's task metrics.
+// The whole record (every key) goes to run.log at debug level, and to metrics.jsonl through
+// the jsonl sink. Lines carry no origin prefix (keel_host.log with origin ""): they are the
+// run's own output.
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
 
 #include "format.hpp"
 #include "progress.hpp"
@@ -70,19 +81,57 @@ bool wants_bar(const std::string& progress) {
   return progress == "always" || (progress == "auto" && isatty(fileno(stdout)));
 }
 
+// The metric `key` of a record, or nullptr.
+const keel_metric* find(const keel_event& ev, const char* key) {
+  for (size_t i = 0; i < ev.metric_count; ++i)
+    if (std::strcmp(ev.metrics[i].key, key) == 0) return &ev.metrics[i];
+  return nullptr;
+}
+
+// " key value" (counts as integers).
+std::string text(const keel_metric& m) {
+  return std::string(" ") + m.key + " " +
+         (is_integer_key(m.key) && std::isfinite(m.value) ? integer(m.value)
+                                                          : short_number(m.value));
+}
+
+// " key value" of the record's metric `key`, or "" when the record lacks it.
+std::string field(const keel_event& ev, const char* key) {
+  const keel_metric* m = find(ev, key);
+  return m ? text(*m) : "";
+}
+
+// The record's every key, as run.log keeps it: "record train step 100: epoch 0 samples 6400 ...".
+std::string full_record(const keel_event& ev, int64_t step) {
+  std::string line = "record " + std::string(ev.split) + " step " + std::to_string(step) + ":";
+  for (size_t i = 0; i < ev.metric_count; ++i)
+    if (std::strcmp(ev.metrics[i].key, "step") != 0) line += text(ev.metrics[i]);  // in the prefix
+  return line;
+}
+
+// The evaluation record's keys that are not the loss plugin's task metrics.
+bool eval_bookkeeping(const char* key) {
+  return std::strcmp(key, "step") == 0 || std::strcmp(key, "epoch") == 0 ||
+         std::strcmp(key, "samples") == 0;
+}
+
 // On rank r > 0 (every_rank = true) each bar frame starts with "[rank r] "; the lines go through
 // keel_host.log, whose console tags every line of a process of several with its rank.
 class Console : public keel::Hook {
  public:
   explicit Console(const keel::Context& ctx)
-      : log_(ctx),
+      : log_(ctx, ""),
         every_(ctx.get_int("every")),
         bar_(wants_bar(ctx.get_string("progress")),
              ctx.rank() > 0 ? "[rank " + std::to_string(ctx.rank()) + "] " : "") {}
 
   void on_event(keel_event& ev) override {
     switch (ev.kind) {
-      case KEEL_EVENT_TRAIN_START: bar_.start(ev.state); break;
+      case KEEL_EVENT_TRAIN_START:
+        start_time_ = Clock::now();
+        start_step_ = ev.state ? ev.state->step : 0;
+        bar_.start(ev.state);
+        break;
       case KEEL_EVENT_STEP_END: bar_.update(ev.state); break;
       case KEEL_EVENT_METRICS: print(ev); break;
       case KEEL_EVENT_TRAIN_END:
@@ -95,37 +144,52 @@ class Console : public keel::Hook {
   void print(const keel_event& ev) {
     if (ev.split == nullptr) return;
     const bool train = std::strcmp(ev.split, "train") == 0;
-    if (train && records_++ % every_ != 0) return;
-
     const int64_t step = ev.state ? ev.state->step : 0;
-    std::string line;
-    if (train) {
-      line += "step " + std::to_string(step);
-      if (ev.state && ev.state->max_steps > 0) line += "/" + std::to_string(ev.state->max_steps);
-    } else {
-      line += "eval " + std::string(ev.split) + " step " + std::to_string(step) + ":";
-    }
-    for (size_t i = 0; i < ev.metric_count; ++i) {
-      const keel_metric& m = ev.metrics[i];
-      if (std::strcmp(m.key, "step") == 0) continue;  // already in the prefix
-      line += " ";
-      line += m.key;
-      line += " ";
-      line += is_integer_key(m.key) && std::isfinite(m.value) ? integer(m.value)
-                                                              : short_number(m.value);
-    }
+    log_(KEEL_LOG_DEBUG, full_record(ev, step));  // run.log (and the console at debug)
+    if (train && records_++ % every_ != 0) return;
+    const std::string line = train ? train_line(ev, step) : eval_line(ev, step);
     bar_.above(ev.state, [&] { log_(KEEL_LOG_INFO, line); });
+  }
+
+  std::string train_line(const keel_event& ev, int64_t step) const {
+    const int64_t total = ev.state ? ev.state->max_steps : 0;
+    std::string line = "step " + std::to_string(step);
+    if (total > 0) line += "/" + std::to_string(total);
+    line += field(ev, "epoch") + field(ev, "loss") + field(ev, "lr");
+    const keel_metric* samples = find(ev, "samples_per_s");
+    const keel_metric* tokens = find(ev, "tokens_per_s");
+    if (tokens && (!samples || tokens->value != samples->value))
+      line += " " + short_number(tokens->value) + " tokens/s";
+    else if (samples)
+      line += " " + short_number(samples->value) + " samples/s";
+    // Time left at the pace since TRAIN_START (evaluations and checkpoints included).
+    const double secs = std::chrono::duration<double>(Clock::now() - start_time_).count();
+    if (total > 0 && step < total && step > start_step_)
+      line += " ETA " + clock_text(secs / static_cast<double>(step - start_step_) *
+                                   static_cast<double>(total - step));
+    return line;
+  }
+
+  static std::string eval_line(const keel_event& ev, int64_t step) {
+    std::string line = "eval " + std::string(ev.split) + " step " + std::to_string(step) + ":";
+    for (size_t i = 0; i < ev.metric_count; ++i)
+      if (!eval_bookkeeping(ev.metrics[i].key)) line += text(ev.metrics[i]);
+    return line;
   }
 
   keel::Logger log_;
   int64_t every_;
   int64_t records_ = 0;
+  Clock::time_point start_time_ = Clock::now();
+  int64_t start_step_ = 0;
   LiveBar bar_;
 };
 
 const keel_option_desc kOptions[] = {
     keel::opt_int("every", "1",
-                  "print every Nth train record, from the first (eval records always)", 1, 1e12),
+                  "print the line of every Nth train record, from the first (eval records "
+                  "always; run.log gets every record whole)",
+                  1, 1e12),
     keel::opt_string("progress", "\"auto\"",
                      "live progress bar on stdout (auto: only when stdout is a terminal)",
                      "auto|always|never"),
@@ -135,9 +199,10 @@ const keel_option_desc kOptions[] = {
 }  // namespace
 
 keel_component_desc console_component() {
-  return keel::component<OnRank<Console>>("console",
-                                          "metric records as log lines, and a progress bar",
-                                          kOptions);
+  return keel::component<OnRank<Console>>(
+      "console",
+      "a concise log line per metric record (the whole record in run.log), and a progress bar",
+      kOptions);
 }
 
 }  // namespace sinks

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 5
+#define KEEL_ABI_MINOR 6
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.5)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.6)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -169,7 +169,9 @@ typedef struct keel_host {
   int (*option_list_int)(const keel_options* o, const char* key, int64_t index, int64_t* out);
   int (*option_list_float)(const keel_options* o, const char* key, int64_t index, double* out);
 
-  /* Writes one line to the run's log, prefixed with `origin` (normally the component). */
+  /* Writes one line to the run's log, prefixed with "[origin] " (normally the component's
+   * section); NULL reads as "plugin". (1.6) An empty `origin` writes the line without a prefix
+   * (a sink whose lines are the run's own output). */
   void (*log)(keel_log_level level, const char* origin, const char* message);
 
   /* (1.2) Reports that the slot now running failed, for slots that have no keel_error (e.g.
@@ -424,6 +426,68 @@ typedef struct keel_lr_scheduler {
 } keel_lr_scheduler;
 
 /* loss ------------------------------------------------------------------------------------- */
+
+/* (1.6) Evaluation metrics of a loss
+ *
+ * A loss may report the metrics of its task (accuracy, bits per token, AUC, ...) in every
+ * evaluation record, beside the kernel's own `step`, `epoch`, `loss` and `samples`. A metric is
+ * not a mean of per-batch values (AUC is not), so a loss describes it by sufficient statistics:
+ * a state of a fixed number of doubles, which the kernel zeroes before an evaluation, which the
+ * loss adds every evaluation batch to, which the kernel sums elementwise over the ranks, and
+ * which the loss then turns into named values. Three optional slots of keel_loss, all three or
+ * none (a loss of an older minor has none, and its evaluation records carry no task metrics):
+ *
+ *   size_t (*metric_state_size)(void* self);
+ *     Doubles in the state, at most KEEL_METRIC_STATE_CAPACITY; 0: no task metrics. Called once
+ *     after the factory; the size is fixed for the instance's life. [setup]
+ *   keel_status (*metric_update)(void* self, keel_tensor* output, keel_tensor* target,
+ *                                double loss, int64_t count, double* state, size_t size,
+ *                                keel_error* err);
+ *     One evaluation batch: `output` is the model's output for it, `target` the dataset's
+ *     targets (both borrowed for the call, on the run's device), `loss` and `count` what compute
+ *     returned for them (the mean loss as a double, and its item count). Adds the batch's
+ *     statistics into `state` (`size` doubles: this rank's sums over the evaluation's earlier
+ *     batches). The kernel sums states over ranks, so every entry must be a sum over items
+ *     (counts, sums of values, histogram buckets): never a mean, a maximum or a ratio. Called
+ *     with gradients off and the model in evaluation mode. [train]
+ *   keel_status (*metric_finish)(void* self, const double* state, size_t size,
+ *                                keel_metric_writer* out, keel_error* err);
+ *     After the last batch, with the state summed over all ranks (every rank calls it with the
+ *     same sums, so the values must depend on `state` alone): hands each metric to out->put, in
+ *     the order the record should show them. A metric that the evaluated data cannot define (no
+ *     class-index targets, no positive sample) is left out, not reported as NaN. [train]
+ *
+ * The kernel calls them only in evaluations (not in training steps), once per evaluation batch,
+ * and records the values after `loss`, in the order put. Examples, as the first-party losses
+ * and a recommendation loss would write them:
+ *   accuracy        state {correct, counted}: update adds the targets whose argmax over the
+ *                   classes equals them, and the targets that count; finish puts
+ *                   correct / counted (none when counted is 0).
+ *   bits_per_token  state {sum of loss * count, sum of count}: finish puts
+ *                   sum / count / ln 2.
+ *   AUC             state {positives[B], negatives[B]}: B buckets of the predicted probability
+ *                   (bucket min(B - 1, floor(p * B))); update adds 1 to the bucket of each
+ *                   sample in the positives or the negatives; finish walks the buckets from the
+ *                   highest down and puts the area under the ROC curve of those counts, pairs
+ *                   within one bucket counting half (exact up to the buckets' width; none
+ *                   without positives or without negatives). Sums of counts, so the ranks'
+ *                   shards add up exactly. tests/test_eval_metrics.cpp holds one. */
+
+/* Largest state a loss may declare for its evaluation metrics (doubles). */
+#define KEEL_METRIC_STATE_CAPACITY 1048576
+
+/* (1.6) Collects the metrics of one metric_finish call; built by the host. */
+typedef struct keel_metric_writer {
+  uint32_t struct_size;
+  void* host_data; /* the host's; do not touch */
+  /* Records metric `key` (copied; 1 to KEEL_NAME_CAPACITY - 1 bytes of letters, digits, '_',
+   * '.' and '-', unique within the call, and none of the record's own keys: step, epoch, loss,
+   * samples) with `value` (any double). Returns 1, or 0 when the metric is refused (the kernel
+   * then fails the evaluation naming the key and the reason); return KEEL_ERR from
+   * metric_finish after a 0 (any message). [train] */
+  int (*put)(struct keel_metric_writer* writer, const char* key, double value);
+} keel_metric_writer;
+
 typedef struct keel_loss {
   KEEL_INSTANCE_HEADER;
   /* Mean loss over the items of a batch; `loss` (a 0-dim floating-point tensor that requires
@@ -444,6 +508,13 @@ typedef struct keel_loss {
   keel_status (*compute_linear)(void* self, keel_tensor* features, keel_tensor* weight,
                                 keel_tensor* target, keel_tensor** loss, int64_t* count,
                                 keel_error* err);
+  /* (1.6) Optional, all three or none: the loss's evaluation metrics (see "Evaluation metrics
+   * of a loss" above). */
+  size_t (*metric_state_size)(void* self);
+  keel_status (*metric_update)(void* self, keel_tensor* output, keel_tensor* target, double loss,
+                               int64_t count, double* state, size_t size, keel_error* err);
+  keel_status (*metric_finish)(void* self, const double* state, size_t size,
+                               keel_metric_writer* out, keel_error* err);
 } keel_loss;
 
 /* grad_clipper ----------------------------------------------------------------------------- */

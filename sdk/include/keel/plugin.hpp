@@ -147,11 +147,13 @@ class Context {
   const keel_create_context* raw_;
 };
 
-// Logs through the host, prefixed with the component's manifest section. Keep one as a member
-// to log after construction.
+// Logs through the host, prefixed with the component's manifest section (or another origin).
+// Keep one as a member to log after construction.
 class Logger {
  public:
   explicit Logger(const Context& ctx) : host_(&ctx.host()), origin_(ctx.section()) {}
+  // With an origin of the component's own choosing ("": lines without a prefix).
+  Logger(const Context& ctx, std::string origin) : host_(&ctx.host()), origin_(std::move(origin)) {}
   void operator()(keel_log_level level, const std::string& message) const {
     host_->log(level, origin_.c_str(), message.c_str());
   }
@@ -239,6 +241,24 @@ class LrScheduler {
   virtual double factor(int64_t step) = 0;
 };
 
+// The state of a loss's evaluation metrics in metric_update (abi.h, "Evaluation metrics of a
+// loss"): `size()` doubles, this rank's sums over the evaluation's batches so far.
+class MetricState {
+ public:
+  MetricState(double* values, size_t size) : values_(values), size_(size) {}
+  double& operator[](size_t i) const { return values_[i]; }
+  size_t size() const { return size_; }
+  double* begin() const { return values_; }
+  double* end() const { return values_ + size_; }
+
+ private:
+  double* values_;
+  size_t size_;
+};
+
+// The metrics metric_finish reports: (key, value), in the order of the record.
+using Metrics = std::vector<std::pair<std::string, double>>;
+
 class Loss {
  public:
   static constexpr keel_kind kKind = KEEL_KIND_LOSS;
@@ -257,6 +277,18 @@ class Loss {
                                     const at::Tensor& /*target*/, int64_t* /*count*/) {
     return {};
   }
+  // Optional (abi.h, "Evaluation metrics of a loss", ABI 1.6): the task's metrics in every
+  // evaluation record (accuracy, bits per token, AUC). Override all three to offer the slots:
+  //   metric_state_size  doubles of sufficient statistics (0: none), fixed after construction;
+  //   metric_update      adds one evaluation batch (the model's output, the targets, and the
+  //                      mean loss and item count compute gave them) into `state`: sums only,
+  //                      since the kernel adds the ranks' states up elementwise;
+  //   metric_finish      the metrics of the state summed over the batches and ranks, in record
+  //                      order; leave out a metric the data could not define.
+  virtual size_t metric_state_size() { return 0; }
+  virtual void metric_update(const at::Tensor& /*output*/, const at::Tensor& /*target*/,
+                             double /*loss*/, int64_t /*count*/, MetricState /*state*/) {}
+  virtual Metrics metric_finish(const std::vector<double>& /*state*/) { return {}; }
 };
 
 class GradClipper {
@@ -535,6 +567,27 @@ inline void fill(BoxOf<Loss>& b) {
                                                  count));
     });
   };
+  b.vt.metric_state_size = [](void* s) noexcept {
+    size_t v = 0;
+    X::quiet(s, [&] { v = X::of(s)->obj->metric_state_size(); });
+    return v;
+  };
+  b.vt.metric_update = [](void* s, keel_tensor* out, keel_tensor* tgt, double loss, int64_t count,
+                          double* state, size_t size, keel_error* e) noexcept {
+    return guard(e, [&] {
+      X::of(s)->obj->metric_update(borrow(out), borrow(tgt), loss, count,
+                                   MetricState(state, size));
+    });
+  };
+  b.vt.metric_finish = [](void* s, const double* state, size_t size, keel_metric_writer* w,
+                          keel_error* e) noexcept {
+    return guard(e, [&] {
+      const std::vector<double> summed(state, state + size);
+      for (const auto& [key, value] : X::of(s)->obj->metric_finish(summed))
+        if (!w->put(w, key.c_str(), value))
+          throw std::runtime_error("the host refused metric '" + key + "'");
+    });
+  };
 }
 
 inline void fill(BoxOf<GradClipper>& b) {
@@ -618,6 +671,16 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
       // nothing.
       if (!KEEL_SDK_OVERRIDES(T, Loss, count_items)) box->vt.count_items = nullptr;
       if (!KEEL_SDK_OVERRIDES(T, Loss, compute_linear)) box->vt.compute_linear = nullptr;
+      static_assert(KEEL_SDK_OVERRIDES(T, Loss, metric_state_size) ==
+                            KEEL_SDK_OVERRIDES(T, Loss, metric_update) &&
+                        KEEL_SDK_OVERRIDES(T, Loss, metric_update) ==
+                            KEEL_SDK_OVERRIDES(T, Loss, metric_finish),
+                    "override metric_state_size, metric_update and metric_finish, or none");
+      if (!KEEL_SDK_OVERRIDES(T, Loss, metric_state_size)) {
+        box->vt.metric_state_size = nullptr;
+        box->vt.metric_update = nullptr;
+        box->vt.metric_finish = nullptr;
+      }
     }
     if constexpr (std::is_same<B, Model>::value) {
       if (!KEEL_SDK_OVERRIDES(T, Model, forward_features)) box->vt.forward_features = nullptr;
