@@ -7,7 +7,6 @@
 // an internal error, i.e. a bug in keel ("keel: internal error: ...").
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/program_options.hpp>
@@ -22,6 +21,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "blas.hpp"
 #include "cli/cli_main.hpp"
 #include "distributed/launch.hpp"
 #include "error.hpp"
@@ -462,10 +462,7 @@ int cmd_run(const std::string& command, const Parsed& p) {
     return 0;
   }
   g_torch_threads_before = at::get_num_threads();
-  using GetThreads = int (*)();
-  if (const auto get_blas =
-          reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
-    g_blas_threads_before = get_blas();
+  g_blas_threads_before = keel::blas_threads();
   keel::apply_process_settings(cfg);
   keel::Trainer trainer(cfg);
   keel::RunSummary s;
@@ -797,6 +794,7 @@ int run(int argc, char** argv) {
   if (version) {
     std::printf("keel %s (plugin ABI %d.%d, LibTorch %s)\n", KEEL_VERSION, KEEL_ABI_MAJOR,
                 KEEL_ABI_MINOR, keel::kernel_torch_version());
+    std::printf("BLAS: %s\n", keel::blas_default_line().c_str());
     return 0;
   }
   if (help && command.empty()) {
@@ -868,11 +866,7 @@ void restore_process_state() {
   if (g_torch_threads_before > 0 && at::get_num_threads() != g_torch_threads_before)
     at::set_num_threads(g_torch_threads_before);
   g_torch_threads_before = -1;
-  using SetThreads = void (*)(int);
-  if (g_blas_threads_before > 0)
-    if (const auto set_blas =
-            reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-      set_blas(g_blas_threads_before);
+  if (g_blas_threads_before > 0) keel::set_blas_threads(g_blas_threads_before);
   g_blas_threads_before = -1;
   keel::reset_logging();
   g_activity = "while starting";
