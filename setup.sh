@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up keel on Debian 12: installs the missing Debian packages, makes sure the system BLAS
-# is OpenBLAS's OpenMP build (not the 25x slower reference BLAS), then configures and builds
-# (release) into ./build.
+# Sets up keel on Debian 12: installs the missing Debian packages (OpenBLAS's OpenMP build among
+# them), then configures and builds (release) into ./build. keel's executables load that BLAS by
+# path (meson.build, option blas_dir), not the 25x slower reference BLAS; the machine's BLAS
+# alternatives stay as they are.
 #   ./setup.sh            what building keel and training configs/quickstart.toml need, + build
 #                         keel and the first-party plugins
 #   ./setup.sh --tests    also what `meson test -C build` needs (python3-torch, chromium,
@@ -34,8 +35,8 @@ done
 PACKAGES=(
   g++ pkg-config meson ninja-build
   libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) and c10d's gloo backend
-  libopenblas0-openmp                 # the BLAS LibTorch calls (without it, reference BLAS),
-                                      # built on OpenMP, whose threads LibTorch's are too
+  libopenblas0-openmp                 # the BLAS keel's LibTorch calls (meson.build loads it
+                                      # by path), on LibTorch's own OpenMP threads
   libboost-dev libboost-program-options-dev
   libtomlplusplus-dev libspdlog-dev zlib1g-dev
   doctest-dev                         # the test executables, built by default (see above)
@@ -75,24 +76,11 @@ else
   echo "setup: nothing to install (${#PACKAGES[@]} packages already installed)"
 fi
 
-# libblas.so.3 and libopenblas.so.0 (LibTorch links both) must resolve to the OpenMP build of
-# OpenBLAS: its threads are LibTorch's OpenMP threads (one pool), so matrix products use every
-# core without oversubscribing them. The pthread build has a pool of its own, which spins against
-# LibTorch's, so keel runs that one single-threaded (half the cores for matrix products on 2).
-arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
-for lib in libblas.so.3 libopenblas.so.0; do
-  current=$(readlink -f "/usr/lib/$arch/$lib" || true)
-  if [[ "$current" != */openblas-openmp/* ]]; then
-    echo "setup: selecting OpenBLAS (OpenMP) as $lib (was $current)"
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO update-alternatives --set "$lib-$arch" "/usr/lib/$arch/openblas-openmp/$lib"
-  fi
-done
-
 build_start=$SECONDS
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   meson setup "$BUILD_DIR" --buildtype=release
+elif ((${#missing[@]})); then
+  meson setup --reconfigure "$BUILD_DIR"  # finds what was just installed (OpenBLAS's OpenMP build)
 fi
 if ((tests)); then
   ninja -C "$BUILD_DIR"  # everything: keel, the plugins, the tests' executables and fixtures

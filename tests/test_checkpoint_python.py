@@ -16,7 +16,7 @@ Usage: test_checkpoint_python.py KEEL_BINARY SOURCE_ROOT
 Runs with Debian's /usr/bin/python3 (python3-torch 1.13, the LibTorch build keel links)."""
 import os
 
-# One thread, as keel runs here ([run] threads = 1; keel always runs OpenBLAS single-threaded),
+# One thread, as keel runs here ([run] threads = 1, which gives OpenBLAS one thread too),
 # so that the Python forward pass runs the same kernels; set before `import torch`.
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"

@@ -14,6 +14,10 @@ import unittest
 KEEL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 FIXTURES = os.path.abspath(sys.argv[3])
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+# The directory of the BLAS keel's executables load by path (meson.build, option blas_dir; ""
+# when none), and the reference BLAS's directory beside it (Debian: libblas3).
+BLAS_DIR = os.environ.get("KEEL_BLAS_DIR", "")
+REFERENCE_BLAS_DIR = os.path.join(os.path.dirname(BLAS_DIR), "blas")
 
 
 def keel(*args, cwd=None, env=None):
@@ -391,6 +395,15 @@ class GoodInput(unittest.TestCase):
             debug = [line for line in log.splitlines() if "] [debug] " in line]
             self.assertTrue(debug, log)
             self.assertTrue(any("command line: " in line for line in debug), log)
+            # Near the top: the threads and the BLAS the run runs on (kernel/blas.hpp), the
+            # OpenMP build from its directory when meson found it (KEEL_BLAS_DIR).
+            blas = [line for line in debug if "LibTorch intra-op thread(s)" in line]
+            self.assertEqual(len(blas), 1, log)
+            self.assertRegex(blas[0], r"; BLAS: .*, \d+ threads?$")
+            if BLAS_DIR:
+                self.assertRegex(blas[0], rf"; BLAS: OpenBLAS [\d.]+ \(OpenMP build, "
+                                          rf"{re.escape(BLAS_DIR)}/libblas\.so\.3\), "
+                                          rf"{os.cpu_count()} threads?$")
             for line in debug:
                 self.assertNotIn(line.split("] [debug] ", 1)[1], out)
             # --log-level error: the console shows nothing, run.log still has the detail.
@@ -409,6 +422,40 @@ class GoodInput(unittest.TestCase):
         rc, out, _ = keel("--version")
         self.assertEqual(rc, 0)
         self.assertRegex(out, r"keel \d+\.\d+\.\d+ \(plugin ABI 1\.\d+, LibTorch ")
+        cores = os.cpu_count()
+        self.assertRegex(out.splitlines()[1], r"^BLAS: .*, (\d+ threads?|threads left as they "
+                         rf"are) in a run with \[run\] threads = 0 \({cores} cores?\)$")
+
+    @unittest.skipUnless(BLAS_DIR, "keel is built without -Dblas_dir (no OpenBLAS OpenMP build)")
+    def test_blas_by_path(self):
+        # keel loads OpenBLAS's OpenMP build from its directory (DT_RPATH, meson.build), whatever
+        # the machine's BLAS alternatives select: here even with the reference BLAS first on
+        # LD_LIBRARY_PATH, which programs without that RPATH take.
+        env = {"LD_LIBRARY_PATH": REFERENCE_BLAS_DIR}
+        rc, out, err = keel("--version", env=env)
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(out, rf"\nBLAS: OpenBLAS [\d.]+ \(OpenMP build, {re.escape(BLAS_DIR)}/"
+                              rf"libblas\.so\.3\), {os.cpu_count()} threads? in a run")
+        # The mapped files of a running keel (blocked opening a FIFO as its manifest).
+        with tempfile.TemporaryDirectory() as d:
+            fifo = os.path.join(d, "m.toml")
+            os.mkfifo(fifo)
+            p = subprocess.Popen([KEEL, "validate", fifo], env=dict(os.environ, **env),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                deadline, maps = time.monotonic() + 60, ""
+                while "libtorch_cpu" not in maps and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    with open(f"/proc/{p.pid}/maps") as f:
+                        maps = f.read()
+            finally:
+                p.kill()
+                p.wait()
+        mapped = {line.split()[-1] for line in maps.splitlines() if "/" in line}
+        blas = {m for m in mapped if re.search(r"/lib(blas|lapack|openblas)[.\w-]*\.so", m)}
+        self.assertTrue(blas, maps)
+        for m in blas:
+            self.assertEqual(os.path.dirname(m), os.path.realpath(BLAS_DIR), blas)
 
 
 def small_args(output_dir, steps=2):

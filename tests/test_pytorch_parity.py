@@ -19,7 +19,7 @@ Runs with Debian's /usr/bin/python3 (python3-torch 1.13, the LibTorch build keel
 import os
 
 # One thread everywhere, as keel runs here: [run] threads = 1 below gives keel one LibTorch
-# thread, and keel always runs OpenBLAS single-threaded. OpenBLAS and OpenMP read these variables
+# thread, and OpenBLAS as many (kernel/blas.hpp). OpenBLAS and OpenMP read these variables
 # when torch loads them, so they must be set before `import torch`; torch.set_num_threads(1)
 # below sets LibTorch's intra-op pool too.
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
@@ -35,6 +35,21 @@ import time
 import unittest
 
 import numpy as np
+
+# keel loads its BLAS by path (a DT_RPATH to OpenBLAS's OpenMP build: meson.build), Python the
+# libblas.so.3 the machine's BLAS alternatives select. So that both run the same BLAS whatever
+# those select, this script runs again with the directory of keel's libblas.so.3 first on
+# LD_LIBRARY_PATH before torch loads it (test_same_libraries checks the outcome).
+_keel_libs = subprocess.run(["ldd", os.path.abspath(sys.argv[1])], capture_output=True,
+                            text=True, check=True).stdout
+_keel_blas = [w for w in _keel_libs.split() if w.startswith("/") and "/libblas.so" in w]
+if _keel_blas and os.environ.get("KEEL_PARITY_BLAS_DIR") is None:
+    _dir = os.path.dirname(_keel_blas[0])
+    os.environ["KEEL_PARITY_BLAS_DIR"] = _dir
+    os.environ["LD_LIBRARY_PATH"] = ":".join(
+        p for p in (_dir, os.environ.get("LD_LIBRARY_PATH", "")) if p)
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
 import torch
 import torch.nn.functional as F
 

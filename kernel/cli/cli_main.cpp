@@ -9,7 +9,6 @@
 // 70 (EX_SOFTWARE) an internal error, i.e. a bug in keel ("keel: internal error: ...").
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/program_options.hpp>
@@ -22,6 +21,7 @@
 #include <new>
 #include <unistd.h>
 
+#include "blas.hpp"
 #include "cli/cli_main.hpp"
 #include "cli/commands.hpp"
 #include "error.hpp"
@@ -112,6 +112,7 @@ int run(int argc, char** argv) {
   if (version) {
     std::printf("keel %s (plugin ABI %d.%d, LibTorch %s)\n", KEEL_VERSION, KEEL_ABI_MAJOR,
                 KEEL_ABI_MINOR, keel::kernel_torch_version());
+    std::printf("BLAS: %s\n", keel::blas_default_line().c_str());
     return 0;
   }
   if (help && command.empty()) {
@@ -181,11 +182,7 @@ void restore_process_state() {
   CallState& call = call_state();
   if (call.torch_threads_before > 0 && at::get_num_threads() != call.torch_threads_before)
     at::set_num_threads(call.torch_threads_before);
-  using SetThreads = void (*)(int);
-  if (call.blas_threads_before > 0)
-    if (const auto set_blas =
-            reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-      set_blas(call.blas_threads_before);
+  if (call.blas_threads_before > 0) keel::set_blas_threads(call.blas_threads_before);
   keel::reset_logging();
   call = CallState();
 }

@@ -2,7 +2,6 @@
 // then checked (validate) or run (trainer.hpp).
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "blas.hpp"
 #include "checkpoint/store.hpp"
 #include "cli/commands.hpp"
 #include "distributed/launch.hpp"
@@ -22,8 +22,8 @@
 #include "log.hpp"
 #include "manifest.hpp"
 #include "run_config.hpp"
-#include "text/text.hpp"
 #include "run/trainer.hpp"
+#include "text/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -103,10 +103,7 @@ int run_trainer(const RunConfig& cfg, const std::string& manifest,
                 const std::vector<std::string>& sets) {
   CallState& call = call_state();
   call.torch_threads_before = at::get_num_threads();
-  using GetThreads = int (*)();
-  if (const auto get_blas =
-          reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")))
-    call.blas_threads_before = get_blas();
+  call.blas_threads_before = blas_threads();
   apply_process_settings(cfg);
   Trainer trainer(cfg);
   RunSummary s;

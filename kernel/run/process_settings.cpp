@@ -2,7 +2,6 @@
 // allocator, the default generator's seed.
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
-#include <dlfcn.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
 
@@ -10,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "blas.hpp"
 #include "distributed/launch.hpp"
 #include "run/trainer.hpp"
 
@@ -19,22 +19,10 @@ void configure_threads(int64_t threads, int local_processes) {
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t n = threads > 0 ? threads : std::max<int64_t>(1, cores / std::max(1, local_processes));
   at::set_num_threads(static_cast<int>(n));
-  // One pool. OpenBLAS's OpenMP build (openblas_get_parallel() == 2, what setup.sh selects) runs
-  // its matrix products on LibTorch's OpenMP threads, and single-threaded inside LibTorch's own
-  // parallel regions, so it gets the same n. Its pthread build has a pool of its own whose
-  // threads spin against LibTorch's (measured 4x slower on 2 cores), so that one gets 1 thread.
-  using GetParallel = int (*)();
-  using SetThreads = void (*)(int);
-  const auto parallel = reinterpret_cast<GetParallel>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
-  const auto set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  const bool openmp_blas = parallel != nullptr && parallel() == 2;
-  const int64_t blas_threads = openmp_blas ? n : 1;
-  if (set_blas != nullptr) set_blas(static_cast<int>(blas_threads));
+  const int blas_threads = blas_threads_for(static_cast<int>(n));  // one pool: see blas.hpp
+  if (blas_threads > 0) set_blas_threads(blas_threads);
   spdlog::debug("{} LibTorch intra-op thread(s) ({} core(s), {} process(es) on this machine); "
-                "BLAS: {}", n, cores, std::max(1, local_processes),
-                set_blas == nullptr ? "not OpenBLAS, threads left as they are"
-                : openmp_blas      ? "OpenBLAS (OpenMP), the same threads"
-                                   : "OpenBLAS (not OpenMP), 1 thread");
+                "BLAS: {}", n, cores, std::max(1, local_processes), blas_line(blas_threads));
 }
 
 void configure_allocator() {
