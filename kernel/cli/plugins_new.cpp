@@ -164,40 +164,18 @@ void write_file(const fs::path& path, const std::string& text) {
   if (std::fclose(f) != 0 || !ok) fail_io("writing", path.string(), ok ? errno : err);
 }
 
-}  // namespace
-
-int plugins_new(const PluginsArgs& args) {
-  args.only_flags({"kind", "lang"});
-  const char* example = "keel plugins new acme-loss --kind loss acme-loss";
-  if (args.positional.size() < 2)
-    throw UsageError("keel plugins new: needs NAME and DIR, got " +
-                     std::to_string(args.positional.size()) + " arguments; hint: " + example,
-        "plugins");
-  if (args.positional.size() > 2)
-    throw UsageError(args.positional[2] + ": unexpected argument (`keel plugins new` takes "
-                     "NAME and DIR); hint: " + example, "plugins");
-  const std::string& name = args.positional[0];
-  const std::string& dir = args.positional[1];
-
-  const std::string problem = name_problem(name);
-  if (!problem.empty())
-    throw UsageError("NAME '" + name + "': not a plugin name: " + problem + "; hint: lowercase "
-                     "letters, digits, '-' and '_', starting with a letter, at most " +
-                     std::to_string(kMaxNameBytes) + " bytes, e.g. acme-loss", "plugins");
-
+// The kind --kind names, checked with NAME, DIR's count and --lang.
+const KindInfo& checked_kind(const PluginsArgs& args, const std::string& lang) {
   if (!args.kind)
     throw UsageError("keel plugins new: needs --kind KIND; hint: --kind loss (kinds: " +
                      text::join(kind_names()) + ")", "plugins");
   const KindInfo* kind = nullptr;
   for (const auto& k : kKinds)
     if (*args.kind == k.kind) kind = &k;
-  if (kind == nullptr) {
+  if (kind == nullptr)
     throw UsageError("--kind '" + *args.kind + "': not a component kind; hint: " +
                      text::did_you_mean(*args.kind, kind_names()) +
                      "kinds: " + text::join(kind_names()), "plugins");
-  }
-
-  const std::string lang = args.lang.value_or("cpp");
   if (lang != "c" && lang != "cpp")
     throw UsageError("--lang '" + lang + "': not a language `keel plugins new` writes; hint: "
                      "--lang c or --lang cpp (the default)", "plugins");
@@ -207,7 +185,11 @@ int plugins_new(const PluginsArgs& args) {
                      "direct access to the model's tensors), which the host functions of "
                      "keel/abi.h do not give a C plugin; hint: --lang cpp, or a kind C can "
                      "implement: " + text::join(c_kinds()), "plugins");
+  return *kind;
+}
 
+// DIR as an absolute path: a new directory, or an empty one (`*existed`).
+fs::path checked_target(const std::string& dir, const std::string& name, bool* existed) {
   std::error_code ec;
   fs::path target = fs::absolute(dir, ec).lexically_normal();
   if (ec || dir.empty())
@@ -215,8 +197,8 @@ int plugins_new(const PluginsArgs& args) {
                      name, "plugins");
   if (target.filename().empty()) target = target.parent_path();  // "dir/" or "."
   const fs::file_status st = fs::status(target, ec);
-  const bool existed = fs::exists(st);
-  if (existed) {
+  *existed = fs::exists(st);
+  if (*existed) {
     if (!fs::is_directory(st))
       throw UsageError("DIR '" + dir + "' exists and is not a directory; hint: name a new "
                        "directory, e.g. " + name, "plugins");
@@ -226,21 +208,30 @@ int plugins_new(const PluginsArgs& args) {
       throw UsageError("DIR '" + dir + "' exists and is not empty; hint: name a new directory, "
                        "or empty this one first", "plugins");
   }
+  return target;
+}
 
-  // The files, rendered in memory first: a template problem leaves nothing behind.
+// The plugin's files (path in DIR, text), rendered in memory: a template problem leaves
+// nothing behind.
+std::vector<std::pair<std::string, std::string>> rendered_files(const std::string& name,
+                                                                const KindInfo& kind,
+                                                                const std::string& lang,
+                                                                std::string* component_out) {
   std::string component = name;
   for (char& c : component)
     if (c == '-') c = '_';
+  *component_out = component;
+  const std::string kind_dir = std::string("kinds/") + kind.kind + "/";
   const std::string ext = lang == "c" ? "c" : "cpp";
   const std::string source = "src/" + component + "." + ext;
   std::map<std::string, std::string> vars = {
       {"name", name},
       {"component", component},
       {"Class", class_name(component)},
-      {"kind", kind->kind},
-      {"summary", kind->summary},
-      {"table", kind->table},
-      {"option_example", kind->example},
+      {"kind", kind.kind},
+      {"summary", kind.summary},
+      {"table", kind.table},
+      {"option_example", kind.example},
       {"source", source},
       {"language", lang == "c" ? "plain C99" : "C++"},
       {"torch_note", lang == "c" ? "The plugin itself needs no LibTorch; its test does "
@@ -255,7 +246,7 @@ int plugins_new(const PluginsArgs& args) {
     v["body"] = render(body, vars, kind_dir + kind_file);
     return render(template_text(skeleton), v, skeleton);
   };
-  const std::vector<std::pair<std::string, std::string>> files = {
+  return {
       {"meson.build", render(template_text(lang + "/meson.build.in"), vars, lang + "/meson.build.in")},
       {"README.md", render(template_text("README.md"), vars, "README.md")},
       {"keel-plugin.toml.in", render(template_text("keel-plugin.toml.in"), vars,
@@ -263,8 +254,13 @@ int plugins_new(const PluginsArgs& args) {
       {source, with_kind_file(lang + "/plugin." + ext, "component." + ext)},
       {"tests/test_" + component + ".cpp", with_kind_file("test.cpp", "test.cpp")},
   };
+}
 
-  // On a failure DIR is left as it was: removed when this created it, else emptied again.
+// Writes `files` into `target`; on a failure DIR is left as it was: removed when this created
+// it (`existed` false), else emptied again.
+void write_files(const fs::path& target, bool existed,
+                 const std::vector<std::pair<std::string, std::string>>& files) {
+  std::error_code ec;
   try {
     for (const auto& [path, text] : files) {
       const fs::path p = target / path;
@@ -282,12 +278,40 @@ int plugins_new(const PluginsArgs& args) {
     }
     throw;
   }
+}
+
+}  // namespace
+
+int plugins_new(const PluginsArgs& args) {
+  args.only_flags({"kind", "lang"});
+  const char* example = "keel plugins new acme-loss --kind loss acme-loss";
+  if (args.positional.size() < 2)
+    throw UsageError("keel plugins new: needs NAME and DIR, got " +
+                     std::to_string(args.positional.size()) + " arguments; hint: " + example,
+        "plugins");
+  if (args.positional.size() > 2)
+    throw UsageError(args.positional[2] + ": unexpected argument (`keel plugins new` takes "
+                     "NAME and DIR); hint: " + example, "plugins");
+  const std::string& name = args.positional[0];
+  const std::string& dir = args.positional[1];
+  const std::string problem = name_problem(name);
+  if (!problem.empty())
+    throw UsageError("NAME '" + name + "': not a plugin name: " + problem + "; hint: lowercase "
+                     "letters, digits, '-' and '_', starting with a letter, at most " +
+                     std::to_string(kMaxNameBytes) + " bytes, e.g. acme-loss", "plugins");
+  const std::string lang = args.lang.value_or("cpp");
+  const KindInfo& kind = checked_kind(args, lang);
+  bool existed = false;
+  const fs::path target = checked_target(dir, name, &existed);
+  std::string component;
+  const auto files = rendered_files(name, kind, lang, &component);
+  write_files(target, existed, files);
 
   std::vector<std::string> written;
   for (const auto& f : files) written.push_back(f.first);
   std::printf("wrote the %s plugin %s (%s `%s`) into %s: %s\nnext: cd %s && meson setup build "
               "&& meson test -C build\n",
-              lang == "c" ? "C" : "C++", name.c_str(), kind->kind, component.c_str(),
+              lang == "c" ? "C" : "C++", name.c_str(), kind.kind, component.c_str(),
               target.c_str(), text::join(written).c_str(), dir.c_str());
   return 0;
 }
