@@ -1,7 +1,7 @@
 // The typed configuration of one run, resolved from a Manifest and validated against the
 // kernel's own schemas and every component's published option schema before step 1.
 //
-// Manifest layout (see README "Manifest"); the kernel's keys are declared in config/keys.cpp:
+// Manifest layout (see docs/manifest.md); the kernel's keys are declared in config/keys.cpp:
 //   [run]          name, output_dir, seed, threads, device, mode, malloc_tuning
 //   [plugins]      paths, require (and MANIFEST.lock beside the file, when present)
 //   [train]        stop targets (epochs, max_steps, max_samples, max_tokens), grad_accum,

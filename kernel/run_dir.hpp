@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-#include "files/files.hpp"  // write_all (kernel/trainer.cpp takes it from here)
+#include "files/files.hpp"  // write_all (run/run_directory.cpp takes it from here)
 
 namespace keel {
 

@@ -1,5 +1,6 @@
 // A short training on a Fashion-MNIST subset: the loss falls, the run directory matches the
-// contract in the README, checkpoints commit atomically and load back, and a seed repeats.
+// contract in docs/run-directory.md, checkpoints commit atomically and load back, and a seed
+// repeats.
 
 #include <regex>
 

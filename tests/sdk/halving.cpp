@@ -1,4 +1,4 @@
-// A third-party plugin (the README's example), built by test_sdk_install.sh against the
+// A third-party plugin (docs/plugins.md's example), built by test_sdk_install.sh against the
 // *installed* SDK only: nothing from this source tree is on its include path.
 #include <cmath>
 
