@@ -78,7 +78,8 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/durable.hpp"
+#include "checkpoint/checksum.hpp"
+#include "files/files.hpp"
 #include "checkpoint/store.hpp"
 #include "components.hpp"
 #include "host.hpp"

@@ -34,7 +34,7 @@ void check_sections(const Manifest& m) {
       throw Error(where(k.source()) + ": unknown section '" + key + "'; hint: " +
                   text::did_you_mean(key, kTopLevel) + "a manifest holds run, plugins, train, model, "
                   "data, optimizer, lr_scheduler, loss, grad_clipper, mfu, profiler, checkpoint, "
-                  "hooks, distributed (README, \"Manifest\")");
+                  "hooks, distributed (docs/manifest.md)");
   }
 }
 

@@ -16,7 +16,7 @@
 5. SIGTERM (143) and SIGINT (130) stop after a step with a checkpoint of that step, from which
    `--resume` reaches the same final parameters as an uninterrupted run.
 6. `--resume` with a changed manifest: a model option is an error naming the key (and, with
-   --resume-changed, a shape mismatch naming the tensor and both shapes), a harmless key is a
+   --resume-changed, a shape mismatch naming the tensor and both shapes), a key safe to change is a
    warning; `--resume` without any checkpoint starts fresh and says so.
 
 What is checked in Python: commit.json parses and lists every file of its directory with the

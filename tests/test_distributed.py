@@ -17,7 +17,7 @@
 - [run] device = "cuda" on this CPU build fails validation with file:line:col; "auto" passes.
 - threads = 0 under a launcher: each of 2 processes takes half the cores (run.log says so).
 
-torchrun is Debian's (python3-torch): it needs `--redirects 1 --tee 1` (README, "Training on
+torchrun is Debian's (python3-torch): it needs `--redirects 1 --tee 1` (docs/distributed.md, "Training on
 several processes", says why).
 
 Usage: test_distributed.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_PLUGIN_DIR"""

@@ -182,7 +182,7 @@ class ExactResume(unittest.TestCase):
                  "train.max_steps=9")
         log = r.stdout + r.stderr
         self.assertNotIn("starts afresh", log)
-        self.assertIn("--resume: hooks[1].type changed", log)  # a harmless change, listed
+        self.assertIn("--resume: hooks[1].type changed", log)  # a safe change (its row), listed
         # A different label: that hook starts afresh, and the run says so, naming the state.
         r = keel("train", self.manifest, "--set", f"run.output_dir={run}", "--resume",
                  "--set", "hooks[1].label=es2", "--set", "train.max_steps=11")

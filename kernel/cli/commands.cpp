@@ -14,20 +14,20 @@ const std::vector<Command>& commands() {
        "MANIFEST [--resume [PATH]] [--resume-changed] [--overwrite] [--set KEY=VALUE]... "
        "[--log-level LEVEL]",
        "train the run a manifest describes, or continue it from a checkpoint",
-       "MANIFEST: a TOML file (README, \"Manifest\"); `keel options` and `keel plugins show "
+       "MANIFEST: a TOML file (docs/manifest.md); `keel options` and `keel plugins show "
        "NAME` list the keys of each table",
        add_train_flags, run_manifest_command},
       {"evaluate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
        "evaluate [data.test] with the weights of [checkpoint] init_from, else of the run's newest "
        "verified checkpoint",
-       "MANIFEST: a TOML file (README, \"Manifest\"); `keel options` and `keel plugins show "
+       "MANIFEST: a TOML file (docs/manifest.md); `keel options` and `keel plugins show "
        "NAME` list the keys of each table\n(the same as train with --set run.mode=evaluate; "
        "without init_from it evaluates the newest checkpoint of [run] output_dir that verifies, "
        "and refuses when there is none)",
        add_set_flag, run_manifest_command},
       {"validate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
        "everything train checks (options, plugins, data), without training",
-       "MANIFEST: a TOML file (README, \"Manifest\"); `keel options` and `keel plugins show "
+       "MANIFEST: a TOML file (docs/manifest.md); `keel options` and `keel plugins show "
        "NAME` list the keys of each table",
        add_set_flag, run_manifest_command},
       {"plugins",
@@ -44,12 +44,12 @@ const std::vector<Command>& commands() {
        nullptr, options_command},
       {"prepare", "INPUT --output DIR [--level char|byte] [--log-level LEVEL]",
        "tokenize a text file into DIR/tokens.bin and DIR/vocab.json for the tokens dataset",
-       "INPUT: a text file; the files' format: README, \"Preparing token files\"",
+       "INPUT: a text file; the files' format: docs/language-model.md, \"Preparing token files\"",
        add_prepare_flags, prepare_command},
       {"report", "RUN_DIR [--output FILE] [--log-level LEVEL]",
        "write one self-contained HTML page of a run's summary, metrics, phases, manifest and "
        "plugins",
-       "RUN_DIR: the run directory of `keel train` ([run] output_dir); the page: README, \"Run "
+       "RUN_DIR: the run directory of `keel train` ([run] output_dir); the page: docs/cli.md, \"Run "
        "report\"",
        add_report_flags, report_command},
       {"help", "[COMMAND]", "this help, or a command's", "", nullptr, nullptr},

@@ -56,7 +56,7 @@ std::optional<Launch> detect_launch(const GetEnv& given) {
   Launch l;
   if (set("RANK") || set("WORLD_SIZE")) {
     const Reader r{env, "torchrun",
-                   "launch with torchrun (README, \"Training on several processes\"), or unset "
+                   "launch with torchrun (docs/distributed.md), or unset "
                    "RANK and WORLD_SIZE to run one process"};
     l.launcher = "torchrun";
     l.world_size = r.number("WORLD_SIZE", 1, kMaxRanks);
