@@ -59,16 +59,16 @@ void start_logging(const Parsed& p, const std::string& command,
                    const std::optional<std::string>& global_level,
                    const std::vector<std::string>& argv) {
   keel::init_logging(console_level(p.log_level ? p.log_level : global_level, command));
-  const std::string line = text::join(argv, " ");
+  const std::string line = keel::text::join(argv, " ");
   spdlog::debug("keel {} (plugin ABI {}.{}, LibTorch {}), pid {}", KEEL_VERSION, KEEL_ABI_MAJOR,
                 KEEL_ABI_MINOR, keel::kernel_torch_version(), getpid());
   spdlog::debug("command line: {}", line);
 }
 
 [[noreturn]] void unknown_command(const std::string& command) {
-  const std::string list = text::join(command_names());
+  const std::string list = keel::text::join(command_names());
   throw UsageError("'" + command + "': unknown command; hint: " +
-                       text::did_you_mean(command, command_names()) + "commands: " + list,
+                       keel::text::did_you_mean(command, command_names()) + "commands: " + list,
                    "");
 }
 
@@ -149,7 +149,7 @@ int run(int argc, char** argv) {
   std::fprintf(stderr,
                "keel: internal error: %s: %s; this is a bug in keel, please report it with the "
                "command line\n",
-               call_state().activity.c_str(), text::one_line(what).c_str());
+               call_state().activity.c_str(), keel::text::one_line(what).c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   // No cleanup that could wait on a lock the failing thread holds: exit now.
@@ -202,12 +202,12 @@ int keel::cli_main(int argc, char** argv) {
   try {
     status = run(argc, argv);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", text::one_line(e.what()).c_str(),
+    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", keel::text::one_line(e.what()).c_str(),
                  usage_line(e.command()).c_str());
     status = kExitUsage;
   } catch (const keel::Error& e) {
     std::fprintf(stderr, "keel: error: %s%s\n", call_state().rank_prefix.c_str(),
-                 text::one_line(e.what()).c_str());
+                 keel::text::one_line(e.what()).c_str());
     status = kExitError;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "keel: error: out of memory %s; hint: lower batch_size or the model "

@@ -134,14 +134,14 @@ bool save_due(Run& run, Moment moment) {
   const bool saved_now = run.records.last_saved_step == run.progress.step;
   switch (moment) {
     case Moment::kStart:
-      return c.checkpoint_initial && !run.resume.active();
+      return c.checkpointing.initial && !run.resume.active();
     case Moment::kStepEnd:
-      return (c.checkpoint_every_steps > 0 && run.progress.step % c.checkpoint_every_steps == 0) ||
+      return (c.checkpointing.every_steps > 0 && run.progress.step % c.checkpointing.every_steps == 0) ||
              run.requests.checkpoint();
     case Moment::kEpochEnd:
       return run.requests.checkpoint() && !saved_now;
     case Moment::kFinish:
-      return c.checkpoint_at_end && !saved_now;
+      return c.checkpointing.at_end && !saved_now;
     case Moment::kEpochOver:
       break;
   }
