@@ -21,7 +21,6 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/resume.hpp"
 #include "checkpoint/store.hpp"
 #include "components.hpp"
 #include "distributed/grad_sync.hpp"

@@ -46,10 +46,10 @@ void stop_on_signal(Run& run, int sig) {
   run.requests.add_agreed(KEEL_REQUEST_STOP | (run.components.store ? KEEL_REQUEST_CHECKPOINT : 0u));
 }
 
-// The one place that decides the run is over, and logs why (once). At the start (a resumed run
-// may have reached its end), after each step (a stop signal, a stop target, a hook's stop
-// request), when an epoch's last step was taken (the epochs are done), and after the events of
-// an epoch's end (a hook's stop request).
+// The one place that decides the run is over, and why (run.end.reason; finish_training logs
+// it). At the start (a resumed run may have reached its end), after each step (a stop signal, a
+// stop target, a hook's stop request), when an epoch's last step was taken (the epochs are
+// done), and after the events of an epoch's end (a hook's stop request).
 void decide_end(Run& run, Moment moment) {
   if (run.end.decided()) return;
   const RunConfig& c = run.config;
@@ -69,7 +69,6 @@ void decide_end(Run& run, Moment moment) {
   if (moment == Moment::kStart)
     spdlog::info("--resume: the run had already reached its end at step {}", run.progress.step);
   run.end.reason = reason;
-  spdlog::info("run finished at step {}: {}", run.progress.step, reason);
 }
 
 // TRAIN_START, and the initial checkpoint of a fresh run; the log window starts.
@@ -118,7 +117,8 @@ void end_epoch(Run& run, bool complete) {
 }
 
 // The at_end checkpoint, the last asynchronous save, TRAIN_END; then every rank leaves together
-// (none takes the store it may serve with it while another still needs it).
+// (none takes the store it may serve with it while another still needs it). Logs why the run
+// ended, as one line "run finished at step N: <reason>" (`keel report` reads that prefix).
 void finish_training(Run& run) {
   if (save_due(run, Moment::kFinish)) save_checkpoint(run);
   finish_async_save(run, /*block=*/true);
@@ -126,6 +126,7 @@ void finish_training(Run& run) {
   if (run.components.profiler)
     run.components.profiler.call("flush", run.components.profiler->flush);
   if (run.ranks.group) run.ranks.group->any(false, "finishing the run");
+  spdlog::info("run finished at step {}: {}", run.progress.step, run.end.reason);
 }
 
 // A run that fails: a save in flight is finished first (its checkpoint may be what a resume
