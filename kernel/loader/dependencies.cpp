@@ -19,6 +19,7 @@
 
 #include "digest.hpp"
 #include "elf.hpp"
+#include "files/files.hpp"
 #include "safe_path.hpp"
 #include "sealed_copy.hpp"
 #include "unique_fd.hpp"
@@ -39,15 +40,6 @@ constexpr const char* kMultiarch = "riscv64-linux-gnu";
 #else
 constexpr const char* kMultiarch = "";
 #endif
-
-std::string parent_of(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-}
-
-std::string joined(const std::string& dir, const std::string& name) {
-  return dir == "/" ? "/" + name : dir + "/" + name;
-}
 
 bool is_regular_file(const std::string& path) {
   struct stat st;
@@ -283,14 +275,14 @@ struct Finder {
                               "LD_LIBRARY_PATH first, and the " + without_hint_text(bad) +
                               "; hint: remove it from LD_LIBRARY_PATH, or make it safe");
       }
-      if (is_regular_file(joined(d, needed))) {
-        *found = {joined(d, needed), is_system_dir(d)};
+      if (is_regular_file((fs::path(d) / needed).string())) {
+        *found = {(fs::path(d) / needed).string(), is_system_dir(d)};
         return "";
       }
     }
     for (const auto& d : system_dirs())
-      if (is_regular_file(joined(d, needed))) {
-        *found = {joined(d, needed), true};
+      if (is_regular_file((fs::path(d) / needed).string())) {
+        *found = {(fs::path(d) / needed).string(), true};
         return "";
       }
     return "";

@@ -78,11 +78,6 @@ using namespace package_text;
 
 constexpr size_t kMaxNameBytes = 64;
 
-std::string at(const std::string& path, const toml::source_region& r) {
-  if (r.begin.line == 0) return path;
-  return path + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
-}
-
 std::string file_name_problem(const std::string& n) {
   if (n.empty()) return "an empty file name";
   if (n.find('/') != std::string::npos || n.find('\0') != std::string::npos)
@@ -128,7 +123,7 @@ const toml::node* InfoParse::node(const Key& k) {
     fail_at(shown, std::string("no '") + k.name + "'",
             std::string("add ") + k.example +
                 (k.in_build ? "" : " (`keel plugins pack BUILD_DIR` fills it in)"));
-  if (n) out.where[k.name] = at(shown, n->source());
+  if (n) out.where[k.name] = text::located(shown, n->source());
   return n;
 }
 
@@ -137,7 +132,7 @@ std::optional<std::string> InfoParse::str(const Key& k) {
   if (!n) return std::nullopt;
   const auto* s = n->as_string();
   if (!s)
-    fail_at(at(shown, n->source()), std::string("'") + k.name + "' must be a string",
+    fail_at(text::located(shown, n->source()), std::string("'") + k.name + "' must be a string",
             std::string("write it quoted") + (*k.example ? std::string(", e.g. ") + k.example : ""));
   return s->get();
 }
@@ -274,13 +269,11 @@ void check_unknown_keys(const toml::table& t, const std::string& shown, PackageI
     if (keys == PackageInfoKeys::kBuild)
       for (const Key& known : kKeys)
         if (key == known.name)
-          fail_at(at(shown, k.source()), "'" + key + "' is filled in by `keel plugins pack`",
+          fail_at(text::located(shown, k.source()), "'" + key + "' is filled in by `keel plugins pack`",
                   "remove it: the build directory's keel-plugin.toml holds only name, version, "
                   "description and license");
-    const std::string near = text::closest(key, names);
-    fail_at(at(shown, k.source()), "unknown key " + toml_quoted(key),
-            near.empty() ? "keel-plugin.toml holds " + text::join(names)
-                         : "did you mean '" + near + "'?");
+    fail_at(text::located(shown, k.source()), "unknown key " + toml_quoted(key),
+            text::did_you_mean_or(key, names, "keel-plugin.toml holds " + text::join(names)));
   }
 }
 
@@ -306,7 +299,7 @@ LocatedPackageInfo parse_package_info(const std::string& text, const std::string
   try {
     t = toml::parse(text, shown);
   } catch (const toml::parse_error& e) {
-    fail_at(at(shown, e.source()), "not valid TOML: " + std::string(e.description()),
+    fail_at(text::located(shown, e.source()), "not valid TOML: " + std::string(e.description()),
             "fix the TOML syntax at that place");
   }
   check_unknown_keys(t, shown, keys);

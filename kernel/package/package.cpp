@@ -344,13 +344,11 @@ std::string remove(const std::string& root_in, const std::string& name,
   const std::string root = absolute_path(root_in);
   const std::vector<std::string> names = package_subdirs(root);
   if (std::find(names.begin(), names.end(), name) == names.end()) {
-    const std::string near = text::closest(name, names);
     throw Error(
         name + ": no package of that name is installed in " + root +
         (names.empty() ? " (none is)" : " (installed: " + text::join(names) + ")") + "; hint: " +
-        (near.empty()
-             ? std::string("`keel plugins --prefix ") + root + "` lists the installed packages"
-             : "did you mean '" + near + "'?"));
+        text::did_you_mean_or(name, names, "`keel plugins --prefix " + root +
+                                               "` lists the installed packages"));
   }
   const std::string name_dir = root + "/" + name;
   const std::vector<std::string> versions = [&] {
