@@ -190,7 +190,7 @@ void read_cxx11_abi(InfoParse& p, const Key& k) {
   if (!n) return;
   const auto* i = n->as_integer();
   if (!i || (i->get() != 0 && i->get() != 1))
-    fail_at(at(p.shown, n->source()), "'cxx11_abi' must be 0 or 1",
+    fail_at(text::located(p.shown, n->source()), "'cxx11_abi' must be 0 or 1",
             "write the _GLIBCXX_USE_CXX11_ABI the plugins were built with");
   p.out.info.cxx11_abi = static_cast<int>(i->get());
 }
@@ -199,7 +199,7 @@ void read_components(InfoParse& p, const Key& k) {
   const toml::node* n = p.node(k);
   const auto* a = n->as_array();
   if (!a)
-    fail_at(at(p.shown, n->source()), "'components' must be a list of strings",
+    fail_at(text::located(p.shown, n->source()), "'components' must be a list of strings",
             "write it as components = [\"loss:my_ce\"]");
   std::set<std::string> seen;
   for (const toml::node& e : *a) {
@@ -209,13 +209,13 @@ void read_components(InfoParse& p, const Key& k) {
     keel_kind kind;
     if (!s || colon == std::string::npos || colon + 1 == c.size() ||
         c.find(':', colon + 1) != std::string::npos || !kind_from_name(c.substr(0, colon), &kind))
-      fail_at(at(p.shown, e.source()),
+      fail_at(text::located(p.shown, e.source()),
               "a component must be a string KIND:NAME with a known kind" +
                   (s ? " (got " + toml_quoted(c) + ")" : std::string()),
               "KIND is model, dataset, optimizer, lr_scheduler, loss, grad_clipper, mfu, "
               "profiler, checkpoint or hook, e.g. \"loss:my_ce\"");
     if (!seen.insert(c).second)
-      fail_at(at(p.shown, e.source()), "component " + toml_quoted(c) + " is listed twice",
+      fail_at(text::located(p.shown, e.source()), "component " + toml_quoted(c) + " is listed twice",
               "list each component once");
     p.out.info.components.push_back(c);
   }
@@ -225,24 +225,24 @@ void read_files(InfoParse& p, const Key& k) {
   const toml::node* n = p.node(k);
   const auto* ft = n->as_table();
   if (!ft)
-    fail_at(at(p.shown, n->source()), "'files' must be a table",
+    fail_at(text::located(p.shown, n->source()), "'files' must be a table",
             "write it as a [files] header followed by \"FILE.so\" = \"<sha256>\" lines");
   if (ft->empty())
-    fail_at(at(p.shown, n->source()), "[files] lists no file",
+    fail_at(text::located(p.shown, n->source()), "[files] lists no file",
             "list each plugin .so with its sha256 (`keel plugins pack` does)");
   for (const auto& [fk, fv] : *ft) {
     const std::string file(fk.str());
     const std::string bad = file_name_problem(file);
     if (!bad.empty())
-      fail_at(at(p.shown, fk.source()), "[files] " + toml_quoted(file) + ": " + bad,
+      fail_at(text::located(p.shown, fk.source()), "[files] " + toml_quoted(file) + ": " + bad,
               "list only the plugin .so files at the package's top level");
     const auto* s = fv.as_string();
     if (!s || !is_sha256_hex(s->get()))
-      fail_at(at(p.shown, fv.source()),
+      fail_at(text::located(p.shown, fv.source()),
               "[files] " + toml_quoted(file) + " must be a sha256: 64 lowercase hex digits",
               "`sha256sum FILE` prints it; `keel plugins pack` fills [files] in");
     p.out.info.files[file] = s->get();
-    p.out.where["files." + file] = at(p.shown, fk.source());
+    p.out.where["files." + file] = text::located(p.shown, fk.source());
   }
 }
 
