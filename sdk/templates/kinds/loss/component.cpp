@@ -1,5 +1,6 @@
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -26,6 +27,19 @@ class @{Class} final : public keel::Loss {
   }
   // Lets gradient accumulation weigh each micro-batch by its item count.
   int64_t count_items(const at::Tensor& target) override { return target.size(0); }
+
+  // Evaluation records also get `accuracy`. Its state is sums the kernel can add up over
+  // batches and ranks, {correct, rows}; metric_finish turns the totals into the value.
+  size_t metric_state_size() override { return 2; }
+  void metric_update(const at::Tensor& output, const at::Tensor& target, double /*loss*/,
+                     int64_t /*count*/, keel::MetricState state) override {
+    state[0] += static_cast<double>(output.argmax(1).eq(target).sum().item<int64_t>());
+    state[1] += static_cast<double>(target.size(0));
+  }
+  keel::Metrics metric_finish(const std::vector<double>& state) override {
+    if (state[1] == 0) return {};  // nothing evaluated: no accuracy
+    return {{"accuracy", state[0] / state[1]}};
+  }
 
  private:
   double smoothing_;

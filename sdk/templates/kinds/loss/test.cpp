@@ -1,4 +1,6 @@
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 TEST_CASE("@{component}: value and gradient match a hand computation") {
@@ -53,4 +55,33 @@ TEST_CASE("@{component}: logits that are not [N, C] are an error") {
   CHECK_THROWS_WITH(
       loss.call(loss->compute, keel::peek(logits), keel::peek(targets), &handle, &count),
       doctest::Contains("expected logits [N, C]"));
+}
+
+TEST_CASE("@{component}: accuracy from the summed state of two batches") {
+  auto loss = keel::testing::Plugin(keel_plugin_entry()).create<keel_loss>("@{component}");
+  REQUIRE(loss.call(loss->metric_state_size) == 2);
+  std::vector<double> state(2, 0.0);
+  // argmax per row: 0, 1 (first batch; targets 0, 0), then 2 (second batch; target 2).
+  const at::Tensor first = at::tensor(std::vector<double>{3, 1, 0, 0, 2, 1}).reshape({2, 3});
+  const at::Tensor second = at::tensor(std::vector<double>{0, 1, 4}).reshape({1, 3});
+  const at::Tensor first_y = at::tensor(std::vector<int64_t>{0, 0});
+  const at::Tensor second_y = at::tensor(std::vector<int64_t>{2});
+  loss.call(loss->metric_update, keel::peek(first), keel::peek(first_y), 0.0, int64_t{2},
+            state.data(), state.size());
+  loss.call(loss->metric_update, keel::peek(second), keel::peek(second_y), 0.0, int64_t{1},
+            state.data(), state.size());
+  CHECK(state == std::vector<double>{2, 3});
+  // The writer the kernel hands metric_finish, collecting (key, value).
+  struct Collected {
+    keel_metric_writer abi{sizeof(keel_metric_writer), this, &put};
+    std::vector<std::pair<std::string, double>> metrics;
+    static int put(keel_metric_writer* w, const char* key, double value) {
+      static_cast<Collected*>(w->host_data)->metrics.emplace_back(key, value);
+      return 1;
+    }
+  } out;
+  loss.call(loss->metric_finish, state.data(), state.size(), &out.abi);
+  REQUIRE(out.metrics.size() == 1);
+  CHECK(out.metrics[0].first == "accuracy");
+  CHECK(out.metrics[0].second == doctest::Approx(2.0 / 3));
 }
