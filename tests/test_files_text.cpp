@@ -1,0 +1,126 @@
+// The file-system layer (kernel/files) and the text helpers (kernel/text, keel/tensor.hpp).
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "files/files.hpp"
+#include "keel/tensor.hpp"
+#include "support.hpp"
+#include "text/text.hpp"
+
+namespace unit_files_text {  // keel_units is one unity build: each file's names stay its own
+
+namespace fs = std::filesystem;
+using keel_test::TempDir;
+
+// The FileError `f` throws: its message and errno.
+template <class F>
+std::pair<std::string, int> file_error_of(F&& f) {
+  try {
+    f();
+  } catch (const keel::FileError& e) {
+    return {e.what(), e.code()};
+  }
+  return {"<no error>", 0};
+}
+
+TEST_CASE("durable writes and renames; neutral messages that name the path and errno") {
+  TempDir d;
+  const std::string a = (d.path / "a").string(), b = (d.path / "b").string();
+  keel::write_file_durably(a, "one", 0600);
+  CHECK(keel::read_file(a) == "one");
+  struct stat st {};
+  REQUIRE(::stat(a.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  // A new file only: an existing one is an error, and keeps its content.
+  const auto [exists, code] = file_error_of([&] { keel::write_file_durably(a, "two"); });
+  CHECK(exists == "creating " + a + " failed: File exists");
+  CHECK(code == EEXIST);
+  CHECK(keel::read_file(a) == "one");
+
+  keel::write_file_durably(b, "two");
+  CHECK_FALSE(keel::durable_rename_new(a, b));  // b exists: nothing moves
+  CHECK(keel::read_file(a) == "one");
+  if (keel::durable_exchange(a, b)) {  // where the file system can exchange
+    CHECK(keel::read_file(a) == "two");
+    CHECK(keel::read_file(b) == "one");
+  }
+  keel::durable_rename(a, b);
+  CHECK_FALSE(fs::exists(a));
+  const std::string c = (d.path / "sub" / "c").string();
+  fs::create_directory(d.path / "sub");
+  CHECK(keel::durable_rename_new(b, c));
+  CHECK_FALSE(fs::exists(b));
+  CHECK(file_error_of([&] { keel::durable_rename(b, c); }).first ==
+        "renaming " + b + " to " + c + " failed: No such file or directory");
+  CHECK(file_error_of([&] { keel::read_file(b); }).first ==
+        "opening " + b + " failed: No such file or directory");
+}
+
+TEST_CASE("read_file: whole files, links refused on request; add_hint appends a caller's hint") {
+  TempDir d;
+  const std::string big(200000, 'x');
+  const fs::path f = d.write("f", big);
+  CHECK(keel::read_file(f.string()) == big);
+  fs::create_symlink(f, d.path / "link");
+  const std::string link = (d.path / "link").string();
+  CHECK(keel::read_file(link) == big);
+  CHECK(file_error_of([&] { keel::read_file(link, /*follow_links=*/false); }).second == ELOOP);
+  const std::string hinted = keel_test::error_of([&] {
+    keel::add_hint([&] { return keel::read_file(link, false); },
+                   [](int code) { return code == ELOOP ? "not a link" : "other"; });
+  });
+  CHECK(hinted ==
+        "opening " + link + " failed: Too many levels of symbolic links; hint: not a link");
+  CHECK(keel::parent_of("name") == ".");
+  CHECK(keel::parent_of("/a/b") == "/a");
+}
+
+TEST_CASE("did you mean, join, one line, located, number, shape") {
+  namespace text = keel::text;
+  const std::vector<std::string> kinds = {"model", "dataset", "optimizer"};
+  CHECK(text::closest("modle", kinds) == "model");
+  CHECK(text::closest("zzzzzz", kinds).empty());
+  CHECK(text::did_you_mean("optimiser", kinds) == "did you mean 'optimizer'? ");
+  CHECK(text::did_you_mean("zzzzzz", kinds).empty());
+  CHECK(text::did_you_mean_or("datset", kinds, "use one of them") == "did you mean 'dataset'?");
+  CHECK(text::did_you_mean_or("zzzzzz", kinds, "use one of them") == "use one of them");
+  CHECK(text::did_you_mean_or("modl", kinds, "", '"') == "did you mean \"model\"?");
+  CHECK(text::join(kinds) == "model, dataset, optimizer");
+  CHECK(text::join(kinds, "; ") == "model; dataset; optimizer");
+  CHECK(text::join(std::vector<std::string>{}).empty());
+  CHECK(text::join(std::vector<int>{1, 2}) == "1, 2");
+  CHECK(text::one_line("\nfailed:\n\tat x\r\nend\n") == "failed: at x end");
+  struct Region {
+    struct {
+      unsigned line, column;
+    } begin;
+  };
+  CHECK(text::located("m.toml", Region{{3, 7}}) == "m.toml:3:7");
+  CHECK(text::located("m.toml", Region{{0, 0}}) == "m.toml");
+  CHECK(text::number(0.1) == "0.1");
+  CHECK(text::number(3) == "3");
+  CHECK(text::number(std::numeric_limits<double>::quiet_NaN()) == "nan");
+  CHECK(text::shape({2, 3}) == "[2, 3]");
+  CHECK(text::shape({}) == "[]");
+}
+
+TEST_CASE("one dtype table: keel_dtype, LibTorch scalar type and name agree both ways") {
+  for (const keel::Dtype& d : keel::kDtypes) {
+    CHECK(keel::dtype_of(d.torch) == &d);
+    CHECK(keel::dtype_of(d.keel) == &d);
+    CHECK(keel::dtype_named(d.name) == &d);
+  }
+  CHECK(keel::dtype_of(at::kBFloat16)->name == std::string("BF16"));
+  CHECK((keel::dtype_of(KEEL_DTYPE_U8)->torch == at::kByte));
+  CHECK(keel::dtype_of(at::kComplexFloat) == nullptr);
+  CHECK(keel::dtype_named("F8_E4M3") == nullptr);
+}
+
+}  // namespace unit_files_text
