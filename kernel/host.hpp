@@ -1,16 +1,13 @@
-// The keel_host table the kernel hands to every plugin (tensors, options, logging).
+// The keel_host table the kernel hands to every plugin (tensors, options, logging): the SDK's
+// host services (sdk/host/host_services.hpp), which keel::testing uses too, with log lines
+// going to the kernel's log.
 #pragma once
 
-#include <string>
-
+#include "host_services.hpp"  // take_reported_error()
 #include "keel/abi.h"
 
 namespace keel {
 
 const keel_host* host();
-
-// The message a plugin passed to keel_host.report_error since the last call, and clears it
-// ("" when none). Per thread: a report belongs to the slot running on that thread.
-std::string take_reported_error();
 
 }  // namespace keel

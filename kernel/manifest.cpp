@@ -19,7 +19,6 @@ namespace fs = std::filesystem;
 namespace keel {
 namespace {
 
-constexpr const char* kSetPrefix = "--set ";
 // A manifest is a small text file; anything larger is not one (and is not read into memory).
 constexpr off_t kMaxManifestBytes = 16 << 20;
 
@@ -482,15 +481,6 @@ class Override {
 };
 
 }  // namespace
-
-std::string where(const toml::source_region& source) {
-  if (!source.path) return "<manifest>";
-  const std::string& path = *source.path;
-  if (path.rfind(kSetPrefix, 0) == 0) return path;
-  if (source.begin.line == 0) return path;
-  return path + ":" + std::to_string(source.begin.line) + ":" +
-         std::to_string(source.begin.column);
-}
 
 Manifest load_manifest(const std::string& path, const std::vector<std::string>& overrides) {
   Manifest m;

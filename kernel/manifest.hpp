@@ -7,6 +7,8 @@
 
 #include <toml++/toml.h>
 
+#include "source.hpp"  // where(), kSetPrefix: the places its messages name
+
 namespace keel {
 
 struct Manifest {
@@ -21,8 +23,5 @@ struct Manifest {
 // and applies each "dotted.key=value" override (the value is parsed as TOML, and taken as a
 // string when it is not valid TOML). Throws keel::Error naming file:line:col.
 Manifest load_manifest(const std::string& path, const std::vector<std::string>& overrides);
-
-// "file:line:col" of a node (or key), or the --set argument it came from.
-std::string where(const toml::source_region& source);
 
 }  // namespace keel

@@ -1,4 +1,4 @@
-// The file-system layer (kernel/files) and the text helpers (kernel/text, keel/tensor.hpp).
+// The file-system layer (kernel/files) and the text helpers (sdk/host/text, keel/tensor.hpp).
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 #include <unistd.h>

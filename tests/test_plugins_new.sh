@@ -2,7 +2,8 @@
 # `keel plugins new` writes projects that build and pass their own tests against the installed
 # SDK alone. Installs keel into a staging directory; then the staged keel writes a project for
 # each LANG:KIND given. Every build is configured with nothing but PKG_CONFIG_PATH pointing at
-# the staged keel-sdk.pc (no --define-variable, no include path into this tree).
+# the staged keel-sdk.pc and keel-testing.pc (no --define-variable, no include path into this
+# tree).
 #  - The first project is built standalone, as a third party builds it: the commands of its
 #    README's "Build and test" section, run in the project's directory, at the project's own
 #    build type (release).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A third party's whole path, against the installed SDK only: `keel plugins new` writes a loss
-# plugin project, which builds and passes its own test with nothing but `pkg-config keel-sdk`;
+# plugin project, which builds and passes its own test with nothing but the SDK's pkg-config
+# files (keel-sdk for the plugin, keel-testing for its test);
 # `keel plugins pack` makes a package, `keel plugins install` installs it (XDG data dir of a
 # temporary HOME), a manifest requires and uses it, `keel plugins lock` locks it, and it trains.
 # Then the installed .so is replaced by a different build whose constructor leaves a mark: the

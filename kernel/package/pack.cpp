@@ -16,7 +16,7 @@
 #include "error.hpp"
 #include "files/files.hpp"
 #include "keel/abi.h"
-#include "loader/bounded.hpp"
+#include "bounded.hpp"
 #include "loader/digest.hpp"
 #include "loader/elf.hpp"
 #include "loader/registry.hpp"

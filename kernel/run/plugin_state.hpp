@@ -11,7 +11,7 @@
 #include "checkpoint/store.hpp"
 #include "components.hpp"
 #include "keel/abi.h"
-#include "loader/bounded.hpp"
+#include "bounded.hpp"
 
 namespace keel {
 

@@ -1,5 +1,5 @@
 // libFuzzer target: manifest loading (kernel/manifest.cpp: files, `extends`, --set) and option
-// validation (kernel/options.cpp) against the kernel's own schemas and one that holds every
+// validation (sdk/host/options.cpp) against the kernel's own schemas and one that holds every
 // option type.
 //
 // Input: parts separated by a line "---" (the bytes "\n---\n"):

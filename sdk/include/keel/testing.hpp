@@ -14,15 +14,17 @@
 //   auto scheduler = plugin.create<keel_lr_scheduler>("halving", {{"every", 10}});
 //   CHECK(scheduler.call(scheduler->factor, 25) == 0.25);
 //
-// What the harness does, as the kernel does it:
-//  - options: the ones given are checked against the component's schema (known key, type,
-//    bounds, finite floats, choices) and every other option takes its schema default; a
-//    required option left out is an error. A relative PATH option is made absolute against the
-//    working directory. Defaults are read by a small TOML reader (booleans, integers, floats,
-//    strings, arrays of numbers: what option defaults are), not by the kernel's TOML parser.
-//  - the host (keel_host) works on at::Tensor, as the kernel's does: a keel_tensor* is an
-//    at::TensorImpl*, so keel::borrow/adopt/peek (keel/tensor.hpp) convert handles both ways.
-//    log lines are kept (log_lines()) instead of printed.
+// The harness's option checks and host are the kernel's own: libkeel-host, a static library the
+// SDK installs and keel links too (link a test with pkg-config keel-testing; a plugin itself
+// links only keel-sdk). So:
+//  - options: the ones given are checked against the component's schema as `keel train` checks
+//    a manifest section [Setup::section] (known key, type, bounds, finite floats, choices), and
+//    every other option takes its schema default; a required option left out, or a schema
+//    whose default is invalid, is an error, with keel's message. A relative PATH option is made
+//    absolute against the working directory.
+//  - the host (keel_host) works on at::Tensor: a keel_tensor* is an at::TensorImpl*, so
+//    keel::borrow/adopt/peek (keel/tensor.hpp) convert handles both ways. Log lines are kept
+//    (log_lines()) instead of printed.
 //  - LibTorch's default CPU generator is seeded with Setup::seed before each factory runs.
 //  - every failure (a factory or slot returning KEEL_ERR, a slot calling
 //    keel_host.report_error, a bad option) throws std::runtime_error naming the component.
@@ -33,18 +35,13 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/version.h>
+#include <stdlib.h>  // mkdtemp
 
 #include <cerrno>
-#include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -99,22 +96,7 @@ void clear_log_lines();
 
 namespace detail {
 
-// What a keel_options* points to in the harness (the kernel's own type stays opaque here).
-struct OptionValues {
-  std::map<std::string, Value::Storage> values;
-};
-
-inline const OptionValues* values(const keel_options* o) {
-  return reinterpret_cast<const OptionValues*>(o);
-}
-
 [[noreturn]] inline void fail(const std::string& message) { throw std::runtime_error(message); }
-
-inline std::string number(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
 
 inline const char* kind_name(keel_kind kind) {
   static const char* const names[] = {"?",            "model",    "dataset",      "optimizer",
@@ -123,403 +105,17 @@ inline const char* kind_name(keel_kind kind) {
   return kind >= KEEL_KIND_MODEL && kind <= KEEL_KIND_HOOK ? names[kind] : names[0];
 }
 
-// ---- the TOML subset option defaults are written in -----------------------------------------
-class DefaultReader {
- public:
-  explicit DefaultReader(std::string text) : s_(std::move(text)) {}
-
-  Value::Storage read() {
-    Value::Storage v = value();
-    space();
-    if (i_ != s_.size()) bad("unexpected text after the value");
-    return v;
-  }
-
- private:
-  Value::Storage value() {
-    space();
-    for (const bool b : {true, false}) {
-      const char* word = b ? "true" : "false";
-      if (rest(word)) {
-        i_ += std::strlen(word);
-        return b;
-      }
-    }
-    if (peek() == '"' || peek() == '\'') return string();
-    if (peek() == '[') return array();
-    return scalar();
-  }
-  Value::Storage array() {
-    ++i_;  // '['
-    std::vector<int64_t> ints;
-    std::vector<double> floats;
-    bool all_ints = true;
-    for (;;) {
-      space();
-      if (peek() == ']') break;
-      const Value::Storage e = scalar();
-      if (const auto* i = std::get_if<int64_t>(&e)) {
-        ints.push_back(*i);
-        floats.push_back(static_cast<double>(*i));
-      } else {
-        all_ints = false;
-        floats.push_back(std::get<double>(e));
-      }
-      space();
-      if (peek() == ',') ++i_;
-      else if (peek() != ']') bad("expected ',' or ']' in the array");
-    }
-    ++i_;  // ']'
-    if (all_ints) return ints;
-    return floats;
-  }
-  Value::Storage scalar() {
-    size_t end = i_;
-    while (end < s_.size() && std::strchr("+-_.0123456789abcdefinoxABCDEF", s_[end])) ++end;
-    std::string t;
-    for (size_t k = i_; k < end; ++k)
-      if (s_[k] != '_') t += s_[k];
-    if (t.empty()) bad("expected a value");
-    i_ = end;
-    const std::string digits = t[0] == '+' || t[0] == '-' ? t.substr(1) : t;
-    if (digits == "inf" || digits == "nan") return std::strtod(t.c_str(), nullptr);
-    int base = 10;
-    if (digits.size() > 2 && digits[0] == '0' && std::strchr("xob", digits[1])) {
-      base = digits[1] == 'x' ? 16 : digits[1] == 'o' ? 8 : 2;
-      t = digits.substr(2);
-    }
-    char* stop = nullptr;
-    errno = 0;
-    if (base != 10 || t.find_first_of(".eE") == std::string::npos) {
-      const long long v = std::strtoll(t.c_str(), &stop, base);
-      if (*stop != '\0' || errno != 0) bad("not an integer");
-      return static_cast<int64_t>(v);
-    }
-    const double v = std::strtod(t.c_str(), &stop);
-    if (*stop != '\0') bad("not a number");
-    return v;
-  }
-  Value::Storage string() {
-    const char quote = s_[i_++];
-    std::string out;
-    while (i_ < s_.size() && s_[i_] != quote) {
-      char c = s_[i_++];
-      if (c != '\\' || quote == '\'') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) break;
-      c = s_[i_++];
-      switch (c) {
-        case 'b': out += '\b'; break;
-        case 't': out += '\t'; break;
-        case 'n': out += '\n'; break;
-        case 'f': out += '\f'; break;
-        case 'r': out += '\r'; break;
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case 'u':
-        case 'U': utf8(c == 'u' ? 4 : 8, out); break;
-        default: bad(std::string("unknown escape \\") + c);
-      }
-    }
-    if (i_ >= s_.size()) bad("unterminated string");
-    ++i_;
-    return out;
-  }
-  void utf8(size_t digits, std::string& out) {
-    if (i_ + digits > s_.size()) bad("short \\u escape");
-    const unsigned long cp = std::strtoul(s_.substr(i_, digits).c_str(), nullptr, 16);
-    i_ += digits;
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-  void space() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t')) ++i_;
-  }
-  char peek() const { return i_ < s_.size() ? s_[i_] : '\0'; }
-  bool rest(const char* word) const { return s_.compare(i_, std::strlen(word), word) == 0; }
-  [[noreturn]] void bad(const std::string& what) const {
-    fail("'" + s_ + "': " + what + " (at byte " + std::to_string(i_) + ")");
-  }
-
-  std::string s_;
-  size_t i_ = 0;
-};
-
-// ---- options: the given ones checked against the schema, defaults for the rest --------------
-inline const char* type_name(keel_option_type t) {
-  switch (t) {
-    case KEEL_OPT_BOOL: return "bool";
-    case KEEL_OPT_INT: return "integer";
-    case KEEL_OPT_FLOAT: return "float";
-    case KEEL_OPT_STRING: return "string";
-    case KEEL_OPT_INT_LIST: return "list of integers";
-    case KEEL_OPT_FLOAT_LIST: return "list of floats";
-    case KEEL_OPT_PATH: return "path";
-  }
-  return "?";
-}
-
-// `v` as option `o` holds it; throws naming the option on a type, bound or choice mismatch.
-inline Value::Storage convert(const keel_option_desc& o, const Value::Storage& v) {
-  const std::string key = o.key;
-  auto check = [&](double x) {
-    if (o.type == KEEL_OPT_FLOAT || o.type == KEEL_OPT_FLOAT_LIST)
-      if (!std::isfinite(x)) fail("option '" + key + "' must be finite, got " + number(x));
-    if (o.min <= o.max && (x < o.min || x > o.max))
-      fail("option '" + key + "' must be in [" + number(o.min) + ", " + number(o.max) +
-           "], got " + number(x));
-  };
-  switch (o.type) {
-    case KEEL_OPT_BOOL:
-      if (std::holds_alternative<bool>(v)) return v;
-      break;
-    case KEEL_OPT_INT:
-      if (const auto* i = std::get_if<int64_t>(&v)) {
-        check(double(*i));
-        return v;
-      }
-      break;
-    case KEEL_OPT_FLOAT:
-      if (const auto* i = std::get_if<int64_t>(&v)) {
-        check(double(*i));
-        return double(*i);
-      }
-      if (const auto* d = std::get_if<double>(&v)) {
-        check(*d);
-        return v;
-      }
-      break;
-    case KEEL_OPT_STRING:
-      if (const auto* s = std::get_if<std::string>(&v)) {
-        if (o.choices == nullptr) return v;
-        const std::string choices = std::string("|") + o.choices + "|";
-        if (choices.find("|" + *s + "|") != std::string::npos) return v;
-        fail("option '" + key + "' must be one of " + o.choices + ", got \"" + *s + "\"");
-      }
-      break;
-    case KEEL_OPT_PATH:
-      if (const auto* s = std::get_if<std::string>(&v)) {
-        if (s->empty()) return v;
-        return std::filesystem::absolute(*s).lexically_normal().string();
-      }
-      break;
-    case KEEL_OPT_INT_LIST:
-      if (const auto* l = std::get_if<std::vector<int64_t>>(&v)) {
-        for (int64_t x : *l) check(double(x));
-        return v;
-      }
-      break;
-    case KEEL_OPT_FLOAT_LIST:
-      if (const auto* l = std::get_if<std::vector<int64_t>>(&v)) {
-        std::vector<double> out(l->begin(), l->end());
-        for (double x : out) check(x);
-        return out;
-      }
-      if (const auto* l = std::get_if<std::vector<double>>(&v)) {
-        for (double x : *l) check(x);
-        return v;
-      }
-      break;
-  }
-  fail("option '" + key + "' is a " + type_name(o.type) + ", given another type");
-}
-
-inline std::vector<const keel_option_desc*> schema(const keel_component_desc& c) {
-  std::vector<const keel_option_desc*> out;
-  const char* p = reinterpret_cast<const char*>(c.options);
-  for (uint32_t i = 0; i < c.option_count; ++i)
-    out.push_back(reinterpret_cast<const keel_option_desc*>(p + size_t(i) * c.option_size));
-  return out;
-}
-
-inline OptionValues validate(const keel_component_desc& c, const Options& given) {
-  const std::vector<const keel_option_desc*> opts = schema(c);
-  std::string keys;
-  for (const auto* o : opts) keys += (keys.empty() ? "" : ", ") + std::string(o->key);
-  OptionValues out;
-  for (const auto& [key, value] : given) {
-    const keel_option_desc* o = nullptr;
-    for (const auto* d : opts)
-      if (key == d->key) o = d;
-    if (o == nullptr)
-      fail("unknown option '" + key + "' (the component has: " + (keys.empty() ? "none" : keys) +
-           ")");
-    if (out.values.count(key)) fail("option '" + key + "' given twice");
-    out.values[key] = convert(*o, value.storage());
-  }
-  for (const auto* o : opts) {
-    if (out.values.count(o->key)) continue;
-    if (o->default_toml == nullptr)
-      fail("option '" + std::string(o->key) + "' is required (it has no default): give it");
-    try {
-      out.values[o->key] = convert(*o, DefaultReader(o->default_toml).read());
-    } catch (const std::exception& e) {
-      fail("the schema default of option '" + std::string(o->key) + "' is invalid: " + e.what());
-    }
-  }
-  return out;
-}
-
-// ---- the host -------------------------------------------------------------------------------
-inline const at::TensorImpl* impl(const keel_tensor* t) {
-  return reinterpret_cast<const at::TensorImpl*>(t);
-}
-inline keel_dtype tensor_dtype(const keel_tensor* t) {
-  const at::ScalarType st = c10::typeMetaToScalarType(impl(t)->dtype());
-  for (const auto& d : kDtypes)
-    if (d.torch == st) return d.keel;
-  return KEEL_DTYPE_UNKNOWN;
-}
-inline int32_t tensor_ndim(const keel_tensor* t) { return static_cast<int32_t>(impl(t)->dim()); }
-inline int64_t tensor_size(const keel_tensor* t, int32_t dim) {
-  return dim < 0 || dim >= impl(t)->dim() ? -1 : impl(t)->size(dim);
-}
-inline int64_t tensor_numel(const keel_tensor* t) { return impl(t)->numel(); }
-inline void* tensor_cpu_data(const keel_tensor* t) {
-  const at::Tensor x = borrow(t);
-  return x.is_cpu() && x.is_contiguous() ? x.data_ptr() : nullptr;
-}
-inline keel_tensor* tensor_contiguous_cpu(const keel_tensor* t) {
-  try {
-    return give(borrow(t).to(at::kCPU).contiguous());
-  } catch (...) {
-    return nullptr;
-  }
-}
-inline keel_tensor* tensor_from_buffer(keel_dtype dtype, const int64_t* shape, int32_t ndim,
-                                       const void* data) {
-  try {
-    if (ndim < 0 || (ndim > 0 && shape == nullptr)) return nullptr;
-    for (const auto& d : kDtypes)
-      if (d.keel == dtype) {
-        at::Tensor out = at::zeros(at::IntArrayRef(shape, static_cast<size_t>(ndim)), d.torch);
-        if (data != nullptr) std::memcpy(out.data_ptr(), data, out.nbytes());
-        return give(std::move(out));
-      }
-    return nullptr;
-  } catch (...) {
-    return nullptr;
-  }
-}
-inline keel_tensor* tensor_retain(keel_tensor* t) {
-  if (t != nullptr) c10::raw::intrusive_ptr::incref(reinterpret_cast<at::TensorImpl*>(t));
-  return t;
-}
-inline void tensor_release(keel_tensor* t) { adopt(t); }
-
-template <class T>
-const T* option(const keel_options* o, const char* key) {
-  if (o == nullptr || key == nullptr) return nullptr;
-  const auto it = values(o)->values.find(key);
-  return it == values(o)->values.end() ? nullptr : std::get_if<T>(&it->second);
-}
-inline int option_bool(const keel_options* o, const char* key, int* out) {
-  const bool* v = option<bool>(o, key);
-  if (v != nullptr) *out = *v ? 1 : 0;
-  return v != nullptr;
-}
-inline int option_int(const keel_options* o, const char* key, int64_t* out) {
-  const int64_t* v = option<int64_t>(o, key);
-  if (v != nullptr) *out = *v;
-  return v != nullptr;
-}
-inline int option_float(const keel_options* o, const char* key, double* out) {
-  const double* v = option<double>(o, key);
-  if (v != nullptr) *out = *v;
-  return v != nullptr;
-}
-inline const char* option_string(const keel_options* o, const char* key) {
-  const std::string* v = option<std::string>(o, key);
-  return v != nullptr ? v->c_str() : nullptr;
-}
-inline int64_t option_list_size(const keel_options* o, const char* key) {
-  if (const auto* v = option<std::vector<int64_t>>(o, key)) return static_cast<int64_t>(v->size());
-  if (const auto* v = option<std::vector<double>>(o, key)) return static_cast<int64_t>(v->size());
-  return -1;
-}
-inline int option_list_int(const keel_options* o, const char* key, int64_t i, int64_t* out) {
-  const auto* v = option<std::vector<int64_t>>(o, key);
-  if (v == nullptr || i < 0 || i >= static_cast<int64_t>(v->size())) return 0;
-  *out = (*v)[static_cast<size_t>(i)];
-  return 1;
-}
-inline int option_list_float(const keel_options* o, const char* key, int64_t i, double* out) {
-  if (const auto* v = option<std::vector<double>>(o, key)) {
-    if (i < 0 || i >= static_cast<int64_t>(v->size())) return 0;
-    *out = (*v)[static_cast<size_t>(i)];
-    return 1;
-  }
-  int64_t x = 0;
-  if (!option_list_int(o, key, i, &x)) return 0;
-  *out = static_cast<double>(x);
-  return 1;
-}
-
-// A string a plugin handed over, read up to `capacity - 1` bytes (abi.h: strings are bounded).
-inline std::string bounded(const char* s, size_t capacity) {
-  return s == nullptr ? std::string() : std::string(s, strnlen(s, capacity - 1));
-}
-
-struct LogStore {
-  std::mutex mutex;
-  std::vector<std::string> lines;
-};
-inline LogStore& log_store() {
-  static LogStore store;
-  return store;
-}
-inline void log(keel_log_level level, const char* origin, const char* message) {
-  static const char* const names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
-  const char* name = level >= KEEL_LOG_DEBUG && level <= KEEL_LOG_ERROR ? names[level] : "?";
-  const std::string line = std::string(name) + " [" +
-                           (origin ? bounded(origin, KEEL_NAME_CAPACITY) : "plugin") + "] " +
-                           bounded(message, KEEL_STRING_CAPACITY);
-  std::lock_guard<std::mutex> lock(log_store().mutex);
-  log_store().lines.push_back(line);
-}
-
-// keel_host.report_error: per thread, the first report since the last take counts.
-inline thread_local std::string reported_error;
-inline thread_local bool reported = false;
-inline void report_error(const char* message) {
-  if (reported) return;
-  reported = true;
-  reported_error = bounded(message, KEEL_ERROR_CAPACITY);
-  if (reported_error.empty()) reported_error = "(no message)";
-}
-inline bool take_reported(std::string& message) {
-  if (!reported) return false;
-  reported = false;
-  message = std::move(reported_error);
-  return true;
-}
-
-inline const keel_host* host() {
-  static const keel_host table = {
-      sizeof(keel_host), KEEL_ABI_MAJOR,        KEEL_ABI_MINOR,     TORCH_VERSION,
-      tensor_dtype,      tensor_ndim,           tensor_size,        tensor_numel,
-      tensor_cpu_data,   tensor_contiguous_cpu, tensor_from_buffer, tensor_retain,
-      tensor_release,    option_bool,           option_int,         option_float,
-      option_string,     option_list_size,      option_list_int,    option_list_float,
-      log,               report_error,
-  };
-  return &table;
-}
+// The given options checked against the component's schema by keel's own option checks
+// (libkeel-host, which the kernel links too: a keel_options as `keel train` builds one for the
+// manifest section [`section`]), every other option at its schema default; throws keel::Error
+// (a std::runtime_error) on the first problem, as `keel train` reports it.
+std::shared_ptr<const keel_options> check_options(const keel_component_desc& c,
+                                                  const Options& given,
+                                                  const std::string& section);
+// The keel_host of the components a test creates (log lines kept: log_lines()).
+const keel_host* host();
+// What a slot passed to keel_host.report_error since the last call, and clears it ("": none).
+std::string take_reported_error();
 
 // ---- instances ------------------------------------------------------------------------------
 template <class Abi>
@@ -543,7 +139,7 @@ KEEL_TESTING_KIND(keel_hook, KEEL_KIND_HOOK);
 
 // What an instance's create context points to, kept for the instance's life.
 struct Keep {
-  OptionValues options;
+  std::shared_ptr<const keel_options> options;
   std::string section, run_dir;
   bool own_run_dir = false;
   NamedTensors params;
@@ -567,15 +163,6 @@ inline std::string temporary_directory() {
 }
 
 }  // namespace detail
-
-inline std::vector<std::string> log_lines() {
-  std::lock_guard<std::mutex> lock(detail::log_store().mutex);
-  return detail::log_store().lines;
-}
-inline void clear_log_lines() {
-  std::lock_guard<std::mutex> lock(detail::log_store().mutex);
-  detail::log_store().lines.clear();
-}
 
 // One component instance (Abi: keel_loss, keel_hook, ...); destroyed with this object.
 template <class Abi>
@@ -619,14 +206,15 @@ class Instance {
   template <class R, class... P, class... A>
   R call(R (*slot)(void*, P...), A&&... args) const {
     if (slot == nullptr) detail::fail(where_ + ": this optional slot is not provided (NULL)");
-    std::string message;
-    detail::take_reported(message);  // drop a report left over from elsewhere
+    detail::take_reported_error();  // drop a report left over from elsewhere
     if constexpr (std::is_void_v<R>) {
       slot(vt_->self, std::forward<A>(args)...);
-      if (detail::take_reported(message)) detail::fail(where_ + ": " + message);
+      const std::string message = detail::take_reported_error();
+      if (!message.empty()) detail::fail(where_ + ": " + message);
     } else {
       R result = slot(vt_->self, std::forward<A>(args)...);
-      if (detail::take_reported(message)) detail::fail(where_ + ": " + message);
+      const std::string message = detail::take_reported_error();
+      if (!message.empty()) detail::fail(where_ + ": " + message);
       return result;
     }
   }
@@ -718,7 +306,7 @@ class Plugin {
                               d_->name + ")";
     auto keep = std::make_shared<detail::Keep>();
     try {
-      keep->options = detail::validate(c, options);
+      keep->options = detail::check_options(c, options, setup.section);
     } catch (const std::exception& e) {
       detail::fail(where + ": " + e.what());
     }
@@ -737,7 +325,7 @@ class Plugin {
     keel_create_context ctx{};
     ctx.struct_size = sizeof ctx;
     ctx.host = detail::host();
-    ctx.options = reinterpret_cast<const keel_options*>(&keep->options);
+    ctx.options = keep->options.get();
     ctx.section = keep->section.c_str();
     ctx.seed = setup.seed;
     ctx.rank = setup.rank;

@@ -14,5 +14,5 @@ TEST_CASE("@{component}: gamma defaults to 0.999 and must lie in [0, 1]") {
   auto scheduler = plugin.create<keel_lr_scheduler>("@{component}");
   CHECK(scheduler.call(scheduler->factor, 1000) == doctest::Approx(std::pow(0.999, 1000)));
   CHECK_THROWS_WITH(plugin.create<keel_lr_scheduler>("@{component}", {{"gamma", 1.5}}),
-                    doctest::Contains("option 'gamma' must be in [0, 1]"));
+                    doctest::Contains("test.gamma: must be in [0, 1], got 1.5"));
 }

@@ -10,5 +10,5 @@ TEST_CASE("@{component}: achieved FLOP/s over peak_tflops * 1e12") {
 
 TEST_CASE("@{component}: peak_tflops is required") {
   CHECK_THROWS_WITH(keel::testing::Plugin(keel_plugin_entry()).create<keel_mfu>("@{component}"),
-                    doctest::Contains("option 'peak_tflops' is required"));
+                    doctest::Contains("[test] needs 'peak_tflops'"));
 }

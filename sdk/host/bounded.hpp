@@ -1,5 +1,5 @@
-// Reading strings a plugin hands the kernel, never past their bound (abi.h: "Strings a plugin
-// hands the kernel are read with a bound").
+// Reading strings a plugin hands the kernel (or keel::testing's host), never past their bound
+// (abi.h: "Strings a plugin hands the kernel are read with a bound").
 #pragma once
 
 #include <cstring>

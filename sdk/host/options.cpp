@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "error.hpp"
-#include "manifest.hpp"
+#include "source.hpp"
 #include "text/text.hpp"
 
 namespace keel {
@@ -146,7 +146,7 @@ std::string absolute_path(const toml::node& n, const std::string& v) {
   fs::path p = v;
   if (p.is_relative()) {
     const std::string file = n.source().path ? *n.source().path : std::string();
-    const bool from_file = !file.empty() && file.rfind("--set ", 0) != 0 && file[0] != '<';
+    const bool from_file = !file.empty() && file.rfind(kSetPrefix, 0) != 0 && file[0] != '<';
     p = (from_file ? fs::path(file).parent_path() : fs::path()) / p;
   }
   std::error_code ec;
