@@ -13,7 +13,7 @@
 # doctest-dev stays in the base set: the build compiles the doctest test executables by default,
 # and without the package meson would download doctest (subprojects/doctest.wrap).
 # The fortunes corpus of configs/char_gpt.toml (not the quickstart): the package is test-only
-# (tests/test_gpt.py); when it is installed, data/fortunes/ is tokenized once after the build
+# (tests/plugins/test_gpt.py); when it is installed, data/fortunes/ is tokenized once after the build
 # (a few seconds), otherwise one line says how to get it.
 set -euo pipefail
 cd "$(dirname "$0")"

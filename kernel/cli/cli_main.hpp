@@ -1,5 +1,5 @@
 // keel's command line as a function: what the `keel` executable runs (kernel/main.cpp), and what
-// the in-process test runner (tests/keel_inproc.cpp) calls once per case.
+// the in-process test runner (tests/cli/keel_inproc.cpp) calls once per case.
 #pragma once
 
 namespace keel {

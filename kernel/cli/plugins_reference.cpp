@@ -1,5 +1,5 @@
 // keel plugins reference: a Markdown reference of every component found on the default search
-// path (docs/components.md is this output for the first-party plugins; tests/test_reference.sh
+// path (docs/components.md is this output for the first-party plugins; tests/cli/test_reference.sh
 // fails when it is stale).
 //
 // The output is deterministic and machine-independent: kinds in the ABI's order (keel_kind),

@@ -16,7 +16,7 @@
 // (kernel/report/vendor/, embedded in keel and inlined into the page with its licence), so the
 // page needs no network and no server. After drawing, the page writes what each chart plotted
 // (series, points, last value; the phase chart's values too) as JSON into <pre id="rendered">
-// and any script error into <pre id="errors">, which tests/test_report.py reads through
+// and any script error into <pre id="errors">, which tests/cli/test_report.py reads through
 // headless Chromium.
 #pragma once
 

@@ -233,7 +233,7 @@ at::Tensor chunk_nll(const at::Tensor& z, const at::Tensor& y, int64_t ignore_in
 //    nothing logits-sized: a peak of 1 L plus the float64 temporaries of one chunk,
 //    a few [chunk, v] tensors of 8-byte values. Without need_grad (evaluation) there is no
 //    buffer at all.
-// tests/test_lm_losses.py measures both peaks (the growth of the process's peak RSS).
+// tests/plugins/test_lm_losses.py measures both peaks (the growth of the process's peak RSS).
 class ChunkedCrossEntropyFn : public torch::autograd::Function<ChunkedCrossEntropyFn> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,

@@ -1,5 +1,5 @@
 // The safetensors header (https://github.com/huggingface/safetensors): parsing and validation,
-// without LibTorch (the plugin, tests/test_safetensors.cpp and tests/fuzz/fuzz_safetensors.cpp
+// without LibTorch (the plugin, tests/unit/test_safetensors.cpp and tests/fuzz/fuzz_safetensors.cpp
 // share it).
 //
 // A file is: 8-byte little-endian header length N, N bytes of JSON header (a UTF-8 object:

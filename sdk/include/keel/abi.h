@@ -471,7 +471,7 @@ typedef struct keel_lr_scheduler {
  *                   highest down and puts the area under the ROC curve of those counts, pairs
  *                   within one bucket counting half (exact up to the buckets' width; none
  *                   without positives or without negatives). Sums of counts, so the ranks'
- *                   shards add up exactly. tests/test_eval_metrics.cpp holds one. */
+ *                   shards add up exactly. tests/unit/test_eval_metrics.cpp holds one. */
 
 /* Largest state a loss may declare for its evaluation metrics (doubles). */
 #define KEEL_METRIC_STATE_CAPACITY 1048576

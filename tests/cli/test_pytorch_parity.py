@@ -15,7 +15,7 @@ the results are still the same floats).
 Usage: test_pytorch_parity.py KEEL_BINARY SOURCE_ROOT
 
 Runs with Debian's /usr/bin/python3 (python3-torch 1.13, the LibTorch build keel links). The
-`safetensors` package is not needed: checkpoints are parsed by hand (tests/safetensors_np.py)."""
+`safetensors` package is not needed: checkpoints are parsed by hand (tests/cli/safetensors_np.py)."""
 import os
 
 # One thread everywhere, as keel runs here: [run] threads = 1 below gives keel one LibTorch
@@ -62,14 +62,14 @@ KEEL, ROOT = sys.argv[1], sys.argv[2]
 HIDDEN = [64, 32]
 
 
-# ---- safetensors, by hand (tests/safetensors_np.py), as torch tensors ----
+# ---- safetensors, by hand (tests/cli/safetensors_np.py), as torch tensors ----
 
 def read_safetensors(path):
     return collections.OrderedDict((name, torch.from_numpy(a.copy()))
                                    for name, a in read_arrays(path).items())
 
 
-# ---- Fashion-MNIST batches (tests/fashion_mnist_torch.py reads and scales the data as the
+# ---- Fashion-MNIST batches (tests/cli/fashion_mnist_torch.py reads and scales the data as the
 # fashion_mnist plugin does) ----
 
 def batches(x, y, batch_size):

@@ -1,5 +1,5 @@
 """The losses of plugins/losses against PyTorch's F.cross_entropy (python3-torch, the same LibTorch
-build), through tests/lm_losses_probe (the plugin loaded with keel/testing.hpp):
+build), through tests/plugins/lm_losses_probe (the plugin loaded with keel/testing.hpp):
 
 - token_cross_entropy and chunked_cross_entropy on [batch, time, vocab] float32 logits: the loss
   and every element of its gradient within 1e-6 (absolute) of F.cross_entropy's over the
@@ -37,7 +37,7 @@ build), through tests/lm_losses_probe (the plugin loaded with keel/testing.hpp):
   only without AddressSanitizer (ASAN_OPTIONS unset): its quarantine keeps freed memory
   resident, so under it the chunked loss's peak measured 3.3 times the logits.
 
-Every other case runs in one `lm_losses_probe --batch` process (tests/probe.hpp), which saves a
+Every other case runs in one `lm_losses_probe --batch` process (tests/plugins/probe.hpp), which saves a
 LibTorch start-up per case; an error case gets its message back from it and the batch goes on.
 All files are in temporary directories (tempfile), so the test can run beside others.
 

@@ -1,7 +1,7 @@
 """The gpt model plugin against a PyTorch reference of the same architecture (nanoGPT's model,
 written below; python3-torch, the same LibTorch build).
 
-Through gpt_probe (tests/gpt_probe.cpp: the plugin's model driven by keel/testing.hpp):
+Through gpt_probe (tests/plugins/gpt_probe.cpp: the plugin's model driven by keel/testing.hpp):
 - logits on a fixed batch, the mean cross-entropy loss and the gradient of that loss w.r.t.
   every parameter agree with the reference loaded with the plugin's weights, each within an
   absolute tolerance of 1e-5 (float32; ATOL): at initialisation (context 32, 3 layers, 4 heads,
@@ -14,7 +14,7 @@ Through gpt_probe (tests/gpt_probe.cpp: the plugin's model driven by keel/testin
   layer for "fused", one softmax node per layer for "reference" and for dropout in training
   mode (the fused attention does not drop attention weights); the cases run on 2 LibTorch
   threads (gpt_probe --threads) unless said, all of them in one `gpt_probe --batch` process
-  (tests/probe.hpp), which a thread drives beside the keel runs below;
+  (tests/plugins/probe.hpp), which a thread drives beside the keel runs below;
 - parameter and state names are the reference's state_dict keys, in its order; lm_head.weight
   is the same tensor (TensorImpl) as transformer.wte.weight and no other parameter is shared,
   and its gradient is the reference's tied gradient (both uses summed);
@@ -468,7 +468,7 @@ type = "jsonl"
     # configs/char_gpt.toml as shipped (on a fresh prepare of the fortunes corpus, 12 steps):
     # it trains, evaluates with bits_per_token = loss / ln 2, and its transformer MFU counts the
     # gpt's parameters but wpe (N = 807808 for vocab 113, width 128, 4 layers, context 128).
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     data = os.path.join(tmp, "fortunes")
     r = subprocess.run([os.path.join(root, "configs", "prepare_fortunes.sh"), KEEL, data],
                        capture_output=True, text=True)

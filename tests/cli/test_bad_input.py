@@ -11,7 +11,7 @@ what applies) and must give
   held before, and the run directory does not exist afterwards (or, when it existed before,
   holds exactly what it held).
 
-The cases run in-process: keel_inproc (tests/keel_inproc.cpp, driven by tests/inproc.py) calls
+The cases run in-process: keel_inproc (tests/cli/keel_inproc.cpp, driven by tests/cli/inproc.py) calls
 keel::cli_main, the function the `keel` executable runs, once per case in a few long-lived
 processes, and reports any process-global state a case left changed (a leak fails the case).
 The cases run as another user (as_nobody) run as keel processes, and so does a fixed sample of

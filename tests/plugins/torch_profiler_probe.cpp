@@ -8,7 +8,7 @@
 //           without operators (the best of 5 rounds of 10^6 pairs each) and prints
 //           "ns_per_pair <with_operators> <without>" (information, not asserted).
 // Any failure prints its message on stderr and exits 1. `torch_profiler_probe --batch` runs
-// many cases (tests/probe.hpp).
+// many cases (tests/plugins/probe.hpp).
 #include "keel/testing.hpp"  // first: see keel/testing.hpp
 
 #include "probe.hpp"

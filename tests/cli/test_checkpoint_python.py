@@ -136,7 +136,7 @@ def mlp(hidden, in_features=784, classes=10):
     return torch.nn.Sequential(layers)
 
 
-# ---- safetensors with json, struct and numpy only: tests/safetensors_np.py ----
+# ---- safetensors with json, struct and numpy only: tests/cli/safetensors_np.py ----
 
 TORCH_DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
                      torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",

@@ -1,5 +1,5 @@
 // Drives the gpt model of the gpt plugin (plugins/gpt) through keel/testing.hpp for
-// tests/test_gpt.py:
+// tests/plugins/test_gpt.py:
 //
 //   gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors [--threads N]
 //             [--perturb STD] [KEY=VALUE]...
@@ -21,7 +21,7 @@
 // "graph" counts the autograd nodes behind the logits whose names contain "CausalAttention"
 // (the plugin's fused attention) or "SoftmaxBackward" (LibTorch's softmax, the reference
 // attention), and N is LibTorch's intra-op thread count the case ran with. Any failure prints
-// its message on stderr and exits 1. `gpt_probe --batch` runs many cases (tests/probe.hpp).
+// its message on stderr and exits 1. `gpt_probe --batch` runs many cases (tests/plugins/probe.hpp).
 #include "keel/testing.hpp"
 
 #include <ATen/Parallel.h>

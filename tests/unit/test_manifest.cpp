@@ -303,7 +303,7 @@ TEST_CASE("only regular files are read: directory, FIFO, device, missing") {
 
 TEST_CASE("an unreadable manifest is named") {
   if (geteuid() == 0) {
-    MESSAGE("skipped: running as root, which reads any file (tests/test_bad_input.py checks "
+    MESSAGE("skipped: running as root, which reads any file (tests/cli/test_bad_input.py checks "
             "this case as user nobody)");
     return;
   }

@@ -1,4 +1,4 @@
-"""One `PROBE --batch` process (tests/probe.hpp), shared by the tests that drive a probe:
+"""One `PROBE --batch` process (tests/plugins/probe.hpp), shared by the tests that drive a probe:
 test_gpt, test_lm_losses, test_tokens and test_torch_profiler."""
 import json
 import subprocess

@@ -4,7 +4,7 @@ trace it writes checked: valid Chrome trace JSON, the phases and the LibTorch op
 chosen steps only, input shapes and FLOPs that match the model, memory events; then, through
 torch_profiler_probe, the fallback when LibTorch's profiler cannot start and the cost of the
 marks outside the step range. Both probe cases run in one `torch_profiler_probe --batch` process
-(tests/probe.hpp); every file is in a temporary directory (tempfile).
+(tests/plugins/probe.hpp); every file is in a temporary directory (tempfile).
 Usage: test_torch_profiler.py KEEL_BINARY SOURCE_ROOT PROBE PROFILER_PLUGIN"""
 import json
 import os

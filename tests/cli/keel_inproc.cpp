@@ -1,6 +1,6 @@
 // keel_inproc: runs keel command lines in this one process through keel::cli_main, the function
 // the `keel` executable runs, so that a catalogue of cases pays LibTorch's start-up once instead
-// of once per case (tests/inproc.py drives it for test_bad_input.py and test_misbehave.py).
+// of once per case (tests/cli/inproc.py drives it for test_bad_input.py and test_misbehave.py).
 //
 // Usage: keel_inproc RESULTS_FD
 // Cases come on stdin, one JSON object a line:

@@ -1,4 +1,4 @@
-// Drives the `tokens` dataset (plugins/tokens) through keel/testing.hpp for tests/test_tokens.py:
+// Drives the `tokens` dataset (plugins/tokens) through keel/testing.hpp for tests/plugins/test_tokens.py:
 // loads the built plugin with dlopen, creates the dataset with the options given, positions it
 // and writes the batches it yields.
 //
@@ -11,7 +11,7 @@
 // order, row-major); stdout gets one JSON line: {"size": .., "batches_per_epoch": ..,
 // "tokens_per_sample": .., "batches": [[samples, tokens, rows, columns], ...]}.
 // Any failure prints its message on stderr and exits 1. `tokens_dump --batch` runs many cases
-// (tests/probe.hpp).
+// (tests/plugins/probe.hpp).
 #include "keel/testing.hpp"
 
 #include "probe.hpp"

@@ -1,5 +1,5 @@
 // Drives a loss of the losses plugin (plugins/losses) through keel/testing.hpp for
-// tests/test_lm_losses.py. Three modes:
+// tests/plugins/test_lm_losses.py. Three modes:
 //
 //   lm_losses_probe PLUGIN.so COMPONENT LOGITS.bin SHAPE TARGETS.bin GRAD.bin [KEY=VALUE]...
 //     Computes the loss of given logits and targets and its backward, and writes the gradient.
@@ -38,7 +38,7 @@
 //
 // KEY=VALUE are the loss's options (integer values). Any failure prints its message on stderr
 // and exits 1. `lm_losses_probe --batch` runs many cases of the first and the `count` and
-// `linear` modes (tests/probe.hpp); the memory modes measure the whole process's peak and so
+// `linear` modes (tests/plugins/probe.hpp); the memory modes measure the whole process's peak and so
 // refuse to run there: each needs a fresh process.
 #include "keel/testing.hpp"
 

@@ -10,7 +10,7 @@
   as documented, token counts are exact, and bad files give one clear error.
 - `keel validate` accepts a manifest whose data is a tokens dataset.
 
-Every tokens_dump case runs in one `tokens_dump --batch` process (tests/probe.hpp); a failing
+Every tokens_dump case runs in one `tokens_dump --batch` process (tests/plugins/probe.hpp); a failing
 case's message comes back from it. Files live in a temporary directory (tempfile).
 
 Usage: test_tokens.py KEEL TOKENS_DUMP PLUGIN.so [unittest args]"""

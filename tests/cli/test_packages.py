@@ -28,7 +28,7 @@ WRONG_ABI = "wrong_abi.so"             # declares ABI major 2
 DEP_PLUGIN = "dep_plugin.so"           # hook dep_hook; needs libkeel_dep_helper.so, RUNPATH $ORIGIN
 HELPER = "libkeel_dep_helper.so"       # its constructor appends "dep_helper 1" to the mark file
 HELPER_V2 = "dep_helper_v2.so"         # the same soname; "dep_helper 2"
-QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
+QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs",
                           "quickstart.toml")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 

@@ -5,7 +5,7 @@ no signal, exactly one stderr line `keel: error: [<section>] <kind> '<name>' (pl
 ...` that names the call and says what was wrong, and no backtrace, std::terminate or internal
 error.
 
-The cases run in-process: keel_inproc (tests/keel_inproc.cpp, driven by tests/inproc.py) calls
+The cases run in-process: keel_inproc (tests/cli/keel_inproc.cpp, driven by tests/cli/inproc.py) calls
 keel::cli_main, the function the `keel` executable runs, once per case in KEEL_TEST_JOBS
 long-lived processes (default: the number of cores), and reports any process-global state a case
 left changed (a leak fails the case). A fixed sample (PROCESS_SAMPLE) also runs as keel

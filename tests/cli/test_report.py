@@ -20,7 +20,7 @@ profiler and a checkpoint), then `keel report`, opened in headless Chromium (Deb
   --output elsewhere, says that both are absent and still renders without errors;
 - a screenshot is kept in the meson build directory (tests/report-screenshot.png).
 The command's bad input (no run directory, no metrics.jsonl, a malformed metrics line) is in
-tests/test_bad_input.py.
+tests/cli/test_bad_input.py.
 
 Skips (exit 77) when /usr/bin/chromium is absent; setup.sh installs it.
 Usage: test_report.py KEEL_BINARY SOURCE_ROOT BUILD_DIR

@@ -1,4 +1,4 @@
-"""Runs keel command lines through keel_inproc (tests/keel_inproc.cpp): many cases in one process
+"""Runs keel command lines through keel_inproc (tests/cli/keel_inproc.cpp): many cases in one process
 through keel::cli_main, the function the `keel` executable runs, instead of one keel process (and
 one LibTorch start-up) per case. Used by test_bad_input.py and test_misbehave.py.
 
