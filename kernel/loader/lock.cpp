@@ -47,6 +47,77 @@ std::string lock_path_for(const std::string& manifest_path) {
   return real.string() + ".lock";
 }
 
+namespace {
+
+// The string `key` of a [[plugin]] or [[plugin.dependencies]] table (`section`), or an error
+// located at the key (or at the table when the key is missing).
+std::string required_string(const toml::table& t, const char* key, const std::string& section,
+                            const std::string& hint) {
+  const toml::node* n = t.get(key);
+  if (!n || !n->is_string())
+    throw Error(where(n ? n->source() : t.source()) + ": " + section + " needs " + key +
+                " = \"...\" (a string)" + hint);
+  return n->as_string()->get();
+}
+
+// One [[plugin.dependencies]] table: name, path and sha256, nothing else.
+LockDependency read_dependency(const toml::node& node, const std::string& hint) {
+  const toml::table* d = node.as_table();
+  if (!d)
+    throw Error(where(node.source()) + ": each of [[plugin]] dependencies must be a table "
+                "(name, path, sha256)" + hint);
+  LockDependency dep;
+  dep.name = required_string(*d, "name", "[[plugin.dependencies]]", hint);
+  dep.path = required_string(*d, "path", "[[plugin.dependencies]]", hint);
+  dep.sha256 = required_string(*d, "sha256", "[[plugin.dependencies]]", hint);
+  if (!is_sha256(dep.sha256))
+    throw Error(where(d->get("sha256")->source()) + ": sha256 must be 64 lowercase hex digits" +
+                hint);
+  for (const auto& [k, v] : *d) {
+    const std::string key(k.str());
+    if (key != "name" && key != "path" && key != "sha256")
+      throw Error(where(k.source()) + ": unknown key '" + key +
+                  "' in [[plugin.dependencies]] (name, path, sha256)" + hint);
+  }
+  return dep;
+}
+
+// One [[plugin]] table: the file's name, version, path and hash, the components it provides
+// and the libraries of its own it loads ([[plugin.dependencies]]).
+LockEntry read_entry(const toml::node& node, const std::string& hint) {
+  const toml::table* t = node.as_table();
+  if (!t) throw Error(where(node.source()) + ": [[plugin]] must be a table" + hint);
+  LockEntry e;
+  e.name = required_string(*t, "name", "[[plugin]]", hint);
+  e.version = required_string(*t, "version", "[[plugin]]", hint);
+  e.path = required_string(*t, "path", "[[plugin]]", hint);
+  e.sha256 = required_string(*t, "sha256", "[[plugin]]", hint);
+  if (!is_sha256(e.sha256))
+    throw Error(where(t->get("sha256")->source()) + ": sha256 must be 64 lowercase hex digits" +
+                hint);
+  if (const toml::array* cs = t->get_as<toml::array>("components"))
+    for (const auto& c : *cs)
+      if (c.is_string()) e.components.push_back(c.as_string()->get());
+  if (const toml::node* deps = t->get("dependencies")) {
+    const toml::array* list = deps->as_array();
+    if (!list)
+      throw Error(where(deps->source()) + ": [[plugin]] dependencies must be an array of " +
+                  "tables ([[plugin.dependencies]])" + hint);
+    for (const auto& dn : *list) e.dependencies.push_back(read_dependency(dn, hint));
+  }
+  for (const auto& [k, v] : *t) {
+    const std::string key(k.str());
+    if (key != "name" && key != "version" && key != "path" && key != "sha256" &&
+        key != "components" && key != "dependencies")
+      throw Error(where(k.source()) + ": unknown key '" + key +
+                  "' in [[plugin]] (name, version, path, sha256, components, dependencies)" +
+                  hint);
+  }
+  return e;
+}
+
+}  // namespace
+
 std::optional<Lock> read_lock(const std::string& manifest_path) {
   const std::string file = lock_path_for(manifest_path);
   std::error_code ec;
@@ -67,72 +138,8 @@ std::optional<Lock> read_lock(const std::string& manifest_path) {
     if (k.str() != "plugin")
       throw Error(where(k.source()) + ": unknown key '" + std::string(k.str()) +
                   "' in a lock file (it holds [[plugin]] tables)" + hint);
-  const toml::array* plugins = root["plugin"].as_array();
-  if (!plugins) return lock;
-  for (const auto& node : *plugins) {
-    const toml::table* t = node.as_table();
-    if (!t) throw Error(where(node.source()) + ": [[plugin]] must be a table" + hint);
-    LockEntry e;
-    auto text = [&](const char* key, std::string* out) {
-      const toml::node* n = t->get(key);
-      if (!n || !n->is_string())
-        throw Error(where(n ? n->source() : t->source()) + ": [[plugin]] needs " + key +
-                    " = \"...\" (a string)" + hint);
-      *out = n->as_string()->get();
-    };
-    text("name", &e.name);
-    text("version", &e.version);
-    text("path", &e.path);
-    text("sha256", &e.sha256);
-    if (!is_sha256(e.sha256))
-      throw Error(where(t->get("sha256")->source()) + ": sha256 must be 64 lowercase hex digits" +
-                  hint);
-    if (const toml::array* cs = t->get_as<toml::array>("components"))
-      for (const auto& c : *cs)
-        if (c.is_string()) e.components.push_back(c.as_string()->get());
-    if (const toml::node* deps = t->get("dependencies")) {
-      const toml::array* list = deps->as_array();
-      if (!list)
-        throw Error(where(deps->source()) + ": [[plugin]] dependencies must be an array of " +
-                    "tables ([[plugin.dependencies]])" + hint);
-      for (const auto& dn : *list) {
-        const toml::table* d = dn.as_table();
-        if (!d)
-          throw Error(where(dn.source()) + ": each of [[plugin]] dependencies must be a table "
-                      "(name, path, sha256)" + hint);
-        LockDependency dep;
-        auto field = [&](const char* key, std::string* out) {
-          const toml::node* n = d->get(key);
-          if (!n || !n->is_string())
-            throw Error(where(n ? n->source() : d->source()) + ": [[plugin.dependencies]] needs " +
-                        key + " = \"...\" (a string)" + hint);
-          *out = n->as_string()->get();
-        };
-        field("name", &dep.name);
-        field("path", &dep.path);
-        field("sha256", &dep.sha256);
-        if (!is_sha256(dep.sha256))
-          throw Error(where(d->get("sha256")->source()) +
-                      ": sha256 must be 64 lowercase hex digits" + hint);
-        for (const auto& [k, v] : *d) {
-          const std::string key(k.str());
-          if (key != "name" && key != "path" && key != "sha256")
-            throw Error(where(k.source()) + ": unknown key '" + key +
-                        "' in [[plugin.dependencies]] (name, path, sha256)" + hint);
-        }
-        e.dependencies.push_back(std::move(dep));
-      }
-    }
-    for (const auto& [k, v] : *t) {
-      const std::string key(k.str());
-      if (key != "name" && key != "version" && key != "path" && key != "sha256" &&
-          key != "components" && key != "dependencies")
-        throw Error(where(k.source()) + ": unknown key '" + key +
-                    "' in [[plugin]] (name, version, path, sha256, components, dependencies)" +
-                    hint);
-    }
-    lock.entries.push_back(std::move(e));
-  }
+  if (const toml::array* plugins = root["plugin"].as_array())
+    for (const auto& node : *plugins) lock.entries.push_back(read_entry(node, hint));
   return lock;
 }
 
