@@ -127,6 +127,13 @@ Version plain(uint64_t major, uint64_t minor, uint64_t patch) {
   return v;
 }
 
+// The comparator's operator (">=", "<=", ">", "<", "=", "^" or "~"), "" for a bare version.
+std::string leading_operator(const std::string& comparator) {
+  for (const char* o : {">=", "<=", ">", "<", "=", "^", "~"})
+    if (comparator.rfind(o, 0) == 0) return o;
+  return "";
+}
+
 }  // namespace
 
 Version Version::parse(const std::string& text) {
@@ -184,74 +191,70 @@ VersionRequirement VersionRequirement::parse(const std::string& text) {
     };
     if (c.empty()) fail("an empty comparator (two commas, or a comma at an end)");
     if (c == "*") continue;
-    size_t op_len = 0;
-    std::string op;
-    for (const char* o : {">=", "<=", ">", "<", "=", "^", "~"})
-      if (c.rfind(o, 0) == 0) {
-        op = o;
-        op_len = op.size();
-        break;
-      }
-    const std::string rest = trim(c.substr(op_len));
+    const std::string op = leading_operator(c);
     Partial p;
     try {
-      p = parse_partial(rest, true);
+      p = parse_partial(trim(c.substr(op.size())), true);
     } catch (const Bad& b) {
       fail(b.why);
     }
     const Version& v = p.v;
     if (!v.pre.empty()) r.pre_allowed_.push_back(plain(v.major, v.minor, v.patch));
-    const uint64_t M = v.major, m = v.minor;
-    auto add = [&](Op o, Version b) { r.bounds_.push_back({o, std::move(b)}); };
-    // The versions that share the parts given: [M.0.0, M+1.0.0) or [M.m.0, M.m+1.0).
-    auto range = [&](int parts) {
-      add(Op::ge, plain(M, parts >= 2 ? m : 0, 0));
-      add(Op::lt, parts >= 2 ? plain(M, m + 1, 0) : plain(M + 1, 0, 0));
-    };
-    // The first version past the parts given (>1.2 means >=1.3.0, <=1.2 means <1.3.0).
-    auto next = [&](int parts) { return parts == 2 ? plain(M, m + 1, 0) : plain(M + 1, 0, 0); };
-    if (op.empty() || op == "=") {
-      if (p.parts == 3)
-        add(Op::eq, v);
-      else
-        range(p.parts);
-    } else if (op == ">") {
-      if (p.parts == 3)
-        add(Op::gt, v);
-      else
-        add(Op::ge, next(p.parts));
-    } else if (op == ">=") {
-      add(Op::ge, p.parts == 3 ? v : plain(M, m, 0));
-    } else if (op == "<") {
-      add(Op::lt, p.parts == 3 ? v : plain(M, m, 0));
-    } else if (op == "<=") {
-      if (p.parts == 3)
-        add(Op::le, v);
-      else
-        add(Op::lt, next(p.parts));
-    } else if (op == "~") {
-      if (p.parts == 3) {
-        add(Op::ge, v);
-        add(Op::lt, plain(M, m + 1, 0));
-      } else {
-        range(p.parts);
-      }
-    } else {  // ^: may change everything right of the leftmost non-zero part given
-      if (p.parts == 1) {
-        range(1);
-      } else if (M > 0) {
-        add(Op::ge, p.parts == 3 ? v : plain(M, m, 0));
-        add(Op::lt, plain(M + 1, 0, 0));
-      } else if (p.parts == 2 || m > 0) {
-        add(Op::ge, p.parts == 3 ? v : plain(0, m, 0));
-        add(Op::lt, plain(0, m + 1, 0));
-      } else {  // ^0.0.K: only 0.0.K (and, when v is a pre-release, 0.0.K's from v on)
-        add(Op::ge, v);
-        add(Op::lt, plain(0, 0, v.patch + 1));
-      }
-    }
+    r.add_bounds(op, v, p.parts);
   }
   return r;
+}
+
+void VersionRequirement::add_bounds(const std::string& op, const Version& v, int parts) {
+  const uint64_t M = v.major, m = v.minor;
+  auto add = [&](Op o, Version b) { bounds_.push_back({o, std::move(b)}); };
+  // The versions that share the parts given: [M.0.0, M+1.0.0) or [M.m.0, M.m+1.0).
+  auto range = [&](int given) {
+    add(Op::ge, plain(M, given >= 2 ? m : 0, 0));
+    add(Op::lt, given >= 2 ? plain(M, m + 1, 0) : plain(M + 1, 0, 0));
+  };
+  // The first version past the parts given (>1.2 means >=1.3.0, <=1.2 means <1.3.0).
+  auto next = [&](int given) { return given == 2 ? plain(M, m + 1, 0) : plain(M + 1, 0, 0); };
+  if (op.empty() || op == "=") {
+    if (parts == 3)
+      add(Op::eq, v);
+    else
+      range(parts);
+  } else if (op == ">") {
+    if (parts == 3)
+      add(Op::gt, v);
+    else
+      add(Op::ge, next(parts));
+  } else if (op == ">=") {
+    add(Op::ge, parts == 3 ? v : plain(M, m, 0));
+  } else if (op == "<") {
+    add(Op::lt, parts == 3 ? v : plain(M, m, 0));
+  } else if (op == "<=") {
+    if (parts == 3)
+      add(Op::le, v);
+    else
+      add(Op::lt, next(parts));
+  } else if (op == "~") {
+    if (parts == 3) {
+      add(Op::ge, v);
+      add(Op::lt, plain(M, m + 1, 0));
+    } else {
+      range(parts);
+    }
+  } else {  // ^: may change everything right of the leftmost non-zero part given
+    if (parts == 1) {
+      range(1);
+    } else if (M > 0) {
+      add(Op::ge, parts == 3 ? v : plain(M, m, 0));
+      add(Op::lt, plain(M + 1, 0, 0));
+    } else if (parts == 2 || m > 0) {
+      add(Op::ge, parts == 3 ? v : plain(0, m, 0));
+      add(Op::lt, plain(0, m + 1, 0));
+    } else {  // ^0.0.K: only 0.0.K (and, when v is a pre-release, 0.0.K's from v on)
+      add(Op::ge, v);
+      add(Op::lt, plain(0, 0, v.patch + 1));
+    }
+  }
 }
 
 bool VersionRequirement::matches(const Version& v) const {

@@ -61,6 +61,10 @@ class VersionRequirement {
     Op op;
     Version v;
   };
+  // Adds the bounds that one comparator stands for: `op` (">=", "^", ...; "" for a bare
+  // version) applied to `v`, of which the first `parts` (1 to 3) were written.
+  void add_bounds(const std::string& op, const Version& v, int parts);
+
   std::string text_;
   std::vector<Bound> bounds_;  // all must hold
   // MAJOR.MINOR.PATCH of each comparator that names a pre-release: a pre-release version
