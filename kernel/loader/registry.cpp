@@ -232,6 +232,27 @@ int load_descriptor(int memfd, const std::string& sha256) {
   return memfd;
 }
 
+// Why another user could change what `path` names (safe_path.hpp's rule), or why `path` no
+// longer names the file opened as `opened`: "" when neither.
+std::string replaced_or_writable(const std::string& path, const struct stat& opened) {
+  struct stat named;
+  std::string bad = unsafe_path(path, false, &named);
+  if (bad.empty() && (named.st_dev != opened.st_dev || named.st_ino != opened.st_ino))
+    bad = "its path named another file when it was checked than when it was opened";
+  return bad;
+}
+
+// The libraries the plugin in `memfd` (found at `path`) brings with it, into `deps`: "" or why
+// they cannot be found or trusted.
+std::string plugin_dependencies(int memfd, const std::string& path, bool strict,
+                                std::vector<Dependency>* deps) {
+  std::error_code ec;
+  const std::string origin = fs::canonical(path, ec).parent_path().string();
+  if (ec) return "cannot resolve its path: " + ec.message();
+  const std::string bad = find_dependencies(memfd, origin, strict, deps);
+  return bad.empty() ? "" : "not loaded: " + bad;
+}
+
 }  // namespace
 
 Registry::~Registry() = default;
@@ -245,13 +266,9 @@ bool Registry::load_checked(const std::string& path, int fd) {
   if (fstat(fd, &st) != 0) return refuse(std::string("cannot stat it: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return refuse("not a regular file", false);
   // 1. Nobody else can have changed it, or what its path names.
-  if (!allow_writable_) {
-    struct stat named;
-    std::string bad = unsafe_path(path, false, &named);
-    if (bad.empty() && (named.st_dev != st.st_dev || named.st_ino != st.st_ino))
-      bad = "its path named another file when it was checked than when it was opened";
-    if (!bad.empty()) return refuse("not loaded: " + bad + kWritableHint);
-  }
+  if (!allow_writable_)
+    if (const std::string bad = replaced_or_writable(path, st); !bad.empty())
+      return refuse("not loaded: " + bad + kWritableHint);
   // 2. A copy nobody can change: everything below checks, hashes and loads that.
   std::string copy_error;
   UniqueFd copy(sealed_copy(fd, fs::path(path).filename().string(), !allow_writable_, &copy_error));
@@ -279,13 +296,9 @@ bool Registry::load_checked(const std::string& path, int fd) {
   }
   // 5. The libraries it brings with it.
   std::vector<Dependency> deps;
-  {
-    std::error_code ec;
-    const std::string origin = fs::canonical(path, ec).parent_path().string();
-    if (ec) return refuse("cannot resolve its path: " + ec.message());
-    const std::string bad = find_dependencies(memfd, origin, !allow_writable_, &deps);
-    if (!bad.empty()) return refuse("not loaded: " + bad);
-  }
+  if (const std::string bad = plugin_dependencies(memfd, path, !allow_writable_, &deps);
+      !bad.empty())
+    return refuse(bad);
   struct DepCloser {
     std::vector<Dependency>* deps;
     ~DepCloser() {
@@ -308,16 +321,23 @@ bool Registry::load_checked(const std::string& path, int fd) {
   p->name = bounded(p->descriptor->name, KEEL_NAME_CAPACITY);
   p->version = bounded(p->descriptor->version);
   p->description = bounded(p->descriptor->description);
+  // 7. One plugin per name.
+  if (std::string bad = admit(p, comps); !bad.empty()) return refuse(bad);
+  return true;
+}
+
+std::string Registry::admit(std::unique_ptr<LoadedPlugin>& p,
+                            std::vector<std::unique_ptr<Component>>& comps) {
   for (const auto& other : plugins_)
     if (other->name == p->name) {
-      shadowed_.push_back({p->name, p->version, path, other.get()});
-      return refuse("plugin '" + p->name + "' " + p->version + " is already loaded from " +
-                    other->path + " (version " + other->version + "); hint: remove one of the "
-                    "two files from the search path");
+      shadowed_.push_back({p->name, p->version, p->path, other.get()});
+      return "plugin '" + p->name + "' " + p->version + " is already loaded from " +
+             other->path + " (version " + other->version + "); hint: remove one of the two "
+             "files from the search path";
     }
   for (auto& c : comps) components_.push_back(std::move(c));
   plugins_.push_back(std::move(p));
-  return true;
+  return "";
 }
 
 std::string Registry::open_plugin(LoadedPlugin& p, int load_fd,

@@ -165,6 +165,11 @@ class Registry {
                            const LockEntry** locked, std::string* changed_plugin) const;
   // Whether the locked plugin `locked` may load its library `d`: "" or the refusal.
   std::string dependency_lock_problem(const LockEntry* locked, const Dependency& d) const;
+  // Takes the loaded plugin `p` and its components `comps` into the registry: "" or, when a
+  // plugin of the same name is already loaded, the refusal (`p` is then recorded in shadowed()
+  // and left with the caller).
+  std::string admit(std::unique_ptr<LoadedPlugin>& p,
+                    std::vector<std::unique_ptr<Component>>& comps);
 
   std::vector<std::unique_ptr<LoadedPlugin>> plugins_;
   std::vector<std::unique_ptr<Component>> components_;
