@@ -256,11 +256,9 @@ void move_into_place(ScratchDir& staging, const std::string& target, const std::
 
 namespace {
 
-InstalledPackage install(const std::string& package, const std::string& root_in, bool force,
-                         bool* replaced) {
-  if (replaced) *replaced = false;
-  const std::string source = absolute_path(package);
-  const std::string root = absolute_path(root_in);
+// Whether `package` (`source`, made absolute) is a package directory, else a file (a .tar.gz);
+// an error when it is missing or neither.
+bool is_package_dir(const std::string& package, const std::string& source) {
   struct stat st;
   if (::stat(source.c_str(), &st) != 0) {
     if (errno == ENOENT)
@@ -274,37 +272,55 @@ InstalledPackage install(const std::string& package, const std::string& root_in,
     throw Error(package +
                 ": neither a directory nor a file; hint: name a package directory or "
                 ".tar.gz made by `keel plugins pack`");
+  return is_dir;
+}
+
+// Copies the package directory `source`, or extracts the tarball `source`, into `staging`.
+// Returns the staged package's name for messages: `named`, or `named:TOP` for a tarball whose
+// top-level directory is TOP.
+std::string stage_package(const std::string& package, const std::string& source, bool is_dir,
+                          const std::string& staging, const std::string& named) {
+  if (!is_dir) return named + ":" + extract_package(source, staging, named);
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(source, ec); !ec && it != fs::end(it); it.increment(ec))
+    copy_file(it->path().string(), staging + "/" + it->path().filename().string());
+  if (ec)
+    throw Error(package + ": cannot read it: " + ec.message() + "; hint: check its permissions");
+  return named;
+}
+
+// Each plugin's own libraries, found as the loader will find them (loader/dependencies.hpp): a
+// RUNPATH that is relative, leaves the package through $ORIGIN, or names a directory that is
+// missing or that another user can write would let that user's code in later.
+void check_plugin_libraries(const PackageInfo& info, const std::string& staging,
+                            const std::string& shown) {
+  for (const auto& [file, sha256] : info.files) {
+    UniqueFd fd(::open((staging + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (fd.get() < 0) sys_fail("opening", shown + "/" + file, errno);
+    const std::string bad = install_dependency_problem(fd.get(), staging);
+    if (!bad.empty()) throw Error(text::one_line(shown + "/" + file + ": not installed: " + bad));
+  }
+}
+
+InstalledPackage install(const std::string& package, const std::string& root_in, bool force,
+                         bool* replaced) {
+  if (replaced) *replaced = false;
+  const std::string source = absolute_path(package);
+  const std::string root = absolute_path(root_in);
+  const bool is_dir = is_package_dir(package, source);
   // A directory package is checked where it is, before anything is created or copied (and its
   // copy again, below).
-  std::string shown = package;  // as the user named it, for messages
-  while (shown.size() > 1 && shown.back() == '/') shown.pop_back();
-  if (is_dir) verify_package_dir(source, shown);
+  std::string named = package;  // as the user named it, for messages
+  while (named.size() > 1 && named.back() == '/') named.pop_back();
+  if (is_dir) verify_package_dir(source, named);
 
   CreatedDirs created;
   make_dirs(root, created);
   ScratchDir staging(root, ".keel-install-");
-  const std::string named = shown;
-  if (is_dir) {
-    std::error_code ec;
-    for (auto it = fs::directory_iterator(source, ec); !ec && it != fs::end(it); it.increment(ec))
-      copy_file(it->path().string(), staging.path() + "/" + it->path().filename().string());
-    if (ec)
-      throw Error(package + ": cannot read it: " + ec.message() + "; hint: check its permissions");
-  } else {
-    const std::string top = extract_package(source, staging.path(), named);
-    shown = named + ":" + top;
-  }
+  const std::string shown = stage_package(package, source, is_dir, staging.path(), named);
   const LocatedPackageInfo l = verify_package_dir(staging.path(), shown);
   const PackageInfo& info = l.info;
-  // Each plugin's own libraries, found as the loader will find them (loader/dependencies.hpp): a
-  // RUNPATH that is relative, leaves the package through $ORIGIN, or names a directory that is
-  // missing or that another user can write would let that user's code in later.
-  for (const auto& [file, sha256] : info.files) {
-    UniqueFd fd(::open((staging.path() + "/" + file).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (fd.get() < 0) sys_fail("opening", shown + "/" + file, errno);
-    const std::string bad = install_dependency_problem(fd.get(), staging.path());
-    if (!bad.empty()) throw Error(text::one_line(shown + "/" + file + ": not installed: " + bad));
-  }
+  check_plugin_libraries(info, staging.path(), shown);
   const std::string expected_top = info.name + "-" + info.version;
   if (!is_dir && shown != named + ":" + expected_top)
     fail_at(named,
