@@ -124,9 +124,8 @@ void write_replacing(const std::string& path, const std::string& data) {
   }
 }
 
-}  // namespace
-
-int prepare(const PrepareArgs& args) {
+// The level --level names ("char" when not given), after checking the arguments.
+std::string checked_level(const PrepareArgs& args) {
   const std::string example = "keel prepare input.txt --output data/";
   if (args.positional.empty())
     throw UsageError("keel prepare: needs an INPUT text file; hint: " + example, "prepare");
@@ -140,9 +139,11 @@ int prepare(const PrepareArgs& args) {
   if (level != "char" && level != "byte")
     throw UsageError("--level " + level + ": not a level; hint: use --level char (one token per "
                      "UTF-8 character) or --level byte (one per byte)", "prepare");
-  const std::string& input = args.positional[0];
-  const std::string& dir = *args.output;
+  return level;
+}
 
+// The text of the file `input`, which must be a regular file and not empty.
+std::string read_input(const std::string& input) {
   struct stat st {};
   if (::stat(input.c_str(), &st) != 0)
     throw Error(input + ": cannot open the text file (" + std::strerror(errno) +
@@ -150,33 +151,55 @@ int prepare(const PrepareArgs& args) {
   if (!S_ISREG(st.st_mode))
     throw Error(input + ": is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
                 "; hint: name a text file");
-  const std::string text =
+  std::string text =
       add_hint([&] { return read_file(input); }, [](int) { return "check its permissions"; });
   if (text.empty())
     throw Error(input + ": is empty, so there are no tokens to write; hint: name a non-empty "
                 "text file");
+  return text;
+}
+
+struct Tokens {
+  std::vector<uint32_t> ids;
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::array();  // the text of each id
+};
+
+// `text` (read from `input`) as ids: one per byte (a vocabulary of all 256), or one per
+// character (a vocabulary of the characters it holds, by code point).
+Tokens tokenize(const std::string& text, const std::string& level, const std::string& input) {
+  Tokens t;
+  if (level == "byte") {
+    t.ids.assign(reinterpret_cast<const unsigned char*>(text.data()),
+                 reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+    for (uint32_t b = 0; b < 256; ++b) t.vocab.push_back(utf8(b));
+    return t;
+  }
+  t.ids = decode_utf8(text, input);
+  std::vector<uint32_t> id_of(kCodePoints, 0);
+  std::vector<char> seen(kCodePoints, 0);
+  for (const uint32_t cp : t.ids) seen[cp] = 1;
+  uint32_t next = 0;
+  for (uint32_t cp = 0; cp < kCodePoints; ++cp)
+    if (seen[cp]) {
+      id_of[cp] = next++;
+      t.vocab.push_back(utf8(cp));
+    }
+  for (uint32_t& id : t.ids) id = id_of[id];
+  return t;
+}
+
+}  // namespace
+
+int prepare(const PrepareArgs& args) {
+  const std::string level = checked_level(args);
+  const std::string& input = args.positional[0];
+  const std::string& dir = *args.output;
+  const std::string text = read_input(input);
 
   // Ids and vocabulary.
-  std::vector<uint32_t> ids;
-  nlohmann::ordered_json vocab = nlohmann::ordered_json::array();
-  if (level == "byte") {
-    ids.assign(reinterpret_cast<const unsigned char*>(text.data()),
-               reinterpret_cast<const unsigned char*>(text.data()) + text.size());
-    for (uint32_t b = 0; b < 256; ++b) vocab.push_back(utf8(b));
-  } else {
-    ids = decode_utf8(text, input);
-    std::vector<uint32_t> id_of(kCodePoints, 0);
-    std::vector<char> seen(kCodePoints, 0);
-    for (const uint32_t cp : ids) seen[cp] = 1;
-    uint32_t next = 0;
-    for (uint32_t cp = 0; cp < kCodePoints; ++cp)
-      if (seen[cp]) {
-        id_of[cp] = next++;
-        vocab.push_back(utf8(cp));
-      }
-    for (uint32_t& id : ids) id = id_of[id];
-  }
-  const size_t size = vocab.size();
+  Tokens tokens = tokenize(text, level, input);
+  const std::vector<uint32_t>& ids = tokens.ids;
+  const size_t size = tokens.vocab.size();
   const int bytes = size <= 65536 ? 2 : 4;
   const std::string dtype = bytes == 2 ? "uint16" : "uint32";
   std::string data;
@@ -190,7 +213,7 @@ int prepare(const PrepareArgs& args) {
   meta["dtype"] = dtype;
   meta["size"] = size;
   meta["tokens"] = ids.size();
-  meta["vocab"] = std::move(vocab);
+  meta["vocab"] = std::move(tokens.vocab);
 
   std::error_code ec;
   fs::create_directories(dir, ec);
