@@ -230,7 +230,9 @@ void create_hooks(Run& run) {
   Parameters& p = run.parameters;
   std::map<std::string, std::string> stateful_labels;  // label -> section
   for (const ComponentSpec* h : order) {
-    run.components.hooks.push_back(make_instance<keel_hook>(run, *h));
+    keel_create_context ctx = context(run, *h);
+    ctx.host = hook_host(*h);  // its log lines name it by its label
+    run.components.hooks.push_back(create_instance<keel_hook>(*h->component, ctx));
     const auto& hook = run.components.hooks.back();
     if (!KEEL_HAS_SLOT(hook, keel_hook, state_count) || !KEEL_HAS_SLOT(hook, keel_hook, state))
       continue;

@@ -163,6 +163,21 @@ TEST_CASE("a run stopped at an end-of-epoch evaluation records its last steps") 
   CHECK(records[records.size() - 2].rfind("{\"split\": \"test\", \"step\": 16,", 0) == 0);
 }
 
+// The plugin logs under its section (the SDK's default origin); the kernel names the hook as the
+// user does: its label, else its type, not its position "hooks[0]".
+TEST_CASE("the stop's log line names the hook by its label, else its type") {
+  for (const auto& [label, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"label = \"stopper\"\n", "[stopper]"}, {"", "[early_stopping]"}}) {
+    CAPTURE(shown);
+    TempDir d;
+    train(manifest(d, label + "patience = 0"), {"train.epochs=30", "optimizer.lr=0"});
+    const std::string log = keel_test::read(d.path / "run/run.log");
+    CHECK(log.find("] [info] " + shown + " stopping: test loss has not improved on ") !=
+          std::string::npos);
+    CHECK(log.find("[hooks[") == std::string::npos);
+  }
+}
+
 TEST_CASE("a run started from a checkpoint goes on counting from the saved state") {
   TempDir d;
   const fs::path p = manifest(d, "patience = 5\n[checkpoint]\ntype = \"safetensors\"");

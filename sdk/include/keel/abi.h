@@ -170,8 +170,9 @@ typedef struct keel_host {
   int (*option_list_float)(const keel_options* o, const char* key, int64_t index, double* out);
 
   /* Writes one line to the run's log, prefixed with "[origin] " (normally the component's
-   * section); NULL reads as "plugin". (1.6) An empty `origin` writes the line without a prefix
-   * (a sink whose lines are the run's own output). */
+   * section; a hook's section is shown as its label, else its type); NULL reads as "plugin".
+   * (1.6) An empty `origin` writes the line without a prefix (a sink whose lines are the run's
+   * own output). */
   void (*log)(keel_log_level level, const char* origin, const char* message);
 
   /* (1.2) Reports that the slot now running failed, for slots that have no keel_error (e.g.

@@ -147,7 +147,8 @@ class Context {
   const keel_create_context* raw_;
 };
 
-// Logs through the host, prefixed with the component's manifest section (or another origin).
+// Logs through the host, prefixed with the component's manifest section (a hook's is shown as
+// its label, else its type) or another origin.
 // Keep one as a member to log after construction.
 class Logger {
  public:
