@@ -5,6 +5,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -56,7 +57,8 @@ void check_manifest_changes(const Run& run, const std::string& saved) {
 void adopt_resume_point(Run& run) {
   ResumePoint& resume = run.resume;
   const fs::path meta_path = fs::path(resume.dir) / "trainer_state.toml";
-  resume.meta = read_checkpoint_meta(read_file(meta_path.string()), meta_path.string());
+  resume.meta =
+      read_checkpoint_meta(read_resume_file(resume.dir, "trainer_state.toml"), meta_path.string());
   if (resume.meta.step != resume.record.step || resume.meta.run_id != resume.record.run_id)
     throw Error(meta_path.string() + ": step and run_id differ from its commit record; hint: "
                 "the checkpoint is damaged, resume from another one");
@@ -69,8 +71,7 @@ void adopt_resume_point(Run& run) {
                 "continues it exactly; hint: launch " + std::to_string(saved_by) +
                 " process(es) (torchrun --nproc_per_node=" + std::to_string(saved_by) +
                 "), or start a new run from its weights with [checkpoint] init_from");
-  check_manifest_changes(run,
-                         read_file((fs::path(resume.dir) / "manifest.resolved.toml").string()));
+  check_manifest_changes(run, read_resume_file(resume.dir, "manifest.resolved.toml"));
   const auto now = plugin_versions(run);
   for (const auto& [name, version] : resume.meta.plugins)
     for (const auto& [n, v] : now)
@@ -240,6 +241,15 @@ void choose_resume_point(Run& run) {
   run.resume.dir = dir;
   run.resume.record = read_commit_file(dir);
   adopt_resume_point(run);
+}
+
+std::string read_resume_file(const std::string& dir, const std::string& name) {
+  return add_hint([&] { return read_file((fs::path(dir) / name).string()); }, [](int code) {
+    return code == EACCES || code == EPERM
+               ? "check its permissions: every process of the run reads it"
+               : "the checkpoint is incomplete or damaged, resume from another one (--resume "
+                 "PATH)";
+  });
 }
 
 void load_resume_point(Run& run) {

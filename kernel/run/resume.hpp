@@ -34,4 +34,8 @@ void check_model_tensors(const Run& run, const CommitRecord& rec, const std::str
                          const TensorList& into, const std::string& hint);
 void load_hook_state(Run& run, const CommitRecord& rec, const std::string& dir);
 
+// The file `name` of the checkpoint `dir` that a run resumes (trainer_state.toml,
+// manifest.resolved.toml); a read that fails is an error line with a hint.
+std::string read_resume_file(const std::string& dir, const std::string& name);
+
 }  // namespace keel

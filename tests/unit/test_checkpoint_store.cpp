@@ -19,6 +19,7 @@
 #include "checkpoint/store.hpp"
 #include "keel/tensor.hpp"
 #include "run/checkpoint_backend.hpp"
+#include "run/resume.hpp"
 #include "run_dir.hpp"
 #include "support.hpp"
 
@@ -150,6 +151,29 @@ TEST_CASE("verification names the damaged file: a flipped byte, a truncation, a 
   const auto listed = keel::CheckpointStore::list(f.d.path.string());
   REQUIRE(listed.size() == 1);
   CHECK(listed[0].dir == dir.string());
+}
+
+// --resume reads trainer_state.toml and manifest.resolved.toml after rank 0 verified the
+// checkpoint (another rank reads them unverified): a read that fails still says what to do.
+TEST_CASE("a resumed checkpoint's file that cannot be read: the error line has a hint") {
+  Fixture f;
+  auto store = f.store("run-a");
+  const fs::path dir = store.save(snap(1));
+  CHECK(keel::read_resume_file(dir.string(), "trainer_state.toml") ==
+        keel_test::read(dir / "trainer_state.toml"));
+  fs::remove(dir / "trainer_state.toml");
+  fs::remove(dir / "manifest.resolved.toml");
+  fs::create_directory(dir / "manifest.resolved.toml");  // opens, but read() fails (EISDIR)
+  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+           {"trainer_state.toml", "opening " + (dir / "trainer_state.toml").string() +
+                                      " failed: No such file or directory"},
+           {"manifest.resolved.toml", "reading " + (dir / "manifest.resolved.toml").string() +
+                                          " failed: Is a directory"}}) {
+    CAPTURE(name);
+    CHECK(keel_test::error_of([&] { keel::read_resume_file(dir.string(), name); }) ==
+          what + "; hint: the checkpoint is incomplete or damaged, resume from another one "
+                 "(--resume PATH)");
+  }
 }
 
 TEST_CASE("a failed save leaves committed checkpoints alone and nothing half-written") {
