@@ -87,7 +87,7 @@ RunKeys run_section(const Manifest& m) {
 }
 
 TrainKeys train_section(const Manifest& m, const RunKeys& run) {
-  const TrainKeys train = kernel_section(m, train_keys());
+  TrainKeys train = kernel_section(m, train_keys());
   // Where a [train] key was set (the file that set it, or --set), else [train] or the file.
   const auto train_where = [&](const char* key) {
     const toml::table* t = written(m, "train");
@@ -108,6 +108,14 @@ TrainKeys train_section(const Manifest& m, const RunKeys& run) {
     throw Error(train_where("precision") + ": \"fp16\" (with loss scaling) runs only on CUDA, "
                 "and run.device = \"cpu\"; hint: set [run] device = \"cuda\", or use "
                 "precision = \"bf16\"");
+  if (train.global_batch > 0) {
+    train.global_batch_where = train_where("global_batch");
+    const toml::table* t = written(m, "train");
+    if (t && t->get("grad_accum"))
+      throw Error(train_where("grad_accum") + ": grad_accum and global_batch are both set; "
+                  "with global_batch the micro-batches per step are derived from it, batch_size "
+                  "and the number of ranks; hint: remove grad_accum");
+  }
   return train;
 }
 

@@ -171,6 +171,13 @@ const KeyTable<TrainKeys>& train_keys() {
           opt_int("max_tokens", "0", "training tokens to consume (0: no limit)", 0, 9e15), kSafe),
       key(&S::grad_accum, opt_int("grad_accum", "1", "micro-batches per optimizer step", 1, 1e6),
           kBreaks),
+      key(&S::global_batch,
+          opt_int("global_batch", "0",
+                  "samples per optimizer step over all ranks: [data.train] batch_size is then "
+                  "the micro-batch and grad_accum = global_batch / (batch_size x ranks) (0: "
+                  "batch_size x grad_accum x ranks)",
+                  0, 1e12),
+          kBreaks),
       key(&S::accum_normalization,
           opt_string("accum_normalization", "\"auto\"",
                      "auto: by item count when the loss reports one, else mean over micro-batches",

@@ -39,6 +39,11 @@ struct TrainKeys {
   int64_t max_samples = 0;
   int64_t max_tokens = 0;
   int64_t grad_accum = 0;  // micro-batches per optimizer step
+  // Samples per optimizer step over all ranks (0: not given). When given, [data.train]
+  // batch_size is the micro-batch and the run derives the micro-batches per rank and step
+  // (run/assemble.cpp: StepPlan::grad_accum).
+  int64_t global_batch = 0;
+  std::string global_batch_where;  // not a row: where global_batch was set (resolve), for errors
   AccumNorm accum_normalization = AccumNorm::kAuto;
   Precision precision = Precision::kFp32;
   NonFinite nonfinite = NonFinite::kError;

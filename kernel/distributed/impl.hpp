@@ -19,6 +19,7 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   int64_t shared = 0;  // share() calls so far: each gets its own store key
+  int64_t issued = 0;  // collectives issued so far (all kinds): ProcessGroup::collectives_issued
 
   // keel::Error for a failed collective `what`, with the engine's first line `why`.
   Error failure(const std::string& what, const std::string& why) const;

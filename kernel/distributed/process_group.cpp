@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "distributed/collectives.hpp"
 #include "distributed/impl.hpp"
 #include "error.hpp"
 
@@ -107,11 +108,19 @@ Error ProcessGroup::failure(const std::string& what, const std::string& why) con
 
 const std::string& ProcessGroup::backend_name() const { return impl_->backend; }
 
+int64_t ProcessGroup::collectives_issued() const { return impl_->issued; }
+
+Collectives& ProcessGroup::collectives() {
+  if (!collectives_) collectives_ = std::make_unique<Collectives>(*this);
+  return *collectives_;
+}
+
 std::vector<double> ProcessGroup::Impl::reduce(std::vector<double> values, c10d::ReduceOp op,
                                                const std::string& what) {
   if (values.empty()) return values;
   at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(comm);
   guarded(what, [&] {
+    issued += 1;
     std::vector<at::Tensor> v{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op;
@@ -138,11 +147,13 @@ void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors, const std::
   if (tensors.empty()) return;
   impl_->guarded(what, [&] {
     at::NoGradGuard no_grad;  // parameters are leaves that require grad
+    impl_->issued += 1;
     c10d::broadcast_coalesced(impl_->pg, tensors, 256 << 20, 0);
   });
 }
 
 void ProcessGroup::verify_same(const std::vector<at::Tensor>& tensors, const std::string& what) {
+  impl_->issued += 1;
   try {
     c10d::verify_params_across_processes(impl_->pg, tensors, c10::nullopt);
   } catch (const c10::Error& e) {

@@ -21,6 +21,8 @@
 
 namespace keel {
 
+class Collectives;  // distributed/collectives.hpp
+
 struct DistributedOptions {
   std::chrono::seconds timeout{300};  // [distributed] timeout_s
   std::string backend = "auto";       // "auto" (NCCL for CUDA, else Gloo), "gloo", "nccl"
@@ -39,6 +41,13 @@ class ProcessGroup {
 
   const DistributedOptions& options() const { return options_; }
   const std::string& backend_name() const;
+
+  // Reduce-scatter, all-gather and exchange over this group (distributed/collectives.hpp).
+  Collectives& collectives();
+  // Collectives issued so far by this process: sum, max, any, all, broadcast, verify_same and
+  // Collectives' operations (not the gradient reducer's all-reduces, nor share and gather,
+  // which go through the store).
+  int64_t collectives_issued() const;
 
   // Element-wise sum / max of `values` over all ranks. `what` names the operation in errors.
   std::vector<double> sum(std::vector<double> values, const std::string& what);
@@ -67,6 +76,7 @@ class ProcessGroup {
   Launch launch_;
   DistributedOptions options_;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Collectives> collectives_;
 };
 
 }  // namespace keel

@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <variant>
 
 #include "distributed/on_rank0.hpp"
 #include "keel/tensor.hpp"
@@ -99,7 +102,8 @@ void open_run_directory(Run& run, bool validate_only) {
 int64_t plan_length(const Run& run, int64_t batches) {
   const RunConfig& config = run.config;
   const Instance<keel_dataset>& data = run.components.train_data;
-  const int64_t steps_per_epoch = (batches + config.train.grad_accum - 1) / config.train.grad_accum;
+  const int64_t accum = run.plan.grad_accum;
+  const int64_t steps_per_epoch = (batches + accum - 1) / accum;
   std::vector<int64_t> plans;
   if (config.train.epochs > 0) plans.push_back(config.train.epochs * steps_per_epoch);
   if (config.train.max_steps > 0) plans.push_back(config.train.max_steps);
@@ -110,7 +114,7 @@ int64_t plan_length(const Run& run, int64_t batches) {
                        "; train.max_samples needs the samples per epoch");
     // Samples of all ranks per optimizer step (size and batches are this rank's shard's).
     const double per_step =
-        static_cast<double>(size) / batches * config.train.grad_accum * run.ranks.world;
+        static_cast<double>(size) / batches * accum * run.ranks.world;
     plans.push_back(static_cast<int64_t>(std::ceil(config.train.max_samples / per_step)));
   }
   if (config.train.max_tokens > 0) {
@@ -120,8 +124,8 @@ int64_t plan_length(const Run& run, int64_t batches) {
                             : 0;
     const int64_t size = data.get("size", data->size);
     if (tps > 0 && size > 0) {
-      const double per_step = static_cast<double>(size) / batches * config.train.grad_accum *
-                              run.ranks.world * static_cast<double>(tps);
+      const double per_step = static_cast<double>(size) / batches * accum * run.ranks.world *
+                              static_cast<double>(tps);
       plans.push_back(static_cast<int64_t>(std::ceil(config.train.max_tokens / per_step)));
     } else {
       spdlog::warn("{}: does not report a fixed number of tokens per sample, so train.max_tokens "
@@ -131,6 +135,31 @@ int64_t plan_length(const Run& run, int64_t batches) {
     }
   }
   return plans.empty() ? 0 : *std::min_element(plans.begin(), plans.end());
+}
+
+// The micro-batches per rank and step: [train] grad_accum, or with [train] global_batch,
+// global_batch / ([data.train] batch_size x `world` ranks), which must divide exactly.
+int64_t micro_batches_per_step(const RunConfig& config, int world) {
+  const TrainKeys& train = config.train;
+  if (train.global_batch <= 0) return train.grad_accum;
+  const std::string at = train.global_batch_where;
+  const auto b = config.train_data.options.values.find("batch_size");
+  if (b == config.train_data.options.values.end() || !std::holds_alternative<int64_t>(b->second))
+    throw Error(at + " = " + std::to_string(train.global_batch) + " needs an integer batch_size "
+                "option of [data.train] (the micro-batch), and its dataset has none; hint: "
+                "remove global_batch and set grad_accum");
+  const int64_t batch = std::get<int64_t>(b->second);
+  const int64_t per_pass = batch * world;
+  if (batch <= 0 || train.global_batch % per_pass != 0)
+    throw Error(at + " = " + std::to_string(train.global_batch) + " is not a multiple of "
+                "[data.train] batch_size " + std::to_string(batch) + " x " +
+                std::to_string(world) + " rank(s) = " + std::to_string(per_pass) + "; hint: "
+                "make global_batch a multiple of " + std::to_string(per_pass) + ", or change "
+                "batch_size");
+  const int64_t accum = train.global_batch / per_pass;
+  spdlog::info("train.global_batch = {}: {} micro-batch(es) of {} per rank and step, on {} "
+               "rank(s)", train.global_batch, accum, batch, world);
+  return accum;
 }
 
 // Data (the test split only when the run evaluates), and the run's planned length.
@@ -300,6 +329,12 @@ void assemble(Run& run, const RunConfig& config, bool validate_only,
               const std::optional<Launch>& launch) {
   run.config = config;
   join_ranks(run, launch);
+  // `keel validate` runs alone (no process group); under a launcher it checks global_batch
+  // against the launcher's number of ranks.
+  const std::optional<Launch> launched =
+      validate_only && config.train.global_batch > 0 ? detect_launch() : std::nullopt;
+  run.plan.grad_accum =
+      micro_batches_per_step(config, launched ? launched->world_size : run.ranks.world);
   open_run_directory(run, validate_only);
   run.run_id = on_rank0(run.ranks.group.get(), run.ranks.rank, "choose the run id",
                         [] { return random_token(); });

@@ -89,9 +89,14 @@ struct Parameters {
 // How training steps run, decided at assembly.
 struct StepPlan {
   int64_t total_steps = 0;       // the planned length (0: unknown), for schedules and progress
+  // Micro-batches per rank and optimizer step: [train] grad_accum, or derived from
+  // [train] global_batch (global_batch / (batch_size x ranks)).
+  int64_t grad_accum = 1;
   double flops_per_sample = 0;   // the model's (0: unknown)
   double mfu_peak = 0;           // FLOP/s the mfu divides by (keel_mfu.peak_flops), 0: not reported
-  bool items_normalization = false;  // micro-batches weighted by their items (count_items)
+  // Micro-batches weighted by their items (count_items); with several ranks, by their share of
+  // the items of every rank's micro-batches of the step (run/step.cpp).
+  bool items_normalization = false;
   // Training steps compute the loss from the model's features and output weight (model
   // forward_features and loss compute_linear, ABI 1.5) instead of forward and compute.
   bool linear_loss = false;

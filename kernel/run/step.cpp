@@ -27,26 +27,48 @@ struct StepOutcome {
 };
 
 // Weight of each micro-batch's mean loss in the step's loss: its share of the items when the
-// loss reports item counts (token-normalised accumulation), else 1/k.
+// loss reports item counts (token-normalised accumulation), else 1/k. With several ranks the
+// share is of the items of every rank's micro-batches of the step, agreed with one all-reduce
+// before the first forward (MindSpeed-LLM's global item count), times the number of ranks
+// (the gradient all-reduce averages over ranks): the step's gradient is then the gradient of
+// the mean over all the step's items, as one process with the same global batch computes it.
 std::vector<double> micro_batch_weights(const Run& run, const std::vector<MicroBatch>& mbs) {
   const Instance<keel_loss>& loss = run.components.loss;
   std::vector<double> w(mbs.size(), 1.0 / static_cast<double>(mbs.size()));
-  if (!run.plan.items_normalization || mbs.size() == 1) return w;  // one micro-batch: weight 1
+  ProcessGroup* group = run.ranks.group.get();
+  // One micro-batch on one process: weight 1.
+  if (!run.plan.items_normalization || (mbs.size() == 1 && !group)) return w;
   std::vector<int64_t> items;
-  int64_t total = 0;
+  int64_t total = 0, unreported = 0;
   for (const auto& mb : mbs) {
     items.push_back(loss.get("count_items", loss->count_items, peek(mb.targets)));
     if (items.back() < 0) {
-      // "auto": a loss that reports no count for these targets gets the mean (1/k).
-      if (run.config.train.accum_normalization == AccumNorm::kAuto) return w;
-      throw loss.error("count_items returned " + std::to_string(items.back()) +
-                       " but train.accum_normalization = \"items\" needs item counts; "
-                       "hint: use \"mean\" or \"auto\"");
+      unreported = items.back();
+      break;
     }
     total += items.back();
   }
+  double all = static_cast<double>(total);
+  bool any_unreported = unreported < 0;
+  if (group) {
+    const std::vector<double> v =
+        group->sum({all, any_unreported ? 1.0 : 0.0},
+                   "agreeing on the items of step " + std::to_string(run.progress.step + 1));
+    all = v[0];
+    any_unreported = v[1] > 0;
+  }
+  if (any_unreported) {
+    // "auto": a loss that reports no count for these targets (on any rank) gets the mean.
+    if (run.config.train.accum_normalization == AccumNorm::kAuto) return w;
+    throw loss.error((unreported < 0 ? "count_items returned " + std::to_string(unreported)
+                                     : std::string("count_items returned a negative count on "
+                                                   "another rank")) +
+                     " but train.accum_normalization = \"items\" needs item counts; "
+                     "hint: use \"mean\" or \"auto\"");
+  }
+  const double ranks = group ? static_cast<double>(run.ranks.world) : 1.0;
   for (size_t i = 0; i < mbs.size(); ++i)
-    w[i] = total > 0 ? static_cast<double>(items[i]) / static_cast<double>(total) : 0.0;
+    w[i] = all > 0 ? static_cast<double>(items[i]) * ranks / all : 0.0;
   return w;
 }
 
@@ -189,7 +211,7 @@ std::vector<MicroBatch> fetch_micro_batches(Run& run) {
   std::vector<MicroBatch> out;
   const auto t0 = Clock::now();
   profile_begin(run, "data");
-  for (int64_t i = 0; i < run.config.train.grad_accum; ++i) {
+  for (int64_t i = 0; i < run.plan.grad_accum; ++i) {
     keel_batch b{};
     int has = 0;
     data.call("next", data->next, &b, &has);

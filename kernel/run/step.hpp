@@ -10,7 +10,8 @@ namespace keel {
 
 struct Run;
 
-// Fetches up to grad_accum micro-batches; fewer at the end of an epoch, none when it is over.
+// Fetches up to run.plan.grad_accum micro-batches ([train] grad_accum, or derived from [train]
+// global_batch); fewer at the end of an epoch, none when it is over.
 // With several ranks, every rank takes as many as the rank with the fewest.
 std::vector<MicroBatch> fetch_micro_batches(Run& run);
 
