@@ -1,6 +1,7 @@
 // trainer_state.toml, the kernel's metadata file in every checkpoint directory: everything a
-// resumed run needs besides tensors. Every field written is read back by `keel train --resume`
-// (run/resume.cpp, load_resume_point):
+// resumed run needs besides tensors. `keel train --resume` parses it whole (run/resume.cpp,
+// adopt_resume_point) and uses every field but objects, keel_version and manifest_hash, which
+// are there for people and tools reading a checkpoint:
 //
 //   run_id = "3f2a9c1e5b7d4e60"   # the run that saved it (a resumed run keeps its run_id)
 //   step = 32                     # optimizer steps taken (skipped ones included)

@@ -40,7 +40,7 @@ std::vector<ManifestChange> manifest_changes(const std::string& saved, const std
   std::vector<ManifestChange> out;
   auto ia = a.begin();
   auto ib = b.begin();
-  const std::string absent = "(absent)";
+  const std::string absent = kAbsent;
   while (ia != a.end() || ib != b.end()) {
     if (ib == b.end() || (ia != a.end() && ia->first < ib->first)) {
       out.push_back({ia->first, ia->second, absent});
@@ -56,6 +56,17 @@ std::vector<ManifestChange> manifest_changes(const std::string& saved, const std
     }
   }
   return out;
+}
+
+std::string value_text(const std::string& toml_value) {
+  std::map<std::string, std::string> out;
+  try {
+    flatten(toml::parse("v = " + toml_value), "", out);
+  } catch (const toml::parse_error&) {
+    return "";
+  }
+  const auto v = out.find("v");
+  return v == out.end() ? "" : v->second;
 }
 
 }  // namespace keel

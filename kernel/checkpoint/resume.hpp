@@ -7,9 +7,11 @@
 
 namespace keel {
 
+inline constexpr const char* kAbsent = "(absent)";  // a side of a change without the key
+
 struct ManifestChange {
   std::string key;       // dotted key: "optimizer.lr", "hooks[1].type"
-  std::string before;    // TOML text of the value ("(absent)" when there was none)
+  std::string before;    // TOML text of the value (kAbsent when there was none)
   std::string after;
 };
 
@@ -17,5 +19,8 @@ struct ManifestChange {
 // texts), in key order. Which of them break an exact continuation is the keys' rows' to say
 // (config/resume_check.hpp).
 std::vector<ManifestChange> manifest_changes(const std::string& saved, const std::string& now);
+
+// A TOML value ("0", "\"auto\"", "1e-3") as manifest_changes writes it; "" when it is not one.
+std::string value_text(const std::string& toml_value);
 
 }  // namespace keel

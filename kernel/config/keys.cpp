@@ -370,7 +370,24 @@ std::optional<OnResume> row_answer(const KeyTable<S>& table, const std::string& 
   return std::nullopt;
 }
 
+template <class S>
+const char* row_default_in(const KeyTable<S>& table, const std::string& dotted) {
+  const std::string key = key_in(dotted, table.name);
+  if (key.empty()) return nullptr;
+  const Key<S>* k = table.find(key);
+  return k ? k->option.default_toml : nullptr;
+}
+
 }  // namespace
+
+const char* row_default(const std::string& dotted) {
+  for (const char* d : {row_default_in(run_keys(), dotted), row_default_in(train_keys(), dotted),
+                        row_default_in(distributed_keys(), dotted),
+                        row_default_in(checkpoint_keys(), dotted),
+                        row_default_in(hook_keys(), dotted), row_default_in(group_keys(), dotted)})
+    if (d) return d;
+  return nullptr;
+}
 
 OnResume on_resume(const std::string& dotted) {
   if (auto a = row_answer(run_keys(), dotted)) return *a;

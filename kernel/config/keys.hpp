@@ -74,4 +74,9 @@ const std::vector<KernelTable>& kernel_tables();
 // [plugins] keys are safe; anything else (a key no row declares) breaks.
 OnResume on_resume(const std::string& dotted);
 
+// The default (TOML text) of the kernel key `dotted` ("train.global_batch" -> "0"); null when
+// no row declares it. A key that a checkpoint's manifest lacks (written by a keel before the key
+// existed) and that now has its default changed nothing (config/resume_check.cpp).
+const char* row_default(const std::string& dotted);
+
 }  // namespace keel

@@ -1,6 +1,9 @@
 #include "distributed/collectives.hpp"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 

@@ -17,6 +17,7 @@
 #include "distributed/on_rank0.hpp"
 #include "keel/tensor.hpp"
 #include "run/events.hpp"
+#include "run/hook_names.hpp"
 #include "run/parameters.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
@@ -258,9 +259,10 @@ void create_hooks(Run& run) {
   });
   Parameters& p = run.parameters;
   std::map<std::string, std::string> stateful_labels;  // label -> section
+  const keel_host* named = hook_host(run.config.hooks);  // log lines name hooks by label
   for (const ComponentSpec* h : order) {
     keel_create_context ctx = context(run, *h);
-    ctx.host = hook_host(*h);  // its log lines name it by its label
+    ctx.host = named;
     run.components.hooks.push_back(create_instance<keel_hook>(*h->component, ctx));
     const auto& hook = run.components.hooks.back();
     if (!KEEL_HAS_SLOT(hook, keel_hook, state_count) || !KEEL_HAS_SLOT(hook, keel_hook, state))

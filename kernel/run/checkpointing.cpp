@@ -9,7 +9,6 @@
 #include <set>
 
 #include "checkpoint/checksum.hpp"
-#include "files/files.hpp"
 #include "checkpoint/multi_rank.hpp"
 #include "keel/tensor.hpp"
 #include "run/events.hpp"

@@ -5,7 +5,6 @@
 #include <optional>
 #include <regex>
 
-#include "checkpoint/resume.hpp"
 #include "keel/tensor.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"

@@ -4,9 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <regex>
 #include <set>
 #include <string>
@@ -82,40 +79,6 @@ void collect_model_state(Run& run) {
 }
 
 }  // namespace
-
-namespace {
-
-// Each hook's label by its section, as hook_host() last recorded it (a later run's hooks replace
-// an earlier one's of the same position).
-std::mutex hook_labels_mutex;
-std::map<std::string, std::string>& hook_labels() {
-  static std::map<std::string, std::string> labels;
-  return labels;
-}
-
-// keel_host.log for hooks: a hook's section as the origin becomes its label.
-void hook_log(keel_log_level level, const char* origin, const char* message) {
-  std::string label;
-  if (origin) {
-    std::lock_guard<std::mutex> lock(hook_labels_mutex);
-    const auto it = hook_labels().find(std::string(origin, ::strnlen(origin, KEEL_NAME_CAPACITY)));
-    if (it != hook_labels().end()) label = it->second;
-  }
-  host()->log(level, label.empty() ? origin : label.c_str(), message);
-}
-
-}  // namespace
-
-const keel_host* hook_host(const ComponentSpec& hook) {
-  static const keel_host wrapped = [] {
-    keel_host h = *host();
-    h.log = &hook_log;
-    return h;
-  }();
-  std::lock_guard<std::mutex> lock(hook_labels_mutex);
-  hook_labels()[hook.section] = hook.label;
-  return &wrapped;
-}
 
 keel_create_context context(const Run& run, const ComponentSpec& spec) {
   keel_create_context c{};

@@ -18,11 +18,6 @@ keel_create_context context(const Run& run, const ComponentSpec& spec);
 // The context of a component that works on the model's parameters (optimizer, clipper, mfu).
 keel_create_context param_context(const Run& run, const ComponentSpec& spec);
 
-// The host a hook is created with: the lines it logs under its section ("[hooks[3]] ...", the
-// SDK's default origin) are named by its label instead ("[stopper] ...": the name the user gave
-// it, else its type). Errors keep the section, which points into the manifest.
-const keel_host* hook_host(const ComponentSpec& hook);
-
 template <class Abi>
 Instance<Abi> make_instance(const Run& run, const ComponentSpec& spec) {
   return create_instance<Abi>(*spec.component, context(run, spec));

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
-#include "checkpoint/checksum.hpp"
 #include "files/files.hpp"
 #include "checkpoint/resume.hpp"
 #include "config/resume_check.hpp"
@@ -236,11 +236,25 @@ void choose_resume_point(Run& run) {
         if (!pick_resume_checkpoint(run).empty()) adopt_resume_point(run);
         return run.resume.dir;
       });
-  if (run.ranks.rank == 0 || dir.empty()) return;
-  // The checkpoint rank 0 chose (and verified).
-  run.resume.dir = dir;
-  run.resume.record = read_commit_file(dir);
-  adopt_resume_point(run);
+  ProcessGroup* group = run.ranks.group.get();
+  if (!group || dir.empty()) return;
+  // The other ranks read the checkpoint rank 0 chose (and verified), and every rank agrees that
+  // they could: a rank that cannot fails every rank, instead of leaving the others waiting.
+  std::optional<Error> failed;
+  if (run.ranks.rank != 0) {
+    try {
+      run.resume.dir = dir;
+      run.resume.record = read_commit_file(dir);
+      adopt_resume_point(run);
+    } catch (const Error& e) {
+      failed = e;
+    }
+  }
+  if (!group->any(failed.has_value(), "reading the checkpoint to resume on every rank")) return;
+  if (failed) throw *failed;
+  throw Error("another rank could not read the checkpoint " + dir + " to resume from; hint: its "
+              "error line says why (every rank reads it: check it is on a path and with "
+              "permissions that every rank can read)");
 }
 
 std::string read_resume_file(const std::string& dir, const std::string& name) {

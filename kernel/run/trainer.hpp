@@ -44,8 +44,8 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Trains (or, with run.mode = "evaluate", evaluates) the run to its end. Logs why it ended as
-  // one line "run finished at step N: <reason>". Throws keel::Error when the run fails (the
+  // Trains (or, with run.mode = "evaluate", evaluates) the run to its end. A training run logs
+  // why it ended as one line "run finished at step N: <reason>". Throws keel::Error when the run fails (the
   // hooks hear EXCEPTION first).
   RunSummary train();
 

@@ -176,6 +176,14 @@ TEST_CASE("the stop's log line names the hook by its label, else its type") {
           std::string::npos);
     CHECK(log.find("[hooks[") == std::string::npos);
   }
+  // A label two hooks share (here the stopper's default, its type, and a sink's) names neither:
+  // the line keeps the hook's position.
+  TempDir d;
+  train(manifest(d, "patience = 0\n[[hooks]]\ntype = \"csv\"\nlabel = \"early_stopping\""),
+        {"train.epochs=30", "optimizer.lr=0"});
+  const std::string log = keel_test::read(d.path / "run/run.log");
+  CHECK(log.find("] [info] [hooks[0]] stopping: test loss has not improved on ") !=
+        std::string::npos);
 }
 
 TEST_CASE("a run started from a checkpoint goes on counting from the saved state") {

@@ -424,6 +424,18 @@ TEST_CASE("resume: which changed keys keep the continuation exact") {
   CHECK(changes.breaking[0].after == "2");
   CHECK(changes.breaking[1].key == "train.grad_accum");
   CHECK(changes.breaking[1].before == "(absent)");
+  // A key the checkpoint's manifest lacks (a keel before the key existed) and that now has its
+  // row's default changed nothing; at another value it is a change like any other.
+  const keel::ResumeChanges added = keel::resume_changes(
+      "[train]\nepochs = 1\n",
+      "[train]\nepochs = 1\nglobal_batch = 0\naccum_normalization = \"auto\"\n"
+      "[checkpoint]\nkeep_last = 0\n");
+  CHECK(added.safe.empty());
+  CHECK(added.breaking.empty());
+  const keel::ResumeChanges other = keel::resume_changes(
+      "[train]\nepochs = 1\n", "[train]\nepochs = 1\nglobal_batch = 64\n");
+  REQUIRE(other.breaking.size() == 1);
+  CHECK(other.breaking[0].key == "train.global_batch");
 }
 
 // Log lines at info and above while `f` runs.
