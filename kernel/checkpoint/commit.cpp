@@ -129,7 +129,12 @@ CommitRecord read_commit_file(const std::string& dir) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
     throw Error(path + ": missing; hint: the directory is not a committed keel checkpoint "
                 "(a save was interrupted, or it was written by something else)");
-  return read_commit_record(read_file(path), path);
+  return read_commit_record(add_hint([&] { return read_file(path); },
+                                     [](int) {
+                                       return "check its permissions: every process that resumes "
+                                              "or evaluates the checkpoint reads it";
+                                     }),
+                            path);
 }
 
 CommitRecord verify_checkpoint(const std::string& dir) {

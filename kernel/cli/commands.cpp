@@ -40,7 +40,8 @@ const std::vector<Command>& commands() {
        add_plugins_flags, plugins_command},
       {"options", "[TABLE] [--log-level LEVEL]",
        "every key of the kernel's own tables ([run], [train], ...), or of one",
-       "TABLE: run, train, checkpoint, hooks, optimizer.groups, plugins (all when left out)",
+       "TABLE: run, train, distributed, checkpoint, hooks, optimizer.groups, plugins (all when "
+       "left out)",
        nullptr, options_command},
       {"prepare", "INPUT --output DIR [--level char|byte] [--log-level LEVEL]",
        "tokenize a text file into DIR/tokens.bin and DIR/vocab.json for the tokens dataset",

@@ -143,12 +143,14 @@ po::variables_map parse_flags(const std::vector<std::string>& args, const std::s
                      command);
   } catch (const po::invalid_command_line_syntax& e) {
     const std::string flag = e.get_option_name();
-    if (e.kind() == po::invalid_syntax::missing_parameter)
-      throw UsageError(flag + ": needs a value; hint: " +
-                           (flag == "--set" ? std::string("--set KEY=VALUE, e.g. --set optimizer.lr=3e-4")
-                                            : flag + " LEVEL, LEVEL one of " +
-                                                  log_level_names()),
-                       command);
+    if (e.kind() == po::invalid_syntax::missing_parameter) {
+      std::string shape = flag + " VALUE (" + help + ")";
+      if (flag == "--set") shape = "--set KEY=VALUE, e.g. --set optimizer.lr=3e-4";
+      else if (flag == "--log-level") shape = flag + " LEVEL, LEVEL one of " + log_level_names();
+      else if (const po::option_description* o = visible.find_nothrow(flag.substr(2), false))
+        shape = flag + " " + o->semantic()->name() + " (" + help + ")";
+      throw UsageError(flag + ": needs a value; hint: " + shape, command);
+    }
     if (e.kind() == po::invalid_syntax::extra_parameter)
       throw UsageError(flag + ": takes no value; hint: " + help, command);
     throw UsageError(flag + ": malformed flag; hint: " + help, command);

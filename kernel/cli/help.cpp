@@ -78,7 +78,8 @@ void print_main_help() {
   std::printf("\n%s", flags.str().c_str());
   std::printf("\nenvironment:\n");
   print_help_rows({{"KEEL_LOG_LEVEL", "default of --log-level"},
-                   {"KEEL_PLUGIN_PATH", "colon-separated directories searched for plugins first"}});
+                   {"KEEL_PLUGIN_PATH", "colon-separated directories searched for plugins after a "
+                                       "manifest's [plugins] paths, before the installed packages"}});
   std::printf("\n%s\n",
               wrapped("exit status: 0 success; 1 bad input or a failed run; 2 command-line usage; "
                       "70 an internal error (a bug in keel)",

@@ -76,8 +76,6 @@ inline constexpr const char* kLayoutHint =
 // Throws keel::Error "<where>: <what>; hint: <hint>" on one line.
 [[noreturn]] void fail_at(const std::string& where, const std::string& what,
                           const std::string& hint);
-// Throws keel::Error "<what> <path> failed: <strerror(err)>; hint: ..." (free space for
-// ENOSPC and EDQUOT, else the directory and its permissions).
 // The packages' hint for a failed file-system call with errno `err`.
 std::string file_hint(int err);
 // Throws "<what> <path> failed: <errno text>; hint: <file_hint>" (files/files.hpp's text).

@@ -152,7 +152,7 @@ ordered_json run_summary(const ordered_json& train, const ordered_json& test,
   ordered_json counters = ordered_json::object();
   if (!train.empty())
     for (const std::string& k : counter_keys())
-      if (train.back().contains(k)) counters[k] = train.back()[k];
+      if (train.back().contains(k) && train.back()[k].is_number()) counters[k] = train.back()[k];
   s["counters"] = counters;
   const LogFacts log = read_log(run_log);
   s["stop"] = log.stop ? *log.stop : ordered_json{{"step", last_step}, {"reason", "unknown"}};

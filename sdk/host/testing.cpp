@@ -28,8 +28,9 @@ LogStore& log_store() {
 void log(keel_log_level level, const char* origin, const char* message) {
   static const char* const names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
   const char* name = level >= KEEL_LOG_DEBUG && level <= KEEL_LOG_ERROR ? names[level] : "?";
-  const std::string line = std::string(name) + " [" +
-                           (origin ? bounded(origin, KEEL_NAME_CAPACITY) : "plugin") + "] " +
+  // As the kernel's log: "[origin] " before the message, none for an empty origin (1.6).
+  const std::string o = origin ? bounded(origin, KEEL_NAME_CAPACITY) : "plugin";
+  const std::string line = std::string(name) + " " + (o.empty() ? "" : "[" + o + "] ") +
                            bounded(message, KEEL_STRING_CAPACITY);
   std::lock_guard<std::mutex> lock(log_store().mutex);
   log_store().lines.push_back(line);

@@ -480,6 +480,8 @@ CASES = [
       "trace, debug, info, warn, error, off"),
     F("log_level_typo", (CMD, Q, "--log-level=debgu"), "--log-level debgu", "did you mean 'debug'"),
     F("log_level_missing_value", (CMD, Q, "--log-level"), "--log-level", "needs a value"),
+    F("flag_missing_value_named", ("prepare", "in.txt", "--output"), "--output: needs a value",
+      "hint: --output DIR", commands=("-",)),
     F("log_level_twice", (CMD, Q, "--log-level", "info", "--log-level", "warn"), "--log-level",
       "more than once"),
     F("log_level_env_bad", (CMD, Q), "KEEL_LOG_LEVEL=loud", "trace, debug",

@@ -170,7 +170,8 @@ typedef struct keel_host {
   int (*option_list_float)(const keel_options* o, const char* key, int64_t index, double* out);
 
   /* Writes one line to the run's log, prefixed with "[origin] " (normally the component's
-   * section; a hook's section is shown as its label, else its type); NULL reads as "plugin".
+   * section; under keel, a hook's section is shown as its label, else its type, when no other
+   * hook of the run has that label); NULL reads as "plugin".
    * (1.6) An empty `origin` writes the line without a prefix (a sink whose lines are the run's
    * own output). */
   void (*log)(keel_log_level level, const char* origin, const char* message);
