@@ -1,6 +1,7 @@
 """Runs keel command lines through keel_inproc (tests/cli/keel_inproc.cpp): many cases in one process
 through keel::cli_main, the function the `keel` executable runs, instead of one keel process (and
-one LibTorch start-up) per case. Used by test_bad_input.py and test_misbehave.py.
+one LibTorch start-up) per case. Used by test_bad_input.py, test_misbehave.py, test_cli.py and
+test_packages.py.
 
 Each thread that calls Pool.run gets a runner process of its own. A case that outlives the timeout
 kills its runner (the case reads as hung: returncode None); a case that ends its runner (keel's
@@ -15,7 +16,7 @@ import select
 import subprocess
 import tempfile
 import threading
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 
 class Outcome(NamedTuple):
@@ -26,13 +27,15 @@ class Outcome(NamedTuple):
 
 
 class _Runner:
-    def __init__(self, exe: str, env: Dict[str, str], tmp: str, index: int):
+    def __init__(self, exe: str, env: Dict[str, str], tmp: str, index: int,
+                 preexec_fn: Optional[Callable[[], None]]):
         self.tmp = tmp
         self.log_path = os.path.join(tmp, f"runner-{index}.log")
         self.log = open(self.log_path, "ab")
         r, w = os.pipe()
         self.proc = subprocess.Popen([exe, str(w)], stdin=subprocess.PIPE, stdout=self.log,
-                                     stderr=self.log, env=env, pass_fds=(w,), cwd=tmp)
+                                     stderr=self.log, env=env, pass_fds=(w,), cwd=tmp,
+                                     preexec_fn=preexec_fn)
         os.close(w)
         self.results = r
         self.buf = b""
@@ -101,10 +104,13 @@ class _Runner:
 
 
 class Pool:
-    """keel_inproc runners, one per calling thread, started on first use."""
+    """keel_inproc runners, one per calling thread, started on first use. preexec_fn, when given,
+    runs in each runner process before keel_inproc starts (as subprocess.Popen's: a resource
+    limit that all the pool's cases then run under)."""
 
-    def __init__(self, exe: str, timeout_s: float, env: Optional[Dict[str, str]] = None):
-        self.exe, self.timeout_s = exe, timeout_s
+    def __init__(self, exe: str, timeout_s: float, env: Optional[Dict[str, str]] = None,
+                 preexec_fn: Optional[Callable[[], None]] = None):
+        self.exe, self.timeout_s, self.preexec_fn = exe, timeout_s, preexec_fn
         self.env = dict(os.environ if env is None else env)
         self.tmp = tempfile.TemporaryDirectory(prefix="keel-inproc-")
         self.lock = threading.Lock()
@@ -125,7 +131,8 @@ class Pool:
         if runner is None:
             with self.lock:
                 self.started += 1
-                runner = _Runner(self.exe, self.env, self.tmp.name, self.started)
+                runner = _Runner(self.exe, self.env, self.tmp.name, self.started,
+                                 self.preexec_fn)
                 self.runners.append(runner)
             self.local.runner = runner
         outcome, alive = runner.run(case_id, argv, cwd, env or {}, unset, self.timeout_s)
