@@ -1,6 +1,15 @@
 """CLI behaviour on good and bad input: one clear error line, a non-zero exit, no abort and
 no stack trace; run directories (another user's symlinks, failed starts beside other runs).
-Usage: test_cli.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_FIXTURE_DIR"""
+
+The keel command lines run in-process: keel_inproc (tests/cli/keel_inproc.cpp, driven by
+tests/cli/inproc.py) calls keel::cli_main, the function the `keel` executable runs, for each, in
+one long-lived process, and a case that leaves process-global state changed fails (a leak); the
+runner must exit 0 at the end (under the sanitizers: LeakSanitizer's report). Keel processes
+remain where the process is the point: the BLAS loaded by path whatever LD_LIBRARY_PATH says (the
+dynamic loader reads it at start-up) and the mapped files of a running keel (test_blas_by_path),
+and a run whose start waits, in a process of its own, while another run trains
+(test_failed_start_keeps_other_runs_work).
+Usage: test_cli.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_FIXTURE_DIR KEEL_INPROC"""
 import json
 import os
 import re
@@ -10,9 +19,13 @@ import sys
 import tempfile
 import time
 import unittest
+from typing import Optional
+
+import inproc
 
 KEEL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-FIXTURES = os.path.abspath(sys.argv[3])
+FIXTURES, INPROC = os.path.abspath(sys.argv[3]), os.path.abspath(sys.argv[4])
+TIMEOUT_S = 120
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # The directory of the BLAS keel's executables load by path (meson.build, option blas_dir; ""
 # when none), and the reference BLAS's directory beside it (Debian: libblas3).
@@ -20,11 +33,45 @@ BLAS_DIR = os.environ.get("KEEL_BLAS_DIR", "")
 REFERENCE_BLAS_DIR = os.path.join(os.path.dirname(BLAS_DIR), "blas")
 
 
+POOL: Optional[inproc.Pool] = None  # the keel_inproc runner, while the tests run
+
+
+def setUpModule():
+    global POOL
+    POOL = inproc.Pool(INPROC, TIMEOUT_S,
+                       env={k: v for k, v in os.environ.items() if k != "KEEL_LOG_LEVEL"})
+
+
+def tearDownModule():
+    problems = POOL.close()
+    if problems:  # (under the sanitizers: a leak LeakSanitizer reported at the runner's exit)
+        raise AssertionError("keel_inproc did not exit clean:\n" + "\n".join(problems))
+
+
+def universal_newlines(text):
+    """As subprocess's text=True reads a keel process's output."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def keel(*args, cwd=None, env=None):
+    """keel ARGS in keel_inproc, in cwd (default: ours), with the environment without
+    KEEL_LOG_LEVEL plus env; fails when it hangs or leaves process-global state changed."""
+    o = POOL.run([KEEL, *args], cwd=cwd or os.getcwd(), env=env, unset=["KEEL_LOG_LEVEL"])
+    if o.returncode is None:
+        raise AssertionError(f"keel {' '.join(args)} hung (killed after {TIMEOUT_S} s): "
+                             f"{o.stderr}")
+    if o.leaks:
+        raise AssertionError(f"keel {' '.join(args)} left process-global state changed: "
+                             f"{o.leaks}")
+    return o.returncode, universal_newlines(o.stdout), universal_newlines(o.stderr)
+
+
+def keel_process(*args, cwd=None, env=None):
+    """keel ARGS as a process of its own, with the environment without KEEL_LOG_LEVEL plus env."""
     full_env = {k: v for k, v in os.environ.items() if k != "KEEL_LOG_LEVEL"}
     full_env.update(env or {})
-    p = subprocess.run([KEEL, *args], capture_output=True, text=True, cwd=cwd, timeout=120,
-                       env=full_env)
+    p = subprocess.run([KEEL, *args], capture_output=True, text=True, cwd=cwd,
+                       timeout=TIMEOUT_S, env=full_env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -435,7 +482,7 @@ class GoodInput(unittest.TestCase):
         # the machine's BLAS alternatives select: here even with the reference BLAS first on
         # LD_LIBRARY_PATH, which programs without that RPATH take.
         env = {"LD_LIBRARY_PATH": REFERENCE_BLAS_DIR}
-        rc, out, err = keel("--version", env=env)
+        rc, out, err = keel_process("--version", env=env)
         self.assertEqual(rc, 0, err)
         self.assertRegex(out, rf"\nBLAS: OpenBLAS [\d.]+ \(OpenMP build, {re.escape(BLAS_DIR)}/"
                               rf"libblas\.so\.3\), {os.cpu_count()} threads? in a run")
@@ -532,10 +579,9 @@ class RunDirectories(unittest.TestCase):
             self.assertEqual(rc, 0, err)
             self.assertEqual(os.stat(f"{shared}/mine").st_mode & 0o022, 0)
 
-    def start_failing(self, output_dir, release, *flags):
-        """`keel train` into `output_dir` whose start fails once file `release` exists (a
-        misbehave hook waits for it in its constructor). Returns the process once it created
-        `output_dir` (at once when `release` exists already)."""
+    def failing_args(self, output_dir, release):
+        """The arguments of `keel train` into `output_dir` whose start fails once file `release`
+        exists (a misbehave hook waits for it in its constructor)."""
         manifest = os.path.join(os.path.dirname(release), "failing.toml")
         with open(manifest, "w") as f:
             f.write(f'''extends = "{ROOT}/configs/quickstart.toml"
@@ -548,6 +594,13 @@ wait_for = "{release}"
 ''')
         args = small_args(output_dir)
         args[0] = manifest
+        return args
+
+    def start_failing(self, output_dir, release, *flags):
+        """`keel train` into `output_dir` whose start fails once file `release` exists, as a
+        process of its own. Returns the process once it created `output_dir` (at once when
+        `release` exists already)."""
+        args = self.failing_args(output_dir, release)
         p = subprocess.Popen([KEEL, "train", *args, *flags], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         if os.path.exists(release):
@@ -596,16 +649,14 @@ wait_for = "{release}"
         with tempfile.TemporaryDirectory() as d:
             release = f"{d}/release"
             open(release, "w").close()
-            a = self.start_failing(f"{d}/new/run", release)
-            _, err = a.communicate(timeout=120)
-            self.assertEqual(a.returncode, 1, err)
+            rc, _, err = keel("train", *self.failing_args(f"{d}/new/run", release))
+            self.assertEqual(rc, 1, err)
             self.assertEqual(sorted(os.listdir(d)), ["failing.toml", "release"])
             os.makedirs(f"{d}/old")
             with open(f"{d}/old/keep.txt", "w") as f:
                 f.write("kept\n")
-            a = self.start_failing(f"{d}/old", release)
-            _, err = a.communicate(timeout=120)
-            self.assertEqual(a.returncode, 1, err)
+            rc, _, err = keel("train", *self.failing_args(f"{d}/old", release))
+            self.assertEqual(rc, 1, err)
             self.assertEqual(tree(f"{d}/old"), {"keep.txt": b"kept\n"})
 
 
