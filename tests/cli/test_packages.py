@@ -1,9 +1,17 @@
 """Plugin packages end to end: `keel plugins pack` a build directory made of fixture plugins,
 `install` it (--prefix, and the XDG default), list it, `remove` it; two versions side by side;
 --force; and every refusal: one error line, and the plugin directory exactly as it was.
+Packages runs its keel command lines in-process: keel_inproc (tests/cli/keel_inproc.cpp, driven
+by tests/cli/inproc.py) calls keel::cli_main, the function the `keel` executable runs, in a runner
+of each test's own (a plugin, once loaded, stays loaded in the runner, and its constructor does not
+run again: the constructor marks below count from the test's start), and a case that leaves
+process-global state changed fails; each runner must exit 0 (under the sanitizers: LeakSanitizer's
+report). The install that must not run a plugin the test's pack already loaded runs as a keel
+process (test_install_never_runs_plugin_code).
 PluginLibraries: a plugin's own libraries under a lock and LD_LIBRARY_PATH, and second copies of
-a plugin, through keel processes (a library, once loaded, stays loaded in its process).
-Usage: test_packages.py KEEL_BINARY FIXTURE_DIR"""
+a plugin, through keel processes (a library, once loaded, stays loaded in its process; the
+dynamic loader reads LD_LIBRARY_PATH at start-up).
+Usage: test_packages.py KEEL_BINARY FIXTURE_DIR KEEL_INPROC"""
 import gzip
 import hashlib
 import io
@@ -19,7 +27,11 @@ import time
 import tomllib
 import unittest
 
+import inproc
+
 KEEL, FIXTURES = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+INPROC = os.path.abspath(sys.argv[3])
+TIMEOUT_S = 120
 C_PLUGIN = "c_hook.so"                 # plain C, version 0.1.0, components hook:c_event_log ...
 CXX_PLUGIN = "throwing_factory.so"     # C++ (LibTorch fingerprint), version 0.1.0
 MARKED_PLUGIN = "constructor_plugin.so"  # plain C, 1.0.0; its constructor appends to a mark file
@@ -74,26 +86,39 @@ class Packages(OneErrorLine, unittest.TestCase):
         os.mkdir(self.home)
         self.mark = os.path.join(self.tmp, "constructor-mark")
         self.root = os.path.join(self.tmp, "plugins")
+        self.pools = {}  # max_file_bytes -> the test's keel_inproc runner under that limit
 
     def tearDown(self):
+        problems = [p for pool in self.pools.values() for p in pool.close()]
         shutil.rmtree(self.tmp)
+        self.assertEqual(problems, [], "keel_inproc did not exit clean")
 
-    def keel(self, *args, env=None, cwd=None, max_file_bytes=None):
-        """Runs keel; with max_file_bytes, under RLIMIT_FSIZE: a write past it fails with EFBIG
-        (keel ignores SIGXFSZ), so that a test sees a file grow past the bound without filling
-        the disk."""
+    def keel(self, *args, env=None, cwd=None, max_file_bytes=None, process=False):
+        """Runs keel in the test's keel_inproc runner (process=True: as a keel process of its
+        own); with max_file_bytes, under RLIMIT_FSIZE: a write past it fails with EFBIG (keel
+        ignores SIGXFSZ), so that a test sees a file grow past the bound without filling the
+        disk. In-process, fails when keel hangs or leaves process-global state changed."""
         full = {k: v for k, v in os.environ.items()
                 if k not in ("KEEL_LOG_LEVEL", "XDG_DATA_HOME", "KEEL_PLUGIN_PATH",
                              "SOURCE_DATE_EPOCH", "KEEL_ALLOW_WRITABLE_PLUGINS")}
         full.update({"HOME": self.home, "KEEL_TEST_CONSTRUCTOR_MARK": self.mark})
-        full.update(env or {})
 
         def limit():
             if max_file_bytes is not None:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
-        p = subprocess.run([KEEL, *args], capture_output=True, text=True, env=full,
-                           cwd=cwd or self.tmp, timeout=120, preexec_fn=limit)
-        return p.returncode, p.stdout, p.stderr
+        if process:
+            full.update(env or {})
+            p = subprocess.run([KEEL, *args], capture_output=True, text=True, env=full,
+                               cwd=cwd or self.tmp, timeout=TIMEOUT_S, preexec_fn=limit)
+            return p.returncode, p.stdout, p.stderr
+        if max_file_bytes not in self.pools:
+            self.pools[max_file_bytes] = inproc.Pool(INPROC, TIMEOUT_S, env=full, preexec_fn=limit)
+        o = self.pools[max_file_bytes].run([KEEL, *args], cwd=cwd or self.tmp, env=env)
+        self.assertIsNotNone(o.returncode, f"keel {' '.join(args)} hung (killed after "
+                             f"{TIMEOUT_S} s): {o.stderr}")
+        self.assertEqual(o.leaks, [], f"keel {' '.join(args)} left process-global state changed")
+        return (o.returncode, *(t.replace("\r\n", "\n").replace("\r", "\n")
+                                for t in (o.stdout, o.stderr)))  # as text=True reads them
 
     def ok(self, *args, **kw):
         rc, out, err = self.keel(*args, **kw)
@@ -254,7 +279,8 @@ class Packages(OneErrorLine, unittest.TestCase):
         self.ok("plugins", "pack", build, "--output", pkg)
         self.assertTrue(os.path.exists(self.mark), "pack loads the plugin, so the mark is real")
         os.remove(self.mark)
-        self.ok("plugins", "install", pkg, "--prefix", self.root)
+        # A process of its own: in the runner, the plugin pack loaded would not run again.
+        self.ok("plugins", "install", pkg, "--prefix", self.root, process=True)
         self.assertFalse(os.path.exists(self.mark), "install ran the plugin's constructor")
 
     def test_two_versions_side_by_side(self):
