@@ -55,10 +55,9 @@ const std::vector<std::pair<std::string, keel_kind>>& component_sections() {
 std::string components_of_kind(keel_kind kind) {
   Registry registry;
   registry.discover(plugin_search_path({}));
-  std::string names;
-  for (const Component* c : registry.of_kind(kind))
-    names += (names.empty() ? "" : ", ") + c->name;
-  return names.empty() ? "none found" : names;
+  std::vector<std::string> names;
+  for (const Component* c : registry.of_kind(kind)) names.push_back(c->name);
+  return names.empty() ? "none found" : text::join(names);
 }
 
 std::string table_name(std::string s) {

@@ -1,6 +1,8 @@
 // resolve's component tables: `type` and options of each, [[optimizer.groups]], [checkpoint]'s
 // kernel keys and [[hooks]] (with keel's default hooks).
 #include <regex>
+#include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -56,8 +58,7 @@ const Component* pick(const Registry& registry, keel_kind kind, const std::strin
                       const std::string& name, const std::string& at) {
   std::vector<std::string> names;
   for (const Component* c : registry.of_kind(kind)) names.push_back(c->name);
-  std::string available;
-  for (const auto& n : names) available += (available.empty() ? "" : ", ") + n;
+  const std::string available = text::join(names);
   const std::vector<const Component*> found = registry.matches(kind, name);
   if (found.size() > 1)
     throw Error(at + ": [" + section + "].type: " + std::to_string(found.size()) +
@@ -139,9 +140,9 @@ ComponentSpec component(const Registry& registry, const toml::table& table,
                         const std::string& type_at) {
   const toml::node* type = table.get("type");
   if (!type || !type->is_string()) {
-    std::string available;
-    for (const Component* c : registry.of_kind(kind))
-      available += (available.empty() ? "" : ", ") + c->name;
+    std::vector<std::string> names;
+    for (const Component* c : registry.of_kind(kind)) names.push_back(c->name);
+    const std::string available = text::join(names);
     throw Error(where(type ? type->source() : table.source()) + ": [" + section +
                 "] needs type = \"<" + kind_name(kind) + ">\" (available: " +
                 (available.empty() ? "none found" : available) +

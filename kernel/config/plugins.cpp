@@ -1,6 +1,8 @@
 // resolve's [plugins] table and lock, and the plugins a run uses (plugins.json).
 #include <filesystem>
 #include <map>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -81,8 +83,9 @@ PluginsTable manifest_plugins(const Manifest& m) {
 std::optional<Lock> manifest_lock(const Manifest& m, const PluginsTable& plugins) {
   std::optional<Lock> lock = find_lock(m.files);
   if (!lock && plugins.locked) {
-    std::string looked;
-    for (const auto& f : m.files) looked += (looked.empty() ? "" : ", ") + lock_path_for(f);
+    std::vector<std::string> paths;
+    for (const auto& f : m.files) paths.push_back(lock_path_for(f));
+    const std::string looked = text::join(paths);
     throw Error(plugins.locked_where + ": plugins.locked = true, but there is no lock (looked "
                 "for " + looked + "); hint: review the plugins the run uses, then `keel plugins "
                 "lock " + m.path + "` writes one");
@@ -142,13 +145,13 @@ void check_requirements(const Registry& registry, const std::vector<PluginRequir
     const LoadedPlugin* p = registry.plugin_named(r.name);
     if (!p) {
       // Installed versions that do not meet the requirement are not searched: name them.
-      std::string installed;
+      std::vector<std::string> versions;
       try {
         for (const auto& pkg : list_installed(default_install_root()))
-          if (pkg.info.name == r.name && pkg.problem.empty())
-            installed += (installed.empty() ? "" : ", ") + pkg.info.version;
+          if (pkg.info.name == r.name && pkg.problem.empty()) versions.push_back(pkg.info.version);
       } catch (const Error&) {
       }
+      const std::string installed = text::join(versions);
       const std::string refused = registry.refusal_summary();
       throw Error(what + ": " +
                   (installed.empty() ? "no plugin named '" + r.name + "' was found"

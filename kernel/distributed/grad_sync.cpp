@@ -1,9 +1,11 @@
 #include "distributed/grad_sync.hpp"
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <algorithm>
-#include <spdlog/spdlog.h>
+#include <vector>
 
 #include "distributed/impl.hpp"
 
@@ -59,13 +61,12 @@ void GradSync::before_backward(const at::Tensor& loss) {
 }
 
 std::string GradSync::describe() const {
-  std::string sizes;
+  std::vector<double> mib;
   const std::vector<c10d::GradBucket> buckets = impl_->reducer->get_grad_buckets();
   for (const auto& b : buckets)
-    sizes += fmt::format("{}{:.2f}", sizes.empty() ? "" : ", ",
-                         b.getBuffer().numel() * b.getBuffer().element_size() / 1048576.0);
-  return fmt::format("{} bucket(s) of {} MiB, in the order they are all-reduced",
-                     buckets.size(), sizes);
+    mib.push_back(b.getBuffer().numel() * b.getBuffer().element_size() / 1048576.0);
+  return fmt::format("{} bucket(s) of {:.2f} MiB, in the order they are all-reduced",
+                     buckets.size(), fmt::join(mib, ", "));
 }
 
 }  // namespace keel

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,7 @@
 #include "files/files.hpp"
 #include "report/summary.hpp"
 #include "report_assets.hpp"
+#include "text/text.hpp"
 
 namespace keel::report {
 
@@ -259,10 +262,11 @@ std::string plugins_html(const fs::path& plugins) {
   std::string html = "<table><tr><th>plugin</th><th>version</th><th>components</th>"
                      "<th>sha256</th><th>file</th></tr>";
   for (const auto& p : pj["plugins"]) {
-    std::string components;
+    std::vector<std::string> names;
     if (p.is_object() && p.contains("components") && p["components"].is_array())
       for (const auto& c : p["components"])
-        if (c.is_string()) components += (components.empty() ? "" : ", ") + c.get<std::string>();
+        if (c.is_string()) names.push_back(c.get<std::string>());
+    const std::string components = text::join(names);
     const std::string sha = string_at(p, "sha256");
     html += "<tr><td>" + escape_html(string_at(p, "name")) + "</td><td>" +
             escape_html(string_at(p, "version")) + "</td><td>" + escape_html(components) +

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "text/text.hpp"
+
 namespace keel::report {
 
 using nlohmann::ordered_json;
@@ -187,10 +189,10 @@ std::string summary_html(const ordered_json& s) {
                                : number(s["wall_time_s"]) + " s (run.log, " +
                                      std::to_string(s["sessions"].get<int>()) + " session" +
                                      (s["sessions"].get<int>() == 1 ? "" : "s") + ")");
-  std::string rate;
+  std::vector<std::string> rates;
   for (const auto& [k, v] : s["throughput"].items())
-    rate += (rate.empty() ? "" : ", ") + number(v) + " " +
-            (k == "samples_per_s" ? "samples/s" : "tokens/s");
+    rates.push_back(number(v) + " " + (k == "samples_per_s" ? "samples/s" : "tokens/s"));
+  const std::string rate = text::join(rates);
   html += row("throughput", rate.empty() ? "unknown" : rate + " (mean of the logged windows)");
   html += "</table>\n";
   if (s["eval"].empty()) return html + "<p>No evaluation records.</p>\n";

@@ -7,6 +7,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "host.hpp"
 #include "keel/tensor.hpp"
@@ -138,8 +139,7 @@ ParamGroups assign_param_groups(const Run& run) {
         ++matched;
       }
     if (matched == 0) {
-      std::string listed;
-      for (const char* n : names) listed += std::string(listed.empty() ? "" : ", ") + n;
+      const std::string listed = text::join(names);
       throw Error(spec.where + ": optimizer.groups[" + std::to_string(g) + "].params = \"" +
                   spec.params + "\" matches no parameter not already in an earlier group "
                   "(parameters: " + listed + "); hint: the regex must match whole names");

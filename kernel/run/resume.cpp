@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "files/files.hpp"
 #include "checkpoint/resume.hpp"
@@ -20,6 +21,7 @@
 #include "run/checkpointing.hpp"
 #include "run/plugin_state.hpp"
 #include "run/run.hpp"
+#include "text/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -43,8 +45,9 @@ void check_manifest_changes(const Run& run, const std::string& saved) {
                    c.key, c.before, c.after);
     return;
   }
-  std::string more;
-  for (size_t i = 1; i < breaking.size(); ++i) more += (i > 1 ? ", " : "") + breaking[i].key;
+  std::vector<std::string> others;
+  for (size_t i = 1; i < breaking.size(); ++i) others.push_back(breaking[i].key);
+  const std::string more = text::join(others);
   const ManifestChange& c = breaking.front();
   throw Error("--resume: " + c.key + " changed since the checkpoint " + run.resume.dir + " (" +
               c.before + " -> " + c.after + ")" +

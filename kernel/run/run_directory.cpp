@@ -7,10 +7,13 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include "error.hpp"
 #include "log.hpp"
+#include "text/text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -32,15 +35,15 @@ std::string utc_stamp(bool compact) {
 // ("" when none): manifest.resolved.toml, plugins.json and metrics.jsonl (the jsonl sink's
 // default name), and checkpoints/step-<N> directories.
 std::string earlier_records(const RunDir& dir) {
-  std::string found;
+  std::vector<std::string> found;
   for (const char* name : {"manifest.resolved.toml", "plugins.json", "metrics.jsonl"})
-    if (dir.has(name)) found += (found.empty() ? "" : ", ") + std::string(name);
+    if (dir.has(name)) found.push_back(name);
   size_t steps = 0;
   for (const std::string& name : dir.entries("checkpoints")) steps += name.rfind("step-", 0) == 0;
   if (steps > 0)
-    found += (found.empty() ? "" : ", ") + std::to_string(steps) + " checkpoint" +
-             (steps > 1 ? "s" : "") + " in checkpoints/";
-  return found;
+    found.push_back(std::to_string(steps) + " checkpoint" + (steps > 1 ? "s" : "") +
+                    " in checkpoints/");
+  return text::join(found);
 }
 
 [[noreturn]] void refuse_earlier_records(const std::string& dir, const std::string& records) {
