@@ -147,8 +147,9 @@ class Context {
   const keel_create_context* raw_;
 };
 
-// Logs through the host, prefixed with the component's manifest section (a hook's is shown as
-// its label, else its type) or another origin.
+// Logs through the host, prefixed with the component's manifest section (under keel, a hook's is
+// shown as its label, else its type, when no other hook of the run has that label) or another
+// origin.
 // Keep one as a member to log after construction.
 class Logger {
  public:
