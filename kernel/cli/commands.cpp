@@ -5,6 +5,7 @@
 
 #include "cli/commands.hpp"
 #include "report/report.hpp"
+#include "text/text.hpp"
 
 namespace keel::cli {
 
@@ -74,8 +75,8 @@ std::string usage_line(const std::string& command) {
   if (const Command* c = find_command(command))
     return std::string("keel ") + c->name + " " + c->args + "  (`keel " + c->name +
            " --help` for more)";
-  return "keel COMMAND [ARGS] [FLAGS], COMMAND one of train, evaluate, validate, plugins, "
-         "options, prepare, report  (`keel --help` for more)";
+  return "keel COMMAND [ARGS] [FLAGS], COMMAND one of " + text::join(command_names()) +
+         "  (`keel --help` for more)";
 }
 
 // keel report RUN_DIR [--output FILE].
