@@ -16,7 +16,7 @@ import select
 import subprocess
 import tempfile
 import threading
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 
 class Outcome(NamedTuple):
@@ -140,6 +140,21 @@ class Pool:
             runner.close(self.timeout_s)
             self.local.runner = None
         return outcome
+
+    def keel(self, argv: Sequence[str], cwd: str, env: Optional[Dict[str, str]] = None,
+             unset: Sequence[str] = ()) -> Tuple[int, str, str]:
+        """run() for a test that wants what a keel process gives: (exit status, stdout, stderr),
+        the texts as subprocess's text=True reads them; raises AssertionError when keel hung or
+        left process-global state changed."""
+        o = self.run(argv, cwd, env, unset)
+        shown = " ".join(argv[1:])
+        if o.returncode is None:
+            raise AssertionError(f"keel {shown} hung (killed after {self.timeout_s} s): "
+                                 f"{o.stderr}")
+        if o.leaks:
+            raise AssertionError(f"keel {shown} left process-global state changed: {o.leaks}")
+        return (o.returncode, *(t.replace("\r\n", "\n").replace("\r", "\n")
+                                for t in (o.stdout, o.stderr)))
 
     def close(self) -> List[str]:
         """Ends every runner still running; returns their problems (empty: all exited 0)."""

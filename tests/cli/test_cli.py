@@ -48,22 +48,10 @@ def tearDownModule():
         raise AssertionError("keel_inproc did not exit clean:\n" + "\n".join(problems))
 
 
-def universal_newlines(text):
-    """As subprocess's text=True reads a keel process's output."""
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
 def keel(*args, cwd=None, env=None):
     """keel ARGS in keel_inproc, in cwd (default: ours), with the environment without
     KEEL_LOG_LEVEL plus env; fails when it hangs or leaves process-global state changed."""
-    o = POOL.run([KEEL, *args], cwd=cwd or os.getcwd(), env=env, unset=["KEEL_LOG_LEVEL"])
-    if o.returncode is None:
-        raise AssertionError(f"keel {' '.join(args)} hung (killed after {TIMEOUT_S} s): "
-                             f"{o.stderr}")
-    if o.leaks:
-        raise AssertionError(f"keel {' '.join(args)} left process-global state changed: "
-                             f"{o.leaks}")
-    return o.returncode, universal_newlines(o.stdout), universal_newlines(o.stderr)
+    return POOL.keel([KEEL, *args], cwd=cwd or os.getcwd(), env=env, unset=["KEEL_LOG_LEVEL"])
 
 
 def keel_process(*args, cwd=None, env=None):
