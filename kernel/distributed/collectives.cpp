@@ -57,6 +57,14 @@ Collectives::Collectives(ProcessGroup& group) : group_(&group.impl()) {}
 
 Collectives::~Collectives() = default;
 
+Pending Collectives::pending(const std::string& what) const {
+  Pending p;
+  p.state_ = std::make_shared<Pending::State>();
+  p.state_->group = group_;
+  p.state_->what = what;
+  return p;
+}
+
 int Collectives::rank() const { return group_->launch.rank; }
 
 int Collectives::world() const { return group_->launch.world_size; }
@@ -72,11 +80,8 @@ Pending Collectives::reduce_scatter(at::Tensor packed, std::vector<at::Tensor> o
   for (const at::Tensor& o : out)
     if (o.scalar_type() != packed.scalar_type())
       throw Error("internal: " + what + ": reduce-scatter outputs of another dtype than the input");
-  Pending p;
-  p.state_ = std::make_shared<Pending::State>();
+  Pending p = pending(what);
   Pending::State& s = *p.state_;
-  s.group = group_;
-  s.what = what;
   if (chunk == 0) return p;  // every rank has the same shapes: nothing moves anywhere
   at::Tensor mine = at::empty({native(*group_) ? chunk : world * chunk}, packed.options());
   group_->guarded(what, [&] {
@@ -137,11 +142,8 @@ Pending Collectives::all_gather(std::vector<at::Tensor> inputs,
     in.push_back(inputs[k].contiguous());
     for (size_t q = 0; q < world; ++q) into[q].push_back(outputs[q][k]);
   }
-  Pending p;
-  p.state_ = std::make_shared<Pending::State>();
+  Pending p = pending(what);
   Pending::State& s = *p.state_;
-  s.group = group_;
-  s.what = what;
   if (in.empty()) return p;
 #ifdef KEEL_WITH_NCCL
   if (native(*group_)) {

@@ -76,6 +76,9 @@ class Collectives {
                                             const std::string& what);
 
  private:
+  // A Pending of this group for the collective `what`, with nothing in flight yet.
+  Pending pending(const std::string& what) const;
+
   ProcessGroup::Impl* group_;
 };
 
