@@ -69,7 +69,7 @@ AT(keel_state_writer, struct_size, 0, 4);
 AT(keel_state_writer, host_data, 8, 8);
 AT(keel_state_writer, put, 16, 8);
 
-SIZE(keel_create_context, 128);
+SIZE(keel_create_context, 136);
 AT(keel_create_context, struct_size, 0, 4);
 AT(keel_create_context, host, 8, 8);
 AT(keel_create_context, options, 16, 8);
@@ -87,8 +87,14 @@ AT(keel_create_context, group_count, 96, 8);
 AT(keel_create_context, group_lr, 104, 8);
 AT(keel_create_context, group_weight_decay, 112, 8);
 AT(keel_create_context, resume_step, 120, 8);
+AT(keel_create_context, shards, 128, 8);
 
-SIZE(keel_model, 104);
+SIZE(keel_shard_group, 24);
+AT(keel_shard_group, struct_size, 0, 4);
+AT(keel_shard_group, host_data, 8, 8);
+AT(keel_shard_group, all_reduce, 16, 8);
+
+SIZE(keel_model, 112);
 AT(keel_model, struct_size, 0, 4);
 AT(keel_model, self, 8, 8);
 AT(keel_model, destroy, 16, 8);
@@ -102,6 +108,7 @@ AT(keel_model, flops_per_sample, 72, 8);
 AT(keel_model, state_save, 80, 8);
 AT(keel_model, state_load, 88, 8);
 AT(keel_model, forward_features, 96, 8);
+AT(keel_model, export_state, 104, 8);
 
 SIZE(keel_batch, 32);
 AT(keel_batch, inputs, 0, 8);

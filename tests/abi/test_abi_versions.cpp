@@ -1,29 +1,33 @@
-// The current ABI against the frozen 1.0, 1.1 and 1.5 headers (tests/abi/), asserted at compile
+// The current ABI against the frozen 1.0, 1.1, 1.5 and 1.6 headers (tests/abi/), asserted at compile
 // time:
 // a plugin built against an older minor keeps finding every field where it was, and the kernel
 // keeps asking it for no more than that minor had. This is a compile-time test: the executable
 // only builds when every static_assert holds, and main() has nothing left to check.
 //
 // The frozen headers are included under other names: the build generates keel10_abi.h,
-// keel11_abi.h and keel15_abi.h from them, with keel_ -> keel10_ / keel11_ / keel15_ and
-// KEEL_ -> KEEL10_ / KEEL11_ / KEEL15_.
+// keel11_abi.h, keel15_abi.h and keel16_abi.h from them, with keel_ -> keel10_ / keel11_ /
+// keel15_ / keel16_ and KEEL_ -> KEEL10_ / KEEL11_ / KEEL15_ / KEEL16_.
 #include <cstddef>
 
 #include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
 #include "keel10_abi.h"
 #include "keel11_abi.h"
 #include "keel15_abi.h"
+#include "keel16_abi.h"
 
 static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
 static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
                   KEEL11_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL11_ABI_MINOR == 1 &&
-                  KEEL15_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL15_ABI_MINOR == 5,
-              "tests/abi/1.0, 1.1 and 1.5 must hold the frozen 1.0, 1.1 and 1.5 headers");
+                  KEEL15_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL15_ABI_MINOR == 5 &&
+                  KEEL16_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL16_ABI_MINOR == 6,
+              "tests/abi/1.0, 1.1, 1.5 and 1.6 must hold the frozen 1.0, 1.1, 1.5 and 1.6 "
+              "headers");
 
 #define ABI_10 "1.0"
 #define ABI_11 "1.1"
 #define ABI_15 "1.5"
-// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5) keeps its offset and size.
+#define ABI_16 "1.6"
+// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6) keeps its offset and size.
 #define SAME(V, T, field)                                                                    \
   static_assert(offsetof(keel_##T, field) == offsetof(keel##V##_##T, field) &&               \
                     sizeof(keel_##T::field) == sizeof(keel##V##_##T::field),                 \
@@ -116,6 +120,7 @@ APPENDED(create_context, group_lr, 10);
 SAME(11, create_context, group_weight_decay);
 APPENDED(create_context, group_weight_decay, 10);
 APPENDED(create_context, resume_step, 11);
+APPENDED(create_context, shards, 16);
 
 // keel_model
 GROWN(model);
@@ -132,6 +137,7 @@ SAME(10, model, flops_per_sample);
 APPENDED(model, state_save, 11);
 APPENDED(model, state_load, 11);
 APPENDED(model, forward_features, 11);
+APPENDED(model, export_state, 16);
 
 // keel_batch
 GROWN(batch);
@@ -308,7 +314,7 @@ SAME(10, plugin_descriptor, components);
 SAME(10, plugin_descriptor, component_count);
 SAME(10, plugin_descriptor, component_size);
 
-// Every field of ABI 1.5 (the minor before the current one) keeps its offset and size, in every
+// Every field of ABI 1.5 keeps its offset and size, in every
 // struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.6).
 // keel_error
 SAME(15, error, message);
@@ -528,6 +534,235 @@ SAME(15, plugin_descriptor, fingerprint);
 SAME(15, plugin_descriptor, components);
 SAME(15, plugin_descriptor, component_count);
 SAME(15, plugin_descriptor, component_size);
+
+// Every field of ABI 1.6 (the minor before the current one) keeps its offset and size, in every
+// struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.7).
+// keel_error
+SAME(16, error, message);
+
+// keel_host
+SAME(16, host, struct_size);
+SAME(16, host, abi_major);
+SAME(16, host, abi_minor);
+SAME(16, host, torch_version);
+SAME(16, host, tensor_dtype);
+SAME(16, host, tensor_ndim);
+SAME(16, host, tensor_size);
+SAME(16, host, tensor_numel);
+SAME(16, host, tensor_cpu_data);
+SAME(16, host, tensor_contiguous_cpu);
+SAME(16, host, tensor_from_buffer);
+SAME(16, host, tensor_retain);
+SAME(16, host, tensor_release);
+SAME(16, host, option_bool);
+SAME(16, host, option_int);
+SAME(16, host, option_float);
+SAME(16, host, option_string);
+SAME(16, host, option_list_size);
+SAME(16, host, option_list_int);
+SAME(16, host, option_list_float);
+SAME(16, host, log);
+SAME(16, host, report_error);
+
+// keel_option_desc
+SAME(16, option_desc, key);
+SAME(16, option_desc, type);
+SAME(16, option_desc, default_toml);
+SAME(16, option_desc, help);
+SAME(16, option_desc, min);
+SAME(16, option_desc, max);
+SAME(16, option_desc, choices);
+
+// keel_named_tensor
+SAME(16, named_tensor, name);
+SAME(16, named_tensor, tensor);
+
+// keel_state_writer
+SAME(16, state_writer, struct_size);
+SAME(16, state_writer, host_data);
+SAME(16, state_writer, put);
+
+// keel_metric_writer
+SAME(16, metric_writer, struct_size);
+SAME(16, metric_writer, host_data);
+SAME(16, metric_writer, put);
+
+// keel_create_context
+SAME(16, create_context, struct_size);
+SAME(16, create_context, host);
+SAME(16, create_context, options);
+SAME(16, create_context, section);
+SAME(16, create_context, seed);
+SAME(16, create_context, rank);
+SAME(16, create_context, world_size);
+SAME(16, create_context, run_dir);
+SAME(16, create_context, params);
+SAME(16, create_context, param_names);
+SAME(16, create_context, param_count);
+SAME(16, create_context, total_steps);
+SAME(16, create_context, param_group);
+SAME(16, create_context, group_count);
+SAME(16, create_context, group_lr);
+SAME(16, create_context, group_weight_decay);
+SAME(16, create_context, resume_step);
+
+// keel_model
+SAME(16, model, struct_size);
+SAME(16, model, self);
+SAME(16, model, destroy);
+SAME(16, model, forward);
+SAME(16, model, set_training);
+SAME(16, model, param_count);
+SAME(16, model, param);
+SAME(16, model, state_count);
+SAME(16, model, state);
+SAME(16, model, flops_per_sample);
+SAME(16, model, state_save);
+SAME(16, model, state_load);
+SAME(16, model, forward_features);
+
+// keel_batch
+SAME(16, batch, inputs);
+SAME(16, batch, targets);
+SAME(16, batch, samples);
+SAME(16, batch, tokens);
+
+// keel_dataset
+SAME(16, dataset, struct_size);
+SAME(16, dataset, self);
+SAME(16, dataset, destroy);
+SAME(16, dataset, size);
+SAME(16, dataset, batches_per_epoch);
+SAME(16, dataset, start_epoch);
+SAME(16, dataset, next);
+SAME(16, dataset, seek);
+SAME(16, dataset, state_save);
+SAME(16, dataset, state_load);
+SAME(16, dataset, tokens_per_sample);
+
+// keel_optimizer
+SAME(16, optimizer, struct_size);
+SAME(16, optimizer, self);
+SAME(16, optimizer, destroy);
+SAME(16, optimizer, step);
+SAME(16, optimizer, zero_grad);
+SAME(16, optimizer, group_count);
+SAME(16, optimizer, get_lr);
+SAME(16, optimizer, set_lr);
+SAME(16, optimizer, state_save);
+SAME(16, optimizer, state_load);
+
+// keel_lr_scheduler
+SAME(16, lr_scheduler, struct_size);
+SAME(16, lr_scheduler, self);
+SAME(16, lr_scheduler, destroy);
+SAME(16, lr_scheduler, factor);
+
+// keel_loss
+SAME(16, loss, struct_size);
+SAME(16, loss, self);
+SAME(16, loss, destroy);
+SAME(16, loss, compute);
+SAME(16, loss, count_items);
+SAME(16, loss, compute_linear);
+SAME(16, loss, metric_state_size);
+SAME(16, loss, metric_update);
+SAME(16, loss, metric_finish);
+
+// keel_grad_clipper
+SAME(16, grad_clipper, struct_size);
+SAME(16, grad_clipper, self);
+SAME(16, grad_clipper, destroy);
+SAME(16, grad_clipper, clip);
+
+// keel_mfu
+SAME(16, mfu, struct_size);
+SAME(16, mfu, self);
+SAME(16, mfu, destroy);
+SAME(16, mfu, compute);
+SAME(16, mfu, peak_flops);
+
+// keel_profiler
+SAME(16, profiler, struct_size);
+SAME(16, profiler, self);
+SAME(16, profiler, destroy);
+SAME(16, profiler, begin);
+SAME(16, profiler, end);
+SAME(16, profiler, flush);
+
+// keel_checkpoint
+SAME(16, checkpoint, struct_size);
+SAME(16, checkpoint, self);
+SAME(16, checkpoint, destroy);
+SAME(16, checkpoint, save);
+SAME(16, checkpoint, load);
+
+// keel_metric
+SAME(16, metric, key);
+SAME(16, metric, value);
+
+// keel_trainer_state
+SAME(16, trainer_state, struct_size);
+SAME(16, trainer_state, step);
+SAME(16, trainer_state, epoch);
+SAME(16, trainer_state, samples);
+SAME(16, trainer_state, tokens);
+SAME(16, trainer_state, max_steps);
+SAME(16, trainer_state, epochs);
+SAME(16, trainer_state, lr);
+SAME(16, trainer_state, loss);
+SAME(16, trainer_state, skipped_steps);
+SAME(16, trainer_state, grad_norm);
+SAME(16, trainer_state, train_metrics);
+SAME(16, trainer_state, train_metric_count);
+SAME(16, trainer_state, eval_metrics);
+SAME(16, trainer_state, eval_metric_count);
+
+// keel_event
+SAME(16, event, struct_size);
+SAME(16, event, kind);
+SAME(16, event, state);
+SAME(16, event, split);
+SAME(16, event, metrics);
+SAME(16, event, metric_count);
+SAME(16, event, path);
+SAME(16, event, requests);
+SAME(16, event, micro_batch);
+SAME(16, event, message);
+
+// keel_hook
+SAME(16, hook, struct_size);
+SAME(16, hook, self);
+SAME(16, hook, destroy);
+SAME(16, hook, on_event);
+SAME(16, hook, state_count);
+SAME(16, hook, state);
+
+// keel_component_desc
+SAME(16, component_desc, kind);
+SAME(16, component_desc, name);
+SAME(16, component_desc, description);
+SAME(16, component_desc, options);
+SAME(16, component_desc, option_count);
+SAME(16, component_desc, option_size);
+SAME(16, component_desc, create);
+
+// keel_build_fingerprint
+SAME(16, build_fingerprint, torch_version);
+SAME(16, build_fingerprint, compiler);
+SAME(16, build_fingerprint, cxx11_abi);
+
+// keel_plugin_descriptor
+SAME(16, plugin_descriptor, abi_major);
+SAME(16, plugin_descriptor, abi_minor);
+SAME(16, plugin_descriptor, struct_size);
+SAME(16, plugin_descriptor, name);
+SAME(16, plugin_descriptor, version);
+SAME(16, plugin_descriptor, description);
+SAME(16, plugin_descriptor, fingerprint);
+SAME(16, plugin_descriptor, components);
+SAME(16, plugin_descriptor, component_count);
+SAME(16, plugin_descriptor, component_size);
 
 // The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
 // NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never

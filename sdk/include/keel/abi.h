@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 6
+#define KEEL_ABI_MINOR 7
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.6)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.7)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -274,6 +274,37 @@ typedef enum keel_kind {
   KEEL_KIND_HOOK = 10
 } keel_kind;
 
+/* ------------------------------------------------------------------------------------------
+ * (1.7) Sharded parameters
+ *
+ * With [distributed] shard = "optimizer", "gradients" or "parameters" and several ranks, the
+ * optimizer and the gradient clipper get shards instead of whole parameters: params[i] is this
+ * rank's rows of parameter i split on dim 0 into chunks of ceil(rows / world_size) rows (rank r
+ * holds rows [r * chunk, min((r + 1) * chunk, rows)): the last ranks may hold fewer rows, or
+ * none, as a tensor with 0 rows; a 0-dim parameter is held by rank 0, the others get an empty
+ * tensor of shape [0]), under the parameter's own name, group and options. Its gradient holds
+ * the same rows of the whole gradient (averaged over the ranks, as without shards). An update
+ * that works element by element (SGD, Adam, AdamW) needs nothing more; a value computed over
+ * whole parameters (a gradient norm, a per-tensor trust ratio) is combined over the ranks with
+ * keel_shard_group.all_reduce.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef enum keel_reduce_op { KEEL_REDUCE_SUM = 1, KEEL_REDUCE_MAX = 2 } keel_reduce_op;
+
+/* The ranks that hold the shards; the host's, valid for the instance's life. */
+typedef struct keel_shard_group {
+  uint32_t struct_size;
+  void* host_data; /* the host's; do not touch */
+  /* Replaces each of values[0 .. count) by its sum (or maximum) over the ranks, the same on
+   * every rank. A collective: every rank calls it the same number of times, in the same order,
+   * with the same count and op, and only from inside the optimizer's step or the clipper's
+   * clip (which the kernel calls on every rank at once). Returns KEEL_ERR with `err` filled when
+   * the ranks cannot agree (a rank failed or did not arrive within [distributed] timeout_s);
+   * the slot then returns KEEL_ERR too. [train] */
+  keel_status (*all_reduce)(const struct keel_shard_group* group, double* values, size_t count,
+                            keel_reduce_op op, keel_error* err);
+} keel_shard_group;
+
 /* What a factory gets. Fields that do not apply to the component's kind are zero/NULL. */
 typedef struct keel_create_context {
   uint32_t struct_size;
@@ -307,6 +338,9 @@ typedef struct keel_create_context {
   /* (1.3) The step a resumed run continues from (`keel train --resume`), 0 for a fresh run.
    * A component that writes files into run_dir keeps what it wrote up to that step. */
   int64_t resume_step;
+  /* (1.7) optimizer, grad_clipper: non-NULL when `params` are shards (see "Sharded
+   * parameters"), NULL when they are the whole parameters. */
+  const keel_shard_group* shards;
 } keel_create_context;
 
 /* Every instance struct begins with these three fields and holds nothing but function
@@ -358,6 +392,15 @@ typedef struct keel_model {
    * calls forward). [train] */
   keel_status (*forward_features)(void* self, keel_tensor* input, keel_tensor** features,
                                   keel_tensor** weight, keel_error* err);
+  /* (1.7) Optional: the model's weights as a Hugging Face `transformers` model names and lays
+   * them out, for `keel export`. Puts every tensor of that model's state dict to `out` (values
+   * of the model's current parameters and buffers; the plugin may put transposed or derived
+   * copies), and writes the model's `config.json` into config_json: at most `capacity` bytes
+   * with its NUL (the kernel zeroes config_json[0] first; an empty string: no config). Called
+   * once, on the calling thread, after a checkpoint's model state was loaded; no training
+   * follows. [setup] */
+  keel_status (*export_state)(void* self, keel_state_writer* out, char* config_json,
+                              size_t capacity, keel_error* err);
 } keel_model;
 
 /* dataset ---------------------------------------------------------------------------------- */
