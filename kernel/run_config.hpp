@@ -8,7 +8,7 @@
 //                  precision, nonfinite policy, logging and evaluation cadence
 //   [model] [data.train] [data.test] [optimizer] [lr_scheduler] [loss] [grad_clipper]
 //   [mfu] [profiler] [checkpoint] [[hooks]]   -- each names its plugin with `type`
-//   [distributed]  timeout_s, backend, bucket_cap_mb (several processes)
+//   [distributed]  timeout_s, backend, bucket_cap_mb, shard (several processes)
 #pragma once
 
 #include <cmath>

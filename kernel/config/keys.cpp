@@ -212,7 +212,8 @@ const KeyTable<TrainKeys>& train_keys() {
 const KeyTable<DistributedKeys>& distributed_keys() {
   using S = DistributedKeys;
   static const KeyTable<S> t{
-      "distributed", "several processes (torchrun, Slurm, Open MPI): timeout, backend, buckets", {
+      "distributed", "several processes (torchrun, Slurm, Open MPI): timeout, backend, buckets, "
+      "sharding", {
       key(&S::timeout_s,
           opt_int("timeout_s", "300",
                   "seconds a rank waits for the others (rendezvous, every collective) before it "
@@ -227,6 +228,12 @@ const KeyTable<DistributedKeys>& distributed_keys() {
           opt_int("bucket_cap_mb", "25",
                   "gradient all-reduce bucket size in MiB (DDP's bucket_cap_mb)", 1, 4096),
           kSafe),
+      key(&S::shard,
+          opt_string("shard", "\"none\"",
+                     "none: every rank holds the whole optimizer state (DDP); optimizer: each "
+                     "rank holds that of its 1/ranks of every parameter's rows (ZeRO-1)",
+                     "none|optimizer"),
+          kBreaks),
   }};
   return t;
 }

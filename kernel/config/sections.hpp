@@ -19,6 +19,7 @@ enum class Precision { kFp32, kBf16, kFp16 };                   // fp32|bf16|fp1
 enum class NonFinite { kError, kSkip };                          // error|skip
 enum class AccumNorm { kAuto, kMean, kItems };                   // auto|mean|items
 enum class BestMode { kMin, kMax };                              // min|max
+enum class ShardMode { kNone, kOptimizer };                      // none|optimizer
 
 // [run]
 struct RunKeys {
@@ -59,6 +60,7 @@ struct DistributedKeys {
   int64_t timeout_s = 0;
   std::string backend;
   int64_t bucket_cap_mb = 0;
+  ShardMode shard = ShardMode::kNone;  // what each rank holds of the optimizer state
 };
 
 // The kernel's keys of [checkpoint] (the backend's own options are in its ComponentSpec).

@@ -181,7 +181,7 @@ void create_data(Run& run) {
 void create_optimizer(Run& run) {
   const RunConfig& config = run.config;
   const ParamGroups groups = assign_param_groups(run);
-  keel_create_context ctx = param_context(run, config.optimizer);
+  keel_create_context ctx = update_context(run, config.optimizer);
   ctx.param_group = groups.of_param.data();
   ctx.group_count = groups.lr.size();
   ctx.group_lr = groups.lr.data();
@@ -233,9 +233,17 @@ void create_schedule_and_loss(Run& run) {
 void create_measurements(Run& run) {
   const RunConfig& config = run.config;
   Components& c = run.components;
-  if (config.grad_clipper)
+  if (config.grad_clipper) {
     c.clipper = create_instance<keel_grad_clipper>(*config.grad_clipper->component,
-                                                   param_context(run, *config.grad_clipper));
+                                                   update_context(run, *config.grad_clipper));
+    // A clipper of an older ABI would take the norm of this rank's shards as the whole norm.
+    if (run.shards && c.clipper.abi_minor() < 7)
+      throw c.clipper.error(
+          "was built for plugin ABI 1." + std::to_string(c.clipper.abi_minor()) + ", before "
+          "sharded parameters (1.7): it would clip by the norm of this rank's shards only, "
+          "not the whole gradient's; hint: rebuild it against this keel's SDK and combine its "
+          "norm with keel_create_context.shards, or set distributed.shard = \"none\"");
+  }
   if (config.mfu) {
     // The parameters too (deduplicated): a calculator may derive FLOPs from their count.
     c.mfu = create_instance<keel_mfu>(*config.mfu->component, param_context(run, *config.mfu));
@@ -342,6 +350,7 @@ void assemble(Run& run, const RunConfig& config, bool validate_only,
                         [] { return random_token(); });
   if (!validate_only && config.resume != RunConfig::Resume::kNo) choose_resume_point(run);
   create_model(run);
+  shard_parameters(run);
   create_data(run);
   create_optimizer(run);
   create_schedule_and_loss(run);

@@ -33,7 +33,8 @@ void add_replicated_objects(const Run& run, Snapshot& snap) {
     if (params_set.count(nt.tensor)) snap.deferred.insert(nt.tensor);
   }
   snap.objects.emplace_back("model", std::move(model_t));
-  if (KEEL_HAS_SLOT(c.optimizer, keel_optimizer, state_save)) {
+  // With shards each rank holds its own part of the optimizer state (add_rank_objects).
+  if (!run.shards && KEEL_HAS_SLOT(c.optimizer, keel_optimizer, state_save)) {
     TensorList opt = save_state(c.optimizer);
     for (const auto& [name, t] : opt) snap.deferred.insert(t.unsafeGetTensorImpl());
     snap.objects.emplace_back("optimizer", std::move(opt));
@@ -60,6 +61,8 @@ void add_rank_objects(const Run& run, Snapshot& snap) {
   add_state(run.components.model, "model");
   add_state(run.components.train_data, "data.train");
   snap.objects.emplace_back(rank_object(run, "state"), std::move(state_t));
+  if (run.shards && KEEL_HAS_SLOT(run.components.optimizer, keel_optimizer, state_save))
+    snap.objects.emplace_back(optimizer_object(run), save_state(run.components.optimizer));
 }
 
 // trainer_state.toml's fields (checkpoint/meta.hpp) and the metrics retention ranks by.
@@ -91,7 +94,8 @@ void fill_meta(const Run& run, Snapshot& snap) {
 
 // Everything a checkpoint holds, gathered now (at a step boundary). With several ranks, rank 0
 // holds the replicated objects (model, optimizer, hooks) and its own "rng" and "state"; rank
-// r > 0 only its own, as "rank<r>.rng" and "rank<r>.state".
+// r > 0 only its own, as "rank<r>.rng" and "rank<r>.state". With [distributed] shard the
+// optimizer state is each rank's own too, as "rank<r>.optimizer" (optimizer_object).
 Snapshot snapshot(const Run& run) {
   Snapshot snap;
   if (run.ranks.rank == 0) add_replicated_objects(run, snap);
@@ -114,6 +118,10 @@ void announce_commit(Run& run, const std::string& dir) {
 
 std::string rank_object(const Run& run, const std::string& stem) {
   return run.ranks.rank == 0 ? stem : "rank" + std::to_string(run.ranks.rank) + "." + stem;
+}
+
+std::string optimizer_object(const Run& run) {
+  return run.shards ? "rank" + std::to_string(run.ranks.rank) + ".optimizer" : "optimizer";
 }
 
 std::vector<std::pair<std::string, std::string>> plugin_versions(const Run& run) {

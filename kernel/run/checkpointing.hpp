@@ -28,6 +28,10 @@ void finish_async_save(Run& run, bool block);
 
 // "rank<r>.<stem>": a checkpoint object of rank r > 0 (rank 0's is plain `stem`).
 std::string rank_object(const Run& run, const std::string& stem);
+// The object holding this rank's optimizer state: "optimizer" (rank 0's, whole), or with
+// [distributed] shard every rank's own part as "rank<r>.optimizer" (rank 0 too, so that a
+// checkpoint of the other kind is told apart).
+std::string optimizer_object(const Run& run);
 
 // Name and version of the plugin of every component, once each.
 std::vector<std::pair<std::string, std::string>> plugin_versions(const Run& run);

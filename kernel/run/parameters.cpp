@@ -4,11 +4,15 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include "config/keys.hpp"
+#include "distributed/sharding.hpp"
 #include "host.hpp"
 #include "keel/tensor.hpp"
 #include "run/run.hpp"
@@ -103,6 +107,15 @@ keel_create_context param_context(const Run& run, const ComponentSpec& spec) {
   return c;
 }
 
+keel_create_context update_context(const Run& run, const ComponentSpec& spec) {
+  keel_create_context c = param_context(run, spec);
+  if (run.shards) {
+    c.params = run.shards->handles().data();
+    c.shards = run.shards->abi_group();
+  }
+  return c;
+}
+
 void create_model(Run& run) {
   Instance<keel_model>& model = run.components.model;
   model = make_instance<keel_model>(run, run.config.model);
@@ -148,6 +161,24 @@ ParamGroups assign_param_groups(const Run& run) {
     groups.weight_decay.push_back(spec.weight_decay);
   }
   return groups;
+}
+
+void shard_parameters(Run& run) {
+  const DistributedKeys& d = run.config.distributed;
+  if (d.shard == ShardMode::kNone) return;
+  const std::string value =
+      "\"" + std::get<std::string>(distributed_keys().find("shard")->read(d)) + "\"";
+  if (!run.ranks.group) {
+    spdlog::warn("distributed.shard = {} with one process: every parameter is whole here, so "
+                 "the run holds everything as with \"none\"", value);
+    return;
+  }
+  std::vector<at::Tensor> state;
+  for (const auto& nt : run.parameters.model_state) state.push_back(borrow(nt.tensor));
+  const std::vector<std::string> names(run.parameters.names.begin(), run.parameters.names.end());
+  run.shards = std::make_unique<ShardedParams>(*run.ranks.group, run.parameters.tensors, names,
+                                               state, d.bucket_cap_mb << 20);
+  spdlog::info("distributed.shard = {}: {}", value, run.shards->describe());
 }
 
 }  // namespace keel

@@ -133,12 +133,20 @@ void load_model_and_optimizer(Run& run, const CommitRecord& rec, const std::stri
                           "go on with fresh optimizer moments; hint: use an optimizer that "
                           "keeps its state in checkpoints (sgd, adam, adamw do), or start a "
                           "new run from the weights with [checkpoint] init_from");
-  if (!rec.tensors.count("optimizer"))
+  // With shards, this rank's part.
+  const std::string object = optimizer_object(run);
+  const std::string other = run.shards ? "optimizer" : "rank0.optimizer";
+  if (!rec.tensors.count(object) && rec.tensors.count(other))
+    throw Error(dir + ": the checkpoint holds the optimizer state " +
+                (run.shards ? "whole (distributed.shard = \"none\")" : "in shards") +
+                " and this run " + (run.shards ? "shards it" : "does not shard it") +
+                "; hint: resume with the distributed.shard the checkpoint was saved with");
+  if (!rec.tensors.count(object))
     throw Error(dir + ": the checkpoint holds no optimizer state (saved by an optimizer "
                 "without state slots); hint: start a new run from its weights with "
                 "[checkpoint] init_from");
-  TensorList opt = allocate(rec, "optimizer");
-  store.load(dir, "optimizer", opt);
+  TensorList opt = allocate(rec, object);
+  store.load(dir, object, opt);
   const auto named = as_named(opt);
   optimizer.call("state_load", optimizer->state_load, named.data(), named.size());
 }

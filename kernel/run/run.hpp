@@ -5,7 +5,8 @@
 // the run needs: the gradient synchronisation first (its autograd hooks hold the parameters),
 // then the component instances in reverse order of creation (hooks first, then the checkpoint
 // store before the backend it writes with, ..., the model last), so that the files they hold
-// are closed; then the process group; then the run directory's part, which detaches run.log
+// are closed; then the parameter shards the optimizer and clipper borrowed; then the process
+// group; then the run directory's part, which detaches run.log
 // and removes a scratch directory. The plugins themselves stay loaded until the caller's
 // Registry goes, after the Trainer (plugin code must outlive its instances).
 #pragma once
@@ -25,6 +26,7 @@
 #include "components.hpp"
 #include "distributed/grad_sync.hpp"
 #include "distributed/process_group.hpp"
+#include "distributed/sharding.hpp"
 #include "keel/abi.h"
 #include "loss_scaler.hpp"
 #include "run/checkpoint_backend.hpp"
@@ -145,6 +147,9 @@ struct Run {
   RunConfig config;
   RunDirectory directory;
   Ranks ranks;
+  // [distributed] shard with several ranks: the optimizer's and clipper's shards (null
+  // otherwise). Before the components, which borrow its handles: destroyed after them.
+  std::unique_ptr<ShardedParams> shards;
   Components components;
   Parameters parameters;
   StepPlan plan;

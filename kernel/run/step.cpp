@@ -169,6 +169,9 @@ void step_or_skip(Run& run, const StepOutcome& step) {
     emit(run, KEEL_EVENT_BEFORE_OPTIMIZER_STEP);
     profile_begin(run, "optimizer");
     run.components.optimizer.call("step", run.components.optimizer->step);
+    // Shards: every rank's updated rows to every rank.
+    if (run.shards) run.shards->gather_parameters("gathering the parameters updated at step " +
+                                                  std::to_string(next));
     profile_end(run, "optimizer");
   } else if (run.config.train.nonfinite == NonFinite::kError && !scaling) {
     throw Error("non-finite " + std::string(std::isfinite(step.loss) ? "gradient norm" : "loss") +
@@ -241,8 +244,10 @@ double train_step(Run& run, const std::vector<MicroBatch>& batches) {
   for (size_t i = 0; i < batches.size(); ++i)
     emit(run, KEEL_EVENT_AFTER_DATA, nullptr, nullptr, nullptr, static_cast<int64_t>(i));
   run.components.optimizer.run("zero_grad", run.components.optimizer->zero_grad);
+  if (run.shards) run.shards->clear_gradients();  // zero_grad saw only the shards
   StepOutcome step = forward_backward(run, batches);
   if (run.plan.scaler) step.finite = run.plan.scaler->unscale(run.parameters.tensors) && step.finite;
+  if (run.shards) run.shards->bind_gradients();  // the shards' rows of the whole gradients
   emit(run, KEEL_EVENT_AFTER_BACKWARD);
   clip_gradients(run, step);
   run.progress.grad_norm = step.grad_norm;

@@ -133,7 +133,8 @@ path = "{{events}}"
 
     def test_abi_1_1_plugin(self):
         self.check_listed("abi11-fixture", 1, [("lr_scheduler", "abi11_inverse"),
-                                               ("mfu", "abi11_mfu"), ("hook", "abi11_events")])
+                                               ("mfu", "abi11_mfu"), ("hook", "abi11_events"),
+                                               ("grad_clipper", "abi11_noclip")])
         # grad_accum = 2 (AFTER_DATA per micro-batch), 8 batches: one epoch of 4 steps, cut at 3.
         train, test, lines = self.train("abi11", f'''[lr_scheduler]
 type = "abi11_inverse"

@@ -45,6 +45,35 @@ namespace keel {
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // ---------------------------------------------------------------------------------------------
+// Shards (ABI 1.7, abi.h "Sharded parameters"): whether an optimizer's or clipper's parameters
+// are this rank's shards, and the all-reduce that combines a whole-parameter value (a norm)
+// over the ranks. Copyable; valid for the component's life.
+// ---------------------------------------------------------------------------------------------
+class Shards {
+ public:
+  explicit Shards(const keel_shard_group* group = nullptr) : group_(group) {}
+  // True when the parameters are shards (false: whole parameters, also from a kernel < 1.7).
+  bool active() const { return group_ != nullptr; }
+  // Each value becomes its sum (max) over the ranks, the same on every rank; does nothing when
+  // not active. A collective: every rank calls it equally often with as many values, only from
+  // inside step / clip. Throws std::runtime_error with the kernel's message on failure.
+  void sum(std::vector<double>& values) const { reduce(values, KEEL_REDUCE_SUM); }
+  void max(std::vector<double>& values) const { reduce(values, KEEL_REDUCE_MAX); }
+
+ private:
+  void reduce(std::vector<double>& values, keel_reduce_op op) const {
+    if (!group_) return;
+    keel_error err;
+    err.message[0] = '\0';
+    if (group_->all_reduce(group_, values.data(), values.size(), op, &err) != KEEL_OK) {
+      err.message[KEEL_ERROR_CAPACITY - 1] = '\0';
+      throw std::runtime_error(err.message[0] ? err.message : "all_reduce over the shards failed");
+    }
+  }
+  const keel_shard_group* group_;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Context: what a constructor receives (options, seed, run directory, parameters).
 // ---------------------------------------------------------------------------------------------
 class Context {
@@ -100,7 +129,13 @@ class Context {
     return out;
   }
 
-  // The model's trainable parameters (optimizer and grad_clipper components).
+  // Optimizer and grad_clipper: whether params() are shards of the parameters (ABI 1.7).
+  Shards shards() const {
+    return Shards(KEEL_HAS_FIELD(raw_, keel_create_context, shards) ? raw_->shards : nullptr);
+  }
+
+  // The model's trainable parameters (optimizer and grad_clipper components); with shards()
+  // active, this rank's rows of each (abi.h "Sharded parameters").
   std::vector<at::Tensor> params() const {
     std::vector<at::Tensor> out;
     out.reserve(raw_->param_count);

@@ -1,0 +1,83 @@
+// The parameters split over the ranks on dim 0 ([distributed] shard, abi.h "Sharded
+// parameters"), as FSDP2 lays them out: parameter k of R_k rows is cut into chunks of
+// c_k = ceil(R_k / W) rows, and rank r holds rows [r c_k, min((r + 1) c_k, R_k)) (possibly none;
+// a 0-dim parameter counts as one row). The optimizer and the gradient clipper get these shards
+// instead of the whole parameters, so each rank keeps the optimizer state of its rows only.
+//
+// Layout. Every parameter's values move once, at setup, into a storage of c_k x W rows (the
+// rows past R_k are padding, so every rank's chunk has the same size), and the model's tensor
+// becomes a view of its first R_k rows (set_data: the same tensor, as the model, the gradient
+// reducer and checkpoints see it). A shard is a separate leaf tensor over the same storage (its
+// own autograd metadata and version counter), so the optimizer's in-place update of a shard is
+// an update of the model's rows, with no copy.
+//
+// Per optimizer step with shard = "optimizer" (ZeRO-1; run/step.cpp):
+//   clear_gradients()    before the first forward: the whole parameters' gradients dropped (the
+//                        optimizer's zero_grad drops only the shards')
+//   forward, backward    gradients all-reduced whole, as without shards (GradSync)
+//   bind_gradients()     each shard's gradient is its rows of the whole (averaged) gradient
+//   clip, optimizer step on the shards (the clipper combines its norm over the ranks through
+//                        abi_group(), the kernel's keel_shard_group)
+//   gather_parameters()  after a step taken: every rank's updated rows to every rank, in
+//                        all-gathers of at most [distributed] bucket_cap_mb each
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/abi.h"
+
+namespace keel {
+
+class ProcessGroup;
+
+class ShardedParams {
+ public:
+  // Splits `params` (the model's trainable tensors, each once, named by `names`) over the
+  // group's ranks. `model_state`: every tensor a checkpoint holds of the model; one that shares
+  // a parameter's storage without being that parameter (a tie through a view) is refused, since
+  // the parameter's values move to a new storage. Throws keel::Error naming the tensor.
+  ShardedParams(ProcessGroup& group, const std::vector<at::Tensor>& params,
+                const std::vector<std::string>& names, const std::vector<at::Tensor>& model_state,
+                int64_t bucket_bytes);
+  ShardedParams(const ShardedParams&) = delete;
+  ShardedParams& operator=(const ShardedParams&) = delete;
+
+  // Borrowed handles to this rank's shards, in parameter order, for the optimizer's and the
+  // clipper's keel_create_context (valid while this object lives).
+  const std::vector<keel_tensor*>& handles() const { return handles_; }
+  // The keel_shard_group those contexts get (valid while this object lives).
+  const keel_shard_group* abi_group() const { return &abi_group_; }
+
+  void clear_gradients();
+  void bind_gradients();
+  void gather_parameters(const std::string& what);
+
+  // Bytes of this rank's shards and of the whole parameters (without padding), for the log.
+  int64_t shard_bytes() const;
+  int64_t param_bytes() const;
+  // "N parameters in M all-gather bucket(s); this rank holds X of Y MiB" for the log.
+  std::string describe() const;
+
+ private:
+  struct Param {
+    at::Tensor full;     // the model's tensor: rows [0, rows) of `padded`
+    at::Tensor padded;   // flat, chunk x W x row_numel elements
+    at::Tensor shard;    // this rank's rows: a leaf over `padded`'s storage
+    int64_t rows = 0, row_numel = 1, chunk = 0, begin = 0, count = 0;
+  };
+  static keel_status all_reduce(const keel_shard_group* group, double* values, size_t count,
+                                keel_reduce_op op, keel_error* err);
+
+  ProcessGroup& group_;
+  int rank_ = 0, world_ = 1;
+  std::vector<Param> params_;
+  std::vector<keel_tensor*> handles_;
+  std::vector<std::vector<size_t>> buckets_;  // parameter indices per all-gather
+  keel_shard_group abi_group_{};
+};
+
+}  // namespace keel

@@ -1,0 +1,255 @@
+"""[distributed] shard = "optimizer" (ZeRO-1): each rank holds the optimizer state of its rows.
+
+Every case trains with AdamW, grad_accum 2, the `norm` clipper at max_norm 0.05 (so clipping
+scales every step's gradients: the norm must be the whole gradients' on every rank) and
+compares with the same manifest under shard = "none":
+- a tiny gpt (tokens) on 2 ranks, 10 steps: the final parameters within 1e-5 (absolute, per
+  element) and every step's loss within 1e-6; the run log names the shards; the checkpoint holds
+  one optimizer object per rank ("rank0.optimizer", "rank1.optimizer") whose moments have each
+  rank's rows (ceil(rows / 2), the rest on rank 1), and no whole "optimizer" object.
+- an MLP (fashion_mnist) on 3 ranks, 10 steps, its biases in an [[optimizer.groups]] group of
+  their own learning rate, with a layer of 10 rows (4, 4 and 2 rows a rank) and one of 2 rows
+  (1, 1 and none): the same tolerances.
+- resume: the gpt 2-rank run stopped at step 5 and resumed with --resume ends with the
+  uninterrupted run's parameters exactly (np.array_equal); resuming that checkpoint with
+  shard = "none" (and --resume-changed) is refused with one error line saying it holds the
+  optimizer state in shards.
+- shard = "optimizer" with one process: a warning that the run holds everything as with "none",
+  and the parameters of the "none" run exactly.
+- a clipper built for ABI 1.1 (tests/fixtures/abi_1_1.c's abi11_noclip), which would take the
+  norm of its rank's shards for the whole norm, is refused on 2 ranks with one error line naming
+  both versions and the hint; with shard = "none" the same manifest trains.
+
+Usage: test_sharding.py KEEL_BINARY FIXTURE_DIR"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+from safetensors_np import read_arrays, read_raw
+
+KEEL, FIXTURES = sys.argv[1], sys.argv[2]
+TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
+CTX, VOCAB, WINDOWS = 8, 16, 160
+
+COMMON = """
+[run]
+name = "{name}"
+seed = 11
+threads = 1
+output_dir = "{out}"
+[train]
+max_steps = {steps}
+log_every = 1
+grad_accum = 2
+eval_each_epoch = false
+[distributed]
+shard = "{shard}"
+[optimizer]
+type = "adamw"
+lr = 0.01
+weight_decay = 0.1
+{groups}
+[grad_clipper]
+type = "norm"
+max_norm = 0.05
+[checkpoint]
+type = "safetensors"
+every_steps = 5
+[[hooks]]
+type = "jsonl"
+"""
+
+GPT = """
+[model]
+type = "gpt"
+vocab_size = {vocab}
+context = {ctx}
+layers = 2
+heads = 2
+width = 16
+[data.train]
+type = "tokens"
+path = "{data}"
+context = {ctx}
+batch_size = 2
+[loss]
+type = "token_cross_entropy"
+"""
+
+MLP = """
+[model]
+type = "mlp"
+hidden = [10, 2]
+[data.train]
+type = "fashion_mnist"
+batch_size = 8
+limit = 960
+[loss]
+type = "cross_entropy"
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sharding(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+        tokens = np.random.default_rng(4).integers(0, VOCAB, size=WINDOWS * CTX + 1)
+        cls.data = os.path.join(cls.dir, "tokens.bin")
+        tokens.astype("<u2").tofile(cls.data)
+        with open(os.path.join(cls.dir, "vocab.json"), "w") as f:
+            json.dump({"format": "keel-tokens", "version": 1, "dtype": "uint16",
+                       "size": VOCAB, "tokens": len(tokens)}, f)
+        cls.runs = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def manifest(self, name, model, shard, steps=10, groups="", head=""):
+        out = os.path.join(self.dir, name)
+        body = head + COMMON.format(name=name, out=out, steps=steps, shard=shard, groups=groups)
+        body += (GPT if model == "gpt" else MLP).format(
+            vocab=VOCAB, ctx=CTX, data=self.data)
+        path = os.path.join(self.dir, name + ".toml")
+        with open(path, "w") as f:
+            f.write(body)
+        return path, out
+
+    def launch(self, path, nproc, *args, name="x", check=True):
+        cmd = [KEEL, "train", path, *args]
+        if nproc > 1:
+            cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+                              f"--log_dir={os.path.join(self.dir, 'torchrun-' + name)}"] + cmd
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if check:
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        return r
+
+    def train(self, name, model, shard, nproc, steps=10, groups=""):
+        """Trains (once per name) and returns (final parameters, losses, run.log, run dir)."""
+        if name not in self.runs:
+            path, out = self.manifest(name, model, shard, steps, groups)
+            self.launch(path, nproc, name=name)
+            self.runs[name] = out
+        out = self.runs[name]
+        model_t = read_arrays(os.path.join(out, "checkpoints", f"step-{steps}",
+                                           "model.safetensors"))
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            losses = [r["loss"] for r in map(json.loads, f) if r.get("split") == "train"]
+        with open(os.path.join(out, "run.log")) as f:
+            log = f.read()
+        return model_t, losses, log, out
+
+    def assert_close(self, a, b, what, atol=1e-5):
+        self.assertEqual(sorted(a), sorted(b))
+        d = max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
+        print(f"{what}: max |param diff| {d:.3g}")
+        self.assertLessEqual(d, atol, what)
+
+    def assert_losses(self, a, b, what):
+        self.assertEqual(len(a), len(b))
+        for x, y in zip(a, b):
+            self.assertLessEqual(abs(x - y), 1e-6 * max(1.0, abs(x)), (what, a, b))
+
+    def test_gpt_two_ranks(self):
+        none, none_l, _, _ = self.train("gpt-none", "gpt", "none", 2)
+        opt, opt_l, log, out = self.train("gpt-opt", "gpt", "optimizer", 2)
+        self.assertEqual(len(opt_l), 10)
+        self.assert_losses(none_l, opt_l, "gpt, 2 ranks")
+        self.assert_close(none, opt, "gpt, 2 ranks, optimizer vs none")
+        self.assertIn('distributed.shard = "optimizer": ', log)
+        self.assertIn("this rank's shards hold", log)
+        ckpt = os.path.join(out, "checkpoints", "step-10")
+        files = os.listdir(ckpt)
+        self.assertNotIn("optimizer.safetensors", files)
+        # Each rank's moments hold its rows of each parameter: ceil(rows / 2) on rank 0.
+        for rank in (0, 1):
+            header = read_raw(os.path.join(ckpt, f"rank{rank}.optimizer.safetensors"))
+            moments = [k[:-len(".exp_avg")] for k in header if k.endswith(".exp_avg")]
+            # Every parameter: 12 a layer, embeddings and the final LayerNorm.
+            self.assertEqual(len(moments), 2 * 12 + 4, sorted(header))
+            for name in moments:
+                full = none[name]
+                rows = full.shape[0] if full.ndim else 1
+                chunk = (rows + 1) // 2
+                mine = min(chunk, rows - min(rank * chunk, rows))
+                shape = header[name + ".exp_avg"][1]
+                self.assertEqual(shape[0] if full.ndim else 1, mine, (rank, name, shape))
+
+    def test_mlp_three_ranks_with_groups(self):
+        groups = '[[optimizer.groups]]\nparams = ".*bias"\nlr = 0.03'
+        none, none_l, _, _ = self.train("mlp-none", "mlp", "none", 3, groups=groups)
+        opt, opt_l, _, _ = self.train("mlp-opt", "mlp", "optimizer", 3, groups=groups)
+        self.assert_losses(none_l, opt_l, "mlp, 3 ranks")
+        self.assert_close(none, opt, "mlp, 3 ranks, optimizer vs none")
+        # The layers of 10 and 2 rows: chunks 4/4/2 and 1/1/0.
+        self.assertIn((10,), [a.shape for a in opt.values()])
+        self.assertIn((2,), [a.shape for a in opt.values()])
+
+    def test_resume(self):
+        full, _, _, _ = self.train("gpt-opt", "gpt", "optimizer", 2)
+        path, out = self.manifest("gpt-resume", "gpt", "optimizer", steps=5)
+        self.launch(path, 2, name="resume-a")
+        path, out = self.manifest("gpt-resume", "gpt", "optimizer", steps=10)
+        self.launch(path, 2, "--resume", name="resume-b")
+        resumed = read_arrays(os.path.join(out, "checkpoints", "step-10", "model.safetensors"))
+        self.assertEqual(sorted(full), sorted(resumed))
+        for k in full:
+            self.assertTrue(np.array_equal(full[k], resumed[k]), k)
+        # The same checkpoint without shards.
+        path, _ = self.manifest("gpt-resume", "gpt", "none", steps=10)
+        r = self.launch(path, 2, "--resume", os.path.join(out, "checkpoints", "step-5"),
+                        "--resume-changed", name="resume-c", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        errors = [l for l in (r.stdout + r.stderr).splitlines() if "keel: error:" in l]
+        self.assertTrue(errors, r.stderr[-3000:])
+        self.assertIn("holds the optimizer state in shards and this run does not shard it",
+                      errors[0])
+
+    def test_old_clipper_refused(self):
+        plugins = os.path.join(self.dir, "abi11")
+        os.makedirs(plugins, exist_ok=True)
+        shutil.copy(os.path.join(FIXTURES, "abi_1_1.so"), plugins)
+        head = f'[plugins]\npaths = ["{plugins}"]\n'
+        for shard, nproc in (("optimizer", 2), ("none", 1)):
+            path, out = self.manifest("old-clip-" + shard, "gpt", shard, steps=2, head=head)
+            with open(path) as f:
+                body = f.read().replace('type = "norm"\nmax_norm = 0.05', 'type = "abi11_noclip"')
+            with open(path, "w") as f:
+                f.write(body)
+            r = self.launch(path, nproc, name="old-clip-" + shard, check=shard == "none")
+            if shard == "none":
+                continue
+            self.assertNotEqual(r.returncode, 0)
+            errors = [l for l in r.stderr.splitlines() if "keel: error:" in l]
+            self.assertTrue(errors, r.stderr[-3000:])
+            self.assertIn("abi11_noclip", errors[0])
+            self.assertIn("was built for plugin ABI 1.1, before sharded parameters (1.7)",
+                          errors[0])
+            self.assertIn('hint: rebuild it against this keel\'s SDK', errors[0])
+
+    def test_one_process(self):
+        none, _, _, _ = self.train("one-none", "gpt", "none", 1, steps=5)
+        opt, _, log, _ = self.train("one-opt", "gpt", "optimizer", 1, steps=5)
+        self.assertIn('distributed.shard = "optimizer" with one process: every parameter is '
+                      'whole here, so the run holds everything as with "none"', log)
+        for k in none:
+            self.assertTrue(np.array_equal(none[k], opt[k]), k)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1] + sys.argv[3:], verbosity=2)
