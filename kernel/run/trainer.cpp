@@ -197,9 +197,11 @@ RunSummary Trainer::train() {
         run.summary.last_loss = train_step(run, batches);
         finish_async_save(run, /*block=*/false);
         // Decide, then act: each on its own period, on a hook's request, or at the run's end.
-        stop_on_signal(run, run.requests.agree_at_step_end(StopSignals::received()));
+        // The ranks agree on the requests, the signals and the window's times at once.
+        std::vector<double> slowest = window_times(run);
+        stop_on_signal(run, run.requests.agree_at_step_end(StopSignals::received(), slowest));
         decide_end(run, Moment::kStepEnd);
-        if (record_due(run)) record_train(run);
+        if (record_due(run)) record_train(run, &slowest);
         if (evaluation_due(run, Moment::kStepEnd)) evaluate(run);
         if (save_due(run, Moment::kStepEnd)) save_checkpoint(run);
         decide_end(run, Moment::kStepEnd);  // a stop requested by that evaluation or save
