@@ -5,7 +5,8 @@
 // underneath: reading a request after hooks ran since the last agreement agrees first (one
 // all-reduce; every rank reads at the same points, so all take part). The end of each step
 // agrees unconditionally (agree_at_step_end), because a stop signal may have arrived on any
-// rank in the meantime; that all-reduce carries the log window's times too.
+// rank in the meantime; that all-reduce carries the log window's times too (run/agreement.hpp
+// lists every agreement of a step).
 #pragma once
 
 #include <cstdint>

@@ -92,6 +92,9 @@ struct StepPlan {
   // Micro-batches per rank and optimizer step: [train] grad_accum, or derived from
   // [train] global_batch (global_batch / (batch_size x ranks)).
   int64_t grad_accum = 1;
+  // With several ranks: the micro-batches every rank takes per epoch without asking the others,
+  // the fewest batches_per_epoch of any rank (run/agreement.hpp); 0 when running alone.
+  int64_t epoch_batches = 0;
   double flops_per_sample = 0;   // the model's (0: unknown)
   double mfu_peak = 0;           // FLOP/s the mfu divides by (keel_mfu.peak_flops), 0: not reported
   // Micro-batches weighted by their items (count_items); with several ranks, by their share of
@@ -114,6 +117,9 @@ struct ResumePoint {
 // Where the run is inside the current epoch.
 struct EpochPosition {
   int64_t batches = 0;    // micro-batches of the current epoch consumed
+  // With several ranks: micro-batches of the agreed count that this rank's data did not yield
+  // for the current step (its data ended early; the step fails on every rank).
+  int64_t missing = 0;
   bool finished = false;  // its end events ran: a checkpoint saved now points at the next epoch
 };
 

@@ -191,7 +191,7 @@ RunSummary Trainer::train() {
       while (!run.end.decided()) {
         // Step.
         const std::vector<MicroBatch> batches = fetch_micro_batches(run);
-        epoch_complete = batches.empty();
+        epoch_complete = batches.empty() && run.epoch.missing == 0;
         if (epoch_complete) break;
         run.epoch.batches += static_cast<int64_t>(batches.size());
         run.summary.last_loss = train_step(run, batches);

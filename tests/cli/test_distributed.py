@@ -10,6 +10,11 @@
   from step-10 and ends with the uninterrupted run's parameters exactly.
 - A NaN loss on one rank only: both ranks skip that step (skip policy), or both fail (error
   policy); neither hangs.
+- Uneven data (misbehave's mbc_data, fault "uneven_short"): rank 0's batches_per_epoch says one
+  batch more than rank 1's, so every epoch takes rank 1's count and rank 0 warns that its
+  extra batch is left out; in epoch 1 rank 1 yields one batch fewer than it says, so at that
+  epoch's last step both ranks fail with one error line each (rank 1's names its count),
+  instead of one of them waiting for the other.
 - A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
   "distributed:" error line, within [distributed] timeout_s of the loss (plus 15 s of margin).
 - SIGTERM to one rank: every rank stops after the same step, commits one checkpoint, exits 143.
@@ -225,6 +230,36 @@ class Distributed(unittest.TestCase):
                            timeout=120)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("was saved by 2 process(es) and this run has 1", r.stderr)
+
+    def test_uneven_and_short_data(self):
+        m, out = self.manifest("uneven")
+        text = read(m)
+        text = text[:text.index("[model]")].replace("max_steps = 20", "max_steps = 100").replace(
+            "epochs = 1", "epochs = 2").replace("log_every = 5", "log_every = 1").replace(
+            "grad_accum = 2", "grad_accum = 1")
+        write(m, text + '[model]\ntype = "mlp"\nhidden = [8]\n[data.train]\ntype = "mbc_data"\n'
+                 'fault = "uneven_short"\nbatches = 4\n[optimizer]\ntype = "sgd"\nlr = 0.05\n'
+                 '[loss]\ntype = "cross_entropy"\n[[hooks]]\ntype = "jsonl"\n')
+        start = time.monotonic()
+        r = self.torchrun(m)
+        self.assertEqual(r.returncode, 1, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertLess(time.monotonic() - start, 60)
+        # Epoch 0: 4 steps on both ranks, rank 0's fifth batch left out.
+        self.assertIn("[rank 0] [data.train] dataset 'mbc_data' (plugin misbehave-c) has 1 more "
+                      "micro-batch(es) in epoch 0 than another rank: left out", r.stdout)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            train = [json.loads(line) for line in f if '"train"' in line]
+        self.assertEqual([(x["step"], x["samples"]) for x in train],
+                         [(s, s * 2 * 8) for s in range(1, 8)])
+        # Epoch 1 (steps 5 to 8): rank 1's data ends after 3 batches.
+        errors = [x for x in r.stderr.splitlines() if "keel: error:" in x]
+        self.assertEqual(len(errors), 2, r.stderr[-3000:])
+        self.assertIn("keel: error: rank 1: [data.train] dataset 'mbc_data' (plugin misbehave-c): "
+                      "yielded 3 batch(es) in epoch 1, fewer than the 4 per epoch agreed from "
+                      "batches_per_epoch, at step 8; hint:", r.stderr)
+        self.assertIn("keel: error: rank 0: [data.train] dataset 'mbc_data' (plugin misbehave-c): "
+                      "the data of 1 other rank(s) yielded fewer batches in epoch 1 than the 4 "
+                      "per epoch agreed from batches_per_epoch, at step 8", r.stderr)
 
     def test_nan_on_one_rank(self):
         opts = 'fault = "nan_once"\nat_call = 5\non_rank = 1'  # step 3, first micro-batch
