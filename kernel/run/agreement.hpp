@@ -33,9 +33,26 @@
 namespace keel {
 
 class ProcessGroup;
+struct Run;
 
 // The micro-batches every rank takes per epoch before it asks the others: the fewest
 // `batches` (this rank's batches_per_epoch) of any rank. One all-reduce.
 int64_t agree_epoch_batches(ProcessGroup& group, int64_t batches);
+
+// The collectives this process issued inside training steps, from the fetch of a step's
+// micro-batches to the agreement at its end, for the `collectives:` line.
+struct CollectiveTally {
+  int64_t steps = 0;
+  int64_t agreements = 0;    // ProcessGroup's collectives (collectives_issued)
+  int64_t all_reduces = 0;   // the gradient reducer's, one per bucket (GradSync::all_reduces)
+  int64_t mark_agreements = 0, mark_all_reduces = 0;  // at the current step's start
+
+  void step_starts(const Run& run);
+  void step_ended(const Run& run);
+};
+
+// With several ranks, on rank 0: one line "collectives: N in S steps (X per step: A
+// agreements, B gradient bucket all-reduces); M outside steps (...); not counted: ...".
+void log_collectives(const Run& run);
 
 }  // namespace keel

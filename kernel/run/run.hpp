@@ -27,6 +27,7 @@
 #include "distributed/process_group.hpp"
 #include "keel/abi.h"
 #include "loss_scaler.hpp"
+#include "run/agreement.hpp"
 #include "run/checkpoint_backend.hpp"
 #include "run/eval_metrics.hpp"
 #include "run/requests.hpp"
@@ -162,6 +163,7 @@ struct Run {
   Window window;
   Records records;
   Requests requests;
+  CollectiveTally collectives;  // with several ranks: the collectives of the steps, for the log
   RunEnd end;
   RunSummary summary;  // what train() returns, filled in as the run goes
   std::unique_ptr<GradSync> grad_sync;  // last: destroyed first (its hooks hold the parameters)

@@ -4,6 +4,9 @@
   20 SGD steps with grad_accum = 2, within 1e-5 (absolute, per element): every step sees the
   same 64 samples (fashion_mnist shards like DistributedSampler), and the first micro-batch's
   gradients, accumulated without synchronisation, reach the all-reduce of the second.
+- The collectives of a step (the `collectives:` line of the 2-rank run's run.log): per step
+  the agreements that run/agreement.hpp lists (the items', the loss's, the step end's) and one
+  all-reduce per gradient bucket (bucket counts from the log), nothing else.
 - Slurm- and Open MPI-style environments (set by this test, two processes started by it) give
   the torchrun run's parameters exactly (np.array_equal).
 - torchrun --max_restarts=1 with a rank that crashes once at step 12: the restarted job resumes
@@ -28,6 +31,7 @@ several processes", says why).
 Usage: test_distributed.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_PLUGIN_DIR"""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -184,6 +188,7 @@ class Distributed(unittest.TestCase):
         self.assertEqual(train[-1]["samples"], 20 * 64)
         test = [x for x in records if x["split"] == "test"]
         self.assertEqual(test[-1]["samples"], 300)  # both shards, each sample once
+        self.assert_collectives(read(os.path.join(two_out, "run.log")), steps=20)
         with open(os.path.join(one_out, "metrics.jsonl")) as f:
             one_test = [json.loads(line) for line in f if '"test"' in line]
         self.assertAlmostEqual(test[-1]["loss"], one_test[-1]["loss"], places=5)
@@ -230,6 +235,26 @@ class Distributed(unittest.TestCase):
                            timeout=120)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("was saved by 2 process(es) and this run has 1", r.stderr)
+
+    def assert_collectives(self, log, steps):
+        """The `collectives:` line counts, for each of `steps` steps, the agreements of
+        run/agreement.hpp and one all-reduce per gradient bucket, and nothing else."""
+        # cross_entropy counts items and accum_normalization is "auto": the items' agreement
+        # runs too, beside the loss's and the step end's.
+        agreements_per_step = 3
+        # The first step all-reduces the initial buckets, the others the rebuilt ones.
+        first = int(re.search(r"gradients all-reduced in (\d+) bucket", log).group(1))
+        rebuilt = int(re.search(r"gradient buckets rebuilt in backward's order: (\d+) bucket",
+                                log).group(1))
+        m = re.search(r"collectives: (\d+) in (\d+) steps \(([\d.]+) per step: (\d+) "
+                      r"agreements, (\d+) gradient bucket all-reduces\)", log)
+        self.assertIsNotNone(m, log[-3000:])
+        total, counted, per_step, agreements, all_reduces = m.groups()
+        self.assertEqual(int(counted), steps)
+        self.assertEqual(int(agreements), steps * agreements_per_step)
+        self.assertEqual(int(all_reduces), first + (steps - 1) * rebuilt)
+        self.assertEqual(int(total), int(agreements) + int(all_reduces))
+        self.assertAlmostEqual(float(per_step), int(total) / steps, places=2)
 
     def test_uneven_and_short_data(self):
         m, out = self.manifest("uneven")
