@@ -35,8 +35,9 @@ where "step ms alone" is the slower of the two unsynchronised processes' step ti
 step time is the slowest rank's too). It counts everything data parallelism adds to a step:
 the all-reduces not hidden by backward, copying gradients into and out of buckets, waiting for
 the slower rank, DDP's Python forward wrapper (PyTorch), and keel's three small all-reduces
-per step that keep the ranks agreed (the micro-batch count; the loss, sample count and
-non-finite flag; the hooks' requests and signals), which the Python worker does not do.
+per step that keep the ranks agreed (kernel/run/agreement.hpp: cross_entropy counts items, so
+the step's item count; the loss, sample count and non-finite flag; the hooks' requests and
+signals and the window's times), which the Python worker does not do.
 
 R rounds (default 3) run the four configurations, the order reversed every other round. Each
 round prints its numbers; the summary gives min and median over rounds of the samples/s ratio

@@ -14,7 +14,7 @@
 //   3. after backward and clipping: sum {loss, non-finite, samples, tokens, short data};
 //   4. at the step's end (Requests::agree_at_step_end): max {stop, eval, checkpoint requests,
 //      stop signal, the window's train, data, eval and checkpoint seconds}.
-// So a step issues 2 agreements (3 with item normalisation) and the gradient buckets.
+// So a step issues 2 agreements (3 with item normalisation) beside the gradient all-reduces.
 //
 // A step fetches without asking the other ranks while its epoch is within the agreed count
 // (run/step.cpp, fetch_micro_batches); past it (the fetch that finds an epoch's end, or data
@@ -24,8 +24,10 @@
 // Between steps, the requests are agreed again (max {stop, eval, checkpoint, 0}) before they
 // are read when hooks ran since the last agreement (a record's METRICS event, an evaluation, a
 // save), and a train record that does not follow a step's end agreement (one after an
-// evaluation or a save, or at an epoch's end) agrees its window times itself (max). Evaluations, checkpoint saves and the run's start and end
-// agree in their own files (run/evaluate.cpp, checkpoint/multi_rank.cpp, run/assemble.cpp).
+// evaluation or a save, or at an epoch's end) agrees its window times itself (max).
+// Evaluations, checkpoint saves and resumes, and the run's start and end agree in their own
+// code (run/evaluate.cpp, checkpoint/multi_rank.cpp, run/resume.cpp, run/assemble.cpp,
+// run/trainer.cpp).
 #pragma once
 
 #include <cstdint>
