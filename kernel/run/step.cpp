@@ -157,9 +157,9 @@ void clip_gradients(Run& run, StepOutcome& step) {
   step.grad_norm = norm;
 }
 
-// The error of a step on whose ranks the training data ended before the agreed micro-batches
-// of the epoch: on the rank(s) whose data did, how many it yielded; on the others, that
-// another rank's data did.
+// The error of a step in which some rank's training data ended before the agreed
+// micro-batches of the epoch: on such a rank, how many its data yielded; on the others, that
+// another rank's data ended early.
 Error short_data_error(const Run& run, int64_t short_ranks) {
   const Instance<keel_dataset>& data = run.components.train_data;
   const std::string step = std::to_string(run.progress.step + 1);
