@@ -8,7 +8,8 @@ process's environment):
 
   keel ddp     torchrun --nproc_per_node=2 keel train: 2 ranks, Gloo, c10d::Reducer, global
                batch 2B. Rank 0's metrics.jsonl gives samples/s (all ranks) and the step time
-               (the slowest rank's window time / steps).
+               (the slowest rank's window time / steps), its run.log the collectives keel
+               issued per step (its `collectives:` line; "not logged" by a keel without it).
   torch ddp    the same torchrun running this file with --worker --ddp: init_process_group
                ("gloo"), the same CNN in DistributedDataParallel (default buckets: 25 MiB), each
                rank taking every 2nd sample of one seeded permutation, zero_grad(set_to_none),
@@ -35,8 +36,9 @@ where "step ms alone" is the slower of the two unsynchronised processes' step ti
 step time is the slowest rank's too). It counts everything data parallelism adds to a step:
 the all-reduces not hidden by backward, copying gradients into and out of buckets, waiting for
 the slower rank, DDP's Python forward wrapper (PyTorch), and keel's three small all-reduces
-per step that keep the ranks agreed (the micro-batch count; the loss, sample count and
-non-finite flag; the hooks' requests and signals), which the Python worker does not do.
+per step that keep the ranks agreed (kernel/run/agreement.hpp: cross_entropy counts items, so
+the step's item count; the loss, sample count and non-finite flag; the hooks' requests and
+signals and the window's times), which the Python worker does not do.
 
 R rounds (default 3) run the four configurations, the order reversed every other round. Each
 round prints its numbers; the summary gives min and median over rounds of the samples/s ratio
@@ -52,6 +54,7 @@ Run it on an otherwise idle machine: the header prints the load average before t
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -205,11 +208,24 @@ def keel_record(d, tag, args):
     return last
 
 
+def keel_collectives(d, tag):
+    """What rank 0's run.log says keel issued per step ("X per step: A agreements, B gradient
+    bucket all-reduces"), or "not logged" (a keel without the `collectives:` line)."""
+    with open(f"{d}/{tag}/run.log") as f:
+        m = re.search(r"collectives: \d+ in (\d+) steps \(([\d.]+) per step: (\d+) agreements, "
+                      r"(\d+) gradient bucket all-reduces\)", f.read())
+    if not m:
+        return "not logged"
+    steps, per_step, agreements, all_reduces = m.groups()
+    return (f"{per_step} per step ({int(agreements) / int(steps):g} agreements, "
+            f"{int(all_reduces) / int(steps):g} gradient bucket all-reduces)")
+
+
 def keel_ddp(keel, d, args):
     m = keel_manifest(d, "keel-ddp", args)
     run_together("keel ddp", [torchrun(d, [keel, "train", m])])
     r = keel_record(d, "keel-ddp", args)
-    return r["samples_per_s"], r["step_time_ms"]
+    return r["samples_per_s"], r["step_time_ms"], keel_collectives(d, "keel-ddp")
 
 
 def keel_alone(keel, d, args):
@@ -293,7 +309,7 @@ def main():
                     res[c] = keel_alone(keel, d, args)
                 else:
                     res[c] = torch_alone(d, args)
-        (k_sps, k_ms), (t_sps, t_ms) = res["keel ddp"], res["torch ddp"]
+        (k_sps, k_ms, k_collectives), (t_sps, t_ms) = res["keel ddp"], res["torch ddp"]
         k_alone, t_alone = res["keel alone"], res["torch alone"]
         ratio.append(k_sps / t_sps)
         for key, v in zip(absolute, (k_sps, k_ms, t_sps, t_ms)):
@@ -304,6 +320,7 @@ def main():
               f"  keel : ddp {k_sps:7.1f} samples/s {k_ms:7.2f} ms/step   alone "
               f"{' / '.join(f'{x:.2f}' for x in k_alone)} ms/step   exposed sync "
               f"{keel_exp[-1]:.3f}\n"
+              f"  keel collectives: {k_collectives}\n"
               f"  torch: ddp {t_sps:7.1f} samples/s {t_ms:7.2f} ms/step   alone "
               f"{' / '.join(f'{x:.2f}' for x in t_alone)} ms/step   exposed sync "
               f"{torch_exp[-1]:.3f}\n"

@@ -18,6 +18,8 @@ constexpr size_t kFirstBucketBytes = 1 << 20;  // torch.distributed._DEFAULT_FIR
 struct GradSync::Impl {
   ProcessGroup::Impl* group = nullptr;
   std::shared_ptr<c10d::Reducer> reducer;
+  int64_t buckets = 0;      // in the current layout (each all-reduced once per synced backward)
+  int64_t all_reduces = 0;  // issued so far
 };
 
 GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
@@ -32,6 +34,7 @@ GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
       params, {kFirstBucketBytes, cap}, std::vector<bool>(params.size(), false));
   std::reverse(buckets.begin(), buckets.end());
   std::reverse(limits.begin(), limits.end());
+  s.buckets = static_cast<int64_t>(buckets.size());
   std::unordered_map<size_t, std::string> param_names;
   for (size_t i = 0; i < names.size(); ++i) param_names[i] = names[i];
   s.group->guarded("creating the gradient reducer", [&] {
@@ -52,13 +55,18 @@ void GradSync::before_forward() {
     impl_->reducer->prepare_for_forward();
   });
   // Once, after the first step: buckets in the order that backward produced the gradients.
-  if (rebuilt) spdlog::info("gradient buckets rebuilt in backward's order: {}", describe());
+  if (!rebuilt) return;
+  impl_->buckets = static_cast<int64_t>(impl_->reducer->get_grad_buckets().size());
+  spdlog::info("gradient buckets rebuilt in backward's order: {}", describe());
 }
 
 void GradSync::before_backward(const at::Tensor& loss) {
   impl_->group->guarded("preparing the gradient all-reduce",
                         [&] { impl_->reducer->prepare_for_backward({loss}); });
+  impl_->all_reduces += impl_->buckets;
 }
+
+int64_t GradSync::all_reduces() const { return impl_->all_reduces; }
 
 std::string GradSync::describe() const {
   std::vector<double> mib;

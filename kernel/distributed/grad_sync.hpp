@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,9 @@ class GradSync {
   void before_backward(const at::Tensor& loss);
   // "N buckets (sizes in MiB)" for the log.
   std::string describe() const;
+  // The all-reduces the reducer issued so far (one per bucket of each synchronising backward
+  // prepared with before_backward); ProcessGroup::collectives_issued does not count them.
+  int64_t all_reduces() const;
 
  private:
   struct Impl;

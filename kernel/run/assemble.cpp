@@ -16,6 +16,7 @@
 
 #include "distributed/on_rank0.hpp"
 #include "keel/tensor.hpp"
+#include "run/agreement.hpp"
 #include "run/events.hpp"
 #include "run/hook_names.hpp"
 #include "run/parameters.hpp"
@@ -174,6 +175,7 @@ void create_data(Run& run) {
     throw c.train_data.error("batches_per_epoch returned " + std::to_string(batches) +
                              ": the training split yields no batches; hint: check its path, "
                              "limit and batch_size");
+  if (run.ranks.group) run.plan.epoch_batches = agree_epoch_batches(*run.ranks.group, batches);
   run.plan.total_steps = plan_length(run, batches);
 }
 

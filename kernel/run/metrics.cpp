@@ -13,24 +13,16 @@ namespace keel {
 
 namespace {
 
-// Seconds of the window as the slowest rank saw them: training (wall time less evaluations
-// and checkpoint saves, reported on their own so that throughput and MFU describe training
-// steps), data loading, evaluation, checkpoint saving.
+// Seconds of the window as the slowest rank saw them (window_times' order).
 struct WindowTimes {
   double train_s, data_s, eval_s, checkpoint_s;
 };
 
-WindowTimes window_times(Run& run) {
-  const Window& w = run.window;
-  WindowTimes t{std::chrono::duration<double>(Clock::now() - w.start).count() - w.eval_s -
-                    w.checkpoint_s,
-                w.data_s, w.eval_s, w.checkpoint_s};
-  if (run.ranks.group) {  // the slowest rank's times
-    const std::vector<double> v = run.ranks.group->max(
-        {t.train_s, t.data_s, t.eval_s, t.checkpoint_s}, "reducing step times");
-    t = {v[0], v[1], v[2], v[3]};
-  }
-  return t;
+// `slowest`: agreed at the step's end; without it, with several ranks, one all-reduce here.
+WindowTimes slowest_times(Run& run, const std::vector<double>* slowest) {
+  std::vector<double> v = slowest ? *slowest : window_times(run);
+  if (!slowest && run.ranks.group) v = run.ranks.group->max(v, "reducing step times");
+  return {v.at(0), v.at(1), v.at(2), v.at(3)};
 }
 
 // The mfu's value for `samples_per_s` (of all ranks), and its peak.
@@ -49,16 +41,23 @@ void add_mfu(const Run& run, double samples_per_s, std::vector<keel_metric>& rec
 
 }  // namespace
 
+std::vector<double> window_times(const Run& run) {
+  const Window& w = run.window;
+  return {std::chrono::duration<double>(Clock::now() - w.start).count() - w.eval_s -
+              w.checkpoint_s,
+          w.data_s, w.eval_s, w.checkpoint_s};
+}
+
 bool record_due(const Run& run) {
   const bool unrecorded =
       run.window.steps > 0 && run.records.last_train_step != run.progress.step;
   return unrecorded && (run.progress.step % run.config.train.log_every == 0 || run.end.decided());
 }
 
-void record_train(Run& run) {
+void record_train(Run& run, const std::vector<double>* slowest) {
   const keel_trainer_state& p = run.progress;
   const Window& w = run.window;
-  const WindowTimes t = window_times(run);
+  const WindowTimes t = slowest_times(run, slowest);
   const double sps = w.samples / std::max(t.train_s, 1e-9);
   const double steps = std::max<int64_t>(w.steps, 1);
   std::vector<keel_metric>& record = run.records.train;

@@ -7,18 +7,23 @@
 
 namespace keel {
 
-int Requests::agree_at_step_end(int signal) { return agree(signal); }
+int Requests::agree_at_step_end(int signal, std::vector<double>& slowest) {
+  return agree(signal, &slowest);
+}
 
-int Requests::agree(int signal) {
+int Requests::agree(int signal, std::vector<double>* slowest) {
   unagreed_ = false;
   if (group_ == nullptr) return signal;
   const auto bit = [&](uint32_t b) { return (bits_ & b) ? 1.0 : 0.0; };
-  const std::vector<double> v = group_->max(
-      {bit(KEEL_REQUEST_STOP), bit(KEEL_REQUEST_EVAL), bit(KEEL_REQUEST_CHECKPOINT),
-       static_cast<double>(signal)},
-      "agreeing on hook requests at step " + std::to_string(progress_ ? progress_->step : 0));
+  std::vector<double> v = {bit(KEEL_REQUEST_STOP), bit(KEEL_REQUEST_EVAL),
+                           bit(KEEL_REQUEST_CHECKPOINT), static_cast<double>(signal)};
+  constexpr size_t kOwn = 4;
+  if (slowest) v.insert(v.end(), slowest->begin(), slowest->end());
+  v = group_->max(std::move(v), "agreeing on hook requests at step " +
+                                    std::to_string(progress_ ? progress_->step : 0));
   bits_ = (v[0] > 0 ? KEEL_REQUEST_STOP : 0u) | (v[1] > 0 ? KEEL_REQUEST_EVAL : 0u) |
           (v[2] > 0 ? KEEL_REQUEST_CHECKPOINT : 0u);
+  if (slowest) slowest->assign(v.begin() + kOwn, v.end());
   return static_cast<int>(v[3]);
 }
 

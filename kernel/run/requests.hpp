@@ -5,10 +5,12 @@
 // underneath: reading a request after hooks ran since the last agreement agrees first (one
 // all-reduce; every rank reads at the same points, so all take part). The end of each step
 // agrees unconditionally (agree_at_step_end), because a stop signal may have arrived on any
-// rank in the meantime.
+// rank in the meantime; that all-reduce carries the log window's times too (run/agreement.hpp
+// lists every agreement of a step).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "keel/abi.h"
 
@@ -35,19 +37,21 @@ class Requests {
   bool evaluate() { return read(KEEL_REQUEST_EVAL); }
   bool checkpoint() { return read(KEEL_REQUEST_CHECKPOINT); }
 
-  // Agrees the requests and the stop signal (`signal`: this rank's, 0 for none) on every rank;
-  // returns the agreed signal (the largest any rank received, 0: none).
-  int agree_at_step_end(int signal);
+  // Agrees the requests, the stop signal (`signal`: this rank's, 0 for none) and `slowest`
+  // (this rank's values in, the largest of any rank's out, element-wise: the log window's
+  // times) on every rank, in one all-reduce (max); returns the agreed signal (the largest any
+  // rank received, 0: none).
+  int agree_at_step_end(int signal, std::vector<double>& slowest);
 
   // Forgets the requests acted on (after a step, after an epoch's end).
   void clear() { bits_ = 0; }
 
  private:
   bool read(uint32_t bit) {
-    if (unagreed_) agree(0);
+    if (unagreed_) agree(0, nullptr);
     return (bits_ & bit) != 0;
   }
-  int agree(int signal);
+  int agree(int signal, std::vector<double>* slowest);
 
   ProcessGroup* group_ = nullptr;
   const keel_trainer_state* progress_ = nullptr;

@@ -29,6 +29,7 @@
 #include "distributed/sharding.hpp"
 #include "keel/abi.h"
 #include "loss_scaler.hpp"
+#include "run/agreement.hpp"
 #include "run/checkpoint_backend.hpp"
 #include "run/eval_metrics.hpp"
 #include "run/requests.hpp"
@@ -94,6 +95,9 @@ struct StepPlan {
   // Micro-batches per rank and optimizer step: [train] grad_accum, or derived from
   // [train] global_batch (global_batch / (batch_size x ranks)).
   int64_t grad_accum = 1;
+  // With several ranks: the micro-batches every rank takes per epoch without asking the others,
+  // the fewest batches_per_epoch of any rank (run/agreement.hpp); 0 when running alone.
+  int64_t epoch_batches = 0;
   double flops_per_sample = 0;   // the model's (0: unknown)
   double mfu_peak = 0;           // FLOP/s the mfu divides by (keel_mfu.peak_flops), 0: not reported
   // Micro-batches weighted by their items (count_items); with several ranks, by their share of
@@ -116,6 +120,9 @@ struct ResumePoint {
 // Where the run is inside the current epoch.
 struct EpochPosition {
   int64_t batches = 0;    // micro-batches of the current epoch consumed
+  // With several ranks: micro-batches of the agreed count that this rank's data did not yield
+  // for the current step (its data ended early; the step fails on every rank).
+  int64_t missing = 0;
   bool finished = false;  // its end events ran: a checkpoint saved now points at the next epoch
 };
 
@@ -161,6 +168,7 @@ struct Run {
   Window window;
   Records records;
   Requests requests;
+  CollectiveTally collectives;  // with several ranks: the collectives of the steps, for the log
   RunEnd end;
   RunSummary summary;  // what train() returns, filled in as the run goes
   std::unique_ptr<GradSync> grad_sync;  // last: destroyed first (its hooks hold the parameters)

@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -106,10 +107,22 @@ void backward(Run& run, const at::Tensor& loss, bool sync) {
   profile_end(run, "backward");
 }
 
+// A rank whose data ended early with no micro-batch left for this step still takes part in
+// the step's gradient all-reduce, with zero gradients, as every other rank does, so that all
+// reach the agreement that reports the shortage (reduce_across_ranks) instead of waiting.
+void stand_in_backward(Run& run) {
+  const std::vector<at::Tensor>& params = run.parameters.tensors;
+  at::Tensor zero = params.at(0).sum().mul(0);
+  for (size_t i = 1; i < params.size(); ++i) zero = zero.add(params[i].sum().mul(0));
+  run.grad_sync->before_forward();
+  backward(run, zero, /*sync=*/true);
+}
+
 // Forward and backward of every micro-batch; gradients accumulate in the parameters.
 StepOutcome forward_backward(Run& run, const std::vector<MicroBatch>& mbs) {
   StepOutcome step;
   const std::vector<double> weights = micro_batch_weights(run, mbs);
+  if (mbs.empty() && run.grad_sync) stand_in_backward(run);  // this rank's data ran short
   for (size_t i = 0; i < mbs.size(); ++i) {
     // Only the step's last backward all-reduces the gradients (the earlier ones accumulate
     // locally, as under DDP's no_sync).
@@ -144,14 +157,38 @@ void clip_gradients(Run& run, StepOutcome& step) {
   step.grad_norm = norm;
 }
 
-// With several ranks, one all-reduce: the loss (mean over ranks), whether any rank saw a
-// non-finite value (then every rank skips the step), samples and tokens (sums).
+// The error of a step in which some rank's training data ended before the agreed
+// micro-batches of the epoch: on such a rank, how many its data yielded; on the others, that
+// another rank's data ended early.
+Error short_data_error(const Run& run, int64_t short_ranks) {
+  const Instance<keel_dataset>& data = run.components.train_data;
+  const std::string step = std::to_string(run.progress.step + 1);
+  const std::string epoch = std::to_string(run.progress.epoch);
+  const std::string agreed = std::to_string(run.plan.epoch_batches);
+  const std::string hint = "; hint: batches_per_epoch must count the batches next yields in "
+                           "every epoch (the ranks take the fewest of any rank's count per "
+                           "epoch without asking each other)";
+  if (run.epoch.missing > 0)
+    return data.error("yielded " + std::to_string(run.epoch.batches) + " batch(es) in epoch " +
+                      epoch + ", fewer than the " + agreed + " per epoch agreed from "
+                      "batches_per_epoch, at step " + step + hint);
+  return data.error("the data of " + std::to_string(short_ranks) + " other rank(s) yielded "
+                    "fewer batches in epoch " + epoch + " than the " + agreed + " per epoch "
+                    "agreed from batches_per_epoch, at step " + step + " (the error of that "
+                    "rank says how many)" + hint);
+}
+
+// With several ranks, one all-reduce (a sum, run/agreement.hpp): the loss (mean over ranks),
+// whether any rank saw a non-finite value (then every rank skips the step), samples and
+// tokens, and whether any rank's data ended before the agreed micro-batches (then every rank
+// fails).
 void reduce_across_ranks(Run& run, StepOutcome& step) {
   if (!run.ranks.group) return;
   const std::vector<double> v = run.ranks.group->sum(
       {step.loss, step.finite ? 0.0 : 1.0, static_cast<double>(step.samples),
-       static_cast<double>(step.tokens)},
+       static_cast<double>(step.tokens), run.epoch.missing > 0 ? 1.0 : 0.0},
       "reducing the loss of step " + std::to_string(run.progress.step + 1));
+  if (v[4] > 0) throw short_data_error(run, static_cast<int64_t>(v[4]));
   step.loss = v[0] / run.ranks.world;
   step.finite = v[1] == 0;
   step.samples = static_cast<int64_t>(v[2]);
@@ -207,34 +244,50 @@ void count_step(Run& run, const StepOutcome& step) {
   }
 }
 
-}  // namespace
-
-std::vector<MicroBatch> fetch_micro_batches(Run& run) {
+// Up to `count` micro-batches of the training data (fewer at the end of its epoch).
+std::vector<MicroBatch> next_micro_batches(Run& run, int64_t count) {
   const Instance<keel_dataset>& data = run.components.train_data;
   std::vector<MicroBatch> out;
-  const auto t0 = Clock::now();
-  profile_begin(run, "data");
-  for (int64_t i = 0; i < run.plan.grad_accum; ++i) {
+  for (int64_t i = 0; i < count; ++i) {
     keel_batch b{};
     int has = 0;
     data.call("next", data->next, &b, &has);
     if (!has) break;
     out.push_back(on_device(run, checked_batch(data, b)));
   }
-  profile_end(run, "data");
-  if (run.ranks.group) {
-    // Every rank takes as many micro-batches as the rank with the fewest (none: the epoch
-    // ends on every rank), so that all run the same gradient all-reduces.
-    const size_t fewest = static_cast<size_t>(-run.ranks.group->max(
-        {-static_cast<double>(out.size())},
-        "agreeing on the batches of step " + std::to_string(run.progress.step + 1))[0]);
-    if (fewest < out.size()) {
-      spdlog::warn("{} has {} more micro-batch(es) in epoch {} than another rank: left out "
-                   "(hint: shard the data evenly, e.g. fashion_mnist remainder = \"pad\" or "
-                   "\"drop\")", data.label(), out.size() - fewest, run.progress.epoch);
-      out.resize(fewest);
-    }
+  return out;
+}
+
+// Past the agreed micro-batches of the epoch: every rank takes as many as the rank with the
+// fewest (none: the epoch ends on every rank), agreed with one all-reduce, so that all run
+// the same gradient all-reduces.
+void agree_on_fetched(Run& run, std::vector<MicroBatch>& out) {
+  const size_t fewest = static_cast<size_t>(-run.ranks.group->max(
+      {-static_cast<double>(out.size())},
+      "agreeing on the batches of step " + std::to_string(run.progress.step + 1))[0]);
+  if (fewest < out.size()) {
+    spdlog::warn("{} has {} more micro-batch(es) in epoch {} than another rank: left out "
+                 "(hint: shard the data evenly, e.g. fashion_mnist remainder = \"pad\" or "
+                 "\"drop\")", run.components.train_data.label(), out.size() - fewest,
+                 run.progress.epoch);
+    out.resize(fewest);
   }
+}
+
+}  // namespace
+
+std::vector<MicroBatch> fetch_micro_batches(Run& run) {
+  const auto t0 = Clock::now();
+  profile_begin(run, "data");
+  // With several ranks, within the agreed micro-batches of the epoch every rank takes its
+  // share without asking the others; a rank whose data yields fewer marks them missing.
+  const int64_t left = run.plan.epoch_batches - run.epoch.batches;
+  const bool within = run.ranks.group && left > 0;
+  const int64_t want = within ? std::min(run.plan.grad_accum, left) : run.plan.grad_accum;
+  std::vector<MicroBatch> out = next_micro_batches(run, want);
+  profile_end(run, "data");
+  run.epoch.missing = within ? want - static_cast<int64_t>(out.size()) : 0;
+  if (run.ranks.group && !within) agree_on_fetched(run, out);
   run.window.data_s += std::chrono::duration<double>(Clock::now() - t0).count();
   return out;
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "run/agreement.hpp"
 #include "run/assemble.hpp"
 #include "run/checkpointing.hpp"
 #include "run/evaluate.hpp"
@@ -126,6 +127,7 @@ void finish_training(Run& run) {
   if (run.components.profiler)
     run.components.profiler.call("flush", run.components.profiler->flush);
   if (run.ranks.group) run.ranks.group->any(false, "finishing the run");
+  log_collectives(run);
   spdlog::info("run finished at step {}: {}", run.progress.step, run.end.reason);
 }
 
@@ -190,16 +192,20 @@ RunSummary Trainer::train() {
       bool epoch_complete = false;
       while (!run.end.decided()) {
         // Step.
+        run.collectives.step_starts(run);
         const std::vector<MicroBatch> batches = fetch_micro_batches(run);
-        epoch_complete = batches.empty();
+        epoch_complete = batches.empty() && run.epoch.missing == 0;
         if (epoch_complete) break;
         run.epoch.batches += static_cast<int64_t>(batches.size());
         run.summary.last_loss = train_step(run, batches);
         finish_async_save(run, /*block=*/false);
         // Decide, then act: each on its own period, on a hook's request, or at the run's end.
-        stop_on_signal(run, run.requests.agree_at_step_end(StopSignals::received()));
+        // The ranks agree on the requests, the signals and the window's times at once.
+        std::vector<double> slowest = window_times(run);
+        stop_on_signal(run, run.requests.agree_at_step_end(StopSignals::received(), slowest));
+        run.collectives.step_ended(run);
         decide_end(run, Moment::kStepEnd);
-        if (record_due(run)) record_train(run);
+        if (record_due(run)) record_train(run, &slowest);
         if (evaluation_due(run, Moment::kStepEnd)) evaluate(run);
         if (save_due(run, Moment::kStepEnd)) save_checkpoint(run);
         decide_end(run, Moment::kStepEnd);  // a stop requested by that evaluation or save

@@ -4,12 +4,20 @@
   20 SGD steps with grad_accum = 2, within 1e-5 (absolute, per element): every step sees the
   same 64 samples (fashion_mnist shards like DistributedSampler), and the first micro-batch's
   gradients, accumulated without synchronisation, reach the all-reduce of the second.
+- The collectives of a step (the `collectives:` line of the 2-rank run's run.log): per step
+  the agreements that run/agreement.hpp lists (the items', the loss's, the step end's) and one
+  all-reduce per gradient bucket (bucket counts from the log), nothing else.
 - Slurm- and Open MPI-style environments (set by this test, two processes started by it) give
   the torchrun run's parameters exactly (np.array_equal).
 - torchrun --max_restarts=1 with a rank that crashes once at step 12: the restarted job resumes
   from step-10 and ends with the uninterrupted run's parameters exactly.
 - A NaN loss on one rank only: both ranks skip that step (skip policy), or both fail (error
   policy); neither hangs.
+- Uneven data (misbehave's mbc_data, fault "uneven_short"): rank 0's batches_per_epoch says one
+  batch more than rank 1's, so every epoch takes rank 1's count and rank 0 warns that its
+  extra batch is left out; in epoch 1 rank 1 yields one batch fewer than it says, so at that
+  epoch's last step both ranks fail with one error line each (rank 1's names its count),
+  instead of one of them waiting for the other.
 - A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
   "distributed:" error line, within [distributed] timeout_s of the loss (plus 15 s of margin).
 - SIGTERM to one rank: every rank stops after the same step, commits one checkpoint, exits 143.
@@ -23,6 +31,7 @@ several processes", says why).
 Usage: test_distributed.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_PLUGIN_DIR"""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -179,6 +188,7 @@ class Distributed(unittest.TestCase):
         self.assertEqual(train[-1]["samples"], 20 * 64)
         test = [x for x in records if x["split"] == "test"]
         self.assertEqual(test[-1]["samples"], 300)  # both shards, each sample once
+        self.assert_collectives(read(os.path.join(two_out, "run.log")), steps=20)
         with open(os.path.join(one_out, "metrics.jsonl")) as f:
             one_test = [json.loads(line) for line in f if '"test"' in line]
         self.assertAlmostEqual(test[-1]["loss"], one_test[-1]["loss"], places=5)
@@ -225,6 +235,56 @@ class Distributed(unittest.TestCase):
                            timeout=120)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("was saved by 2 process(es) and this run has 1", r.stderr)
+
+    def assert_collectives(self, log, steps):
+        """The `collectives:` line counts, for each of `steps` steps, the agreements of
+        run/agreement.hpp and one all-reduce per gradient bucket, and nothing else."""
+        # cross_entropy counts items and accum_normalization is "auto": the items' agreement
+        # runs too, beside the loss's and the step end's.
+        agreements_per_step = 3
+        # The first step all-reduces the initial buckets, the others the rebuilt ones.
+        first = int(re.search(r"gradients all-reduced in (\d+) bucket", log).group(1))
+        rebuilt = int(re.search(r"gradient buckets rebuilt in backward's order: (\d+) bucket",
+                                log).group(1))
+        m = re.search(r"collectives: (\d+) in (\d+) steps \(([\d.]+) per step: (\d+) "
+                      r"agreements, (\d+) gradient bucket all-reduces\)", log)
+        self.assertIsNotNone(m, log[-3000:])
+        total, counted, per_step, agreements, all_reduces = m.groups()
+        self.assertEqual(int(counted), steps)
+        self.assertEqual(int(agreements), steps * agreements_per_step)
+        self.assertEqual(int(all_reduces), first + (steps - 1) * rebuilt)
+        self.assertEqual(int(total), int(agreements) + int(all_reduces))
+        self.assertAlmostEqual(float(per_step), int(total) / steps, places=2)
+
+    def test_uneven_and_short_data(self):
+        m, out = self.manifest("uneven")
+        text = read(m)
+        text = text[:text.index("[model]")].replace("max_steps = 20", "max_steps = 100").replace(
+            "epochs = 1", "epochs = 2").replace("log_every = 5", "log_every = 1").replace(
+            "grad_accum = 2", "grad_accum = 1")
+        write(m, text + '[model]\ntype = "mlp"\nhidden = [8]\n[data.train]\ntype = "mbc_data"\n'
+                 'fault = "uneven_short"\nbatches = 4\n[optimizer]\ntype = "sgd"\nlr = 0.05\n'
+                 '[loss]\ntype = "cross_entropy"\n[[hooks]]\ntype = "jsonl"\n')
+        start = time.monotonic()
+        r = self.torchrun(m)
+        self.assertEqual(r.returncode, 1, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertLess(time.monotonic() - start, 60)
+        # Epoch 0: 4 steps on both ranks, rank 0's fifth batch left out.
+        self.assertIn("[rank 0] [data.train] dataset 'mbc_data' (plugin misbehave-c) has 1 more "
+                      "micro-batch(es) in epoch 0 than another rank: left out", r.stdout)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            train = [json.loads(line) for line in f if '"train"' in line]
+        self.assertEqual([(x["step"], x["samples"]) for x in train],
+                         [(s, s * 2 * 8) for s in range(1, 8)])
+        # Epoch 1 (steps 5 to 8): rank 1's data ends after 3 batches.
+        errors = [x for x in r.stderr.splitlines() if "keel: error:" in x]
+        self.assertEqual(len(errors), 2, r.stderr[-3000:])
+        self.assertIn("keel: error: rank 1: [data.train] dataset 'mbc_data' (plugin misbehave-c): "
+                      "yielded 3 batch(es) in epoch 1, fewer than the 4 per epoch agreed from "
+                      "batches_per_epoch, at step 8; hint:", r.stderr)
+        self.assertIn("keel: error: rank 0: [data.train] dataset 'mbc_data' (plugin misbehave-c): "
+                      "the data of 1 other rank(s) yielded fewer batches in epoch 1 than the 4 "
+                      "per epoch agreed from batches_per_epoch, at step 8", r.stderr)
 
     def test_nan_on_one_rank(self):
         opts = 'fault = "nan_once"\nat_call = 5\non_rank = 1'  # step 3, first micro-batch

@@ -1,0 +1,63 @@
+#include "run/agreement.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <string>
+
+#include "distributed/process_group.hpp"
+#include "run/run.hpp"
+#include "text/text.hpp"
+
+namespace keel {
+
+namespace {
+
+// Collectives issued so far by this process: ProcessGroup's, and the gradient reducer's.
+struct Issued {
+  int64_t agreements = 0, all_reduces = 0;
+};
+
+Issued issued(const Run& run) {
+  Issued n;
+  if (run.ranks.group) n.agreements = run.ranks.group->collectives_issued();
+  if (run.grad_sync) n.all_reduces = run.grad_sync->all_reduces();
+  return n;
+}
+
+}  // namespace
+
+int64_t agree_epoch_batches(ProcessGroup& group, int64_t batches) {
+  return static_cast<int64_t>(
+      -group.max({-static_cast<double>(batches)}, "agreeing on the batches per epoch")[0]);
+}
+
+void CollectiveTally::step_starts(const Run& run) {
+  const Issued n = issued(run);
+  mark_agreements = n.agreements;
+  mark_all_reduces = n.all_reduces;
+}
+
+void CollectiveTally::step_ended(const Run& run) {
+  const Issued n = issued(run);
+  steps += 1;
+  agreements += n.agreements - mark_agreements;
+  all_reduces += n.all_reduces - mark_all_reduces;
+}
+
+void log_collectives(const Run& run) {
+  if (!run.ranks.group || run.ranks.rank != 0) return;
+  const CollectiveTally& t = run.collectives;
+  const Issued all = issued(run);
+  const int64_t in_steps = t.agreements + t.all_reduces;
+  const int64_t outside = all.agreements + all.all_reduces - in_steps;
+  const std::string per_step =
+      t.steps > 0 ? text::number(std::round(100.0 * in_steps / t.steps) / 100) : "0";
+  spdlog::info("collectives: {} in {} steps ({} per step: {} agreements, {} gradient bucket "
+               "all-reduces); {} outside steps (setup, records, evaluations, checkpoints, "
+               "epoch ends, the end); not counted: the reducer's broadcasts of its rebuilt "
+               "buckets (once) and exchanges through the store",
+               in_steps, t.steps, per_step, t.agreements, t.all_reduces, outside);
+}
+
+}  // namespace keel

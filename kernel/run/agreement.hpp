@@ -1,0 +1,60 @@
+// What the ranks of a data-parallel run agree on, and with which collectives: the one list of
+// them. Every rank issues the same collectives in the same order (process_group.hpp); each
+// agreement is one all-reduce of a few doubles with one operation for all its fields (a sum or
+// a max, never mixed, so no field is encoded): flags are summed or maxed as 0/1, and a
+// minimum is the max of negated values.
+//
+// Once, at setup: the micro-batches every rank takes per epoch (agree_epoch_batches), the
+// fewest batches_per_epoch of any rank (max of the negated counts).
+//
+// Each training step (run/step.cpp, then run/trainer.cpp), in this order:
+//   1. with item normalisation only, before the first forward: sum {items, unreported};
+//   2. the last micro-batch's backward: the gradient all-reduce, one per bucket (c10d::Reducer,
+//      distributed/grad_sync.hpp);
+//   3. after backward and clipping: sum {loss, non-finite, samples, tokens, short data};
+//   4. at the step's end (Requests::agree_at_step_end): max {stop, eval, checkpoint requests,
+//      stop signal, the window's train, data, eval and checkpoint seconds}.
+// So a step issues 2 agreements (3 with item normalisation) beside the gradient all-reduces.
+//
+// A step fetches without asking the other ranks while its epoch is within the agreed count
+// (run/step.cpp, fetch_micro_batches); past it (the fetch that finds an epoch's end, or data
+// beyond the count) each fetch agrees its micro-batches: max {-micro-batches}. A rank whose
+// data yields fewer than the agreed count says so in agreement 3, and every rank then fails.
+//
+// Between steps, the requests are agreed again (max {stop, eval, checkpoint, 0}) before they
+// are read when hooks ran since the last agreement (a record's METRICS event, an evaluation, a
+// save), and a train record that does not follow a step's end agreement (one after an
+// evaluation or a save, or at an epoch's end) agrees its window times itself (max).
+// Evaluations, checkpoint saves and resumes, and the run's start and end agree in their own
+// code (run/evaluate.cpp, checkpoint/multi_rank.cpp, run/resume.cpp, run/assemble.cpp,
+// run/trainer.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace keel {
+
+class ProcessGroup;
+struct Run;
+
+// The micro-batches every rank takes per epoch before it asks the others: the fewest
+// `batches` (this rank's batches_per_epoch) of any rank. One all-reduce.
+int64_t agree_epoch_batches(ProcessGroup& group, int64_t batches);
+
+// The collectives this process issued inside training steps, from the fetch of a step's
+// micro-batches to the agreement at its end, for the `collectives:` line.
+struct CollectiveTally {
+  int64_t steps = 0;
+  int64_t agreements = 0;    // ProcessGroup's collectives (collectives_issued)
+  int64_t all_reduces = 0;   // the gradient reducer's, one per bucket (GradSync::all_reduces)
+  int64_t mark_agreements = 0, mark_all_reduces = 0;  // at the current step's start
+
+  void step_starts(const Run& run);
+  void step_ended(const Run& run);
+};
+
+// With several ranks, on rank 0: one line "collectives: N in S steps (X per step: A
+// agreements, B gradient bucket all-reduces); M outside steps (...); not counted: ...".
+void log_collectives(const Run& run);
+
+}  // namespace keel
