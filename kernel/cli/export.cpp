@@ -177,7 +177,7 @@ int put_exported(keel_state_writer* w, const char* name, keel_tensor* tensor) no
     if (n == 0) why = "an entry without a name";
     else if (n == KEEL_NAME_CAPACITY)
       why = "a name of KEEL_NAME_CAPACITY bytes or more";
-    else if (!c->names.insert(name).second) why = "'" + std::string(name) + "' put twice";
+    else if (!c->names.insert(name).second) why = "'" + std::string(name) + "' twice";
     else if (tensor == nullptr) why = "'" + std::string(name) + "' without a tensor";
     if (why.empty()) {
       c->tensors.emplace_back(name, full_precision(borrow(tensor)));
@@ -185,7 +185,8 @@ int put_exported(keel_state_writer* w, const char* name, keel_tensor* tensor) no
     }
     if (c->refused.empty()) c->refused = why;
   } catch (const std::exception& e) {
-    if (c->refused.empty()) c->refused = e.what();
+    if (c->refused.empty())
+      c->refused = "an entry keel export could not copy (" + std::string(e.what()) + ")";
   }
   return 0;
 }

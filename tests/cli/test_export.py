@@ -21,9 +21,13 @@ Hugging Face's GPT2LMHeadModel conventions describe, checked with a small reader
   checkpoint's), no config.json, and the log line saying so;
 - bad input, all in one keel_inproc process (tests/cli/inproc.py): usage errors exit 2 with
   export's usage line, the rest exit 1 with one error line and a hint, and nothing is left
-  beside the output (no staging directory), nothing replaced.
+  beside the output (no staging directory), nothing replaced;
+- a plugin's export_state (mbx_model of tests/fixtures/misbehave, trained and exported in the
+  same keel_inproc process): its names and config.json when it behaves; one error line naming
+  the plugin and the call, and no export directory, when it throws, puts a name twice or writes
+  a config.json that is not JSON.
 
-Usage: test_export.py KEEL KEEL_INPROC GPT_PROBE GPT_PLUGIN.so
+Usage: test_export.py KEEL KEEL_INPROC GPT_PROBE GPT_PLUGIN.so MISBEHAVE_FIXTURE_DIR
 """
 import json
 import math
@@ -42,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import inproc  # noqa: E402
 import safetensors_np  # noqa: E402
 
-KEEL, INPROC, PROBE, PLUGIN = map(os.path.abspath, sys.argv[1:5])
+KEEL, INPROC, PROBE, PLUGIN, MISBEHAVE = map(os.path.abspath, sys.argv[1:6])
 CTX, LAYERS, HEADS, WIDTH = 16, 2, 4, 32
 ATOL = 1e-5
 CORPUS = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs.\n" * 20
@@ -306,7 +310,67 @@ at_end = true
           f"keel's names, float32: {[(n, a.dtype, a.shape) for n, a in arrays.items()]}")
 
 
-def bad_input(tmp, checkpoints):
+def plugin_exports(tmp, pool):
+    """mbx_model's export_state, behaving and misbehaving (the line each failure gives)."""
+    label = "[model] model 'mbx_model' (plugin misbehave-cpp): export_state"
+    cases = [("none", None),
+             ("export_throw", f"{label} failed: deliberate failure in export_state"),
+             ("export_twice", f"{label} put 'w' twice; every entry needs a unique non-empty "
+                              "name and a tensor"),
+             ("export_config", f"{label} wrote a config.json that is not JSON (")]
+    for fault, says in cases:
+        run = os.path.join(tmp, "mbx-" + fault)
+        path = run + ".toml"
+        with open(path, "w") as f:
+            f.write(f"""
+[run]
+name = "mbx"
+threads = 1
+output_dir = "{run}"
+[plugins]
+paths = ["{MISBEHAVE}"]
+[train]
+max_steps = 1
+[model]
+type = "mbx_model"
+fault = "{fault}"
+[data.train]
+type = "fashion_mnist"
+limit = 64
+batch_size = 64
+[optimizer]
+type = "sgd"
+lr = 0.1
+[loss]
+type = "cross_entropy"
+[checkpoint]
+type = "safetensors"
+at_end = true
+""")
+        rc, _, err = pool.keel([KEEL, "train", path], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
+        check(rc == 0, f"keel train (mbx_model, {fault}): {err}")
+        rc, out, err = pool.keel([KEEL, "export", run, "--format", "safetensors"], cwd=tmp,
+                                 unset=["KEEL_LOG_LEVEL"])
+        exported = os.path.join(run, "exports", "step-1")
+        if says is None:
+            check(rc == 0, f"keel export (mbx_model): {err}")
+            check(sorted(os.listdir(exported)) == ["config.json", "model.safetensors"],
+                  f"mbx_model's export: {os.listdir(exported)}")
+            with open(os.path.join(exported, "config.json")) as f:
+                check(json.load(f) == {"model_type": "mbx"}, "mbx_model's config.json")
+            names = safetensors_np.read_raw(os.path.join(exported, "model.safetensors"))
+            check(list(names) == ["classifier.weight", "classifier.bias"],
+                  f"mbx_model's names: {list(names)}")
+            continue
+        lines = err.strip().splitlines()
+        check(rc == 1 and len(lines) == 1 and lines[0].startswith("keel: error: ")
+              and says in lines[0], f"export with {fault}: exit 1 and one line saying {says!r}: "
+                                    f"{rc} {err}")
+        check(not os.path.exists(os.path.join(run, "exports")),
+              f"export with {fault} left {run}/exports behind")
+
+
+def bad_input(tmp, checkpoints, pool):
     """(argv, exit status, what stderr says): usage errors exit 2 with the usage line."""
     run = os.path.dirname(checkpoints)
     damaged = os.path.join(tmp, "damaged")
@@ -344,23 +408,18 @@ def bad_input(tmp, checkpoints):
          f"{tmp}/taken: exists"),
     ]
     before = sorted(os.listdir(tmp)), sorted(os.listdir(os.path.join(run, "exports")))
-    pool = inproc.Pool(INPROC, 120)
-    try:
-        for argv, status, says in cases:
-            rc, out, err = pool.keel([KEEL, *argv], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
-            shown = " ".join(argv)
-            check(rc == status, f"keel {shown}: exit {rc}, expected {status}: {err}")
-            check(says in err, f"keel {shown}: stderr says {says!r}: {err}")
-            lines = err.strip().splitlines()
-            check(lines and lines[0].startswith("keel: error: ") and "hint: " in lines[0]
-                  and len(lines) == (2 if status == 2 else 1),
-                  f"keel {shown}: one error line with a hint (and the usage line): {err}")
-            if status == 2:
-                check(lines[-1].startswith("usage: keel export RUN_DIR|CHECKPOINT --format "
-                                           "safetensors"), f"keel {shown}: usage line: {err}")
-    finally:
-        problems = pool.close()
-    check(not problems, f"keel_inproc: {problems}")
+    for argv, status, says in cases:
+        rc, out, err = pool.keel([KEEL, *argv], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
+        shown = " ".join(argv)
+        check(rc == status, f"keel {shown}: exit {rc}, expected {status}: {err}")
+        check(says in err, f"keel {shown}: stderr says {says!r}: {err}")
+        lines = err.strip().splitlines()
+        check(lines and lines[0].startswith("keel: error: ") and "hint: " in lines[0]
+              and len(lines) == (2 if status == 2 else 1),
+              f"keel {shown}: one error line with a hint (and the usage line): {err}")
+        if status == 2:
+            check(lines[-1].startswith("usage: keel export RUN_DIR|CHECKPOINT --format "
+                                       "safetensors"), f"keel {shown}: usage line: {err}")
     check((sorted(os.listdir(tmp)), sorted(os.listdir(os.path.join(run, "exports")))) == before,
           "the failed exports left nothing behind (no staging directory) and replaced nothing")
     check(os.listdir(os.path.join(tmp, "taken")) == [], "an existing --output stays as it was")
@@ -375,7 +434,13 @@ with tempfile.TemporaryDirectory() as tmp:
         V = json.load(f)["size"]
     checkpoints = gpt_exports(tmp, V)
     fallback_export(tmp)
-    bad_input(tmp, checkpoints)
+    POOL = inproc.Pool(INPROC, 120)
+    try:
+        bad_input(tmp, checkpoints, POOL)
+        plugin_exports(tmp, POOL)
+    finally:
+        problems = POOL.close()
+    check(not problems, f"keel_inproc: {problems}")
 
 if failures:
     print(f"{len(failures)} failure(s)")
