@@ -27,9 +27,11 @@ const std::vector<Command>& commands() {
        "without init_from it evaluates the newest checkpoint of [run] output_dir that verifies, "
        "and refuses when there is none)",
        add_set_flag, run_manifest_command},
-      {"export", "RUN_DIR|CHECKPOINT --format safetensors [--output DIR] [--log-level LEVEL]",
-       "write a checkpoint's model weights as one float32 model.safetensors, under Hugging Face "
-       "names with a config.json when the model offers them (gpt: GPT2LMHeadModel)",
+      // --format after --output: `keel --help` shows the arguments before the first " [-".
+      {"export", "RUN_DIR|CHECKPOINT [--output DIR] --format safetensors [--log-level LEVEL]",
+       "write a checkpoint's model weights (--format safetensors) as one float32 "
+       "model.safetensors, under Hugging Face names with a config.json when the model offers "
+       "them (gpt: GPT2LMHeadModel)",
        "RUN_DIR|CHECKPOINT: a run directory (its newest verified checkpoint) or a checkpoint "
        "directory (runs/<name>/checkpoints/step-<N>)\nDIR: a new directory (default "
        "RUN/exports/<checkpoint>, or <checkpoint>-export outside a run's checkpoints/); an "

@@ -62,7 +62,8 @@ void check_arguments(const ExportArgs& a) {
     throw UsageError(a.positional[1] + ": unexpected argument (`keel export` takes one RUN_DIR "
                      "or CHECKPOINT); hint: the output directory goes after --output", "export");
   if (a.positional[0].empty())
-    throw UsageError("keel export: RUN_DIR is an empty string; " + usage_hint, "export");
+    throw UsageError("keel export: RUN_DIR|CHECKPOINT is an empty string; " + usage_hint,
+                     "export");
   if (!a.format)
     throw UsageError("keel export: needs --format; " + usage_hint, "export");
   if (*a.format != "safetensors")
@@ -127,10 +128,12 @@ void refuse_existing(const std::string& out) {
                 "hint: remove it, or name another with --output DIR");
 }
 
-// The checkpoint's run resolved from its manifest.resolved.toml.
+// The checkpoint's run resolved from its manifest.resolved.toml, on the CPU (run.device = cpu,
+// so that a checkpoint saved on a GPU exports on a machine without one).
 RunConfig checkpoint_config(const Source& src, Registry& registry) {
   const std::string manifest = (fs::path(src.dir) / "manifest.resolved.toml").string();
-  RunConfig cfg = resolve(load_manifest(manifest, {}), registry, /*use_lock=*/false);
+  RunConfig cfg =
+      resolve(load_manifest(manifest, {"run.device=cpu"}), registry, /*use_lock=*/false);
   if (!cfg.checkpoint)
     throw Error(manifest + ": has no [checkpoint] table, so nothing says how the checkpoint's "
                 "files are read; hint: the directory was not written by keel train");

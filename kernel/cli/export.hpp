@@ -6,9 +6,9 @@
 // the newest checkpoint of RUN_DIR/checkpoints that verifies (CheckpointStore::newest_verified,
 // as `keel evaluate` picks one). One process, no process group.
 //
-// How: the checkpoint's manifest.resolved.toml is resolved (its [plugins] paths and the default
-// search path; no lock), only its [model] is created (on the CPU, with a scratch directory as its
-// run directory), and the checkpoint's `model` object is read into the model's state with the
+// How: the checkpoint's manifest.resolved.toml is resolved with run.device = cpu (its [plugins]
+// paths and the default search path; no lock), only its [model] is created (on the CPU, with a
+// scratch directory as its run directory), and the checkpoint's `model` object is read into the model's state with the
 // checkpoint's own backend ([checkpoint] type), after its shapes were checked against the commit
 // record. Rank 0 writes the whole model there today, so a checkpoint saved by several ranks
 // exports the same way. Then:

@@ -391,7 +391,7 @@ def bad_input(tmp, checkpoints, pool):
         (["export", run, "--format", "onnx"], 2, "--format onnx: not a format keel export "
                                                  "writes; hint: --format safetensors"),
         (["export", run, run, *ok], 2, f"{run}: unexpected argument"),
-        (["export", "", *ok], 2, "keel export: RUN_DIR is an empty string"),
+        (["export", "", *ok], 2, "keel export: RUN_DIR|CHECKPOINT is an empty string"),
         (["export", run, "--frmat", "safetensors"], 2, "--frmat: unknown flag"),
         (["export", os.path.join(tmp, "nowhere"), *ok], 1,
          f"{tmp}/nowhere: no such directory; hint: name a run directory"),
@@ -418,8 +418,8 @@ def bad_input(tmp, checkpoints, pool):
               and len(lines) == (2 if status == 2 else 1),
               f"keel {shown}: one error line with a hint (and the usage line): {err}")
         if status == 2:
-            check(lines[-1].startswith("usage: keel export RUN_DIR|CHECKPOINT --format "
-                                       "safetensors"), f"keel {shown}: usage line: {err}")
+            check(lines[-1].startswith("usage: keel export RUN_DIR|CHECKPOINT [--output DIR] "
+                                       "--format safetensors"), f"keel {shown}: usage line: {err}")
     check((sorted(os.listdir(tmp)), sorted(os.listdir(os.path.join(run, "exports")))) == before,
           "the failed exports left nothing behind (no staging directory) and replaced nothing")
     check(os.listdir(os.path.join(tmp, "taken")) == [], "an existing --output stays as it was")
