@@ -1,5 +1,5 @@
-// keel command line: train, evaluate, validate, plugins [show NAME], options [TABLE], prepare,
-// report, --version, --help (Boost.Program_options), as the function keel::cli_main
+// keel command line: train, evaluate, export, validate, plugins [show NAME], options [TABLE],
+// prepare, report, --version, --help (Boost.Program_options), as the function keel::cli_main
 // (cli_main.hpp). The commands are rows of one table (commands.hpp); this file reads the
 // command line, runs the command it names, and turns what it throws into one line and an exit
 // status.

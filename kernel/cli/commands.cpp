@@ -1,4 +1,5 @@
-// The table of keel's commands (commands.hpp), and the two small ones: report and prepare.
+// The table of keel's commands (commands.hpp), and the small ones: report, prepare and export's
+// call of export.cpp.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -26,6 +27,16 @@ const std::vector<Command>& commands() {
        "without init_from it evaluates the newest checkpoint of [run] output_dir that verifies, "
        "and refuses when there is none)",
        add_set_flag, run_manifest_command},
+      // --format after --output: `keel --help` shows the arguments before the first " [-".
+      {"export", "RUN_DIR|CHECKPOINT [--output DIR] --format safetensors [--log-level LEVEL]",
+       "write a checkpoint's model weights (--format safetensors) as one float32 "
+       "model.safetensors, under Hugging Face names with a config.json when the model offers "
+       "them (gpt: GPT2LMHeadModel)",
+       "RUN_DIR|CHECKPOINT: a run directory (its newest verified checkpoint) or a checkpoint "
+       "directory (runs/<name>/checkpoints/step-<N>)\nDIR: a new directory (default "
+       "RUN/exports/<checkpoint>, or <checkpoint>-export outside a run's checkpoints/); an "
+       "existing one is refused; docs/checkpoints.md, \"Export\"",
+       add_export_flags, export_command},
       {"validate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
        "everything train checks (options, plugins, data), without training",
        "MANIFEST: a TOML file (docs/manifest.md); `keel options` and `keel plugins show "
@@ -94,6 +105,12 @@ int report_command(const std::string& name, const Parsed& p) {
   const std::string out = report::write_report(p.positional[0], p.plugins.output.value_or(""));
   std::printf("keel report: wrote %s\n", out.c_str());
   return 0;
+}
+
+// keel export RUN_DIR|CHECKPOINT --format safetensors [--output DIR] (export.hpp).
+int export_command(const std::string&, const Parsed& p) {
+  call_state().activity = "while exporting " + (p.positional.empty() ? "" : p.positional[0]);
+  return export_checkpoint(p.exporting);
 }
 
 // keel prepare INPUT --output DIR (prepare.hpp).

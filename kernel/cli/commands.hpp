@@ -1,6 +1,7 @@
 // keel's commands, as the command line's files share them: the one table of commands
 // (commands.cpp), the flags and their parse (flags.cpp), the help (help.cpp) and each
-// command's function (run_command.cpp, options_command.cpp, plugins_list.cpp, commands.cpp).
+// command's function (run_command.cpp, options_command.cpp, plugins_list.cpp, commands.cpp,
+// export.cpp).
 // cli_main.cpp reads the command line, finds the command in the table and runs it.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/export.hpp"
 #include "cli/plugins_commands.hpp"
 #include "cli/prepare.hpp"
 #include "cli/usage.hpp"
@@ -39,6 +41,7 @@ struct Parsed {
   bool help = false;
   PluginsArgs plugins;  // `keel plugins` flags
   PrepareArgs prepare;  // `keel prepare` arguments and flags
+  ExportArgs exporting;  // `keel export` arguments and flags
 };
 
 // A row of the table of commands.
@@ -67,6 +70,7 @@ void add_train_flags(po::options_description& d);
 void add_plugins_flags(po::options_description& d);
 void add_report_flags(po::options_description& d);
 void add_prepare_flags(po::options_description& d);
+void add_export_flags(po::options_description& d);
 void add_log_level_flag(po::options_description& d);
 // The flags `keel --help` lists; those of one command.
 po::options_description global_flags();
@@ -97,9 +101,10 @@ int run_manifest_command(const std::string& name, const Parsed& p);
 int options_command(const std::string& name, const Parsed& p);
 // plugins: the listing, `show` and the subcommands of plugins_commands.hpp (plugins_list.cpp).
 int plugins_command(const std::string& name, const Parsed& p);
-// report, prepare (commands.cpp).
+// report, prepare, export (commands.cpp).
 int report_command(const std::string& name, const Parsed& p);
 int prepare_command(const std::string& name, const Parsed& p);
+int export_command(const std::string& name, const Parsed& p);
 
 // ---- shared by the commands ----
 // What one cli_main call is doing and what it changed in the process (cli_main.cpp).

@@ -98,6 +98,14 @@ void add_prepare_flags(po::options_description& d) {
       "char: one token per UTF-8 character (the default); byte: one per byte");
 }
 
+void add_export_flags(po::options_description& d) {
+  d.add_options()("format", po::value<std::string>()->value_name("FORMAT"),
+                  "safetensors (the only one, and required): DIR/model.safetensors, floating-point "
+                  "tensors as float32")(
+      "output,o", po::value<std::string>()->value_name("DIR"),
+      "the directory to create (it must not exist; default RUN/exports/<checkpoint>)");
+}
+
 po::options_description command_flags(const Command& c) {
   po::options_description d("flags", kHelpWidth);
   if (c.add_flags) c.add_flags(d);
@@ -216,6 +224,9 @@ Parsed parse_command(const Command& c, const std::vector<std::string>& args) {
   p.prepare.positional = p.positional;
   p.prepare.output = p.plugins.output;
   if (vm.count("level")) p.prepare.level = vm["level"].as<std::string>();
+  p.exporting.positional = p.positional;
+  p.exporting.output = p.plugins.output;
+  if (vm.count("format")) p.exporting.format = vm["format"].as<std::string>();
   if (!p.positional.empty()) {
     p.plugins.subcommand = p.positional[0];
     p.plugins.positional.assign(p.positional.begin() + 1, p.positional.end());

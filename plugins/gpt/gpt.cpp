@@ -18,6 +18,14 @@
 // transformer.wte.weight and lm_head.weight as the same tensor; keel trains, counts and saves
 // a shared parameter once, under its first name (transformer.wte.weight).
 //
+// `keel export` (export_state, ABI 1.7) gives the weights as Hugging Face's GPT2LMHeadModel
+// names and lays them out: the same names, less lm_head.weight (tied: transformers ties it to
+// transformer.wte.weight); the four Linear weights transposed to GPT-2's Conv1D layout [in, out];
+// zeros for the biases a model with bias = false lacks (GPT-2 always has them; a zero bias
+// computes the same). Its config.json says "gelu" (GELU's erf form, as here; "gelu_new" is the
+// tanh approximation), layer_norm_epsilon 1e-5 and tied embeddings, as this model computes, so
+// every configuration of it is a GPT-2 and the export never refuses one.
+//
 // Initialisation (nanoGPT's): Linear and Embedding weights ~ N(0, 0.02), biases 0, the two
 // residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 layers)), LayerNorm
 // weights 1 and biases 0; drawn from LibTorch's default generator, which keel seeds with
@@ -39,6 +47,8 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -58,6 +68,16 @@ struct Config {
   bool bias;
   bool fused_attention;
 };
+
+// `v` as the shortest JSON number text that reads back the same double ("0", "0.1", "1e-05").
+std::string json_number(double v) {
+  char buf[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
 
 nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return nn::Linear(nn::LinearOptions(in, out).bias(bias));
@@ -329,6 +349,8 @@ class GptModel : public keel::ModuleModel<Gpt> {
   }
   keel::NamedTensors named_state() override { return named_parameters(); }  // no buffers
   double flops_per_sample() override { return flops_per_sample_; }
+  // `keel export`: Hugging Face's GPT2LMHeadModel (see the comment at the top of the file).
+  Export export_state() override { return {hf_tensors(), hf_config()}; }
 
  private:
   // Shapes and dtype only: no look at the values (that would synchronise with the device).
@@ -340,6 +362,67 @@ class GptModel : public keel::ModuleModel<Gpt> {
                                std::string(c10::toString(input.scalar_type())) + " " +
                                text::shape(input.sizes()) +
                                "; hint: the data's context must not exceed [model] context");
+  }
+  // The weights as GPT2LMHeadModel's state dict names and lays them out, in its order, less
+  // lm_head.weight (tied to transformer.wte.weight). Its Conv1D layers hold weights as
+  // [in, out] (y = x W + b), the transpose of a Linear's [out, in]; a bias the model lacks
+  // (bias = false) is zeros, which gives the same function, since GPT-2 always has them.
+  keel::NamedTensors hf_tensors() const {
+    const TransformerImpl& t = *module_->transformer;
+    keel::NamedTensors out;
+    const auto bias_of = [](const at::Tensor& bias, int64_t size, const at::Tensor& like) {
+      return bias.defined() ? bias : at::zeros({size}, like.options());
+    };
+    const auto norm = [&](const std::string& name, const Norm& n) {
+      out.emplace_back(name + ".weight", n->weight);
+      out.emplace_back(name + ".bias", bias_of(n->bias, n->width, n->weight));
+    };
+    const auto conv1d = [&](const std::string& name, const nn::Linear& l) {
+      out.emplace_back(name + ".weight", l->weight.t());
+      out.emplace_back(name + ".bias", bias_of(l->bias, l->weight.size(0), l->weight));
+    };
+    out.emplace_back("transformer.wte.weight", t.wte->weight);
+    out.emplace_back("transformer.wpe.weight", t.wpe->weight);
+    for (size_t i = 0; i < t.blocks.size(); ++i) {
+      const BlockImpl& b = *t.blocks[i];
+      const std::string h = "transformer.h." + std::to_string(i) + ".";
+      norm(h + "ln_1", b.ln_1);
+      conv1d(h + "attn.c_attn", b.attn->c_attn);
+      conv1d(h + "attn.c_proj", b.attn->c_proj);
+      norm(h + "ln_2", b.ln_2);
+      conv1d(h + "mlp.c_fc", b.mlp->c_fc);
+      conv1d(h + "mlp.c_proj", b.mlp->c_proj);
+    }
+    norm("transformer.ln_f", t.ln_f);
+    return out;
+  }
+  // GPT2Config's fields this model determines: the sizes, exact GELU ("gelu"; "gelu_new" is
+  // the tanh approximation), LayerNorm's eps 1e-5, the tied output layer, attention scaled by
+  // 1/sqrt(head width) only, the MLP's 4 x width, and `dropout` as all three dropouts.
+  std::string hf_config() const {
+    const std::string p = json_number(c_.dropout);
+    const auto i = [](int64_t v) { return std::to_string(v); };
+    return "{\n"
+           "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
+           "  \"model_type\": \"gpt2\",\n"
+           "  \"vocab_size\": " + i(c_.vocab) + ",\n"
+           "  \"n_positions\": " + i(c_.context) + ",\n"
+           "  \"n_ctx\": " + i(c_.context) + ",\n"
+           "  \"n_embd\": " + i(c_.width) + ",\n"
+           "  \"n_layer\": " + i(c_.layers) + ",\n"
+           "  \"n_head\": " + i(c_.heads) + ",\n"
+           "  \"n_inner\": " + i(4 * c_.width) + ",\n"
+           "  \"activation_function\": \"gelu\",\n"
+           "  \"layer_norm_epsilon\": 1e-05,\n"
+           "  \"resid_pdrop\": " + p + ",\n"
+           "  \"embd_pdrop\": " + p + ",\n"
+           "  \"attn_pdrop\": " + p + ",\n"
+           "  \"scale_attn_weights\": true,\n"
+           "  \"scale_attn_by_inverse_layer_idx\": false,\n"
+           "  \"reorder_and_upcast_attn\": false,\n"
+           "  \"tie_word_embeddings\": true,\n"
+           "  \"torch_dtype\": \"float32\"\n"
+           "}\n";
   }
   static Config config(const keel::Context& ctx) {
     Config c{ctx.get_int("vocab_size"), ctx.get_int("context"), ctx.get_int("layers"),

@@ -243,8 +243,9 @@ class GoodInput(unittest.TestCase):
                 self.assertEqual(len(l) - len(l.lstrip()), column, l)
         self.assertEqual(heads.get("prepare"), "prepare INPUT --output DIR")
         self.assertEqual(heads.get("plugins"), "plugins [show NAME]")
-        self.assertEqual(set(heads), {"train", "evaluate", "validate", "plugins", "options",
-                                      "prepare", "report", "help"})
+        self.assertEqual(heads.get("export"), "export RUN_DIR|CHECKPOINT")
+        self.assertEqual(set(heads), {"train", "evaluate", "export", "validate", "plugins",
+                                      "options", "prepare", "report", "help"})
         for l in out.splitlines():
             self.assertLessEqual(len(l), 100, l)
 

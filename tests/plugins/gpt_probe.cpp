@@ -2,7 +2,7 @@
 // tests/plugins/test_gpt.py:
 //
 //   gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors [--threads N]
-//             [--perturb STD] [KEY=VALUE]...
+//             [--perturb STD] [--load WEIGHTS.bin] [KEY=VALUE]...
 //
 // With --threads, sets LibTorch's intra-op thread count to N first (else it is what the
 // process has: OMP_NUM_THREADS sets it at start-up, an earlier case of a batch may have changed
@@ -10,9 +10,13 @@
 // float, else an integer) and seed SEED; with --perturb, adds noise ~ N(0, STD) to every
 // parameter in place (drawn after the model's initialisation, so from the same seeded
 // generator), so that a comparison does not rest on the initial values alone (LayerNorms at 1
-// and 0, small weights). Then it switches the model to training or evaluation mode and runs
-// it on int64 token ids [B, T] (the first B*T int64 values of TOKENS.bin; the next B*T are the
-// targets), then the mean cross-entropy of the logits against the targets and its backward.
+// and 0, small weights). With --load, it then overwrites every parameter with WEIGHTS.bin: the
+// float32 values of each distinct parameter (a tied one once, at its first name), in the
+// model's parameter order, back to back, and nothing else (tests/cli/test_export.py writes it
+// from a checkpoint's model.safetensors). Then it switches the model to training or evaluation
+// mode and runs it on int64 token ids [B, T] (the first B*T int64 values of TOKENS.bin; the
+// next B*T are the targets), then the mean cross-entropy of the logits against the targets
+// and its backward.
 // OUT.safetensors receives, as float32, "param/NAME" (each parameter's values before the
 // backward), "grad/NAME" (its gradient; absent when it has none) and "logits" ([B, T, vocab]).
 // stdout gets one JSON line: {"params": [names in the model's order], "same_as": [for each
@@ -95,11 +99,31 @@ std::string count_nodes(const at::Tensor& root, const std::vector<std::string>& 
   return out + "}";
 }
 
+// --load: WEIGHTS.bin's float32 values into each distinct parameter of `params`, in order.
+void load_weights(const std::string& path,
+                  const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  std::vector<char> bytes = probe::read_file(path);
+  size_t offset = 0;
+  std::set<const void*> done;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    if (!done.insert(p.unsafeGetTensorImpl()).second) continue;  // tied: loaded once
+    const size_t n = static_cast<size_t>(p.numel()) * sizeof(float);
+    if (offset + n > bytes.size())
+      throw std::runtime_error(path + " ends before parameter " + name);
+    p.copy_(at::from_blob(bytes.data() + offset, p.sizes(), at::kFloat));
+    offset += n;
+  }
+  if (offset != bytes.size())
+    throw std::runtime_error(path + " holds " + std::to_string(bytes.size() - offset) +
+                             " bytes more than the parameters");
+}
+
 std::string run(int argc, char** argv) {
   if (argc < 7)
     throw std::runtime_error(
         "usage: gpt_probe PLUGIN.so SEED train|eval TOKENS.bin B,T OUT.safetensors "
-        "[--threads N] [--perturb STD] [KEY=VALUE]...");
+        "[--threads N] [--perturb STD] [--load WEIGHTS.bin] [KEY=VALUE]...");
   keel::testing::Plugin plugin(probe::open_plugin(argv[1]));
   keel::testing::Setup setup;
   setup.seed = std::stoull(argv[2]);
@@ -117,6 +141,11 @@ std::string run(int argc, char** argv) {
   }
   if (argc > first_option + 1 && std::string(argv[first_option]) == "--perturb") {
     perturb = std::stod(argv[first_option + 1]);
+    first_option += 2;
+  }
+  std::string load;
+  if (argc > first_option + 1 && std::string(argv[first_option]) == "--load") {
+    load = argv[first_option + 1];
     first_option += 2;
   }
   auto model = plugin.create<keel_model>("gpt", probe::parse_options(argc, argv, first_option), setup);
@@ -140,6 +169,10 @@ std::string run(int argc, char** argv) {
     same_as += std::string(i ? "," : "") + std::to_string(first);
     params.emplace_back(name, p);
     out.emplace_back(std::string("param/") + name, p.detach().clone());
+  }
+  if (!load.empty()) {
+    load_weights(load, params);
+    for (size_t i = 0; i < params.size(); ++i) out[i].second = params[i].second.detach().clone();
   }
   std::string state;
   const size_t ns = model.call(model->state_count);

@@ -226,6 +226,15 @@ class Model {
     at::Tensor weight;    // [V, F], the parameter itself
   };
   virtual Features forward_features(const at::Tensor& /*input*/) { return {}; }
+  // Optional (abi.h, keel_model.export_state, ABI 1.7): the weights under the names and in the
+  // layouts of a Hugging Face `transformers` model, and that model's config.json ("" for
+  // none), for `keel export`. Called once, after a checkpoint's weights were loaded into
+  // named_state()'s tensors. Override it to offer the slot.
+  struct Export {
+    NamedTensors tensors;     // name -> tensor (keel export writes floating-point ones as float32)
+    std::string config_json;  // the text of config.json, "" for none
+  };
+  virtual Export export_state() { return {}; }
 };
 
 struct Batch {
@@ -514,6 +523,21 @@ inline void fill(BoxOf<Model>& b) {
       *weight = give(std::move(f.weight));
     });
   };
+  b.vt.export_state = [](void* s, keel_state_writer* w, char* config, size_t capacity,
+                         keel_error* e) noexcept {
+    return guard(e, [&] {
+      const Model::Export x = X::of(s)->obj->export_state();
+      if (!x.config_json.empty() && x.config_json.size() >= capacity)
+        throw std::runtime_error("config.json is " + std::to_string(x.config_json.size()) +
+                                 " bytes; the host takes at most " +
+                                 std::to_string(capacity > 0 ? capacity - 1 : 0));
+      for (const auto& [name, tensor] : x.tensors)
+        if (!w->put(w, name.c_str(), peek(tensor)))
+          throw std::runtime_error("the host refused export entry '" + name + "'");
+      if (!x.config_json.empty())
+        std::memcpy(config, x.config_json.c_str(), x.config_json.size() + 1);
+    });
+  };
   fill_state(b);
 }
 
@@ -721,6 +745,7 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
     }
     if constexpr (std::is_same<B, Model>::value) {
       if (!KEEL_SDK_OVERRIDES(T, Model, forward_features)) box->vt.forward_features = nullptr;
+      if (!KEEL_SDK_OVERRIDES(T, Model, export_state)) box->vt.export_state = nullptr;
     }
     if constexpr (std::is_same<B, Model>::value || std::is_same<B, Dataset>::value ||
                   std::is_same<B, Optimizer>::value) {

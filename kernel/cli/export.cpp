@@ -1,0 +1,327 @@
+// keel export (export.hpp): the checkpoint chosen and verified, its model created alone and
+// loaded, its tensors collected (export_state, else keel's names) and written into a new
+// directory.
+#include "cli/export.hpp"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <toml++/toml.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/commit.hpp"
+#include "checkpoint/store.hpp"
+#include "cli/commands.hpp"
+#include "components.hpp"
+#include "error.hpp"
+#include "files/files.hpp"
+#include "keel/tensor.hpp"
+#include "loader/registry.hpp"
+#include "manifest.hpp"
+#include "options.hpp"
+#include "run/checkpoint_backend.hpp"
+#include "run/parameters.hpp"
+#include "run/resume.hpp"
+#include "run/run.hpp"
+#include "run_config.hpp"
+
+namespace fs = std::filesystem;
+
+namespace keel::cli {
+namespace {
+
+constexpr const char* kPathHint =
+    "hint: name a run directory (runs/<name>) or one of its checkpoints "
+    "(runs/<name>/checkpoints/step-<N>)";
+// The most config.json text a model may write (with its NUL).
+constexpr size_t kConfigCapacity = size_t{1} << 20;
+
+struct Source {
+  std::string dir;      // the checkpoint directory
+  CommitRecord record;  // verified
+};
+
+void check_arguments(const ExportArgs& a) {
+  const std::string usage_hint = "hint: keel export runs/<name> --format safetensors";
+  if (a.positional.empty())
+    throw UsageError("keel export: needs RUN_DIR or CHECKPOINT (a run directory or one of its "
+                     "checkpoints); " + usage_hint, "export");
+  if (a.positional.size() > 1)
+    throw UsageError(a.positional[1] + ": unexpected argument (`keel export` takes one RUN_DIR "
+                     "or CHECKPOINT); hint: the output directory goes after --output", "export");
+  if (a.positional[0].empty())
+    throw UsageError("keel export: RUN_DIR|CHECKPOINT is an empty string; " + usage_hint,
+                     "export");
+  if (!a.format)
+    throw UsageError("keel export: needs --format; " + usage_hint, "export");
+  if (*a.format != "safetensors")
+    throw UsageError("--format " + *a.format + ": not a format keel export writes; hint: "
+                     "--format safetensors (the only one)", "export");
+  if (a.output && a.output->empty())
+    throw UsageError("--output: an empty path; hint: name a new directory, or leave --output "
+                     "out for the default", "export");
+}
+
+// A verification error with its hint (written for resume) replaced by export's own.
+Error not_verified(const std::string& dir, const Error& e) {
+  std::string what = e.what();
+  if (const size_t h = what.find("; hint: "); h != std::string::npos) what.erase(h);
+  return Error("checkpoint " + dir + " does not verify: " + what + "; hint: export another "
+               "checkpoint of the run, or name the run directory to export its newest verified "
+               "one");
+}
+
+// CHECKPOINT verified, or RUN_DIR's newest checkpoint that verifies.
+Source choose_checkpoint(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) throw Error(path + ": no such directory; " + kPathHint);
+  if (!fs::is_directory(st)) throw Error(path + ": not a directory; " + kPathHint);
+  if (fs::exists(fs::path(path) / "commit.json")) {
+    try {
+      return {path, verify_checkpoint(path)};
+    } catch (const Error& e) {
+      throw not_verified(path, e);
+    }
+  }
+  const std::string root = (fs::path(path) / "checkpoints").string();
+  if (!fs::is_directory(root))
+    throw Error(path + ": neither a checkpoint (no commit.json) nor a run directory (no "
+                "checkpoints/); " + kPathHint);
+  const auto newest = CheckpointStore::newest_verified(
+      root, [](const std::string& dir, const Error& e) {
+        spdlog::warn("export: skipping {}: {}", dir, e.what());
+      });
+  if (!newest)
+    throw Error(root + " holds no verified checkpoint to export; hint: train the run first "
+                "(keel train MANIFEST), or name a checkpoint directory");
+  spdlog::info("exporting {} (step {}), the newest verified checkpoint of {}", newest->dir,
+               newest->record.step, path);
+  return {newest->dir, newest->record};
+}
+
+// RUN/exports/<checkpoint> for a checkpoint in RUN/checkpoints/, else <checkpoint>-export.
+std::string default_output(const std::string& checkpoint) {
+  fs::path c = fs::path(checkpoint).lexically_normal();
+  if (c.filename().empty()) c = c.parent_path();  // a trailing '/'
+  if (c.has_parent_path() && c.parent_path().filename() == "checkpoints")
+    return (c.parent_path().parent_path() / "exports" / c.filename()).string();
+  return c.string() + "-export";
+}
+
+void refuse_existing(const std::string& out) {
+  std::error_code ec;
+  if (fs::symlink_status(out, ec).type() != fs::file_type::not_found)
+    throw Error(out + ": exists; keel export writes a new directory and replaces nothing; "
+                "hint: remove it, or name another with --output DIR");
+}
+
+// The checkpoint's run resolved from its manifest.resolved.toml, on the CPU (run.device = cpu,
+// so that a checkpoint saved on a GPU exports on a machine without one).
+RunConfig checkpoint_config(const Source& src, Registry& registry) {
+  const std::string manifest = (fs::path(src.dir) / "manifest.resolved.toml").string();
+  RunConfig cfg =
+      resolve(load_manifest(manifest, {"run.device=cpu"}), registry, /*use_lock=*/false);
+  if (!cfg.checkpoint)
+    throw Error(manifest + ": has no [checkpoint] table, so nothing says how the checkpoint's "
+                "files are read; hint: the directory was not written by keel train");
+  return cfg;
+}
+
+// Creates the run's model alone (on the CPU) and reads the checkpoint's `model` object into it
+// with the checkpoint's backend.
+void load_model(Run& run, const Source& src) {
+  run.directory.path = run.directory.scratch.create();
+  create_model(run);
+  Components& c = run.components;
+  c.checkpoint = make_instance<keel_checkpoint>(run, *run.config.checkpoint);
+  c.backend.emplace(c.checkpoint);
+  TensorList into;
+  for (const auto& nt : run.parameters.model_state) into.emplace_back(nt.name, borrow(nt.tensor));
+  check_model_tensors(run, src.record, src.dir, into,
+                      "export it with the plugins of the run that saved it");
+  std::vector<keel_named_tensor> named;
+  for (const auto& [name, t] : into) named.push_back({name.c_str(), peek(t)});
+  c.backend->load(src.dir, "model", named);
+}
+
+// A tensor as written: on the CPU, contiguous, float32 when floating-point.
+at::Tensor full_precision(const at::Tensor& t) {
+  const at::NoGradGuard no_grad;
+  at::Tensor out = t.detach().to(at::kCPU);
+  if (out.is_floating_point()) out = out.to(at::kFloat);
+  return out.contiguous();
+}
+
+// What export_state puts (keel_state_writer.host_data).
+struct Collected {
+  TensorList tensors;
+  std::set<std::string> names;
+  std::string refused;  // why the first refused entry was refused
+};
+
+int put_exported(keel_state_writer* w, const char* name, keel_tensor* tensor) noexcept {
+  auto* c = static_cast<Collected*>(w->host_data);
+  try {
+    const size_t n = name ? strnlen(name, KEEL_NAME_CAPACITY) : 0;
+    std::string why;
+    if (n == 0) why = "an entry without a name";
+    else if (n == KEEL_NAME_CAPACITY)
+      why = "a name of KEEL_NAME_CAPACITY bytes or more";
+    else if (!c->names.insert(name).second) why = "'" + std::string(name) + "' twice";
+    else if (tensor == nullptr) why = "'" + std::string(name) + "' without a tensor";
+    if (why.empty()) {
+      c->tensors.emplace_back(name, full_precision(borrow(tensor)));
+      return 1;
+    }
+    if (c->refused.empty()) c->refused = why;
+  } catch (const std::exception& e) {
+    if (c->refused.empty())
+      c->refused = "an entry keel export could not copy (" + std::string(e.what()) + ")";
+  }
+  return 0;
+}
+
+// The model's export_state: its tensors and config.json (checked to be a JSON object).
+TensorList exported_state(const Instance<keel_model>& model, std::string& config) {
+  Collected collected;
+  keel_state_writer writer{};
+  writer.struct_size = sizeof(writer);
+  writer.host_data = &collected;
+  writer.put = &put_exported;
+  std::vector<char> text(kConfigCapacity, '\0');
+  try {
+    model.call("export_state", model->export_state, &writer, text.data(), text.size());
+  } catch (const Error& e) {
+    if (collected.refused.empty()) throw;
+  }
+  if (!collected.refused.empty())
+    throw model.error("export_state put " + collected.refused + "; every entry needs a unique "
+                      "non-empty name and a tensor");
+  if (collected.tensors.empty()) throw model.error("export_state put no tensors");
+  text.back() = '\0';
+  config = text.data();
+  if (!config.empty()) {
+    nlohmann::json parsed;
+    try {
+      parsed = nlohmann::json::parse(config);
+    } catch (const nlohmann::json::exception& e) {
+      throw model.error("export_state wrote a config.json that is not JSON (" +
+                        std::string(e.what()) + ")");
+    }
+    if (!parsed.is_object())
+      throw model.error("export_state wrote a config.json that is not a JSON object");
+  }
+  return std::move(collected.tensors);
+}
+
+// What model.safetensors holds: the model's export_state, else its state under keel's names.
+TensorList export_tensors(const Run& run, std::string& config) {
+  const Instance<keel_model>& model = run.components.model;
+  if (KEEL_HAS_SLOT(model, keel_model, export_state)) return exported_state(model, config);
+  spdlog::info("{} has no export_state (ABI 1.7): model.safetensors holds the tensors under "
+               "keel's names, as checkpoints do, and no config.json is written",
+               model.label());
+  TensorList out;
+  for (const auto& nt : run.parameters.model_state)
+    out.emplace_back(nt.name, full_precision(borrow(nt.tensor)));
+  return out;
+}
+
+// The staging directory, removed unless kept.
+struct Staging {
+  std::string path;
+  bool keep = false;
+  ~Staging() {
+    std::error_code ec;
+    if (!keep && !path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+// Writes model.safetensors (keel-safetensors' component) and config.json into a staging
+// directory beside `out`, then renames it to `out` without replacing anything.
+void write_export(const Registry& registry, const Run& run, const std::string& out,
+                  const TensorList& tensors, const std::string& config) {
+  const Component* writer = registry.find(KEEL_KIND_CHECKPOINT, "keel-safetensors:safetensors");
+  if (writer == nullptr)
+    throw Error("keel export writes model.safetensors with the safetensors component of the "
+                "keel-safetensors plugin, and the plugin search path has none; hint: `keel "
+                "plugins` lists what was found (KEEL_PLUGIN_PATH adds a directory)");
+  ComponentSpec spec;
+  spec.section = "export";
+  spec.component = writer;
+  spec.options = validate_options(toml::table{}, "export", "keel plugins show safetensors",
+                                  writer->options);
+  const Instance<keel_checkpoint> instance = make_instance<keel_checkpoint>(run, spec);
+  const PluginCheckpointBackend backend(instance);
+
+  fs::path target = fs::absolute(out).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // a trailing '/'
+  const fs::path parent = target.parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec)
+    throw Error("creating " + parent.string() + " failed: " + ec.message() + "; hint: check "
+                "that the output directory's parent can be created and written");
+  Staging staging;
+  staging.path = (parent / ("." + target.filename().string() + ".tmp-" + random_token())).string();
+  if (::mkdir(staging.path.c_str(), 0755) != 0)
+    throw Error("creating " + staging.path + " failed: " + std::strerror(errno) + "; hint: "
+                "check that " + parent.string() + " is writable");
+  std::vector<keel_named_tensor> named;
+  for (const auto& [n, t] : tensors) named.push_back({n.c_str(), peek(t)});
+  backend.save(staging.path, "model", named);
+  add_hint(
+      [&] {
+        fsync_path(staging.path + "/model.safetensors");
+        if (!config.empty()) write_file_durably(staging.path + "/config.json", config);
+        fsync_path(staging.path);
+      },
+      [](int) { return "check that the output's file system has space"; });
+  const bool renamed =
+      add_hint([&] { return durable_rename_new(staging.path, target.string()); },
+               [](int) { return "check that the output's directory is writable"; });
+  if (!renamed)  // created while keel export wrote
+    throw Error(out + ": exists (created while keel export wrote); keel export replaces "
+                "nothing; hint: remove it, or name another with --output DIR");
+  staging.keep = true;
+}
+
+}  // namespace
+
+int export_checkpoint(const ExportArgs& args) {
+  check_arguments(args);
+  const Source src = choose_checkpoint(args.positional[0]);
+  const std::string out = args.output ? *args.output : default_output(src.dir);
+  refuse_existing(out);
+
+  Registry registry;  // declared first: libraries outlive every instance
+  Run run;
+  run.config = checkpoint_config(src, registry);
+  load_model(run, src);
+  std::string config;
+  const TensorList tensors = export_tensors(run, config);
+  write_export(registry, run, out, tensors, config);
+  int64_t values = 0;
+  for (const auto& nt : tensors) values += nt.second.numel();
+  std::printf("keel export: wrote %s (model.safetensors: %zu tensors, %lld values%s) from %s "
+              "(step %lld)\n",
+              out.c_str(), tensors.size(), static_cast<long long>(values),
+              config.empty() ? "" : "; config.json", src.dir.c_str(),
+              static_cast<long long>(src.record.step));
+  return 0;
+}
+
+}  // namespace keel::cli

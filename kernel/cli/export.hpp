@@ -1,0 +1,50 @@
+// keel export RUN_DIR|CHECKPOINT --format safetensors [--output DIR]: a checkpoint's model
+// weights as one full-precision safetensors file, under the names of the model's export_state
+// (abi.h, ABI 1.7) when it has one.
+//
+// What it exports: CHECKPOINT, a checkpoint directory (one with commit.json, verified first), or
+// the newest checkpoint of RUN_DIR/checkpoints that verifies (CheckpointStore::newest_verified,
+// as `keel evaluate` picks one). One process, no process group.
+//
+// How: the checkpoint's manifest.resolved.toml is resolved with run.device = cpu (its [plugins]
+// paths and the default search path; no lock), only its [model] is created (on the CPU, with a
+// scratch directory as its run directory), and the checkpoint's `model` object is read into the model's state with the
+// checkpoint's own backend ([checkpoint] type), after its shapes were checked against the commit
+// record. Rank 0 writes the whole model there today, so a checkpoint saved by several ranks
+// exports the same way. Then:
+//   - the model has export_state: the tensors it puts, under its names (gpt: Hugging Face's
+//     GPT2LMHeadModel), and the config.json it writes (none when it writes "");
+//   - else: the model's own state names (each tensor once, as checkpoints hold them), no
+//     config.json, and a log line saying so.
+// Floating-point tensors are written as float32, others as they are.
+//
+// Where: DIR (--output), else RUN/exports/<checkpoint>/ for a checkpoint in RUN/checkpoints/,
+// else <checkpoint>-export beside the checkpoint. DIR must not exist: keel export writes a new
+// directory and never replaces anything. The files are written into a staging directory beside
+// DIR (.<DIR's name>.tmp-<token>) with the keel-safetensors plugin's safetensors component
+// (model.safetensors) and the kernel (config.json), fsync'd, and the staging directory is renamed
+// to DIR (without replacing: a DIR created meanwhile is an error too). A failure removes the
+// staging directory. On success it prints one line: DIR, the tensors, the checkpoint and its
+// step.
+//
+// A missing, extra or empty argument, a missing --format or a format other than safetensors
+// throws UsageError (exit 2 with export's usage line); a path that is neither a run directory
+// nor a checkpoint, a checkpoint that does not verify, a model that does not match it, an
+// existing DIR or a failed write throws keel::Error (exit 1).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace keel::cli {
+
+struct ExportArgs {
+  std::vector<std::string> positional;  // RUN_DIR or CHECKPOINT
+  std::optional<std::string> format;    // --format
+  std::optional<std::string> output;    // --output, -o
+};
+
+int export_checkpoint(const ExportArgs& args);
+
+}  // namespace keel::cli
