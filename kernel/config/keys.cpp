@@ -230,9 +230,10 @@ const KeyTable<DistributedKeys>& distributed_keys() {
           kSafe),
       key(&S::shard,
           opt_string("shard", "\"none\"",
-                     "none: every rank holds the whole optimizer state (DDP); optimizer: each "
-                     "rank holds that of its 1/ranks of every parameter's rows (ZeRO-1)",
-                     "none|optimizer"),
+                     "none: every rank holds the whole optimizer state and gradients (DDP); "
+                     "optimizer: each rank holds the optimizer state of its 1/ranks of every "
+                     "parameter's rows (ZeRO-1); gradients: also only their gradients (ZeRO-2)",
+                     "none|optimizer|gradients"),
           kBreaks),
   }};
   return t;

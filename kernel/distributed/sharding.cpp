@@ -1,6 +1,7 @@
 #include "distributed/sharding.hpp"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "distributed/collectives.hpp"
+#include "distributed/grad_reduce.hpp"
 #include "distributed/process_group.hpp"
 #include "error.hpp"
 #include "keel/tensor.hpp"
@@ -39,7 +41,8 @@ int64_t aliased_param(const std::vector<at::Tensor>& params, const at::Tensor& t
 
 ShardedParams::ShardedParams(ProcessGroup& group, const std::vector<at::Tensor>& params,
                              const std::vector<std::string>& names,
-                             const std::vector<at::Tensor>& model_state, int64_t bucket_bytes)
+                             const std::vector<at::Tensor>& model_state, int64_t bucket_bytes,
+                             bool reduce_scatter)
     : group_(group), rank_(group.collectives().rank()), world_(group.collectives().world()) {
   for (const at::Tensor& t : model_state)
     if (const int64_t i = aliased_param(params, t); i >= 0)
@@ -87,17 +90,46 @@ ShardedParams::ShardedParams(ProcessGroup& group, const std::vector<at::Tensor>&
     buckets_.back().push_back(i);
     bytes += b;
   }
+  if (reduce_scatter) {
+    std::vector<GradReduceScatter::Param> grads;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Param& p = params_[i];
+      p.accum = at::zeros({p.chunk * p.row_numel}, p.padded.options());
+      grads.push_back({names[i], p.full, p.accum, p.rows, p.row_numel, p.chunk});
+    }
+    reducer_ = std::make_unique<GradReduceScatter>(group.collectives(), std::move(grads),
+                                                   bucket_bytes);
+  }
   abi_group_.struct_size = sizeof(abi_group_);
   abi_group_.host_data = this;
   abi_group_.all_reduce = &ShardedParams::all_reduce;
 }
 
+ShardedParams::~ShardedParams() = default;
+
+std::vector<at::Tensor> ShardedParams::tensors() const {
+  std::vector<at::Tensor> out;
+  for (const Param& p : params_) out.push_back(p.shard);
+  return out;
+}
+
 void ShardedParams::clear_gradients() {
-  for (Param& p : params_) p.full.mutable_grad().reset();
+  for (Param& p : params_) {
+    p.full.mutable_grad().reset();
+    if (p.accum.defined()) p.accum.zero_();
+  }
+}
+
+void ShardedParams::after_backward(const std::string& what) {
+  if (reducer_) reducer_->finish_backward(what);
 }
 
 void ShardedParams::bind_gradients() {
   for (Param& p : params_) {
+    if (p.accum.defined()) {  // "gradients": the accumulator's rows
+      p.shard.mutable_grad() = p.accum.narrow(0, 0, p.count * p.row_numel).view(p.shard.sizes());
+      continue;
+    }
     const at::Tensor& g = p.full.grad();
     if (!g.defined()) {
       p.shard.mutable_grad().reset();
@@ -139,10 +171,13 @@ int64_t ShardedParams::param_bytes() const {
 }
 
 std::string ShardedParams::describe() const {
-  return fmt::format("{} parameters in {} all-gather bucket(s); this rank's shards hold {:.2f} "
-                     "of {:.2f} MiB",
-                     params_.size(), buckets_.size(), shard_bytes() / 1048576.0,
-                     param_bytes() / 1048576.0);
+  return fmt::format("{} parameters in {} all-gather bucket(s){}; this rank's shards hold "
+                     "{:.2f} of {:.2f} MiB",
+                     params_.size(), buckets_.size(),
+                     reducer_ ? fmt::format(", gradients reduce-scattered in {} bucket(s)",
+                                            reducer_->buckets())
+                              : std::string(),
+                     shard_bytes() / 1048576.0, param_bytes() / 1048576.0);
 }
 
 keel_status ShardedParams::all_reduce(const keel_shard_group* group, double* values,

@@ -11,11 +11,16 @@
 // own autograd metadata and version counter), so the optimizer's in-place update of a shard is
 // an update of the model's rows, with no copy.
 //
-// Per optimizer step with shard = "optimizer" (ZeRO-1; run/step.cpp):
+// Per optimizer step (run/step.cpp), with shard = "optimizer" (ZeRO-1) or "gradients" (ZeRO-2):
 //   clear_gradients()    before the first forward: the whole parameters' gradients dropped (the
-//                        optimizer's zero_grad drops only the shards')
-//   forward, backward    gradients all-reduced whole, as without shards (GradSync)
-//   bind_gradients()     each shard's gradient is its rows of the whole (averaged) gradient
+//                        optimizer's zero_grad drops only the shards'); "gradients": the shards'
+//                        gradient accumulators zeroed
+//   forward, backward    "optimizer": gradients all-reduced whole, as without shards (GradSync);
+//   after_backward()     "gradients": reduce-scattered into the accumulators as backward
+//                        produces them, whole gradients freed (distributed/grad_reduce.hpp);
+//                        after_backward waits for them (after each micro-batch's backward)
+//   bind_gradients()     each shard's gradient: its rows of the whole (averaged) gradient, or
+//                        its accumulator
 //   clip, optimizer step on the shards (the clipper combines its norm over the ranks through
 //                        abi_group(), the kernel's keel_shard_group)
 //   gather_parameters()  after a step taken: every rank's updated rows to every rank, in
@@ -25,6 +30,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +38,7 @@
 
 namespace keel {
 
+class GradReduceScatter;
 class ProcessGroup;
 
 class ShardedParams {
@@ -40,9 +47,12 @@ class ShardedParams {
   // group's ranks. `model_state`: every tensor a checkpoint holds of the model; one that shares
   // a parameter's storage without being that parameter (a tie through a view) is refused, since
   // the parameter's values move to a new storage. Throws keel::Error naming the tensor.
+  // `reduce_scatter`: shard = "gradients" (the gradients are reduce-scattered by this object,
+  // and no GradSync runs); false for "optimizer".
   ShardedParams(ProcessGroup& group, const std::vector<at::Tensor>& params,
                 const std::vector<std::string>& names, const std::vector<at::Tensor>& model_state,
-                int64_t bucket_bytes);
+                int64_t bucket_bytes, bool reduce_scatter);
+  ~ShardedParams();
   ShardedParams(const ShardedParams&) = delete;
   ShardedParams& operator=(const ShardedParams&) = delete;
 
@@ -52,7 +62,13 @@ class ShardedParams {
   // The keel_shard_group those contexts get (valid while this object lives).
   const keel_shard_group* abi_group() const { return &abi_group_; }
 
+  // Whether this object reduces the gradients (shard = "gradients"): no GradSync then.
+  bool reduces_gradients() const { return reducer_ != nullptr; }
+  // This rank's shards as tensors (what the loss scaler unscales).
+  std::vector<at::Tensor> tensors() const;
+
   void clear_gradients();
+  void after_backward(const std::string& what);
   void bind_gradients();
   void gather_parameters(const std::string& what);
 
@@ -67,6 +83,7 @@ class ShardedParams {
     at::Tensor full;     // the model's tensor: rows [0, rows) of `padded`
     at::Tensor padded;   // flat, chunk x W x row_numel elements
     at::Tensor shard;    // this rank's rows: a leaf over `padded`'s storage
+    at::Tensor accum;    // "gradients": flat, chunk x row_numel, the shard's summed gradient
     int64_t rows = 0, row_numel = 1, chunk = 0, begin = 0, count = 0;
   };
   static keel_status all_reduce(const keel_shard_group* group, double* values, size_t count,
@@ -78,6 +95,7 @@ class ShardedParams {
   std::vector<keel_tensor*> handles_;
   std::vector<std::vector<size_t>> buckets_;  // parameter indices per all-gather
   keel_shard_group abi_group_{};
+  std::unique_ptr<GradReduceScatter> reducer_;  // "gradients" only
 };
 
 }  // namespace keel

@@ -319,7 +319,7 @@ void create_checkpointing(Run& run, bool validate_only) {
 }
 
 // Several ranks: every rank starts from rank 0's parameters and buffers (DDP's broadcast at
-// start), and gradients are all-reduced from here on.
+// start), and gradients are all-reduced from here on (reduce-scattered with shard = "gradients").
 void share_model_across_ranks(Run& run) {
   if (!run.ranks.group) return;
   ProcessGroup& group = *run.ranks.group;
@@ -327,9 +327,13 @@ void share_model_across_ranks(Run& run) {
   for (const auto& nt : run.parameters.model_state) state.push_back(borrow(nt.tensor));
   group.verify_same(state, "the model's parameters and buffers");
   group.broadcast(state, "broadcasting the model from rank 0");
-  const std::vector<std::string> names(run.parameters.names.begin(), run.parameters.names.end());
-  run.grad_sync = std::make_unique<GradSync>(group, run.parameters.tensors, names);
-  spdlog::info("gradients all-reduced in {}", run.grad_sync->describe());
+  // shard = "gradients": the shards reduce-scatter the gradients instead.
+  if (!run.shards || !run.shards->reduces_gradients()) {
+    const std::vector<std::string> names(run.parameters.names.begin(),
+                                         run.parameters.names.end());
+    run.grad_sync = std::make_unique<GradSync>(group, run.parameters.tensors, names);
+    spdlog::info("gradients all-reduced in {}", run.grad_sync->describe());
+  }
   // Ranks other than 0 draw their own random numbers from here on (dropout, ...).
   if (run.ranks.rank > 0 && !run.resume.active())
     at::manual_seed(run.config.run.seed + 1000003ull * static_cast<uint64_t>(run.ranks.rank));

@@ -177,7 +177,8 @@ void shard_parameters(Run& run) {
   for (const auto& nt : run.parameters.model_state) state.push_back(borrow(nt.tensor));
   const std::vector<std::string> names(run.parameters.names.begin(), run.parameters.names.end());
   run.shards = std::make_unique<ShardedParams>(*run.ranks.group, run.parameters.tensors, names,
-                                               state, d.bucket_cap_mb << 20);
+                                               state, d.bucket_cap_mb << 20,
+                                               d.shard == ShardMode::kGradients);
   spdlog::info("distributed.shard = {}: {}", value, run.shards->describe());
 }
 

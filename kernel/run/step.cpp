@@ -97,6 +97,9 @@ void backward(Run& run, const at::Tensor& loss, bool sync) {
   // synchronising, the gradient all-reduce).
   try {
     (run.plan.scaler ? run.plan.scaler->scale_loss(loss) : loss).backward();
+    // shard = "gradients": this backward's reduce-scatters complete.
+    if (run.shards) run.shards->after_backward("backward of step " +
+                                               std::to_string(run.progress.step + 1));
   } catch (const c10::Error& e) {
     const std::string who = c.model.label() + " / " + c.loss.label();
     if (!sync) throw Error(who + ": backward failed: " + e.what_without_backtrace());
@@ -299,8 +302,11 @@ double train_step(Run& run, const std::vector<MicroBatch>& batches) {
   run.components.optimizer.run("zero_grad", run.components.optimizer->zero_grad);
   if (run.shards) run.shards->clear_gradients();  // zero_grad saw only the shards
   StepOutcome step = forward_backward(run, batches);
-  if (run.plan.scaler) step.finite = run.plan.scaler->unscale(run.parameters.tensors) && step.finite;
   if (run.shards) run.shards->bind_gradients();  // the shards' rows of the whole gradients
+  if (run.plan.scaler)
+    step.finite = run.plan.scaler->unscale(run.shards ? run.shards->tensors()
+                                                      : run.parameters.tensors) &&
+                  step.finite;
   emit(run, KEEL_EVENT_AFTER_BACKWARD);
   clip_gradients(run, step);
   run.progress.grad_norm = step.grad_norm;

@@ -1,15 +1,17 @@
-"""[distributed] shard = "optimizer" (ZeRO-1): each rank holds the optimizer state of its rows.
+"""[distributed] shard = "optimizer" (ZeRO-1: each rank holds the optimizer state of its rows)
+and "gradients" (ZeRO-2: and only its rows of the gradients, reduce-scattered).
 
 Every case trains with AdamW, grad_accum 2, the `norm` clipper at max_norm 0.05 (so clipping
 scales every step's gradients: the norm must be the whole gradients' on every rank) and
 compares with the same manifest under shard = "none":
-- a tiny gpt (tokens) on 2 ranks, 10 steps: the final parameters within 1e-5 (absolute, per
-  element) and every step's loss within 1e-6; the run log names the shards; the checkpoint holds
-  one optimizer object per rank ("rank0.optimizer", "rank1.optimizer") whose moments have each
-  rank's rows (ceil(rows / 2), the rest on rank 1), and no whole "optimizer" object.
-- an MLP (fashion_mnist) on 3 ranks, 10 steps, its biases in an [[optimizer.groups]] group of
-  their own learning rate, with a layer of 10 rows (4, 4 and 2 rows a rank) and one of 2 rows
-  (1, 1 and none): the same tolerances.
+- a tiny gpt (tokens) on 2 ranks, 10 steps, each shard value: the final parameters within 1e-5
+  (absolute, per element) and every step's loss within 1e-6 (relative, at least absolute);
+  the run log names the shards and whether gradients are all-reduced or reduce-scattered; the
+  checkpoint holds one optimizer object per rank ("rank0.optimizer", "rank1.optimizer") whose
+  moments have each rank's rows (ceil(rows / 2), the rest on rank 1), and no whole "optimizer".
+- an MLP (fashion_mnist) on 3 ranks, 10 steps, each shard value, its biases in an
+  [[optimizer.groups]] group of their own learning rate, with a layer of 10 rows (4, 4 and 2
+  rows a rank) and one of 2 rows (1, 1 and none): the same tolerances.
 - resume: the gpt 2-rank run stopped at step 5 and resumed with --resume ends with the
   uninterrupted run's parameters exactly (np.array_equal); resuming that checkpoint with
   shard = "none" (and --resume-changed) is refused with one error line saying it holds the
@@ -166,13 +168,22 @@ class Sharding(unittest.TestCase):
             self.assertLessEqual(abs(x - y), 1e-6 * max(1.0, abs(x)), (what, a, b))
 
     def test_gpt_two_ranks(self):
-        none, none_l, _, _ = self.train("gpt-none", "gpt", "none", 2)
-        opt, opt_l, log, out = self.train("gpt-opt", "gpt", "optimizer", 2)
+        none, none_l, none_log, _ = self.train("gpt-none", "gpt", "none", 2)
+        self.assertIn("gradients all-reduced in", none_log)
+        for shard in ("optimizer", "gradients"):
+            with self.subTest(shard=shard):
+                self.check_gpt_two_ranks(none, none_l, shard)
+
+    def check_gpt_two_ranks(self, none, none_l, shard):
+        opt, opt_l, log, out = self.train("gpt-" + shard, "gpt", shard, 2)
         self.assertEqual(len(opt_l), 10)
-        self.assert_losses(none_l, opt_l, "gpt, 2 ranks")
-        self.assert_close(none, opt, "gpt, 2 ranks, optimizer vs none")
-        self.assertIn('distributed.shard = "optimizer": ', log)
+        self.assert_losses(none_l, opt_l, "gpt, 2 ranks, " + shard)
+        self.assert_close(none, opt, f"gpt, 2 ranks, {shard} vs none")
+        self.assertIn(f'distributed.shard = "{shard}": ', log)
         self.assertIn("this rank's shards hold", log)
+        # "gradients": reduce-scattered, not all-reduced.
+        self.assertEqual("gradients all-reduced in" in log, shard == "optimizer")
+        self.assertEqual("gradients reduce-scattered in" in log, shard == "gradients")
         ckpt = os.path.join(out, "checkpoints", "step-10")
         files = os.listdir(ckpt)
         self.assertNotIn("optimizer.safetensors", files)
@@ -193,15 +204,16 @@ class Sharding(unittest.TestCase):
     def test_mlp_three_ranks_with_groups(self):
         groups = '[[optimizer.groups]]\nparams = ".*bias"\nlr = 0.03'
         none, none_l, _, _ = self.train("mlp-none", "mlp", "none", 3, groups=groups)
-        opt, opt_l, _, _ = self.train("mlp-opt", "mlp", "optimizer", 3, groups=groups)
-        self.assert_losses(none_l, opt_l, "mlp, 3 ranks")
-        self.assert_close(none, opt, "mlp, 3 ranks, optimizer vs none")
+        for shard in ("optimizer", "gradients"):
+            opt, opt_l, _, _ = self.train("mlp-" + shard, "mlp", shard, 3, groups=groups)
+            self.assert_losses(none_l, opt_l, "mlp, 3 ranks, " + shard)
+            self.assert_close(none, opt, f"mlp, 3 ranks, {shard} vs none")
         # The layers of 10 and 2 rows: chunks 4/4/2 and 1/1/0.
         self.assertIn((10,), [a.shape for a in opt.values()])
         self.assertIn((2,), [a.shape for a in opt.values()])
 
     def test_resume(self):
-        full, _, _, _ = self.train("gpt-opt", "gpt", "optimizer", 2)
+        full, _, _, _ = self.train("gpt-optimizer", "gpt", "optimizer", 2)
         path, out = self.manifest("gpt-resume", "gpt", "optimizer", steps=5)
         self.launch(path, 2, name="resume-a")
         path, out = self.manifest("gpt-resume", "gpt", "optimizer", steps=10)
