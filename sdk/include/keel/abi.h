@@ -250,8 +250,9 @@ typedef struct keel_state_writer {
   void* host_data; /* the host's; do not touch */
   /* Adds `tensor` (borrowed for the call; any dtype, any device) under `name` (copied; non-empty,
    * at most KEEL_NAME_CAPACITY - 1 bytes, unique within this call). Returns 1, or 0 when the
-   * entry is refused (the kernel then fails the save naming the entry and the reason); return
-   * KEEL_ERR from state_save after a 0 (any message). [train] */
+   * entry is refused (the kernel then fails the save, or the export, naming the entry and the
+   * reason); return KEEL_ERR from state_save (export_state) after a 0 (any message). [train]
+   * ([setup] in keel_model.export_state) */
   int (*put)(struct keel_state_writer* writer, const char* name, keel_tensor* tensor);
 } keel_state_writer;
 
@@ -395,8 +396,10 @@ typedef struct keel_model {
   /* (1.7) Optional: the model's weights as a Hugging Face `transformers` model names and lays
    * them out, for `keel export`. Puts every tensor of that model's state dict to `out` (values
    * of the model's current parameters and buffers; the plugin may put transposed or derived
-   * copies), and writes the model's `config.json` into config_json: at most `capacity` bytes
-   * with its NUL (the kernel zeroes config_json[0] first; an empty string: no config). Called
+   * copies; a weight tied to another, such as GPT-2's lm_head.weight, is put once, as
+   * transformers' own safetensors files hold it), and writes the model's `config.json` into
+   * config_json: at most `capacity` bytes with its NUL (keel export passes 1 MiB; the kernel
+   * zeroes config_json[0] first; an empty string: no config). Called
    * once, on the calling thread, after a checkpoint's model state was loaded; no training
    * follows. [setup] */
   keel_status (*export_state)(void* self, keel_state_writer* out, char* config_json,
