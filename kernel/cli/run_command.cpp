@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <toml++/toml.h>
 
 #include <csignal>
@@ -97,6 +98,13 @@ std::string continue_command(const std::string& manifest, const std::vector<std:
   return command + " --resume";
 }
 
+// The process's peak resident memory so far, in MiB (getrusage's ru_maxrss, KiB on Linux): in
+// `keel train` the run's peak; in a process that runs several (keel_inproc), the highest so far.
+double peak_rss_mib() {
+  rusage usage{};
+  return getrusage(RUSAGE_SELF, &usage) == 0 ? usage.ru_maxrss / 1024.0 : 0.0;
+}
+
 // Sets the process up for the run (threads, malloc; cli_main puts the thread counts back),
 // trains or evaluates, and says how it ended. Returns the exit status.
 int run_trainer(const RunConfig& cfg, const std::string& manifest,
@@ -117,11 +125,13 @@ int run_trainer(const RunConfig& cfg, const std::string& manifest,
     throw;
   }
   if (cfg.run.mode == RunMode::kEvaluate)
-    spdlog::info("done: evaluation loss {:.4f}{}, run directory {}", s.eval_loss,
+    spdlog::info("done: evaluation loss {:.4f}{}, peak RSS {:.1f} MiB, run directory {}",
+                 s.eval_loss,
                  s.eval_accuracy >= 0 ? fmt::format(", accuracy {:.4f}", s.eval_accuracy) : "",
-                 s.run_dir);
+                 peak_rss_mib(), s.run_dir);
   else
-    spdlog::info("done: {} steps, {} samples, run directory {}", s.steps, s.samples, s.run_dir);
+    spdlog::info("done: {} steps, {} samples, peak RSS {:.1f} MiB, run directory {}", s.steps,
+                 s.samples, peak_rss_mib(), s.run_dir);
   if (s.stop_signal) {
     // Documented in docs/checkpoints.md ("Preemption"): 128 + the signal, as a shell reports a
     // process the signal ended, after the checkpoint of the last step was committed.

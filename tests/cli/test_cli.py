@@ -428,6 +428,11 @@ class GoodInput(unittest.TestCase):
             shown = [LOG_LINE.match(line).group(1) for line in out.splitlines()
                      if LOG_LINE.match(line)]
             self.assertTrue(any(s.startswith("done: ") for s in shown), out)
+            # The done line gives the process's peak resident memory (getrusage's ru_maxrss).
+            done = [s for s in shown if s.startswith("done: ")][0]
+            rss = re.search(r"^done: \d+ steps, \d+ samples, peak RSS (\d+\.\d) MiB, run ", done)
+            self.assertTrue(rss, done)
+            self.assertGreater(float(rss.group(1)), 0, done)
             for message in shown:
                 self.assertIn(message, log)
             # ... plus debug detail the console did not show.
