@@ -24,7 +24,7 @@
 //
 // Between steps, the requests are agreed again (max {stop, eval, checkpoint, 0, 0}) before they
 // are read when hooks ran since the last agreement (a record's METRICS event, an evaluation, a
-// save), and a train record that does not follow a step's end agreement (one after an
+// save, an asynchronous save's CHECKPOINT_SAVED after the step's end), and a train record that does not follow a step's end agreement (one after an
 // evaluation or a save, or at an epoch's end) agrees its window times itself (max).
 // Evaluations, checkpoint saves and resumes, and the run's start and end agree in their own
 // code (run/evaluate.cpp, checkpoint/multi_rank.cpp, run/resume.cpp, run/assemble.cpp,
