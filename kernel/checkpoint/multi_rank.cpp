@@ -1,9 +1,15 @@
 #include "checkpoint/multi_rank.hpp"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <exception>
+#include <utility>
 #include <vector>
 
 #include "distributed/process_group.hpp"
+#include "distributed/store_client.hpp"
 #include "error.hpp"
 
 namespace keel {
@@ -76,7 +82,107 @@ std::string commit_save(CheckpointStore& store, ProcessGroup& group, const Snaps
   return group.share(dir, "committing" + at);
 }
 
+// An asynchronous save's keys and where errors say it is.
+struct AsyncSave {
+  std::string key;  // "async/<serial>/"
+  std::string at;   // " the checkpoint of step <N>"
+  int rank, world;
+};
+
+constexpr const char* kFailed = "failed:";
+
+bool failed(const std::string& value) { return value.rfind(kFailed, 0) == 0; }
+
+// For tests only (docs/checkpoints.md): with KEEL_TEST_KILL_IN_SAVE=<N>, rank 1 kills its own
+// process (SIGKILL) once its writer has written its part of the save of step N, before it
+// reports the part.
+void killed_for_tests(const AsyncSave& save, int64_t step) {
+  const char* at = std::getenv("KEEL_TEST_KILL_IN_SAVE");
+  if (save.rank == 1 && at && std::to_string(step) == at) ::kill(::getpid(), SIGKILL);
+}
+
+// Rank 0's writer: stages, collects every other part through the store, commits and sets the
+// committed directory; when it fails, it sets its keys to the failure so that the other
+// writers fail now.
+std::string commit_async(CheckpointStore& store, StoreClient& client, const AsyncSave& save,
+                         const Snapshot& snap) {
+  bool staged = false;
+  SaveParts parts;
+  parts.staged = [&](const std::string& staging) {
+    client.set(save.key + "staging", staging, "sharing the staging directory of" + save.at);
+    staged = true;
+  };
+  parts.written = [&] {
+    TensorIndex all;
+    for (int r = 1; r < save.world; ++r) {
+      const std::string rank = "rank " + std::to_string(r);
+      const std::string index = client.get(save.key + "part" + std::to_string(r),
+                                           "collecting the part of " + rank + " of" + save.at);
+      if (failed(index))
+        throw Error(rank + " failed to write its part of" + save.at + " (" +
+                    index.substr(std::string(kFailed).size()) + "); nothing was committed");
+      for (auto& [stem, entries] : read_commit_record(index, "the index of " + rank).tensors)
+        all[stem] = std::move(entries);
+    }
+    return all;
+  };
+  std::string dir;
+  try {
+    dir = store.save(snap, parts);
+  } catch (const std::exception& e) {
+    try {  // let the other writers fail now rather than at the timeout
+      if (!staged) client.set(save.key + "staging", "", "failing" + save.at);
+      client.set(save.key + "committed", kFailed + std::string(e.what()), "failing" + save.at);
+    } catch (const std::exception&) {  // the error that ends the run is the save's
+    }
+    throw;
+  }
+  client.set(save.key + "committed", dir, "sharing the commit of" + save.at);
+  return dir;
+}
+
+// Rank r > 0's writer: writes its part into rank 0's staging directory, reports it (or its
+// failure) through the store and follows rank 0's commit.
+std::string write_part_async(CheckpointStore& store, StoreClient& client, const AsyncSave& save,
+                             const Snapshot& snap) {
+  const std::string part = save.key + "part" + std::to_string(save.rank);
+  std::string index;
+  try {
+    const std::string staging =
+        client.get(save.key + "staging", "getting the staging directory of" + save.at);
+    if (staging.empty())
+      throw Error("rank 0 failed to stage" + save.at + " (its log says why)");
+    CommitRecord record;
+    record.tensors = store.write_part(staging, snap.objects);
+    index = write_commit_record(record);
+    killed_for_tests(save, snap.meta.step);
+  } catch (const std::exception& e) {
+    try {
+      client.set(part, kFailed + std::string(e.what()), "failing" + save.at);
+    } catch (const std::exception&) {  // the error that ends the run is the save's
+    }
+    throw;
+  }
+  client.set(part, index, "reporting the part of" + save.at);
+  const std::string dir = client.get(save.key + "committed", "waiting for the commit of" + save.at);
+  if (failed(dir))
+    throw Error("rank 0 failed to commit" + save.at + " (" +
+                dir.substr(std::string(kFailed).size()) + ")");
+  return dir;
+}
+
 }  // namespace
+
+void save_async_on_every_rank(CheckpointStore& store, std::shared_ptr<StoreClient> client,
+                              int rank, int world, int64_t serial, Snapshot snapshot) {
+  AsyncSave save{"async/" + std::to_string(serial) + "/",
+                 " the checkpoint of step " + std::to_string(snapshot.meta.step), rank, world};
+  store.save_async(std::move(snapshot), [&store, client = std::move(client),
+                                         save = std::move(save)](const Snapshot& snap) {
+    return save.rank == 0 ? commit_async(store, *client, save, snap)
+                          : write_part_async(store, *client, save, snap);
+  });
+}
 
 std::string save_on_every_rank(CheckpointStore& store, ProcessGroup& group, int rank,
                                const Snapshot& snapshot) {

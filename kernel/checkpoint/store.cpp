@@ -37,6 +37,9 @@ struct AsyncResult {
 
 namespace {
 
+// The store whose asynchronous save this thread runs (nullptr on every other thread).
+thread_local const CheckpointStore* writing_for = nullptr;
+
 // The flock'd lock file of one save; unlocked and removed by release().
 class SaveLock {
  public:
@@ -256,7 +259,8 @@ int CheckpointStore::remove_stale() {
 }
 
 std::string CheckpointStore::save(const Snapshot& snapshot, const SaveParts& parts) {
-  if (worker_.joinable()) throw Error("internal: synchronous save while an asynchronous one is in flight");
+  if (writing_for != this && worker_.joinable())
+    throw Error("internal: synchronous save while an asynchronous one is in flight");
   const std::string dir = commit(snapshot, parts);
   prune(dir);
   return dir;
@@ -359,13 +363,16 @@ void CheckpointStore::prune(const std::string& committed) {
   }
 }
 
-void CheckpointStore::save_async(Snapshot snapshot) {
+void CheckpointStore::save_async(Snapshot snapshot, Finish finish) {
   if (worker_.joinable()) throw Error("internal: asynchronous save while another is in flight");
   // Everything but the deferred tensors is copied here (buffers, hook state, generators: they
   // may change before the next optimizer step).
   snapshot.copy_tensors(/*deferred_ones=*/false);
   result_ = std::make_shared<AsyncResult>();
-  worker_ = std::thread([this, snap = std::move(snapshot), result = result_]() mutable {
+  if (!finish) finish = [this](const Snapshot& snap) { return save(snap); };
+  worker_ = std::thread([this, snap = std::move(snapshot), finish = std::move(finish),
+                         result = result_]() mutable {
+    writing_for = this;
     const auto mark_copied = [&] {
       std::lock_guard<std::mutex> lock(result->mutex);
       result->copied = true;
@@ -374,8 +381,7 @@ void CheckpointStore::save_async(Snapshot snapshot) {
     try {
       snap.copy_tensors(/*deferred_ones=*/true);
       mark_copied();
-      result->dir = commit(snap, SaveParts{});
-      prune(result->dir);
+      result->dir = finish(snap);
     } catch (...) {
       result->error = std::current_exception();
       mark_copied();

@@ -95,7 +95,8 @@ class CheckpointStore {
   int remove_stale();
 
   // Stages, checksums, commits and applies retention; returns the committed directory.
-  // `parts`: other processes write into the staging directory too.
+  // `parts`: other processes write into the staging directory too. Not while an asynchronous
+  // save is in flight, except from that save's own thread (its `finish`).
   std::string save(const Snapshot& snapshot, const SaveParts& parts = {});
 
   // Writes `objects` into `staging` with the backend (one file set per object; empty objects
@@ -104,9 +105,12 @@ class CheckpointStore {
                          const std::vector<std::pair<std::string, TensorList>>& objects) const;
 
   // Asynchronous save: the tensors of `snapshot` not in `deferred` are copied now, the deferred
-  // ones on a background thread, which then writes and commits the copy. At most one is in
-  // flight: call wait() first (save_async refuses otherwise).
-  void save_async(Snapshot snapshot);
+  // ones on a background thread, which then runs `finish` on the copy: it writes (and commits)
+  // it and returns the committed directory. Without `finish`, save(copy) (several ranks:
+  // checkpoint/multi_rank.hpp gives one, which may call save from that thread). At most one
+  // is in flight: call wait() first (save_async refuses otherwise).
+  using Finish = std::function<std::string(const Snapshot&)>;
+  void save_async(Snapshot snapshot, Finish finish = {});
   // Waits until the save in flight has copied its deferred tensors (at once when none is in
   // flight): after it, they may change again.
   void wait_copied();

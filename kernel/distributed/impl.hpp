@@ -17,6 +17,7 @@ struct ProcessGroup::Impl {
   std::string backend;
   at::Device comm{at::kCPU};  // where collectives' tensors live (CUDA for NCCL)
   c10::intrusive_ptr<c10d::Store> store;
+  std::string store_prefix;  // keel's key prefix in the job's TCPStore (store wraps it)
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   int64_t shared = 0;  // share() calls so far: each gets its own store key
   int64_t issued = 0;  // collectives issued so far (all kinds): ProcessGroup::collectives_issued

@@ -71,6 +71,7 @@ ProcessGroup::ProcessGroup(const Launch& launch, const DistributedOptions& optio
     const std::string prefix =
         launch.agent_store ? "/worker/attempt_" + std::to_string(launch.restart_count) + "/keel"
                            : "keel";
+    d.store_prefix = prefix;
     d.store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
   } catch (const std::exception& e) {
     const auto* c10 = dynamic_cast<const c10::Error*>(&e);

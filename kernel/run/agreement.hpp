@@ -13,7 +13,8 @@
 //      distributed/grad_sync.hpp);
 //   3. after backward and clipping: sum {loss, non-finite, samples, tokens, short data};
 //   4. at the step's end (Requests::agree_at_step_end): max {stop, eval, checkpoint requests,
-//      stop signal, the window's train, data, eval and checkpoint seconds}.
+//      stop signal, an asynchronous checkpoint save still running, the window's train, data,
+//      eval and checkpoint seconds}.
 // So a step issues 2 agreements (3 with item normalisation) beside the gradient all-reduces.
 //
 // A step fetches without asking the other ranks while its epoch is within the agreed count
@@ -21,13 +22,14 @@
 // beyond the count) each fetch agrees its micro-batches: max {-micro-batches}. A rank whose
 // data yields fewer than the agreed count says so in agreement 3, and every rank then fails.
 //
-// Between steps, the requests are agreed again (max {stop, eval, checkpoint, 0}) before they
+// Between steps, the requests are agreed again (max {stop, eval, checkpoint, 0, 0}) before they
 // are read when hooks ran since the last agreement (a record's METRICS event, an evaluation, a
-// save), and a train record that does not follow a step's end agreement (one after an
+// save, an asynchronous save's CHECKPOINT_SAVED after the step's end), and a train record that does not follow a step's end agreement (one after an
 // evaluation or a save, or at an epoch's end) agrees its window times itself (max).
 // Evaluations, checkpoint saves and resumes, and the run's start and end agree in their own
 // code (run/evaluate.cpp, checkpoint/multi_rank.cpp, run/resume.cpp, run/assemble.cpp,
-// run/trainer.cpp).
+// run/trainer.cpp); an asynchronous save's writers agree through the store only, never with a
+// collective (checkpoint/multi_rank.hpp).
 #pragma once
 
 #include <cstdint>

@@ -64,10 +64,6 @@ void join_ranks(Run& run, const std::optional<Launch>& launch) {
   Ranks& ranks = run.ranks;
   ranks.device = resolve_device(config.run.device, launch ? launch->local_rank : 0);
   if (launch && launch->world_size > 1) {
-    if (config.checkpoint && config.checkpointing.async)
-      throw Error("checkpoint.async = true is not supported with several processes yet (" +
-                  std::to_string(launch->world_size) + " ranks); hint: set [checkpoint] "
-                  "async = false");
     DistributedOptions o;
     o.timeout = std::chrono::seconds(config.distributed.timeout_s);
     o.backend = config.distributed.backend;

@@ -10,6 +10,7 @@
 
 #include "checkpoint/checksum.hpp"
 #include "checkpoint/multi_rank.hpp"
+#include "distributed/store_client.hpp"
 #include "keel/tensor.hpp"
 #include "run/events.hpp"
 #include "run/plugin_state.hpp"
@@ -61,8 +62,13 @@ void add_rank_objects(const Run& run, Snapshot& snap) {
   add_state(run.components.model, "model");
   add_state(run.components.train_data, "data.train");
   snap.objects.emplace_back(rank_object(run, "state"), std::move(state_t));
-  if (run.shards && KEEL_HAS_SLOT(run.components.optimizer, keel_optimizer, state_save))
-    snap.objects.emplace_back(optimizer_object(run), save_state(run.components.optimizer));
+  // This rank's part of the optimizer state changes only in the optimizer step, as rank 0's
+  // whole one does (add_replicated_objects): deferred too.
+  if (run.shards && KEEL_HAS_SLOT(run.components.optimizer, keel_optimizer, state_save)) {
+    TensorList opt = save_state(run.components.optimizer);
+    for (const auto& [name, t] : opt) snap.deferred.insert(t.unsafeGetTensorImpl());
+    snap.objects.emplace_back(optimizer_object(run), std::move(opt));
+  }
 }
 
 // trainer_state.toml's fields (checkpoint/meta.hpp) and the metrics retention ranks by.
@@ -163,7 +169,14 @@ void save_checkpoint(Run& run) {
   Snapshot snap = snapshot(run);
   run.records.last_saved_step = run.progress.step;
   if (run.config.checkpointing.async) {
-    store.save_async(std::move(snap));
+    Ranks& ranks = run.ranks;
+    if (!ranks.group) {
+      store.save_async(std::move(snap));
+    } else {
+      if (!ranks.writer_store) ranks.writer_store = std::make_shared<StoreClient>(*ranks.group);
+      save_async_on_every_rank(store, ranks.writer_store, ranks.rank, ranks.world,
+                               ranks.async_saves++, std::move(snap));
+    }
     profile_end(run, "checkpoint");
     spdlog::debug("checkpoint of step {} being written in the background", run.progress.step);
     return;
@@ -173,6 +186,11 @@ void save_checkpoint(Run& run) {
                       : store.save(snap);
   profile_end(run, "checkpoint");
   announce_commit(run, dir);
+}
+
+bool async_save_done(const Run& run) {
+  const CheckpointStore* store = run.components.store.get();
+  return !store || !store->in_flight() || store->ready();
 }
 
 void finish_async_save(Run& run, bool block) {

@@ -22,8 +22,14 @@ bool save_due(Run& run, Moment moment);
 // with checkpoint.async) and announces a synchronous commit (CHECKPOINT_SAVED).
 void save_checkpoint(Run& run);
 
+// Whether this rank's asynchronous save has finished (true when none is in flight). With
+// several ranks the step's end agrees it over every rank (run/requests.hpp), so that every
+// rank finishes the save, and announces it, at the same step.
+bool async_save_done(const Run& run);
+
 // An asynchronous save that has finished (or, with `block`, the one in flight): its error fails
-// the run here, its commit is announced to the hooks here.
+// the run here, its commit is announced to the hooks here. With several ranks, every rank
+// calls it at the same point (agreed as above, or at the next save or the run's end).
 void finish_async_save(Run& run, bool block);
 
 // "rank<r>.<stem>": a checkpoint object of rank r > 0 (rank 0's is plain `stem`).

@@ -5,8 +5,9 @@
 // underneath: reading a request after hooks ran since the last agreement agrees first (one
 // all-reduce; every rank reads at the same points, so all take part). The end of each step
 // agrees unconditionally (agree_at_step_end), because a stop signal may have arrived on any
-// rank in the meantime; that all-reduce carries the log window's times too (run/agreement.hpp
-// lists every agreement of a step).
+// rank in the meantime; that all-reduce carries the log window's times and whether every
+// rank's asynchronous checkpoint save has finished too (run/agreement.hpp lists every
+// agreement of a step).
 #pragma once
 
 #include <cstdint>
@@ -37,21 +38,22 @@ class Requests {
   bool evaluate() { return read(KEEL_REQUEST_EVAL); }
   bool checkpoint() { return read(KEEL_REQUEST_CHECKPOINT); }
 
-  // Agrees the requests, the stop signal (`signal`: this rank's, 0 for none) and `slowest`
+  // Agrees the requests, the stop signal (`signal`: this rank's, 0 for none), `slowest`
   // (this rank's values in, the largest of any rank's out, element-wise: the log window's
-  // times) on every rank, in one all-reduce (max); returns the agreed signal (the largest any
-  // rank received, 0: none).
-  int agree_at_step_end(int signal, std::vector<double>& slowest);
+  // times) and `saved` (in: this rank's asynchronous save has finished or none is in flight;
+  // out: so on every rank) on every rank, in one all-reduce (max); returns the agreed signal
+  // (the largest any rank received, 0: none).
+  int agree_at_step_end(int signal, std::vector<double>& slowest, bool& saved);
 
   // Forgets the requests acted on (after a step, after an epoch's end).
   void clear() { bits_ = 0; }
 
  private:
   bool read(uint32_t bit) {
-    if (unagreed_) agree(0, nullptr);
+    if (unagreed_) agree(0, nullptr, nullptr);
     return (bits_ & bit) != 0;
   }
-  int agree(int signal, std::vector<double>* slowest);
+  int agree(int signal, std::vector<double>* slowest, bool* saved);
 
   ProcessGroup* group_ = nullptr;
   const keel_trainer_state* progress_ = nullptr;

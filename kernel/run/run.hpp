@@ -27,6 +27,7 @@
 #include "distributed/grad_sync.hpp"
 #include "distributed/process_group.hpp"
 #include "distributed/sharding.hpp"
+#include "distributed/store_client.hpp"
 #include "keel/abi.h"
 #include "loss_scaler.hpp"
 #include "run/agreement.hpp"
@@ -56,6 +57,11 @@ struct Ranks {
   std::unique_ptr<ProcessGroup> group;
   int rank = 0, world = 1;
   at::Device device{at::kCPU};
+  // With several ranks and [checkpoint] async: the checkpoint writer's own store client
+  // (created at the first save; the writer thread shares it) and the saves started so far,
+  // which keep each save's keys apart (checkpoint/multi_rank.hpp).
+  std::shared_ptr<StoreClient> writer_store;
+  int64_t async_saves = 0;
 };
 
 // The component instances, in creation order (destroyed in reverse).

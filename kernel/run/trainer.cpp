@@ -198,12 +198,16 @@ RunSummary Trainer::train() {
         if (epoch_complete) break;
         run.epoch.batches += static_cast<int64_t>(batches.size());
         run.summary.last_loss = train_step(run, batches);
-        finish_async_save(run, /*block=*/false);
         // Decide, then act: each on its own period, on a hook's request, or at the run's end.
-        // The ranks agree on the requests, the signals and the window's times at once.
+        // The ranks agree on the requests, the signals, the window's times and whether every
+        // rank's asynchronous save has finished at once; a finished one is announced then, at
+        // the same step on every rank.
         std::vector<double> slowest = window_times(run);
-        stop_on_signal(run, run.requests.agree_at_step_end(StopSignals::received(), slowest));
+        bool saved = async_save_done(run);
+        stop_on_signal(run,
+                       run.requests.agree_at_step_end(StopSignals::received(), slowest, saved));
         run.collectives.step_ended(run);
+        if (saved) finish_async_save(run, /*block=*/true);
         decide_end(run, Moment::kStepEnd);
         if (record_due(run)) record_train(run, &slowest);
         if (evaluation_due(run, Moment::kStepEnd)) evaluate(run);

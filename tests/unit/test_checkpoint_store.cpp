@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <future>
 
 #include "checkpoint/commit.hpp"
 #include "checkpoint/meta.hpp"
@@ -284,6 +285,25 @@ TEST_CASE("an asynchronous save commits from its own copy; its failure surfaces 
   CHECK(keel_test::error_of([&] { store.wait(); }) ==
         "checkpoint 'flaky' (plugin test): save failed: disk full (simulated)");
   CHECK(entries(f.d.path) == std::vector<std::string>{"step-7", "step-9"});
+  // A given `finish` (several ranks: checkpoint/multi_rank.cpp) runs on the writer thread with
+  // the copy, and may save from there; a save from any other thread is still refused.
+  f.backend.fail = false;
+  keel::Snapshot g = snap(11, 2.0f);
+  at::Tensor q = g.objects[0].second[0].second;
+  g.deferred.insert(q.unsafeGetTensorImpl());
+  std::promise<void> go;
+  std::shared_future<void> started = go.get_future().share();
+  store.save_async(std::move(g), [&](const keel::Snapshot& copy) {
+    started.wait();
+    return store.save(copy);
+  });
+  CHECK(keel_test::error_of([&] { store.save(snap(12)); }) ==
+        "internal: synchronous save while an asynchronous one is in flight");
+  go.set_value();
+  store.wait_copied();
+  q.fill_(3.0f);
+  CHECK(keel_test::read(fs::path(store.wait()) / "model.bin") == "2");
+  CHECK(entries(f.d.path) == std::vector<std::string>{"step-11", "step-7", "step-9"});
 }
 
 TEST_CASE("trainer_state.toml reads back every field it writes") {
