@@ -83,9 +83,17 @@ void GradReduceScatter::launch(size_t bucket) {
     out.push_back(p.accum);
     offset += n;
   }
+  issued_ += 1;
   pending_.push_back(collectives_.reduce_scatter(
       packed, std::move(out), static_cast<double>(world), /*accumulate=*/true,
       "reduce-scattering gradient bucket " + std::to_string(bucket)));
+  // At most two buckets in flight: waiting for the older one frees its packed and received
+  // buffers (each as large as the bucket's gradients) while backward goes on, instead of
+  // holding every bucket's until the end of backward.
+  while (pending_.size() > 2) {
+    pending_.front().wait();
+    pending_.erase(pending_.begin());
+  }
 }
 
 void GradReduceScatter::finish_backward(const std::string& what) {

@@ -8,7 +8,8 @@
 // a complete bucket is packed by destination rank (rows [q c, min((q + 1) c, R)) of each of its
 // gradients for rank q, zero padding to c rows), the whole gradients are released, and the
 // packed buffer is reduce-scattered (distributed/collectives.hpp) into the accumulators,
-// divided by the number of ranks. Buckets are sent in a fixed order (bucket 0 first; one
+// divided by the number of ranks; at most two buckets are in flight (sending a bucket waits for
+// the one sent two before it). Buckets are sent in a fixed order (bucket 0 first; one
 // completed early waits for its predecessors), so every rank issues the same collectives in the
 // same order. Buckets hold the parameters in reverse order (backward produces the last
 // parameters' gradients first), of at most [distributed] bucket_cap_mb each.
@@ -51,6 +52,8 @@ class GradReduceScatter {
   void finish_backward(const std::string& what);
   // Number of buckets, for the log.
   size_t buckets() const { return buckets_.size(); }
+  // Reduce-scatters issued so far (one per bucket and backward).
+  int64_t issued() const { return issued_; }
 
  private:
   void ready(size_t param);  // the autograd hook: param's gradient is complete
@@ -64,6 +67,7 @@ class GradReduceScatter {
   std::vector<bool> fired_;                   // per parameter, in this backward
   size_t next_ = 0;                           // the next bucket to send
   std::vector<Pending> pending_;              // sent this backward
+  int64_t issued_ = 0;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive (held weakly)
   std::vector<uintptr_t> hook_keys_;
 };

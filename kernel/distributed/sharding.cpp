@@ -153,9 +153,14 @@ void ShardedParams::gather_parameters(const std::string& what) {
       inputs.push_back(p.padded.narrow(0, rank_ * n, n));
       for (int q = 0; q < world_; ++q) outputs[q].push_back(p.padded.narrow(0, q * n, n));
     }
+    issued_ += 1;
     pending.push_back(collectives.all_gather(std::move(inputs), std::move(outputs), what));
   }
   for (Pending& p : pending) p.wait();
+}
+
+int64_t ShardedParams::collectives_issued() const {
+  return issued_ + (reducer_ ? reducer_->issued() : 0);
 }
 
 int64_t ShardedParams::shard_bytes() const {
@@ -190,6 +195,7 @@ keel_status ShardedParams::all_reduce(const keel_shard_group* group, double* val
                   std::to_string(static_cast<int>(op)) + " (KEEL_REDUCE_SUM or _MAX)");
     if (count == 0) return KEEL_OK;  // the same on every rank: nothing to combine
     auto* self = static_cast<ShardedParams*>(group->host_data);
+    self->issued_ += 1;
     const std::vector<double> v(values, values + count);
     const std::string what = "combining a value over the shards' ranks (keel_shard_group)";
     const std::vector<double> r =

@@ -72,6 +72,10 @@ class ShardedParams {
   void bind_gradients();
   void gather_parameters(const std::string& what);
 
+  // The collectives this object issued so far: all-gathers, reduce-scatters and the
+  // keel_shard_group's all-reduces (each also counted by ProcessGroup::collectives_issued).
+  int64_t collectives_issued() const;
+
   // Bytes of this rank's shards and of the whole parameters (without padding), for the log.
   int64_t shard_bytes() const;
   int64_t param_bytes() const;
@@ -94,6 +98,7 @@ class ShardedParams {
   std::vector<Param> params_;
   std::vector<keel_tensor*> handles_;
   std::vector<std::vector<size_t>> buckets_;  // parameter indices per all-gather
+  int64_t issued_ = 0;                        // all-gathers and all-reduces
   keel_shard_group abi_group_{};
   std::unique_ptr<GradReduceScatter> reducer_;  // "gradients" only
 };

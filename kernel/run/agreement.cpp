@@ -15,12 +15,13 @@ namespace {
 
 // Collectives issued so far by this process: ProcessGroup's, and the gradient reducer's.
 struct Issued {
-  int64_t agreements = 0, all_reduces = 0;
+  int64_t agreements = 0, all_reduces = 0, shard_ops = 0;
 };
 
 Issued issued(const Run& run) {
   Issued n;
-  if (run.ranks.group) n.agreements = run.ranks.group->collectives_issued();
+  if (run.shards) n.shard_ops = run.shards->collectives_issued();
+  if (run.ranks.group) n.agreements = run.ranks.group->collectives_issued() - n.shard_ops;
   if (run.grad_sync) n.all_reduces = run.grad_sync->all_reduces();
   return n;
 }
@@ -36,6 +37,7 @@ void CollectiveTally::step_starts(const Run& run) {
   const Issued n = issued(run);
   mark_agreements = n.agreements;
   mark_all_reduces = n.all_reduces;
+  mark_shard_ops = n.shard_ops;
 }
 
 void CollectiveTally::step_ended(const Run& run) {
@@ -43,21 +45,26 @@ void CollectiveTally::step_ended(const Run& run) {
   steps += 1;
   agreements += n.agreements - mark_agreements;
   all_reduces += n.all_reduces - mark_all_reduces;
+  shard_ops += n.shard_ops - mark_shard_ops;
 }
 
 void log_collectives(const Run& run) {
   if (!run.ranks.group || run.ranks.rank != 0) return;
   const CollectiveTally& t = run.collectives;
   const Issued all = issued(run);
-  const int64_t in_steps = t.agreements + t.all_reduces;
-  const int64_t outside = all.agreements + all.all_reduces - in_steps;
+  const int64_t in_steps = t.agreements + t.all_reduces + t.shard_ops;
+  const int64_t outside = all.agreements + all.all_reduces + all.shard_ops - in_steps;
   const std::string per_step =
       t.steps > 0 ? text::number(std::round(100.0 * in_steps / t.steps) / 100) : "0";
+  const std::string shard_ops =
+      run.shards ? ", " + std::to_string(t.shard_ops) + " shard collectives (gradient "
+                   "reduce-scatters, parameter all-gathers, the clipper's norm)"
+                 : "";
   spdlog::info("collectives: {} in {} steps ({} per step: {} agreements, {} gradient bucket "
-               "all-reduces); {} outside steps (setup, records, evaluations, checkpoints, "
+               "all-reduces{}); {} outside steps (setup, records, evaluations, checkpoints, "
                "epoch ends, the end); not counted: the reducer's broadcasts of its rebuilt "
                "buckets (once) and exchanges through the store",
-               in_steps, t.steps, per_step, t.agreements, t.all_reduces, outside);
+               in_steps, t.steps, per_step, t.agreements, t.all_reduces, shard_ops, outside);
 }
 
 }  // namespace keel

@@ -47,16 +47,18 @@ int64_t agree_epoch_batches(ProcessGroup& group, int64_t batches);
 // micro-batches to the agreement at its end, for the `collectives:` line.
 struct CollectiveTally {
   int64_t steps = 0;
-  int64_t agreements = 0;    // ProcessGroup's collectives (collectives_issued)
+  int64_t agreements = 0;    // ProcessGroup's collectives (collectives_issued) less the shards'
   int64_t all_reduces = 0;   // the gradient reducer's, one per bucket (GradSync::all_reduces)
-  int64_t mark_agreements = 0, mark_all_reduces = 0;  // at the current step's start
+  int64_t shard_ops = 0;     // [distributed] shard's (ShardedParams::collectives_issued)
+  int64_t mark_agreements = 0, mark_all_reduces = 0, mark_shard_ops = 0;  // at the step's start
 
   void step_starts(const Run& run);
   void step_ended(const Run& run);
 };
 
 // With several ranks, on rank 0: one line "collectives: N in S steps (X per step: A
-// agreements, B gradient bucket all-reduces); M outside steps (...); not counted: ...".
+// agreements, B gradient bucket all-reduces[, C shard collectives (...)]); M outside steps
+// (...); not counted: ...", the shard collectives only with [distributed] shard.
 void log_collectives(const Run& run);
 
 }  // namespace keel

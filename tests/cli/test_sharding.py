@@ -6,7 +6,9 @@ scales every step's gradients: the norm must be the whole gradients' on every ra
 compares with the same manifest under shard = "none":
 - a tiny gpt (tokens) on 2 ranks, 10 steps, each shard value: the final parameters within 1e-5
   (absolute, per element) and every step's loss within 1e-6 (relative, at least absolute);
-  the run log names the shards and whether gradients are all-reduced or reduce-scattered; the
+  the run log names the shards and whether gradients are all-reduced or reduce-scattered, and
+  its `collectives:` line counts the shard collectives of each step (an all-gather per bucket,
+  the clipper's norm, a reduce-scatter per bucket and backward with "gradients"); the
   checkpoint holds one optimizer object per rank ("rank0.optimizer", "rank1.optimizer") whose
   moments have each rank's rows (ceil(rows / 2), the rest on rank 1), and no whole "optimizer".
 - an MLP (fashion_mnist) on 3 ranks, 10 steps, each shard value, its biases in an
@@ -25,6 +27,7 @@ compares with the same manifest under shard = "none":
 Usage: test_sharding.py KEEL_BINARY FIXTURE_DIR"""
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -184,6 +187,15 @@ class Sharding(unittest.TestCase):
         # "gradients": reduce-scattered, not all-reduced.
         self.assertEqual("gradients all-reduced in" in log, shard == "optimizer")
         self.assertEqual("gradients reduce-scattered in" in log, shard == "gradients")
+        # Per step: an all-gather per bucket, the clipper's norm, and with "gradients" a
+        # reduce-scatter per bucket in each of the 2 micro-batches' backward.
+        gathers = int(re.search(r"parameters in (\d+) all-gather bucket", log).group(1))
+        scatters = re.search(r"gradients reduce-scattered in (\d+) bucket", log)
+        per_step = gathers + 1 + (2 * int(scatters.group(1)) if scatters else 0)
+        m = re.search(r"collectives: \d+ in (\d+) steps \([\d.]+ per step: \d+ agreements, "
+                      r"\d+ gradient bucket all-reduces, (\d+) shard collectives", log)
+        self.assertIsNotNone(m, log[-2000:])
+        self.assertEqual((int(m.group(1)), int(m.group(2))), (10, 10 * per_step))
         ckpt = os.path.join(out, "checkpoints", "step-10")
         files = os.listdir(ckpt)
         self.assertNotIn("optimizer.safetensors", files)
