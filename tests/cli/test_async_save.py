@@ -15,7 +15,6 @@ Usage: test_async_save.py KEEL_BINARY"""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,10 +22,10 @@ import unittest
 
 import numpy as np
 
+from launching import TORCHRUN, free_port
 from safetensors_np import read_arrays
 
 KEEL = sys.argv[1]
-TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
 STEPS = (2, 4, 6, 8)
 
 MANIFEST = """
@@ -60,12 +59,6 @@ every_steps = 2
 at_end = false
 async = {async_}
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class AsyncSave(unittest.TestCase):

@@ -33,7 +33,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,10 +41,10 @@ import unittest
 
 import numpy as np
 
+from launching import TORCHRUN, free_port
 from safetensors_np import read_arrays
 
 KEEL, ROOT, MISBEHAVE = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
-TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
 
 # 2048 samples; 2 micro-batches of 32 (1 process) or of 16 per rank (2 ranks) per step: 64
 # samples a step, 20 steps of one 32-step epoch.
@@ -104,12 +103,6 @@ def read(path):
 def write(path, text):
     with open(path, "w") as f:
         f.write(text)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Distributed(unittest.TestCase):

@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import inproc  # noqa: E402
 import safetensors_np  # noqa: E402
+from launching import free_port  # noqa: E402
 
 KEEL, INPROC, PROBE, PLUGIN, MISBEHAVE = map(os.path.abspath, sys.argv[1:6])
 CTX, LAYERS, HEADS, WIDTH = 16, 2, 4, 32
@@ -61,12 +61,6 @@ def check(cond, what):
 
 def keel(*args, env=None):
     return subprocess.run([KEEL, *args], capture_output=True, text=True, env=env)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def manifest(tmp, run, vocab, bias, steps=3):

@@ -15,7 +15,6 @@
 Usage: test_global_batch.py KEEL_BINARY"""
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,10 +22,10 @@ import unittest
 
 import numpy as np
 
+from launching import TORCHRUN, free_port, write_tokens
 from safetensors_np import read_arrays
 
 KEEL = sys.argv[1]
-TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
 CTX, VOCAB, WINDOWS = 8, 16, 80
 
 MANIFEST = """
@@ -65,12 +64,6 @@ type = "jsonl"
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class GlobalBatch(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -83,11 +76,7 @@ class GlobalBatch(unittest.TestCase):
         tokens = rng.integers(1, VOCAB, size=WINDOWS * CTX + 1)
         for k in range(0, WINDOWS, 2):
             tokens[k * CTX + 1:k * CTX + 7] = 0
-        cls.data = os.path.join(cls.dir, "tokens.bin")
-        tokens.astype("<u2").tofile(cls.data)
-        with open(os.path.join(cls.dir, "vocab.json"), "w") as f:
-            json.dump({"format": "keel-tokens", "version": 1, "dtype": "uint16",
-                       "size": VOCAB, "tokens": len(tokens)}, f)
+        cls.data = write_tokens(cls.dir, tokens, VOCAB)
 
     @classmethod
     def tearDownClass(cls):

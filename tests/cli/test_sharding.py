@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,10 +36,10 @@ import unittest
 
 import numpy as np
 
+from launching import TORCHRUN, free_port, write_tokens
 from safetensors_np import read_arrays, read_raw
 
 KEEL, FIXTURES = sys.argv[1], sys.argv[2]
-TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
 # Under the sanitizer build, the 2-rank runs with shard = "optimizer" end with LeakSanitizer's
 # own tracer crashing at exit ("Tracer caught signal 11 ... LeakSanitizer has encountered a
 # fatal error"), every time, after training correctly; not investigated yet. Leak checking is
@@ -108,23 +107,13 @@ type = "cross_entropy"
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Sharding(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.dir = cls.tmp.name
         tokens = np.random.default_rng(4).integers(0, VOCAB, size=WINDOWS * CTX + 1)
-        cls.data = os.path.join(cls.dir, "tokens.bin")
-        tokens.astype("<u2").tofile(cls.data)
-        with open(os.path.join(cls.dir, "vocab.json"), "w") as f:
-            json.dump({"format": "keel-tokens", "version": 1, "dtype": "uint16",
-                       "size": VOCAB, "tokens": len(tokens)}, f)
+        cls.data = write_tokens(cls.dir, tokens, VOCAB)
         cls.runs = {}
 
     @classmethod
