@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "distributed/process_group.hpp"
 #include "run/run.hpp"
@@ -28,9 +29,11 @@ Issued issued(const Run& run) {
 
 }  // namespace
 
-int64_t agree_epoch_batches(ProcessGroup& group, int64_t batches) {
-  return static_cast<int64_t>(
-      -group.max({-static_cast<double>(batches)}, "agreeing on the batches per epoch")[0]);
+EpochPlan agree_epoch_plan(ProcessGroup& group, int64_t batches, int64_t steps) {
+  const std::vector<double> most = group.max(
+      {-static_cast<double>(batches), -static_cast<double>(steps)},
+      "agreeing on the batches per epoch and the planned steps");
+  return {static_cast<int64_t>(-most[0]), static_cast<int64_t>(-most[1])};
 }
 
 void CollectiveTally::step_starts(const Run& run) {

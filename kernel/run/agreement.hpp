@@ -4,8 +4,9 @@
 // a max, never mixed, so no field is encoded): flags are summed or maxed as 0/1, and a
 // minimum is the max of negated values.
 //
-// Once, at setup: the micro-batches every rank takes per epoch (agree_epoch_batches), the
-// fewest batches_per_epoch of any rank (max of the negated counts).
+// Once, at setup: the micro-batches every rank takes per epoch and the run's planned length
+// (agree_epoch_plan): the fewest batches_per_epoch and the shortest plan of any rank (max of
+// the negated counts), so every rank's schedule learns the same total_steps.
 //
 // Each training step (run/step.cpp, then run/trainer.cpp), in this order:
 //   1. with item normalisation only, before the first forward: sum {items, unreported};
@@ -39,9 +40,15 @@ namespace keel {
 class ProcessGroup;
 struct Run;
 
-// The micro-batches every rank takes per epoch before it asks the others: the fewest
-// `batches` (this rank's batches_per_epoch) of any rank. One all-reduce.
-int64_t agree_epoch_batches(ProcessGroup& group, int64_t batches);
+// The micro-batches every rank takes per epoch before it asks the others, and the run's
+// planned length in steps: the fewest `batches` (this rank's batches_per_epoch) and the
+// shortest `steps` (this rank's plan from its own batches and size; 0: unknown, then 0 for
+// all, since every rank has the same stop targets) of any rank. One all-reduce.
+struct EpochPlan {
+  int64_t batches = 0;
+  int64_t steps = 0;
+};
+EpochPlan agree_epoch_plan(ProcessGroup& group, int64_t batches, int64_t steps);
 
 // The collectives this process issued inside training steps, from the fetch of a step's
 // micro-batches to the agreement at its end, for the `collectives:` line.

@@ -171,8 +171,12 @@ void create_data(Run& run) {
     throw c.train_data.error("batches_per_epoch returned " + std::to_string(batches) +
                              ": the training split yields no batches; hint: check its path, "
                              "limit and batch_size");
-  if (run.ranks.group) run.plan.epoch_batches = agree_epoch_batches(*run.ranks.group, batches);
   run.plan.total_steps = plan_length(run, batches);
+  if (run.ranks.group) {
+    const EpochPlan agreed = agree_epoch_plan(*run.ranks.group, batches, run.plan.total_steps);
+    run.plan.epoch_batches = agreed.batches;
+    run.plan.total_steps = agreed.steps;
+  }
 }
 
 // The optimizer over the parameter groups, and its base learning rates.

@@ -97,7 +97,9 @@ struct Parameters {
 
 // How training steps run, decided at assembly.
 struct StepPlan {
-  int64_t total_steps = 0;       // the planned length (0: unknown), for schedules and progress
+  // The planned length (0: unknown), for schedules and progress; with several ranks the
+  // shortest of any rank's (run/agreement.hpp).
+  int64_t total_steps = 0;
   // Micro-batches per rank and optimizer step: [train] grad_accum, or derived from
   // [train] global_batch (global_batch / (batch_size x ranks)).
   int64_t grad_accum = 1;

@@ -15,7 +15,8 @@
   policy); neither hangs.
 - Uneven data (misbehave's mbc_data, fault "uneven_short"): rank 0's batches_per_epoch says one
   batch more than rank 1's, so every epoch takes rank 1's count and rank 0 warns that its
-  extra batch is left out; in epoch 1 rank 1 yields one batch fewer than it says, so at that
+  extra batch is left out, and both ranks plan rank 1's length (rank 0's cosine schedule
+  follows 2 epochs x 4 steps, within 1e-12); in epoch 1 rank 1 yields one batch fewer than it says, so at that
   epoch's last step both ranks fail with one error line each (rank 1's names its count),
   instead of one of them waiting for the other.
 - A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
@@ -30,6 +31,7 @@ several processes", says why).
 
 Usage: test_distributed.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_PLUGIN_DIR"""
 import json
+import math
 import os
 import re
 import signal
@@ -257,6 +259,7 @@ class Distributed(unittest.TestCase):
             "grad_accum = 2", "grad_accum = 1")
         write(m, text + '[model]\ntype = "mlp"\nhidden = [8]\n[data.train]\ntype = "mbc_data"\n'
                  'fault = "uneven_short"\nbatches = 4\n[optimizer]\ntype = "sgd"\nlr = 0.05\n'
+                 '[lr_scheduler]\ntype = "cosine"\n'
                  '[loss]\ntype = "cross_entropy"\n[[hooks]]\ntype = "jsonl"\n')
         start = time.monotonic()
         r = self.torchrun(m)
@@ -269,6 +272,12 @@ class Distributed(unittest.TestCase):
             train = [json.loads(line) for line in f if '"train"' in line]
         self.assertEqual([(x["step"], x["samples"]) for x in train],
                          [(s, s * 2 * 8) for s in range(1, 8)])
+        # The planned length is agreed: 2 epochs of rank 1's 4 batches = 8 steps on both ranks
+        # (rank 0's own count would plan 10), so rank 0's cosine schedule is rank 1's.
+        # A record's lr is the one its step used: cosine at progress (step - 1) / total_steps.
+        for x in train:
+            want = 0.05 * 0.5 * (1 + math.cos(math.pi * (x["step"] - 1) / 8))
+            self.assertAlmostEqual(x["lr"], want, delta=1e-12, msg=x)
         # Epoch 1 (steps 5 to 8): rank 1's data ends after 3 batches.
         errors = [x for x in r.stderr.splitlines() if "keel: error:" in x]
         self.assertEqual(len(errors), 2, r.stderr[-3000:])
