@@ -2,9 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -43,12 +45,188 @@ uint64_t parse_hash(const std::string& s, const std::string& path) {
 
 std::string hex(uint64_t h) { return hash_string(h).substr(5); }
 
+std::vector<int64_t> dims(const json& a, const std::string& path, const std::string& what) {
+  std::vector<int64_t> out;
+  if (!a.is_array()) bad(path, what + " is not a list");
+  for (const json& d : a) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      bad(path, what + " has an entry that is not an integer >= 0");
+    out.push_back(d.get<int64_t>());
+  }
+  return out;
+}
+
+json chunk_index_json(const CommitRecord::ChunkIndex& index) {
+  json j = json::object();
+  for (const auto& [group, tensors] : index) {
+    json g = json::object();
+    for (const auto& [name, t] : tensors) {
+      json e = {{"dtype", t.dtype}, {"shape", t.shape}};
+      if (!t.like.empty()) e["like"] = t.like;
+      e["chunks"] = json::array();
+      for (const auto& c : t.chunks) {
+        json cj = {{"offset", c.offset}, {"size", c.size}, {"object", c.object}};
+        if (!c.file.empty()) cj["file"] = c.file;
+        e["chunks"].push_back(std::move(cj));
+      }
+      g[name] = std::move(e);
+    }
+    j[group] = std::move(g);
+  }
+  return j;
+}
+
+CommitRecord::Chunk read_chunk(const json& c, const CommitRecord::Global& g,
+                               const std::string& name, const std::string& path) {
+  using T = json::value_t;
+  const std::string where = "a chunk of tensor '" + name + "' ";
+  if (!c.is_object()) bad(path, where + "is not an object");
+  CommitRecord::Chunk out;
+  out.offset = dims(field(c, "offset", T::array, path, where), path, where + "offset");
+  out.size = dims(field(c, "size", T::array, path, where), path, where + "size");
+  out.object = field(c, "object", T::string, path, where).get<std::string>();
+  if (c.contains("file")) out.file = field(c, "file", T::string, path, where).get<std::string>();
+  if (out.object.empty()) bad(path, where + "names no object");
+  if (out.offset.size() != g.shape.size() || out.size.size() != g.shape.size())
+    bad(path, where + "has offset or size of another rank than its shape");
+  for (size_t d = 0; d < g.shape.size(); ++d)
+    if (out.size[d] > g.shape[d] || out.offset[d] > g.shape[d] - out.size[d])
+      bad(path, where + "lies outside its shape");
+  return out;
+}
+
+CommitRecord::ChunkIndex read_chunk_index(const json& j, const std::string& path) {
+  using T = json::value_t;
+  CommitRecord::ChunkIndex index;
+  for (const auto& [group, tensors] : j.items()) {
+    if (!tensors.is_object()) bad(path, "chunks of '" + group + "' are not an object");
+    for (const auto& [name, t] : tensors.items()) {
+      const std::string where = "tensor '" + name + "' ";
+      if (!t.is_object()) bad(path, where + "is not an object");
+      CommitRecord::Global g;
+      g.dtype = field(t, "dtype", T::string, path, where).get<std::string>();
+      g.shape = dims(field(t, "shape", T::array, path, where), path, where + "shape");
+      if (t.contains("like")) g.like = field(t, "like", T::string, path, where).get<std::string>();
+      for (const json& c : field(t, "chunks", T::array, path, where))
+        g.chunks.push_back(read_chunk(c, g, name, path));
+      index[group][name] = std::move(g);
+    }
+  }
+  return index;
+}
+
+// The parameter of the model (by name and dtype) that optimizer entry `name` is named after
+// ("<param>.<suffix>", the longest such name), or nullptr.
+const CommitRecord::Tensor* named_after(const std::vector<CommitRecord::Tensor>& model,
+                                        const CommitRecord::Tensor& entry) {
+  const CommitRecord::Tensor* best = nullptr;
+  for (const auto& p : model)
+    if (entry.name.size() > p.name.size() + 1 && entry.name.compare(0, p.name.size(), p.name) == 0 &&
+        entry.name[p.name.size()] == '.' && entry.dtype == p.dtype &&
+        (!best || p.name.size() > best->name.size()))
+      best = &p;
+  return best;
+}
+
+// Version 1 records: the chunks their objects imply. "model" and "optimizer" hold whole tensors
+// (an optimizer entry of its parameter's name, dtype and shape is `like` it); the
+// "rank<r>.optimizer" objects of W ranks with [distributed] shard hold each rank's rows of the
+// elementwise entries, laid out as distributed/sharding.hpp cuts them, and rank 0's copy of
+// the others.
+CommitRecord::ChunkIndex synthesise_v1_chunks(const CommitRecord& r) {
+  CommitRecord::ChunkIndex index;
+  static const std::vector<CommitRecord::Tensor> kNone;
+  const auto m = r.tensors.find("model");
+  const auto& model = m == r.tensors.end() ? kNone : m->second;
+  const auto whole = [](const CommitRecord::Tensor& t, const std::string& object) {
+    return CommitRecord::Chunk{std::vector<int64_t>(t.shape.size(), 0), t.shape, object, ""};
+  };
+  for (const auto& t : model) index["model"][t.name] = {t.dtype, t.shape, "", {whole(t, "model")}};
+  int64_t world = 0;
+  while (r.tensors.count("rank" + std::to_string(world) + ".optimizer")) ++world;
+  const bool sharded = world > 0 && !r.tensors.count("optimizer");
+  for (int64_t rank = 0; rank < (sharded ? world : 1); ++rank) {
+    const std::string object = sharded ? "rank" + std::to_string(rank) + ".optimizer" : "optimizer";
+    const auto o = r.tensors.find(object);
+    if (o == r.tensors.end()) continue;
+    for (const auto& t : o->second) {
+      const CommitRecord::Tensor* p = named_after(model, t);
+      std::vector<int64_t> local = p ? p->shape : std::vector<int64_t>{};
+      int64_t begin = 0, count = 0;
+      if (p && sharded) {
+        const int64_t rows = p->shape.empty() ? 1 : p->shape[0];
+        const int64_t chunk = (rows + world - 1) / world;
+        begin = std::min(rank * chunk, rows);
+        count = std::min(chunk, rows - begin);
+        if (p->shape.empty()) local = rank == 0 ? local : std::vector<int64_t>{0};
+        else local[0] = count;
+      }
+      if (p && t.shape == local) {
+        if (sharded && count == 0) continue;
+        CommitRecord::Chunk c = whole(t, object);
+        if (!c.offset.empty()) c.offset[0] = begin;
+        CommitRecord::Global& g = index["optimizer"][t.name];
+        g.dtype = t.dtype;
+        g.shape = p->shape;
+        g.like = p->name;
+        g.chunks.push_back(std::move(c));
+      } else if (rank == 0) {
+        index["optimizer"][t.name] = {t.dtype, t.shape, "", {whole(t, object)}};
+      }
+    }
+  }
+  return index;
+}
+
 }  // namespace
+
+void merge_part(CommitRecord& into, const CommitRecord& part) {
+  for (const auto& [object, list] : part.tensors) into.tensors[object] = list;
+  for (const auto& [group, tensors] : part.chunks)
+    for (const auto& [name, g] : tensors) {
+      auto [it, added] = into.chunks[group].emplace(name, g);
+      if (added) continue;
+      CommitRecord::Global& have = it->second;
+      if (have.dtype != g.dtype || have.shape != g.shape || have.like != g.like)
+        throw Error("the ranks' parts of a checkpoint disagree on " + group + " tensor '" +
+                    name + "' (dtype, global shape or parameter); hint: every rank must run "
+                    "the same model and optimizer");
+      have.chunks.insert(have.chunks.end(), g.chunks.begin(), g.chunks.end());
+      std::sort(have.chunks.begin(), have.chunks.end(),
+                [](const CommitRecord::Chunk& a, const CommitRecord::Chunk& b) {
+                  return a.offset < b.offset;
+                });
+    }
+}
+
+std::string coverage_gap(const CommitRecord::Global& g) {
+  if (g.shape.empty()) return g.chunks.empty() ? "no chunk holds it" : "";
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (const auto& c : g.chunks) {
+    for (size_t d = 1; d < g.shape.size(); ++d)
+      if (c.offset.size() != g.shape.size() || c.offset[d] != 0 || c.size[d] != g.shape[d])
+        return "a chunk does not span dimension " + std::to_string(d) + " whole";
+    if (c.size.size() == g.shape.size() && c.size[0] > 0)
+      rows.emplace_back(c.offset[0], c.offset[0] + c.size[0]);
+  }
+  std::sort(rows.begin(), rows.end());
+  std::string gaps;
+  int64_t covered = 0;
+  const auto gap = [&](int64_t from, int64_t to) {
+    gaps += (gaps.empty() ? "rows " : ", ") + std::to_string(from) + ".." + std::to_string(to - 1);
+  };
+  for (const auto& [b, e] : rows) {
+    if (b > covered) gap(covered, b);
+    covered = std::max(covered, e);
+  }
+  if (covered < g.shape[0]) gap(covered, g.shape[0]);
+  return gaps.empty() ? "" : gaps + " missing";
+}
 
 std::string write_commit_record(const CommitRecord& r) {
   json j;
   j["format"] = "keel-checkpoint";
-  j["version"] = 1;
+  j["version"] = 2;
   j["run_id"] = r.run_id;
   j["step"] = r.step;
   j["committed_unix_ns"] = r.committed_unix_ns;
@@ -61,6 +239,7 @@ std::string write_commit_record(const CommitRecord& r) {
     for (const auto& t : list) a.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}});
     j["tensors"][object] = std::move(a);
   }
+  j["chunks"] = chunk_index_json(r.chunks);
   j["metrics"] = json::object();
   for (const auto& [k, v] : r.metrics)
     if (std::isfinite(v)) j["metrics"][k] = v;  // JSON has no NaN: a NaN metric ranks nowhere
@@ -78,9 +257,11 @@ CommitRecord read_commit_record(std::string_view text, const std::string& path) 
   using T = json::value_t;
   if (field(j, "format", T::string, path, "") != "keel-checkpoint")
     bad(path, "'format' is not \"keel-checkpoint\"");
-  if (field(j, "version", T::number_integer, path, "").get<int64_t>() != 1)
-    bad(path, "'version' is not 1 (written by a newer keel?)");
+  const int64_t version = field(j, "version", T::number_integer, path, "").get<int64_t>();
+  if (version != 1 && version != 2)
+    bad(path, "'version' is not 1 or 2 (written by a newer keel?)");
   CommitRecord r;
+  r.version = static_cast<int>(version);
   r.run_id = field(j, "run_id", T::string, path, "").get<std::string>();
   r.step = field(j, "step", T::number_integer, path, "").get<int64_t>();
   r.committed_unix_ns = field(j, "committed_unix_ns", T::number_integer, path, "").get<int64_t>();
@@ -116,6 +297,8 @@ CommitRecord read_commit_record(std::string_view text, const std::string& path) 
       out.push_back(std::move(e));
     }
   }
+  r.chunks = version == 1 ? synthesise_v1_chunks(r)
+                          : read_chunk_index(field(j, "chunks", T::object, path, ""), path);
   for (const auto& [k, v] : field(j, "metrics", T::object, path, "").items()) {
     if (!v.is_number()) bad(path, "metric '" + k + "' is not a number");
     r.metrics[k] = v.get<double>();

@@ -2,17 +2,33 @@
 // last into the staging directory, after every other file was written, checksummed and
 // fsync'd. A directory without a valid one is not a checkpoint: loaders ignore it.
 //
-//   {"format": "keel-checkpoint", "version": 1,
+//   {"format": "keel-checkpoint", "version": 2,
 //    "run_id": "3f2a9c1e5b7d4e60", "step": 32, "committed_unix_ns": 1795000000000000000,
 //    "files": [{"name": "model.safetensors", "size": 402128, "xxh3": "9c0f..."}, ...],
-//    "tensors": {"optimizer": [{"name": "fc1.weight.exp_avg", "dtype": "F32",
-//                               "shape": [256, 784]}, ...], ...},
+//    "tensors": {"rank1.optimizer": [{"name": "fc1.weight.exp_avg", "dtype": "F32",
+//                                     "shape": [128, 784]}, ...], ...},
+//    "chunks": {"optimizer": {"fc1.weight.exp_avg": {"dtype": "F32", "shape": [256, 784],
+//                 "like": "fc1.weight",
+//                 "chunks": [{"offset": [0, 0], "size": [128, 784], "object": "rank0.optimizer",
+//                             "file": "rank0.optimizer.safetensors"},
+//                            {"offset": [128, 0], "size": [128, 784],
+//                             "object": "rank1.optimizer", ...}]}, ...},
+//               "model": {...}},
 //    "metrics": {"test.loss": 0.41, "train.loss": 0.38}}
 //
 // `files` lists every other file of the directory (trainer_state.toml and
 // manifest.resolved.toml included) with its size and XXH3-64 checksum; `tensors` indexes each
-// backend object so that a loader can allocate tensors before it reads them; `metrics` holds
-// the latest record of each split (keep_best ranks by them). LibTorch-free.
+// backend object as written (local shapes) so that a loader can allocate tensors before it
+// reads them; `chunks` indexes the model's and the optimizer's tensors globally (as
+// torch.distributed.checkpoint does): each tensor's global dtype and shape, the parameter an
+// elementwise optimizer entry is `like` (its rows are that parameter's rows), and the chunks
+// that hold it: where in the global tensor (offset, size: whole rows of dim 0) and in which
+// backend object (and the file the backend wrote it to, when it wrote one named after the
+// object). A chunk's object holds it under the tensor's global name with shape `size`.
+// `metrics` holds the latest record of each split (keep_best ranks by them). LibTorch-free.
+//
+// Version 1 records (no `chunks`) still read: their chunks are synthesised from `tensors`
+// (read_commit_record), so old checkpoints keep resuming.
 #pragma once
 
 #include <cstdint>
@@ -34,13 +50,40 @@ struct CommitRecord {
     std::string dtype;  // F32, F64, F16, BF16, I64, I32, I8, U8, BOOL
     std::vector<int64_t> shape;
   };
+  // One piece of a tensor, held by a backend object under the tensor's name.
+  struct Chunk {
+    std::vector<int64_t> offset, size;  // in the global tensor; rank = the tensor's
+    std::string object;                 // the backend object (stem) holding it
+    std::string file;                   // the file it was written to ("": not known)
+  };
+  struct Global {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    std::string like;  // optimizer entries: the parameter whose rows these are ("": replicated)
+    std::vector<Chunk> chunks;
+  };
+  // "model" | "optimizer" -> tensor name -> its global description.
+  using ChunkIndex = std::map<std::string, std::map<std::string, Global>>;
+
   std::string run_id;
   int64_t step = 0;
   int64_t committed_unix_ns = 0;
   std::vector<File> files;
   std::map<std::string, std::vector<Tensor>> tensors;  // backend object -> its tensors
+  ChunkIndex chunks;
   std::map<std::string, double> metrics;               // "<split>.<key>" -> value
+  int version = 2;  // as read (write_commit_record always writes 2)
 };
+
+// Adds another rank's part (its `tensors` and `chunks`) to `into`: the chunks of a tensor
+// both hold are joined, in offset order. Throws keel::Error when they disagree on a tensor's
+// dtype, shape or `like`.
+void merge_part(CommitRecord& into, const CommitRecord& part);
+
+// "" when the chunks of `g` cover the whole tensor (their rows' union is [0, rows), each chunk
+// spans the trailing dimensions whole, inside the shape), else what is missing or wrong:
+// "rows 48..95 missing". A 0-dim tensor needs one chunk; a tensor of 0 rows none.
+std::string coverage_gap(const CommitRecord::Global& g);
 
 // The JSON text of a record.
 std::string write_commit_record(const CommitRecord& record);

@@ -148,7 +148,8 @@ bool same(const MetricList& a, const MetricList& b) {
 
 bool operator==(const CheckpointMeta& a, const CheckpointMeta& b) {
   return a.run_id == b.run_id && a.step == b.step && a.epoch == b.epoch &&
-         a.epoch_batches == b.epoch_batches && a.samples == b.samples && a.tokens == b.tokens &&
+         a.epoch_batches == b.epoch_batches && a.epoch_samples == b.epoch_samples &&
+         a.global_batch == b.global_batch && a.samples == b.samples && a.tokens == b.tokens &&
          a.skipped_steps == b.skipped_steps && a.last_eval_step == b.last_eval_step &&
          a.world_size == b.world_size &&
          a.objects == b.objects && a.keel_version == b.keel_version &&
@@ -169,7 +170,8 @@ CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& pa
     fail(located(path, e.source()), "not valid TOML: " + std::string(e.description()));
   }
   const Reader r(t, path, "",
-                 {"run_id", "step", "epoch", "epoch_batches", "samples", "tokens",
+                 {"run_id", "step", "epoch", "epoch_batches", "epoch_samples", "global_batch",
+                  "samples", "tokens",
                   "skipped_steps", "last_eval_step", "world_size", "objects", "keel_version",
                   "manifest_hash",
                   "loss_scale", "loss_scale_clean_steps", "window", "plugins", "metrics"});
@@ -178,6 +180,9 @@ CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& pa
   m.step = r.integer("step");
   m.epoch = r.integer("epoch");
   m.epoch_batches = r.integer("epoch_batches");
+  // Checkpoints written before the global sample cursor have neither: 0, unknown.
+  m.epoch_samples = r.has("epoch_samples") ? r.integer("epoch_samples") : 0;
+  m.global_batch = r.has("global_batch") ? r.integer("global_batch") : 0;
   m.samples = r.integer("samples");
   m.tokens = r.integer("tokens");
   m.skipped_steps = r.integer("skipped_steps");
@@ -212,6 +217,8 @@ std::string write_checkpoint_meta(const CheckpointMeta& m) {
   std::string out = "run_id = " + quoted(m.run_id) + "\nstep = " + std::to_string(m.step) +
                     "\nepoch = " + std::to_string(m.epoch) +
                     "\nepoch_batches = " + std::to_string(m.epoch_batches) +
+                    "\nepoch_samples = " + std::to_string(m.epoch_samples) +
+                    "\nglobal_batch = " + std::to_string(m.global_batch) +
                     "\nsamples = " + std::to_string(m.samples) +
                     "\ntokens = " + std::to_string(m.tokens) +
                     "\nskipped_steps = " + std::to_string(m.skipped_steps) +

@@ -6,7 +6,11 @@
 //   run_id = "3f2a9c1e5b7d4e60"   # the run that saved it (a resumed run keeps its run_id)
 //   step = 32                     # optimizer steps taken (skipped ones included)
 //   epoch = 3                     # the epoch (0-based) the next batch comes from
-//   epoch_batches = 12            # micro-batches of that epoch already consumed
+//   epoch_batches = 12            # micro-batches of that epoch already consumed (per rank)
+//   epoch_samples = 384           # the global sample cursor: sample positions of that epoch
+//                                 # consumed over every rank (epoch_batches x batch_size x
+//                                 # world_size; optional when reading: 0, unknown)
+//   global_batch = 32             # samples per step over every rank (optional: 0, unknown)
 //   samples = 1024                # training samples consumed
 //   tokens = 1024
 //   skipped_steps = 0
@@ -53,6 +57,8 @@ struct CheckpointMeta {
   int64_t step = 0;
   int64_t epoch = 0;
   int64_t epoch_batches = 0;
+  int64_t epoch_samples = 0;
+  int64_t global_batch = 0;
   int64_t samples = 0;
   int64_t tokens = 0;
   int64_t skipped_steps = 0;
@@ -76,7 +82,7 @@ bool operator==(const CheckpointMeta& a, const CheckpointMeta& b);
 
 // Parses the text of a trainer_state.toml; `path` names it in messages. Every key above must be
 // present with its type (counts >= 0, last_eval_step >= -1, world_size >= 1; world_size may be
-// absent: 1), nothing else. Throws keel::Error
+// absent: 1; epoch_samples and global_batch may be absent: 0), nothing else. Throws keel::Error
 // "path:line:col: invalid checkpoint metadata: <what>" on anything wrong.
 CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& path);
 

@@ -23,9 +23,7 @@ std::string write_part_of_save(CheckpointStore& store, ProcessGroup& group,
   std::string index, failure;
   if (!staging.empty()) {
     try {
-      CommitRecord part;
-      part.tensors = store.write_part(staging, snap.objects);
-      index = write_commit_record(part);
+      index = write_commit_record(store.write_part(staging, snap));
     } catch (const std::exception& e) {  // reported after the agreement, not instead of it
       failure = e.what();
     }
@@ -57,11 +55,9 @@ std::string commit_save(CheckpointStore& store, ProcessGroup& group, const Snaps
       throw Error("another rank failed to write its part of" + at +
                   " (its log says why); nothing was committed");
     phase = kAgreed;
-    TensorIndex all;
+    CommitRecord all;
     for (size_t r = 1; r < indexes.size(); ++r)
-      for (auto& [stem, index] :
-           read_commit_record(indexes[r], "the index of rank " + std::to_string(r)).tensors)
-        all[stem] = std::move(index);
+      merge_part(all, read_commit_record(indexes[r], "the index of rank " + std::to_string(r)));
     return all;
   };
   std::string dir;
@@ -113,7 +109,7 @@ std::string commit_async(CheckpointStore& store, StoreClient& client, const Asyn
     staged = true;
   };
   parts.written = [&] {
-    TensorIndex all;
+    CommitRecord all;
     for (int r = 1; r < save.world; ++r) {
       const std::string rank = "rank " + std::to_string(r);
       const std::string index = client.get(save.key + "part" + std::to_string(r),
@@ -121,8 +117,7 @@ std::string commit_async(CheckpointStore& store, StoreClient& client, const Asyn
       if (failed(index))
         throw Error(rank + " failed to write its part of" + save.at + " (" +
                     index.substr(std::string(kFailed).size()) + "); nothing was committed");
-      for (auto& [stem, entries] : read_commit_record(index, "the index of " + rank).tensors)
-        all[stem] = std::move(entries);
+      merge_part(all, read_commit_record(index, "the index of " + rank));
     }
     return all;
   };
@@ -152,9 +147,7 @@ std::string write_part_async(CheckpointStore& store, StoreClient& client, const 
         client.get(save.key + "staging", "getting the staging directory of" + save.at);
     if (staging.empty())
       throw Error("rank 0 failed to stage" + save.at + " (its log says why)");
-    CommitRecord record;
-    record.tensors = store.write_part(staging, snap.objects);
-    index = write_commit_record(record);
+    index = write_commit_record(store.write_part(staging, snap));
     killed_for_tests(save, snap.meta.step);
   } catch (const std::exception& e) {
     try {

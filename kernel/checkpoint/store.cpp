@@ -266,21 +266,42 @@ std::string CheckpointStore::save(const Snapshot& snapshot, const SaveParts& par
   return dir;
 }
 
-TensorIndex CheckpointStore::write_part(
-    const std::string& staging,
-    const std::vector<std::pair<std::string, TensorList>>& objects) const {
-  TensorIndex index;
-  for (const auto& [stem, tensors] : objects) {
+CommitRecord CheckpointStore::write_part(const std::string& staging,
+                                        const Snapshot& snapshot) const {
+  CommitRecord part;
+  for (const auto& [stem, tensors] : snapshot.objects) {
     if (tensors.empty()) continue;
     std::vector<keel_named_tensor> named;
-    auto& entries = index[stem];
+    auto& entries = part.tensors[stem];
     for (const auto& [name, t] : tensors) {
       named.push_back({name.c_str(), peek(t)});
       entries.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec()});
     }
     backend_->save(staging, stem, named);
+    const auto placed = snapshot.placements.find(stem);
+    if (placed == snapshot.placements.end()) continue;
+    // The file the backend wrote the object to, when it wrote one named after it.
+    std::string file;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(staging, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(stem + ".", 0) != 0) continue;
+      file = file.empty() ? name : "";
+      if (file.empty()) break;  // several: none named
+    }
+    for (const auto& entry : entries) {
+      const auto p = placed->second.find(entry.name);
+      if (p == placed->second.end()) continue;
+      CommitRecord::Chunk c{std::vector<int64_t>(entry.shape.size(), 0), entry.shape, stem, file};
+      if (!c.offset.empty()) c.offset[0] = p->second.begin;
+      CommitRecord::Global& g = part.chunks[p->second.group][entry.name];
+      g.dtype = entry.dtype;
+      g.shape = p->second.shape;
+      g.like = p->second.like;
+      g.chunks.push_back(std::move(c));
+    }
   }
-  return index;
+  return part;
 }
 
 std::string CheckpointStore::commit(const Snapshot& snap, const SaveParts& parts) {
@@ -300,15 +321,17 @@ std::string CheckpointStore::commit(const Snapshot& snap, const SaveParts& parts
     record.metrics = snap.metrics;
     CheckpointMeta meta = snap.meta;
     if (parts.staged) parts.staged(staging.string());
-    record.tensors = write_part(staging.string(), snap.objects);
+    CommitRecord mine = write_part(staging.string(), snap);
+    record.tensors = std::move(mine.tensors);
+    record.chunks = std::move(mine.chunks);
     meta.objects.clear();
     for (const auto& [stem, tensors] : snap.objects)
       if (!tensors.empty()) meta.objects.push_back(stem);
-    if (parts.written)
-      for (auto& [stem, index] : parts.written()) {
-        meta.objects.push_back(stem);
-        record.tensors[stem] = std::move(index);
-      }
+    if (parts.written) {
+      const CommitRecord others = parts.written();
+      for (const auto& [stem, index] : others.tensors) meta.objects.push_back(stem);
+      merge_part(record, others);
+    }
     write_file_durably((staging / "trainer_state.toml").string(), write_checkpoint_meta(meta));
     write_file_durably((staging / "manifest.resolved.toml").string(), snap.manifest);
     record.files = checksum_files(staging, backend_->label());

@@ -46,9 +46,22 @@ namespace keel {
 
 using TensorList = std::vector<std::pair<std::string, at::Tensor>>;
 
+// Where a tensor of a snapshot's object lies in the checkpoint's chunk index (commit.hpp): in
+// global tensor <its name> of `group` ("model" | "optimizer"), of global `shape`, from row
+// `begin` on (0-dim: whole). `like`: the parameter an elementwise optimizer entry follows.
+struct Placement {
+  std::string group;
+  std::vector<int64_t> shape;
+  int64_t begin = 0;
+  std::string like;
+};
+
 // Everything one checkpoint holds, gathered on the training thread at a step boundary.
 struct Snapshot {
   std::vector<std::pair<std::string, TensorList>> objects;  // backend stem -> tensors
+  // object -> tensor name -> its place in the chunk index (tensors without one are indexed
+  // only by object, as rng, state and hooks are).
+  std::map<std::string, std::map<std::string, Placement>> placements;
   CheckpointMeta meta;                 // meta.objects is filled by the store
   std::string manifest;                // text of manifest.resolved.toml
   std::map<std::string, double> metrics;  // "<split>.<key>", for keep_best
@@ -61,19 +74,15 @@ struct Snapshot {
   void copy_tensors(bool deferred_ones);
 };
 
-// The index of backend objects written into a staging directory (the commit record's
-// `tensors`).
-using TensorIndex = std::map<std::string, std::vector<CommitRecord::Tensor>>;
-
 // A save that other processes add files to (data parallelism: each rank writes its own part
 // into the staging directory; see checkpoint/multi_rank.hpp).
 struct SaveParts {
   // Called once the staging directory exists, before this process writes into it.
   std::function<void(const std::string& staging)> staged;
   // Called after this process wrote its objects, before anything is checksummed: waits until
-  // every other part is written and returns their index (added to the commit record); throws
-  // when a part failed, which abandons the save.
-  std::function<TensorIndex()> written;
+  // every other part is written and returns their index (its `tensors` and `chunks`, merged
+  // into the commit record); throws when a part failed, which abandons the save.
+  std::function<CommitRecord()> written;
 };
 
 class CheckpointStore {
@@ -99,10 +108,10 @@ class CheckpointStore {
   // save is in flight, except from that save's own thread (its `finish`).
   std::string save(const Snapshot& snapshot, const SaveParts& parts = {});
 
-  // Writes `objects` into `staging` with the backend (one file set per object; empty objects
-  // are skipped) and returns their index: another rank's part of a save.
-  TensorIndex write_part(const std::string& staging,
-                         const std::vector<std::pair<std::string, TensorList>>& objects) const;
+  // Writes the objects of `snapshot` into `staging` with the backend (one file set per object;
+  // empty objects are skipped) and returns their index (`tensors`, and `chunks` of the placed
+  // ones): another rank's part of a save.
+  CommitRecord write_part(const std::string& staging, const Snapshot& snapshot) const;
 
   // Asynchronous save: the tensors of `snapshot` not in `deferred` are copied now, the deferred
   // ones on a background thread, which then runs `finish` on the copy: it writes (and commits)

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/commit.hpp"
+#include "checkpoint/reshard.hpp"
 #include "checkpoint/store.hpp"
 #include "cli/commands.hpp"
 #include "components.hpp"
@@ -140,8 +141,8 @@ RunConfig checkpoint_config(const Source& src, Registry& registry) {
   return cfg;
 }
 
-// Creates the run's model alone (on the CPU) and reads the checkpoint's `model` object into it
-// with the checkpoint's backend.
+// Creates the run's model alone (on the CPU) and reads the checkpoint's model tensors into it
+// with the checkpoint's backend, consolidating the chunks each rank wrote.
 void load_model(Run& run, const Source& src) {
   run.directory.path = run.directory.scratch.create();
   create_model(run);
@@ -152,9 +153,10 @@ void load_model(Run& run, const Source& src) {
   for (const auto& nt : run.parameters.model_state) into.emplace_back(nt.name, borrow(nt.tensor));
   check_model_tensors(run, src.record, src.dir, into,
                       "export it with the plugins of the run that saved it");
-  std::vector<keel_named_tensor> named;
-  for (const auto& [name, t] : into) named.push_back({name.c_str(), peek(t)});
-  c.backend->load(src.dir, "model", named);
+  // Every chunk of every tensor, whatever world size and shard mode saved it: full tensors.
+  std::vector<ChunkReader::Request> requests;
+  for (const auto& [name, t] : into) requests.push_back({"model", name, 0, t});
+  ChunkReader(*c.backend, src.dir, src.record).read(requests);
 }
 
 // A tensor as written: on the CPU, contiguous, float32 when floating-point.

@@ -234,7 +234,7 @@ const KeyTable<DistributedKeys>& distributed_keys() {
                      "optimizer: each rank holds the optimizer state of its 1/ranks of every "
                      "parameter's rows (ZeRO-1); gradients: also only their gradients (ZeRO-2)",
                      "none|optimizer|gradients"),
-          kBreaks),
+          kSafe),
   }};
   return t;
 }

@@ -62,6 +62,18 @@ class ShardedParams {
   // The keel_shard_group those contexts get (valid while this object lives).
   const keel_shard_group* abi_group() const { return &abi_group_; }
 
+  // Parameter i's rows that this rank holds, which checkpoints write and read: its shard (a
+  // leaf over the parameter's rows [begin, begin + count) of `rows`; a 0-dim parameter has one
+  // row, rank 0's).
+  struct Rows {
+    at::Tensor shard;
+    int64_t begin = 0, count = 0, rows = 0;
+  };
+  Rows rows_of(size_t i) const {
+    const Param& p = params_.at(i);
+    return {p.shard, p.begin, p.count, p.rows};
+  }
+
   // Whether this object reduces the gradients (shard = "gradients"): no GradSync then.
   bool reduces_gradients() const { return reducer_ != nullptr; }
   // This rank's shards as tensors (what the loss scaler unscales).

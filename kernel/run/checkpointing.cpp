@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <set>
+#include <variant>
 
 #include "checkpoint/checksum.hpp"
+#include "checkpoint/reshard.hpp"
 #include "checkpoint/multi_rank.hpp"
 #include "distributed/store_client.hpp"
 #include "keel/tensor.hpp"
@@ -20,28 +22,69 @@ namespace keel {
 
 namespace {
 
-// Rank 0's objects: the replicated ones (model, optimizer, hooks). Parameters and optimizer
-// state change only in the optimizer step: an asynchronous save copies them on its thread
-// while the next step's forward and backward run (the step waits for that copy before
-// BEFORE_OPTIMIZER_STEP).
-void add_replicated_objects(const Run& run, Snapshot& snap) {
+// The model's tensors as this rank writes them: without shards, rank 0 writes every one whole;
+// with shards, every rank its rows of each parameter (from its shard, which holds them in
+// every shard mode) and rank 0 the other tensors (buffers) whole. Each is placed in the
+// checkpoint's chunk index ("model": global shape, first row). Parameters change only in the
+// optimizer step: an asynchronous save copies them on its thread while the next step's
+// forward and backward run (the step waits for that copy before BEFORE_OPTIMIZER_STEP).
+void add_model(const Run& run, const std::vector<ParamRows>& layout, Snapshot& snap) {
   const Parameters& p = run.parameters;
-  const Components& c = run.components;
-  TensorList model_t, hooks_t;
-  const std::set<const void*> params_set(p.handles.begin(), p.handles.end());
+  const std::string object = run.shards ? rank_object(run, "model") : "model";
+  TensorList model_t;
+  auto& placed = snap.placements[object];
   for (const auto& nt : p.model_state) {
-    model_t.emplace_back(nt.name, borrow(nt.tensor));
-    if (params_set.count(nt.tensor)) snap.deferred.insert(nt.tensor);
+    const at::Tensor t = borrow(nt.tensor);
+    const auto it = std::find(p.handles.begin(), p.handles.end(), nt.tensor);
+    const size_t i = static_cast<size_t>(it - p.handles.begin());
+    if (it == p.handles.end() || !run.shards) {  // whole, from rank 0
+      if (run.ranks.rank != 0) continue;
+      model_t.emplace_back(nt.name, t);
+      if (it != p.handles.end()) snap.deferred.insert(nt.tensor);
+      placed[nt.name] = {"model", t.sizes().vec(), 0, ""};
+      continue;
+    }
+    const ShardedParams::Rows rows = run.shards->rows_of(i);
+    if (rows.count == 0 && rows.rows > 0) continue;  // no rows here
+    model_t.emplace_back(nt.name, rows.shard);
+    snap.deferred.insert(rows.shard.unsafeGetTensorImpl());
+    placed[nt.name] = {"model", layout[i].shape, rows.begin, ""};
   }
-  snap.objects.emplace_back("model", std::move(model_t));
-  // With shards each rank holds its own part of the optimizer state (add_rank_objects).
-  if (!run.shards && KEEL_HAS_SLOT(c.optimizer, keel_optimizer, state_save)) {
-    TensorList opt = save_state(c.optimizer);
-    for (const auto& [name, t] : opt) snap.deferred.insert(t.unsafeGetTensorImpl());
-    snap.objects.emplace_back("optimizer", std::move(opt));
+  snap.objects.emplace_back(object, std::move(model_t));
+}
+
+// The optimizer's state as this rank writes it: its rows of every entry elementwise over a
+// parameter (checkpoint/reshard.hpp), placed as that parameter's rows; every other entry from
+// rank 0 only. With shards each rank writes "rank<r>.optimizer", else rank 0 "optimizer".
+void add_optimizer(const Run& run, const std::vector<ParamRows>& layout, Snapshot& snap) {
+  const Instance<keel_optimizer>& optimizer = run.components.optimizer;
+  if (!KEEL_HAS_SLOT(optimizer, keel_optimizer, state_save)) return;
+  if (!run.shards && run.ranks.rank != 0) return;
+  const std::string object = optimizer_object(run);
+  TensorList opt;
+  auto& placed = snap.placements[object];
+  for (auto& [name, t] : save_state(optimizer)) {
+    const int64_t i = like_param(layout, name, t.scalar_type(), t.sizes().vec());
+    if (i < 0) {
+      const int64_t after = run.shards ? named_after(layout, name) : -1;
+      if (after >= 0 && t.numel() > 1)
+        throw optimizer.error(
+            "state entry '" + name + "' has shape " + text::shape(t.sizes()) + ", neither this "
+            "rank's rows of parameter '" + layout[after].name + "' " +
+            text::shape(layout[after].local_shape()) + " nor one value; with distributed.shard "
+            "a checkpoint saves elementwise state by rows and the rest once (docs/checkpoints.md);"
+            " hint: set distributed.shard = \"none\", or keep per-parameter state elementwise");
+      if (run.ranks.rank != 0) continue;
+      placed[name] = {"optimizer", t.sizes().vec(), 0, ""};
+    } else {
+      const ParamRows& r = layout[i];
+      if (r.count == 0 && r.rows > 0) continue;
+      placed[name] = {"optimizer", r.shape, r.begin, r.name};
+    }
+    snap.deferred.insert(t.unsafeGetTensorImpl());
+    opt.emplace_back(name, t);
   }
-  for (const auto& nt : p.hook_state) hooks_t.emplace_back(nt.name, borrow(nt.tensor));
-  snap.objects.emplace_back("hooks", std::move(hooks_t));
+  snap.objects.emplace_back(object, std::move(opt));
 }
 
 // Every rank's own objects: its generators ("rng") and its plugins' state_save entries
@@ -62,13 +105,6 @@ void add_rank_objects(const Run& run, Snapshot& snap) {
   add_state(run.components.model, "model");
   add_state(run.components.train_data, "data.train");
   snap.objects.emplace_back(rank_object(run, "state"), std::move(state_t));
-  // This rank's part of the optimizer state changes only in the optimizer step, as rank 0's
-  // whole one does (add_replicated_objects): deferred too.
-  if (run.shards && KEEL_HAS_SLOT(run.components.optimizer, keel_optimizer, state_save)) {
-    TensorList opt = save_state(run.components.optimizer);
-    for (const auto& [name, t] : opt) snap.deferred.insert(t.unsafeGetTensorImpl());
-    snap.objects.emplace_back(optimizer_object(run), std::move(opt));
-  }
 }
 
 // trainer_state.toml's fields (checkpoint/meta.hpp) and the metrics retention ranks by.
@@ -80,6 +116,9 @@ void fill_meta(const Run& run, Snapshot& snap) {
   m.step = p.step;
   m.epoch = run.epoch.finished ? p.epoch + 1 : p.epoch;
   m.epoch_batches = run.epoch.finished ? 0 : run.epoch.batches;
+  const int64_t batch = micro_batch_size(run.config);
+  m.epoch_samples = m.epoch_batches * batch * run.ranks.world;
+  m.global_batch = batch * run.plan.grad_accum * run.ranks.world;
   m.samples = p.samples;
   m.tokens = p.tokens;
   m.skipped_steps = p.skipped_steps;
@@ -100,11 +139,19 @@ void fill_meta(const Run& run, Snapshot& snap) {
 
 // Everything a checkpoint holds, gathered now (at a step boundary). With several ranks, rank 0
 // holds the replicated objects (model, optimizer, hooks) and its own "rng" and "state"; rank
-// r > 0 only its own, as "rank<r>.rng" and "rank<r>.state". With [distributed] shard the
-// optimizer state is each rank's own too, as "rank<r>.optimizer" (optimizer_object).
+// r > 0 only its own, as "rank<r>.rng" and "rank<r>.state". With [distributed] shard every
+// rank writes its rows of the model ("model" on rank 0, else "rank<r>.model") and of the
+// optimizer state ("rank<r>.optimizer", optimizer_object).
 Snapshot snapshot(const Run& run) {
   Snapshot snap;
-  if (run.ranks.rank == 0) add_replicated_objects(run, snap);
+  const std::vector<ParamRows> layout = param_rows(run);
+  add_model(run, layout, snap);
+  add_optimizer(run, layout, snap);
+  if (run.ranks.rank == 0) {
+    TensorList hooks_t;
+    for (const auto& nt : run.parameters.hook_state) hooks_t.emplace_back(nt.name, borrow(nt.tensor));
+    snap.objects.emplace_back("hooks", std::move(hooks_t));
+  }
   add_rank_objects(run, snap);
   // Backends take CPU tensors: a synchronous save copies device tensors now (an asynchronous
   // one copies every tensor to the CPU itself).
@@ -121,6 +168,33 @@ void announce_commit(Run& run, const std::string& dir) {
 }
 
 }  // namespace
+
+int64_t micro_batch_size(const RunConfig& config) {
+  const auto b = config.train_data.options.values.find("batch_size");
+  if (b == config.train_data.options.values.end() || !std::holds_alternative<int64_t>(b->second))
+    return 0;
+  return std::get<int64_t>(b->second);
+}
+
+std::vector<ParamRows> param_rows(const Run& run) {
+  std::vector<ParamRows> out;
+  const Parameters& p = run.parameters;
+  for (size_t i = 0; i < p.tensors.size(); ++i) {
+    ParamRows r;
+    r.name = p.names[i];
+    r.shape = p.tensors[i].sizes().vec();
+    r.dtype = p.tensors[i].scalar_type();
+    r.rows = r.shape.empty() ? 1 : r.shape[0];
+    r.count = r.rows;
+    if (run.shards) {
+      const ShardedParams::Rows rows = run.shards->rows_of(i);
+      r.begin = rows.begin;
+      r.count = rows.count;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
 
 std::string rank_object(const Run& run, const std::string& stem) {
   return run.ranks.rank == 0 ? stem : "rank" + std::to_string(run.ranks.rank) + "." + stem;

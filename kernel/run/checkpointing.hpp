@@ -3,13 +3,17 @@
 // (checkpoint/store.hpp; several ranks: checkpoint/multi_rank.hpp).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "checkpoint/reshard.hpp"
+
 namespace keel {
 
 struct Run;
+struct RunConfig;
 enum class Moment;
 
 // Whether a checkpoint is due at `moment` (never without [checkpoint]): at the start when
@@ -38,6 +42,13 @@ std::string rank_object(const Run& run, const std::string& stem);
 // [distributed] shard every rank's own part as "rank<r>.optimizer" (rank 0 too, so that a
 // checkpoint of the other kind is told apart).
 std::string optimizer_object(const Run& run);
+
+// This run's parameters as checkpoints cut them (checkpoint/reshard.hpp): each one's global
+// shape and the rows this rank holds (all of them without [distributed] shard).
+std::vector<ParamRows> param_rows(const Run& run);
+
+// [data.train]'s integer batch_size option (the micro-batch), or 0 when it has none.
+int64_t micro_batch_size(const RunConfig& config);
 
 // Name and version of the plugin of every component, once each.
 std::vector<std::pair<std::string, std::string>> plugin_versions(const Run& run);

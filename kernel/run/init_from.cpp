@@ -5,6 +5,7 @@
 #include <optional>
 #include <regex>
 
+#include "checkpoint/reshard.hpp"
 #include "keel/tensor.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
@@ -71,11 +72,16 @@ void load_init_from(Run& run) {
   if (into.empty())
     throw Error("checkpoint.init_from: init_include / init_exclude select none of the model's "
                 "tensors; hint: `keel train` logs their names at debug level (--log-level debug)");
-  if (rec)
+  if (rec) {  // from whichever chunks hold them (a checkpoint of any world size and shard mode)
     check_model_tensors(run, *rec, dir, into,
                         "choose the tensors to load with [checkpoint] init_include / "
                         "init_exclude, and map names with [checkpoint.init_rename]");
-  run.components.store->load(dir, "model", into);
+    std::vector<ChunkReader::Request> requests;
+    for (const auto& [name, t] : into) requests.push_back({"model", name, 0, t});
+    ChunkReader(*run.components.backend, dir, *rec).read(requests);
+  } else {
+    run.components.store->load(dir, "model", into);
+  }
   spdlog::info("init_from {}: loaded {} model tensor(s), {} kept their initialisation", dir,
                into.size(), kept.size());
   for (const auto& [name, t] : into) spdlog::debug("  loaded {}", name);

@@ -5,6 +5,9 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <spdlog/spdlog.h>
 
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "files/files.hpp"
+#include "checkpoint/reshard.hpp"
 #include "checkpoint/resume.hpp"
 #include "config/resume_check.hpp"
 #include "distributed/on_rank0.hpp"
@@ -56,6 +60,39 @@ void check_manifest_changes(const Run& run, const std::string& saved) {
               "to accept the change");
 }
 
+// At another world size, the saved data position (the global sample cursor, epoch_samples) in
+// this run's micro-batches per rank: datasets shard strided (rank r takes samples r, r + W,
+// ...), so the W ranks' micro-batch t holds the epoch's samples t B W .. (t + 1) B W - 1 at any
+// W, and the position maps exactly when it is a whole number of this run's B W.
+void remap_data_position(Run& run) {
+  CheckpointMeta& m = run.resume.meta;
+  const int64_t world = run.ranks.world, batch = micro_batch_size(run.config);
+  const int64_t global = batch * run.plan.grad_accum * world;
+  if (m.global_batch > 0 && batch > 0 && m.global_batch != global)
+    spdlog::warn("--resume: {} was saved with {} samples per step over its {} rank(s), this run "
+                 "takes {} over {}: the steps after it are not the ones the saved run would "
+                 "have taken; hint: set [train] global_batch = {} to keep it at any number of "
+                 "ranks", run.resume.dir, m.global_batch, m.world_size, global, world,
+                 m.global_batch);
+  if (m.world_size == world || m.epoch_batches == 0) return;
+  if (m.epoch_samples <= 0 || batch <= 0)
+    throw Error("--resume: " + run.resume.dir + " was saved by " + std::to_string(m.world_size) +
+                " rank(s) inside epoch " + std::to_string(m.epoch) + " and this run has " +
+                std::to_string(world) + ", but its data position is not a sample count " +
+                "(no epoch_samples, or [data.train] has no integer batch_size); hint: launch " +
+                std::to_string(m.world_size) + " process(es), or resume from a checkpoint "
+                "saved at an epoch's end");
+  if (m.epoch_samples % (batch * world) != 0)
+    throw Error("--resume: " + run.resume.dir + " was saved after " +
+                std::to_string(m.epoch_samples) + " samples of epoch " + std::to_string(m.epoch) +
+                ", not a whole number of micro-batches of [data.train] batch_size " +
+                std::to_string(batch) + " x " + std::to_string(world) + " rank(s) = " +
+                std::to_string(batch * world) + "; hint: launch a number of ranks whose " +
+                "batch_size x ranks divides " + std::to_string(m.epoch_samples) + ", or " +
+                std::to_string(m.world_size));
+  m.epoch_batches = m.epoch_samples / (batch * world);
+}
+
 // Reads the metadata of run.resume.dir and checks that this run can continue it.
 void adopt_resume_point(Run& run) {
   ResumePoint& resume = run.resume;
@@ -66,14 +103,7 @@ void adopt_resume_point(Run& run) {
     throw Error(meta_path.string() + ": step and run_id differ from its commit record; hint: "
                 "the checkpoint is damaged, resume from another one");
   run.run_id = resume.meta.run_id;
-  const int64_t saved_by = resume.meta.world_size;
-  if (saved_by != run.ranks.world)
-    throw Error("--resume: " + resume.dir + " was saved by " + std::to_string(saved_by) +
-                " process(es) and this run has " + std::to_string(run.ranks.world) +
-                "; each rank's generator and data position are in it, so only the same number "
-                "continues it exactly; hint: launch " + std::to_string(saved_by) +
-                " process(es) (torchrun --nproc_per_node=" + std::to_string(saved_by) +
-                "), or start a new run from its weights with [checkpoint] init_from");
+  remap_data_position(run);
   check_manifest_changes(run, read_resume_file(resume.dir, "manifest.resolved.toml"));
   const auto now = plugin_versions(run);
   for (const auto& [name, version] : resume.meta.plugins)
@@ -117,44 +147,85 @@ std::string pick_resume_checkpoint(Run& run) {
   return resume.dir = newest->dir;
 }
 
-void load_model_and_optimizer(Run& run, const CommitRecord& rec, const std::string& dir) {
-  const Instance<keel_optimizer>& optimizer = run.components.optimizer;
-  CheckpointStore& store = *run.components.store;
-  TensorList model_t;
-  for (const auto& nt : run.parameters.model_state)
-    model_t.emplace_back(nt.name, borrow(nt.tensor));
-  check_model_tensors(run, rec, dir, model_t,
+// The model's tensors: this rank's rows of each parameter (all of them without shards; with
+// shards the all-gather then gives every rank every row) and every other tensor whole, from
+// whichever chunks hold them.
+void load_model(Run& run, const ChunkReader& reader, const std::string& dir) {
+  const Parameters& p = run.parameters;
+  TensorList whole;
+  for (const auto& nt : p.model_state) whole.emplace_back(nt.name, borrow(nt.tensor));
+  check_model_tensors(run, reader.record(), dir, whole,
                       "resume with the model options the checkpoint was saved with (its "
                       "manifest.resolved.toml)");
-  store.load(dir, "model", model_t);
+  std::vector<ChunkReader::Request> requests;
+  std::set<const keel_tensor*> read;
+  for (const auto& nt : p.model_state) {
+    const auto it = std::find(p.handles.begin(), p.handles.end(), nt.tensor);
+    if (!read.insert(nt.tensor).second) continue;  // a tied weight: once
+    if (run.shards && it != p.handles.end()) {
+      const ShardedParams::Rows rows =
+          run.shards->rows_of(static_cast<size_t>(it - p.handles.begin()));
+      requests.push_back({"model", nt.name, rows.begin, rows.shard});
+    } else {
+      requests.push_back({"model", nt.name, 0, borrow(nt.tensor)});
+    }
+  }
+  reader.read(requests);
+  if (run.shards) run.shards->gather_parameters("gathering the parameters loaded from " + dir);
+}
+
+// The optimizer's state as this run holds it: its rows of each entry elementwise over a
+// parameter, every other entry whole.
+void load_optimizer(Run& run, const ChunkReader& reader, const std::string& dir) {
+  const Instance<keel_optimizer>& optimizer = run.components.optimizer;
   if (!KEEL_HAS_SLOT(optimizer, keel_optimizer, state_load) ||
       !KEEL_HAS_SLOT(optimizer, keel_optimizer, state_save))
     throw optimizer.error("has no state_save/state_load slots (ABI 1.3), so --resume would "
                           "go on with fresh optimizer moments; hint: use an optimizer that "
                           "keeps its state in checkpoints (sgd, adam, adamw do), or start a "
                           "new run from the weights with [checkpoint] init_from");
-  // With shards, this rank's part.
-  const std::string object = optimizer_object(run);
-  const std::string other = run.shards ? "optimizer" : "rank0.optimizer";
-  if (!rec.tensors.count(object) && rec.tensors.count(other))
-    throw Error(dir + ": the checkpoint holds the optimizer state " +
-                (run.shards ? "whole (distributed.shard = \"none\")" : "in shards") +
-                " and this run " + (run.shards ? "shards it" : "does not shard it") +
-                "; hint: resume with the distributed.shard the checkpoint was saved with");
-  if (!rec.tensors.count(object))
+  const auto entries = reader.record().chunks.find("optimizer");
+  if (entries == reader.record().chunks.end())
     throw Error(dir + ": the checkpoint holds no optimizer state (saved by an optimizer "
                 "without state slots); hint: start a new run from its weights with "
                 "[checkpoint] init_from");
-  TensorList opt = allocate(rec, object);
-  store.load(dir, object, opt);
+  reader.check_coverage("optimizer");
+  const std::vector<ParamRows> layout = param_rows(run);
+  TensorList opt;
+  std::vector<ChunkReader::Request> requests;
+  for (const auto& [name, g] : entries->second) {
+    std::vector<int64_t> shape = g.shape;
+    int64_t begin = 0;
+    if (!g.like.empty()) {
+      const auto p = std::find_if(layout.begin(), layout.end(),
+                                  [&](const ParamRows& r) { return r.name == g.like; });
+      if (p == layout.end())
+        throw Error(dir + ": optimizer state '" + name + "' follows parameter '" + g.like +
+                    "', which " + run.components.model.label() + " does not have; hint: "
+                    "resume with the model options the checkpoint was saved with");
+      shape = p->local_shape();
+      begin = p->begin;
+    }
+    opt.emplace_back(name, at::empty(shape, at::TensorOptions().dtype(dtype_of_name(g.dtype))));
+    requests.push_back({"optimizer", name, begin, opt.back().second});
+  }
+  reader.read(requests);
   const auto named = as_named(opt);
   optimizer.call("state_load", optimizer->state_load, named.data(), named.size());
 }
 
-// This rank's "state" object: the state_save entries of the model and the training data.
+// This rank's "state" object: the state_save entries of the model and the training data. At
+// another world size, rank 0's model entries on every rank, and no training data state (its
+// position comes from the global sample cursor, remap_data_position).
 void load_plugin_state(Run& run, const CommitRecord& rec, const std::string& dir) {
-  TensorList plugin_state = allocate(rec, rank_object(run, "state"));
-  run.components.store->load(dir, rank_object(run, "state"), plugin_state);
+  const bool same_world = run.resume.meta.world_size == run.ranks.world;
+  const std::string object = same_world ? rank_object(run, "state") : "state";
+  TensorList plugin_state = allocate(rec, object);
+  run.components.store->load(dir, object, plugin_state);
+  if (!same_world)
+    plugin_state.erase(std::remove_if(plugin_state.begin(), plugin_state.end(),
+                                      [](const auto& e) { return e.first.rfind("data.train/", 0) == 0; }),
+                       plugin_state.end());
   const auto give_state = [&](const auto& inst, const std::string& section) {
     using Abi = std::remove_pointer_t<decltype(inst.operator->())>;
     TensorList mine;
@@ -174,8 +245,22 @@ void load_plugin_state(Run& run, const CommitRecord& rec, const std::string& dir
   give_state(run.components.train_data, "data.train");
 }
 
-// This rank's generators.
+// This rank's generators. At another world size the ranks' streams cannot be remapped: rank 0
+// restores its own, rank r > 0 seeds afresh from the run's seed, its rank and the step.
 void load_generators(Run& run, const CommitRecord& rec, const std::string& dir) {
+  const int64_t saved_by = run.resume.meta.world_size;
+  if (saved_by != run.ranks.world && run.ranks.rank == 0)
+    spdlog::warn("--resume: {} was saved by {} rank(s) and this run has {}: the parameters, the "
+                 "optimizer state and the data position (global sample cursor) continue exactly; "
+                 "rank 0's generators are restored, those of ranks 1.. are re-derived from the "
+                 "seed (seed + 1000003 x rank + step) and no training data state is restored, "
+                 "so dropout and other random draws of those ranks differ from an "
+                 "uninterrupted run", dir, saved_by, run.ranks.world);
+  if (saved_by != run.ranks.world && run.ranks.rank > 0) {
+    at::manual_seed(run.config.run.seed + 1000003ull * static_cast<uint64_t>(run.ranks.rank) +
+                    static_cast<uint64_t>(run.resume.meta.step));
+    return;
+  }
   TensorList rng = allocate(rec, rank_object(run, "rng"));
   run.components.store->load(dir, rank_object(run, "rng"), rng);
   for (const auto& [name, t] : rng) {
@@ -280,7 +365,9 @@ std::string read_resume_file(const std::string& dir, const std::string& name) {
 void load_resume_point(Run& run) {
   const CommitRecord& rec = run.resume.record;
   const std::string& dir = run.resume.dir;
-  load_model_and_optimizer(run, rec, dir);
+  const ChunkReader reader(*run.components.backend, dir, rec);
+  load_model(run, reader, dir);
+  load_optimizer(run, reader, dir);
   load_hook_state(run, rec, dir);
   load_plugin_state(run, rec, dir);
   load_generators(run, rec, dir);
@@ -290,18 +377,16 @@ void load_resume_point(Run& run) {
 void check_model_tensors(const Run& run, const CommitRecord& rec, const std::string& dir,
                          const TensorList& into, const std::string& hint) {
   const std::string& model = run.components.model.label();
-  auto it = rec.tensors.find("model");
-  if (it == rec.tensors.end())
+  auto it = rec.chunks.find("model");
+  if (it == rec.chunks.end())
     throw Error(dir + ": the checkpoint holds no model; hint: it was not written by keel train");
-  std::map<std::string, const CommitRecord::Tensor*> stored;
-  for (const auto& t : it->second) stored[t.name] = &t;
   for (const auto& [name, t] : into) {
-    auto s = stored.find(name);
-    if (s == stored.end())
+    auto s = it->second.find(name);
+    if (s == it->second.end())
       throw Error(dir + ": the checkpoint has no tensor '" + name + "' for " + model +
                   "; hint: " + hint);
-    if (s->second->shape != t.sizes().vec())
-      throw Error(dir + ": tensor '" + name + "' has shape " + text::shape(s->second->shape) +
+    if (s->second.shape != t.sizes().vec())
+      throw Error(dir + ": tensor '" + name + "' has shape " + text::shape(s->second.shape) +
                   " in the checkpoint and " + text::shape(t.sizes()) + " in " + model + "; hint: " + hint);
   }
 }

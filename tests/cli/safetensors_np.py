@@ -3,6 +3,7 @@ package): an 8-byte little-endian header length, the JSON header, then each tens
 little-endian bytes at its data_offsets. Shared by the Python tests."""
 import collections
 import json
+import os
 import struct
 
 import numpy as np
@@ -36,3 +37,24 @@ def read_arrays(path):
     return collections.OrderedDict(
         (name, raw.view(NUMPY[dtype]).reshape(shape))
         for name, (dtype, shape, raw) in read_raw(path).items())
+
+
+def read_checkpoint(checkpoint, group="model"):
+    """{name: numpy array} of a keel checkpoint directory's `group` ("model" or "optimizer"),
+    whole: each tensor assembled from the chunks its commit.json indexes (every rank's rows,
+    with shards), read from their objects' .safetensors files."""
+    with open(os.path.join(checkpoint, "commit.json")) as f:
+        record = json.load(f)
+    files, out = {}, collections.OrderedDict()
+    for name, entry in sorted(record["chunks"].get(group, {}).items()):
+        whole = np.zeros(entry["shape"], dtype=NUMPY[entry["dtype"]])
+        for chunk in entry["chunks"]:
+            obj = chunk["object"]
+            if obj not in files:
+                files[obj] = read_arrays(os.path.join(checkpoint, obj + ".safetensors"))
+            part = files[obj][name]
+            assert list(part.shape) == chunk["size"], (name, obj)
+            index = tuple(slice(o, o + s) for o, s in zip(chunk["offset"], chunk["size"]))
+            whole[index] = part
+        out[name] = whole
+    return out

@@ -1,5 +1,6 @@
 """[checkpoint] async = true with several processes (torchrun, 2 ranks, Gloo, CPU), an MLP with
-AdamW and [distributed] shard = "optimizer" (so each rank writes its own "rank<r>.optimizer"),
+AdamW and [distributed] shard = "optimizer" (so each rank writes its own "rank<r>.model" and
+"rank<r>.optimizer" rows; parameters are read whole through the commit record's chunk index),
 a checkpoint every 2 steps of 8:
 
 - The asynchronous run ends with the synchronous run's parameters exactly, every checkpoint
@@ -23,7 +24,7 @@ import unittest
 import numpy as np
 
 from launching import TORCHRUN, free_port
-from safetensors_np import read_arrays
+from safetensors_np import read_checkpoint
 
 KEEL = sys.argv[1]
 STEPS = (2, 4, 6, 8)
@@ -90,7 +91,7 @@ class AsyncSave(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
 
     def model(self, out, step):
-        return read_arrays(os.path.join(out, "checkpoints", f"step-{step}", "model.safetensors"))
+        return read_checkpoint(os.path.join(out, "checkpoints", f"step-{step}"))
 
     def assert_same(self, a, b, what):
         self.assertEqual(list(a), list(b), what)
@@ -109,7 +110,8 @@ class AsyncSave(unittest.TestCase):
             with open(os.path.join(d, "commit.json")) as f:
                 record = json.load(f)
             self.assertEqual(record["step"], step)
-            for stem in ("model", "rank0.optimizer", "rank1.optimizer", "rng", "rank1.rng"):
+            for stem in ("model", "rank1.model", "rank0.optimizer", "rank1.optimizer", "rng",
+                         "rank1.rng"):
                 self.assertIn(stem, record["tensors"], f"step {step}")
             announced = re.findall(rf"checkpoint committed: {re.escape(d)}\n", r.stdout)
             self.assertEqual(len(announced), 2, f"step {step}: {r.stdout[-3000:]}")

@@ -22,7 +22,7 @@
 - A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
   "distributed:" error line, within [distributed] timeout_s of the loss (plus 15 s of margin).
 - SIGTERM to one rank: every rank stops after the same step, commits one checkpoint, exits 143.
-- Resuming a 2-rank checkpoint with one process is refused, naming both sizes.
+- Resuming a 2-rank checkpoint with one process continues it, the log naming both sizes.
 - [run] device = "cuda" on this CPU build fails validation with file:line:col; "auto" passes.
 - threads = 0 under a launcher: each of 2 processes takes half the cores (run.log says so).
 
@@ -225,11 +225,12 @@ class Distributed(unittest.TestCase):
         self.assertIn("resuming from", r.stdout)
         self.assert_same(self.model(crash_out), ref)
 
-        # A different number of processes cannot continue it.
+        # A different number of processes continues it (the checkpoint reshards; the log says
+        # what is re-derived; test_sharding.py's test_reshard checks the values).
         r = subprocess.run([KEEL, "train", two, "--resume"], capture_output=True, text=True,
                            timeout=120)
-        self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertIn("was saved by 2 process(es) and this run has 1", r.stderr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("was saved by 2 rank(s) and this run has 1", r.stdout + r.stderr)
 
     def assert_collectives(self, log, steps):
         """The `collectives:` line counts, for each of `steps` steps, the agreements of

@@ -11,13 +11,21 @@ compares with the same manifest under shard = "none":
   the clipper's norm, a reduce-scatter per bucket and backward with "gradients"); the
   checkpoint holds one optimizer object per rank ("rank0.optimizer", "rank1.optimizer") whose
   moments have each rank's rows (ceil(rows / 2), the rest on rank 1), and no whole "optimizer".
+  Final parameters are read whole from each checkpoint's chunk index (every rank writes its
+  rows: "model", "rank1.model"; safetensors_np.read_checkpoint).
 - an MLP (fashion_mnist) on 3 ranks, 10 steps, each shard value, its biases in an
   [[optimizer.groups]] group of their own learning rate, with a layer of 10 rows (4, 4 and 2
   rows a rank) and one of 2 rows (1, 1 and none): the same tolerances.
 - resume: the gpt 2-rank run stopped at step 5 and resumed with --resume ends with the
   uninterrupted run's parameters exactly (np.array_equal); resuming that checkpoint with
-  shard = "none" (and --resume-changed) is refused with one error line saying it holds the
-  optimizer state in shards.
+  shard = "none" (a change the log names) ends within 1e-5 of it.
+- reshard: the gpt with [train] global_batch 12 saved at step 5 by 2 ranks with each shard of
+  RESHARD_SAVE_SHARDS and resumed to step 10 by 1 rank (shard = "none") and by 3 ranks (the
+  same shard): the final parameters within 1e-5 of the uninterrupted 2-rank run, its train
+  records after step 5 with the same step, epoch, samples and tokens and loss, grad_norm and lr
+  within 1e-5 (relative, at least absolute), and the log line saying the world size changed; a
+  copy of the checkpoint whose commit.json drops one chunk of a tensor fails the resume with
+  one error line naming the tensor and the missing rows.
 - shard = "optimizer" with one process: a warning that the run holds everything as with "none",
   and the parameters of the "none" run exactly.
 - a clipper built for ABI 1.1 (tests/fixtures/abi_1_1.c's abi11_noclip), which would take the
@@ -37,7 +45,7 @@ import unittest
 import numpy as np
 
 from launching import TORCHRUN, free_port, write_tokens
-from safetensors_np import read_arrays, read_raw
+from safetensors_np import read_arrays, read_checkpoint, read_raw
 
 KEEL, FIXTURES = sys.argv[1], sys.argv[2]
 # Under the sanitizer build, the 2-rank runs with shard = "optimizer" end with LeakSanitizer's
@@ -48,6 +56,8 @@ ENV = dict(os.environ)
 if "detect_leaks=1" in ENV.get("ASAN_OPTIONS", ""):
     ENV["ASAN_OPTIONS"] = ENV["ASAN_OPTIONS"].replace("detect_leaks=1", "detect_leaks=0")
 CTX, VOCAB, WINDOWS = 8, 16, 160
+# The shard modes test_reshard saves with (2 ranks) before resuming with 1 and 3.
+RESHARD_SAVE_SHARDS = ("gradients",)
 
 COMMON = """
 [run]
@@ -147,8 +157,7 @@ class Sharding(unittest.TestCase):
             self.launch(path, nproc, name=name)
             self.runs[name] = out
         out = self.runs[name]
-        model_t = read_arrays(os.path.join(out, "checkpoints", f"step-{steps}",
-                                           "model.safetensors"))
+        model_t = read_checkpoint(os.path.join(out, "checkpoints", f"step-{steps}"))
         with open(os.path.join(out, "metrics.jsonl")) as f:
             losses = [r["loss"] for r in map(json.loads, f) if r.get("split") == "train"]
         with open(os.path.join(out, "run.log")) as f:
@@ -226,18 +235,91 @@ class Sharding(unittest.TestCase):
         self.launch(path, 2, name="resume-a")
         path, out = self.manifest("gpt-resume", "gpt", "optimizer", steps=10)
         self.launch(path, 2, "--resume", name="resume-b")
-        resumed = read_arrays(os.path.join(out, "checkpoints", "step-10", "model.safetensors"))
+        resumed = read_checkpoint(os.path.join(out, "checkpoints", "step-10"))
         self.assertEqual(sorted(full), sorted(resumed))
         for k in full:
             self.assertTrue(np.array_equal(full[k], resumed[k]), k)
-        # The same checkpoint without shards.
-        path, _ = self.manifest("gpt-resume", "gpt", "none", steps=10)
+        # The same checkpoint without shards (another shard mode reshards it: test_reshard).
+        path, out_c = self.manifest("gpt-resume-none", "gpt", "none", steps=10)
         r = self.launch(path, 2, "--resume", os.path.join(out, "checkpoints", "step-5"),
-                        "--resume-changed", name="resume-c", check=False)
+                        name="resume-c")
+        self.assertIn('--resume: distributed.shard changed since the checkpoint ("optimizer" -> '
+                      '"none")', r.stdout + r.stderr)
+        none = read_checkpoint(os.path.join(out_c, "checkpoints", "step-10"))
+        self.assert_close(full, none, "gpt, 2 ranks, optimizer saved, none resumed")
+
+    def reshard_manifest(self, name, shard, steps):
+        """The gpt with [train] global_batch = 12 (6, 3 and 2 micro-batches of 2 on 1, 2 and 3
+        ranks): the same training at any number of ranks."""
+        path, out = self.manifest(name, "gpt", shard, steps)
+        with open(path) as f:
+            text = f.read().replace("grad_accum = 2", "global_batch = 12")
+        with open(path, "w") as f:
+            f.write(text)
+        return path, out
+
+    def train_records(self, out):
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            return [r for r in map(json.loads, f) if r.get("split") == "train"]
+
+    def test_reshard(self):
+        for shard in RESHARD_SAVE_SHARDS:
+            with self.subTest(shard=shard):
+                self.check_reshard(shard)
+
+    def check_reshard(self, shard):
+        """Saved at step 5 by 2 ranks with `shard`, resumed to step 10 by 1 rank (none) and by
+        3 ranks (`shard`): the final parameters and the records of the uninterrupted 2-rank
+        run."""
+        ref_path, ref_out = self.reshard_manifest("reshard-ref-" + shard, shard, 10)
+        self.launch(ref_path, 2, name="reshard-ref-" + shard)
+        ref = read_checkpoint(os.path.join(ref_out, "checkpoints", "step-10"))
+        ref_records = self.train_records(ref_out)
+        path, out = self.reshard_manifest("reshard-" + shard, shard, 5)
+        self.launch(path, 2, name="reshard-a-" + shard)
+        saved = os.path.join(out, "checkpoints", "step-5")
+        with open(os.path.join(saved, "commit.json")) as f:
+            record = json.load(f)
+        self.assertEqual(record["version"], 2)
+        self.assertIn("rank1.model", record["tensors"])
+        for nproc, mode in ((1, "none"), (3, shard)):
+            name = f"reshard-{shard}-{nproc}"
+            p, o = self.reshard_manifest(name, mode, 10)
+            r = self.launch(p, nproc, "--resume", saved, name=name)
+            log = r.stdout + r.stderr
+            self.assertIn(f"was saved by 2 rank(s) and this run has {nproc}", log)
+            got = read_checkpoint(os.path.join(o, "checkpoints", "step-10"))
+            self.assert_close(ref, got, f"gpt, saved by 2 ranks ({shard}), resumed by {nproc} "
+                              f"({mode})")
+            records = self.train_records(o)
+            tail = [x for x in ref_records if x["step"] > 5]
+            self.assertEqual([x["step"] for x in records], [x["step"] for x in tail])
+            for a, b in zip(tail, records):
+                for key in ("step", "epoch", "samples", "tokens"):
+                    if key in a:
+                        self.assertEqual(a[key], b[key], (key, a, b))
+                for key in ("loss", "grad_norm", "lr"):
+                    if key in a:
+                        self.assertLessEqual(abs(a[key] - b[key]), 1e-5 * max(1, abs(a[key])),
+                                             (key, a, b))
+        # A commit record whose chunks leave rows of a tensor uncovered: one error line naming
+        # the tensor and the rows.
+        damaged = os.path.join(self.dir, "damaged-" + shard)
+        shutil.copytree(saved, damaged)
+        chunks = record["chunks"]["model"]
+        name = next(n for n in sorted(chunks) if len(chunks[n]["chunks"]) == 2)
+        rows = chunks[name]["chunks"][1]
+        del chunks[name]["chunks"][1]
+        with open(os.path.join(damaged, "commit.json"), "w") as f:
+            json.dump(record, f)
+        p, _ = self.reshard_manifest("reshard-damaged-" + shard, "none", 10)
+        r = self.launch(p, 1, "--resume", damaged, name="damaged", check=False)
         self.assertNotEqual(r.returncode, 0)
-        errors = [l for l in (r.stdout + r.stderr).splitlines() if "keel: error:" in l]
-        self.assertTrue(errors, r.stderr[-3000:])
-        self.assertIn("holds the optimizer state in shards and this run does not shard it",
+        errors = [l for l in (r.stdout + r.stderr).splitlines() if "error" in l.lower()]
+        self.assertEqual(len(errors), 1, r.stdout[-3000:] + r.stderr[-3000:])
+        first, count = rows["offset"][0], rows["size"][0]
+        self.assertIn(f"model tensor '{name}' ", errors[0])
+        self.assertIn(f"is not covered by its chunks (rows {first}..{first + count - 1} missing)",
                       errors[0])
 
     def test_old_clipper_refused(self):

@@ -2,7 +2,9 @@
 //
 // Input: the file's text. keel::Error is the expected refusal; anything else escaping, a
 // message that is not one line starting with "commit.json: invalid commit record: ", or an
-// accepted record that does not survive write_commit_record -> read_commit_record aborts.
+// accepted record (version 1 or 2) that does not survive write_commit_record ->
+// read_commit_record (which writes version 2, chunk index included) aborts. keel::coverage_gap
+// runs on every accepted tensor (it must not crash on any chunk list the parser accepts).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -37,6 +39,23 @@ bool same(const keel::CommitRecord& a, const keel::CommitRecord& b) {
           list[i].shape != it->second[i].shape)
         return false;
   }
+  // The chunk index round-trips whole (a version 1 record's synthesised one too).
+  if (a.chunks.size() != b.chunks.size()) return false;
+  for (const auto& [group, tensors] : a.chunks) {
+    auto g = b.chunks.find(group);
+    if (g == b.chunks.end() || g->second.size() != tensors.size()) return false;
+    for (const auto& [name, t] : tensors) {
+      auto u = g->second.find(name);
+      if (u == g->second.end() || u->second.dtype != t.dtype || u->second.shape != t.shape ||
+          u->second.like != t.like || u->second.chunks.size() != t.chunks.size())
+        return false;
+      for (size_t i = 0; i < t.chunks.size(); ++i) {
+        const auto &x = t.chunks[i], &y = u->second.chunks[i];
+        if (x.offset != y.offset || x.size != y.size || x.object != y.object || x.file != y.file)
+          return false;
+      }
+    }
+  }
   // Finite metrics round-trip; write_commit_record drops NaN and infinities (JSON has none).
   size_t finite = 0;
   for (const auto& [k, v] : a.metrics) {
@@ -62,6 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       die("message is not one line naming the file", msg);
     return 0;
   }
+  for (const auto& [group, tensors] : r.chunks)
+    for (const auto& [name, t] : tensors) (void)keel::coverage_gap(t);
   const std::string written = keel::write_commit_record(r);
   keel::CommitRecord again;
   try {

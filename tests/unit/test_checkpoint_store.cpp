@@ -348,8 +348,137 @@ TEST_CASE("the commit record rejects what it cannot trust") {
   s.replace(s.find("\"m.bin\""), 7, "\"../x\"");
   CHECK(err(s).find("'../x' is not a plain file name") != std::string::npos);
   s = ok;
-  s.replace(s.find("\"version\": 1"), 12, "\"version\": 2");
-  CHECK(err(s).find("'version' is not 1") != std::string::npos);
+  s.replace(s.find("\"version\": 2"), 12, "\"version\": 3");
+  CHECK(err(s).find("'version' is not 1 or 2") != std::string::npos);
+  s = ok;  // version 2 needs its chunk index
+  s.replace(s.find("\"chunks\""), 8, "\"chunkz\"");
+  CHECK(err(s).find("has no 'chunks'") != std::string::npos);
+}
+
+// A chunk index of one model tensor [5, 2] cut into rows 0..2 (rank 0) and 3..4 (rank 1), and
+// one optimizer entry like it.
+keel::CommitRecord chunked_record() {
+  keel::CommitRecord r{"r", 7, 9, {{"model.st", 3, 42}}};
+  r.tensors["model"] = {{"w", "F32", {3, 2}}};
+  r.tensors["rank1.model"] = {{"w", "F32", {2, 2}}};
+  using C = keel::CommitRecord::Chunk;
+  r.chunks["model"]["w"] = {"F32", {5, 2}, "", {C{{0, 0}, {3, 2}, "model", "model.st"},
+                                                C{{3, 0}, {2, 2}, "rank1.model", ""}}};
+  r.chunks["optimizer"]["w.exp_avg"] = {"F32", {5, 2}, "w", {C{{0, 0}, {3, 2}, "rank0.optimizer", ""},
+                                                             C{{3, 0}, {2, 2}, "rank1.optimizer", ""}}};
+  r.chunks["optimizer"]["w.step"] = {"I64", {}, "", {C{{}, {}, "rank0.optimizer", ""}}};
+  return r;
+}
+
+bool same_chunks(const keel::CommitRecord::ChunkIndex& a, const keel::CommitRecord::ChunkIndex& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [group, tensors] : a) {
+    const auto g = b.find(group);
+    if (g == b.end() || g->second.size() != tensors.size()) return false;
+    for (const auto& [name, t] : tensors) {
+      const auto u = g->second.find(name);
+      if (u == g->second.end() || u->second.dtype != t.dtype || u->second.shape != t.shape ||
+          u->second.like != t.like || u->second.chunks.size() != t.chunks.size())
+        return false;
+      for (size_t i = 0; i < t.chunks.size(); ++i) {
+        const auto &x = t.chunks[i], &y = u->second.chunks[i];
+        if (x.offset != y.offset || x.size != y.size || x.object != y.object || x.file != y.file)
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
+TEST_CASE("commit record v2: the chunk index round-trips and is checked") {
+  const keel::CommitRecord r = chunked_record();
+  const std::string text = keel::write_commit_record(r);
+  CHECK(text.find("\"version\": 2") != std::string::npos);
+  const keel::CommitRecord back = keel::read_commit_record(text, "c.json");
+  CHECK(back.version == 2);
+  CHECK(same_chunks(back.chunks, r.chunks));
+  CHECK(back.tensors.at("rank1.model")[0].shape == std::vector<int64_t>{2, 2});
+  const auto err = [&](std::string s) {
+    return keel_test::error_of([&] { keel::read_commit_record(s, "c.json"); });
+  };
+  keel::CommitRecord past = r;  // a chunk reaching past its tensor's rows
+  past.chunks["model"]["w"].chunks[1].offset = {4, 0};
+  CHECK(err(keel::write_commit_record(past)).find("a chunk of tensor 'w' lies outside its shape") !=
+        std::string::npos);
+  // Two ranks' parts join in offset order; parts that disagree on a tensor are refused.
+  keel::CommitRecord all, rank0 = r, rank1 = r;
+  rank0.chunks["model"]["w"].chunks.pop_back();
+  rank1.chunks["model"]["w"].chunks.erase(rank1.chunks["model"]["w"].chunks.begin());
+  keel::merge_part(all, rank1);
+  keel::merge_part(all, rank0);
+  CHECK(all.chunks["model"]["w"].chunks.size() == 2);
+  CHECK(all.chunks["model"]["w"].chunks[0].object == "model");
+  rank1.chunks["model"]["w"].shape = {6, 2};
+  CHECK(keel_test::error_of([&] { keel::merge_part(all, rank1); })
+            .find("disagree on model tensor 'w'") != std::string::npos);
+}
+
+TEST_CASE("commit record v1: its chunks are synthesised, whole or by the shard layout") {
+  const std::string v1 = R"({"format": "keel-checkpoint", "version": 1, "run_id": "r",
+    "step": 3, "committed_unix_ns": 1, "files": [],
+    "tensors": {"model": [{"name": "w", "dtype": "F32", "shape": [5, 2]},
+                          {"name": "b", "dtype": "F32", "shape": []}],
+                "optimizer": [{"name": "w.exp_avg", "dtype": "F32", "shape": [5, 2]},
+                              {"name": "w.step", "dtype": "I64", "shape": []},
+                              {"name": "param_groups.0.lr", "dtype": "F64", "shape": []}]},
+    "metrics": {}})";
+  const keel::CommitRecord r = keel::read_commit_record(v1, "c.json");
+  CHECK(r.version == 1);
+  CHECK(r.chunks.at("model").at("w").chunks.at(0).size == std::vector<int64_t>{5, 2});
+  CHECK(r.chunks.at("optimizer").at("w.exp_avg").like == "w");
+  CHECK(r.chunks.at("optimizer").at("w.step").like.empty());
+  CHECK(r.chunks.at("optimizer").at("param_groups.0.lr").chunks.at(0).object == "optimizer");
+  // Written back, it is a v2 record with the same chunks.
+  CHECK(same_chunks(keel::read_commit_record(keel::write_commit_record(r), "c.json").chunks,
+                    r.chunks));
+  // A v1 record of 2 ranks with [distributed] shard: each "rank<r>.optimizer" holds its rows
+  // (ceil(5 / 2) = 3, then 2) of the elementwise entries; the 0-dim b's on rank 0 only.
+  std::string sharded = v1;
+  const std::string opt = R"("optimizer": [{"name": "w.exp_avg", "dtype": "F32", "shape": [5, 2]},)";
+  sharded.replace(sharded.find(opt), opt.size(),
+                  R"("rank1.optimizer": [{"name": "w.exp_avg", "dtype": "F32", "shape": [2, 2]},
+                     {"name": "b.exp_avg", "dtype": "F32", "shape": [0]},
+                     {"name": "w.step", "dtype": "I64", "shape": []}],
+                     "rank0.optimizer": [{"name": "w.exp_avg", "dtype": "F32", "shape": [3, 2]},
+                     {"name": "b.exp_avg", "dtype": "F32", "shape": []},)");
+  const keel::CommitRecord s = keel::read_commit_record(sharded, "c.json");
+  const auto& w = s.chunks.at("optimizer").at("w.exp_avg");
+  CHECK(w.shape == std::vector<int64_t>{5, 2});
+  REQUIRE(w.chunks.size() == 2);
+  CHECK(w.chunks[1].offset == std::vector<int64_t>{3, 0});
+  CHECK(w.chunks[1].object == "rank1.optimizer");
+  CHECK(s.chunks.at("optimizer").at("b.exp_avg").chunks.size() == 1);
+  CHECK(s.chunks.at("optimizer").at("w.step").chunks.at(0).object == "rank0.optimizer");
+  for (const auto& [name, g] : s.chunks.at("optimizer")) CHECK(keel::coverage_gap(g).empty());
+}
+
+TEST_CASE("coverage: a tensor's chunks must cover every row, spanning the other dims") {
+  using C = keel::CommitRecord::Chunk;
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<C> chunks;
+    const char* gap;
+  };
+  const Case cases[] = {
+      {{96, 32}, {C{{0, 0}, {48, 32}, "a", ""}, C{{48, 0}, {48, 32}, "b", ""}}, ""},
+      {{96, 32}, {C{{0, 0}, {48, 32}, "a", ""}}, "rows 48..95 missing"},
+      {{96, 32}, {C{{48, 0}, {48, 32}, "b", ""}}, "rows 0..47 missing"},
+      {{9}, {C{{0}, {3}, "a", ""}, C{{6}, {2}, "c", ""}}, "rows 3..5, 8..8 missing"},
+      {{9}, {C{{0}, {6}, "a", ""}, C{{3}, {6}, "b", ""}}, ""},  // overlaps are fine
+      {{4, 2}, {C{{0, 0}, {4, 1}, "a", ""}}, "a chunk does not span dimension 1 whole"},
+      {{}, {C{{}, {}, "a", ""}}, ""},
+      {{}, {}, "no chunk holds it"},
+      {{0, 3}, {}, ""},
+  };
+  for (const Case& c : cases) {
+    const keel::CommitRecord::Global g{"F32", c.shape, "", c.chunks};
+    CHECK(keel::coverage_gap(g) == c.gap);
+  }
 }
 
 // kernel/run_dir.hpp's rule for the directories a run is written into, case by case: a
