@@ -133,7 +133,7 @@ const CommitRecord::Tensor* named_after(const std::vector<CommitRecord::Tensor>&
 // "rank<r>.optimizer" objects of W ranks with [distributed] shard hold each rank's rows of the
 // elementwise entries, laid out as distributed/sharding.hpp cuts them, and rank 0's copy of
 // the others.
-CommitRecord::ChunkIndex synthesise_v1_chunks(const CommitRecord& r) {
+CommitRecord::ChunkIndex synthesise_v1_chunks(const CommitRecord& r, const std::string& path) {
   CommitRecord::ChunkIndex index;
   static const std::vector<CommitRecord::Tensor> kNone;
   const auto m = r.tensors.find("model");
@@ -165,7 +165,10 @@ CommitRecord::ChunkIndex synthesise_v1_chunks(const CommitRecord& r) {
         if (sharded && count == 0) continue;
         CommitRecord::Chunk c = whole(t, object);
         if (!c.offset.empty()) c.offset[0] = begin;
-        CommitRecord::Global& g = index["optimizer"][t.name];
+        auto [it, added] = index["optimizer"].try_emplace(t.name);
+        CommitRecord::Global& g = it->second;
+        if (!added && (g.dtype != t.dtype || g.shape != p->shape || g.like != p->name))
+          bad(path, "the ranks' optimizer objects disagree on tensor '" + t.name + "'");
         g.dtype = t.dtype;
         g.shape = p->shape;
         g.like = p->name;
@@ -284,10 +287,13 @@ CommitRecord read_commit_record(std::string_view text, const std::string& path) 
   for (const auto& [object, list] : field(j, "tensors", T::object, path, "").items()) {
     if (!list.is_array()) bad(path, "tensors of '" + object + "' are not a list");
     auto& out = r.tensors[object];
+    std::set<std::string> seen;
     for (const json& t : list) {
       if (!t.is_object()) bad(path, "a tensor entry of '" + object + "' is not an object");
       CommitRecord::Tensor e;
       e.name = field(t, "name", T::string, path, "a tensor entry ").get<std::string>();
+      if (!seen.insert(e.name).second)
+        bad(path, "tensor '" + e.name + "' is listed twice in '" + object + "'");
       e.dtype = field(t, "dtype", T::string, path, "a tensor entry ").get<std::string>();
       for (const json& d : field(t, "shape", T::array, path, "a tensor entry ")) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0)
@@ -297,7 +303,7 @@ CommitRecord read_commit_record(std::string_view text, const std::string& path) 
       out.push_back(std::move(e));
     }
   }
-  r.chunks = version == 1 ? synthesise_v1_chunks(r)
+  r.chunks = version == 1 ? synthesise_v1_chunks(r, path)
                           : read_chunk_index(field(j, "chunks", T::object, path, ""), path);
   for (const auto& [k, v] : field(j, "metrics", T::object, path, "").items()) {
     if (!v.is_number()) bad(path, "metric '" + k + "' is not a number");

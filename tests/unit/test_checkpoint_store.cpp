@@ -353,6 +353,12 @@ TEST_CASE("the commit record rejects what it cannot trust") {
   s = ok;  // version 2 needs its chunk index
   s.replace(s.find("\"chunks\""), 8, "\"chunkz\"");
   CHECK(err(s).find("has no 'chunks'") != std::string::npos);
+  // One object naming a tensor twice (found by fuzz_commit_record: in a version 1 record the
+  // second entry's shape was taken for the first one's chunk).
+  keel::CommitRecord twice{"r", 1, 5, {{"m.bin", 3, 42}}};
+  twice.tensors["model"] = {{"w", "F32", {2}}, {"w", "F64", {3}}};
+  CHECK(err(keel::write_commit_record(twice)).find("tensor 'w' is listed twice in 'model'") !=
+        std::string::npos);
 }
 
 // A chunk index of one model tensor [5, 2] cut into rows 0..2 (rank 0) and 3..4 (rank 1), and
