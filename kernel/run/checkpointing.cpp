@@ -166,6 +166,11 @@ void save_checkpoint(Run& run) {
   const AddElapsed timed(run.window.checkpoint_s);
   profile_begin(run, "checkpoint");
   finish_async_save(run, /*block=*/true);  // at most one in flight
+  // shard = "parameters" (never asynchronous, run/parameters.cpp): the whole model while the
+  // save writes it, freed after.
+  if (run.residency)
+    run.residency->gather_all("gathering the model for the checkpoint of step " +
+                              std::to_string(run.progress.step));
   Snapshot snap = snapshot(run);
   run.records.last_saved_step = run.progress.step;
   if (run.config.checkpointing.async) {
@@ -184,6 +189,7 @@ void save_checkpoint(Run& run) {
   const std::string dir =
       run.ranks.group ? save_on_every_rank(store, *run.ranks.group, run.ranks.rank, snap)
                       : store.save(snap);
+  if (run.residency) run.residency->free_all();
   profile_end(run, "checkpoint");
   announce_commit(run, dir);
 }
