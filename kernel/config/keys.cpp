@@ -232,8 +232,10 @@ const KeyTable<DistributedKeys>& distributed_keys() {
           opt_string("shard", "\"none\"",
                      "none: every rank holds the whole optimizer state and gradients (DDP); "
                      "optimizer: each rank holds the optimizer state of its 1/ranks of every "
-                     "parameter's rows (ZeRO-1); gradients: also only their gradients (ZeRO-2)",
-                     "none|optimizer|gradients"),
+                     "parameter's rows (ZeRO-1); gradients: also only their gradients (ZeRO-2); "
+                     "parameters: also only their rows of the parameters between uses, each "
+                     "unit of the model gathered around its forward and backward (FSDP)",
+                     "none|optimizer|gradients|parameters"),
           kSafe),
   }};
   return t;

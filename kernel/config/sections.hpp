@@ -19,7 +19,7 @@ enum class Precision { kFp32, kBf16, kFp16 };                   // fp32|bf16|fp1
 enum class NonFinite { kError, kSkip };                          // error|skip
 enum class AccumNorm { kAuto, kMean, kItems };                   // auto|mean|items
 enum class BestMode { kMin, kMax };                              // min|max
-enum class ShardMode { kNone, kOptimizer, kGradients };          // none|optimizer|gradients
+enum class ShardMode { kNone, kOptimizer, kGradients, kParameters };  // none|optimizer|gradients|parameters
 
 // [run]
 struct RunKeys {

@@ -29,6 +29,20 @@ GradReduceScatter::GradReduceScatter(Collectives& collectives, std::vector<Param
     bucket_of_[i] = buckets_.size() - 1;
     bytes += b;
   }
+  hook_accumulators();
+}
+
+GradReduceScatter::GradReduceScatter(Collectives& collectives, std::vector<Param> params,
+                                     std::vector<std::vector<size_t>> groups, std::string mode)
+    : collectives_(collectives), params_(std::move(params)), mode_(std::move(mode)),
+      buckets_(std::move(groups)) {
+  bucket_of_.resize(params_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (size_t i : buckets_[b]) bucket_of_[i] = b;
+  hook_accumulators();
+}
+
+void GradReduceScatter::hook_accumulators() {
   waiting_.resize(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) waiting_[b] = buckets_[b].size();
   fired_.assign(params_.size(), false);
@@ -83,6 +97,7 @@ void GradReduceScatter::launch(size_t bucket) {
     out.push_back(p.accum);
     offset += n;
   }
+  if (on_sent) on_sent(bucket);
   issued_ += 1;
   pending_.push_back(collectives_.reduce_scatter(
       packed, std::move(out), static_cast<double>(world), /*accumulate=*/true,
@@ -100,8 +115,9 @@ void GradReduceScatter::finish_backward(const std::string& what) {
   for (size_t i = 0; i < params_.size(); ++i)
     if (!fired_[i])
       throw Error(what + ": parameter '" + params_[i].name + "' got no gradient; "
-                  "distributed.shard = \"gradients\" needs one for every parameter in every "
-                  "backward (no unused parameters); hint: use distributed.shard = \"optimizer\"");
+                  "distributed.shard = \"" + mode_ + "\" needs one for every parameter in "
+                  "every backward (no unused parameters); hint: use distributed.shard = "
+                  "\"optimizer\"");
   for (Pending& p : pending_) p.wait();
   pending_.clear();
   next_ = 0;

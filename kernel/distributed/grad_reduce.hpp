@@ -16,11 +16,16 @@
 //
 // Every backward reduce-scatters (with grad_accum > 1, once per micro-batch: the accumulators
 // sum them), so every parameter must get a gradient in every backward.
+//
+// With shard = "parameters" the buckets are the model's units instead (given by
+// distributed/residency.hpp: descending unit order, the root last), and on_sent tells the
+// residency when a unit's gradients are sent, so that it frees the unit's whole parameters.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +47,11 @@ class GradReduceScatter {
     int64_t rows = 0, row_numel = 1, chunk = 0;
   };
   GradReduceScatter(Collectives& collectives, std::vector<Param> params, int64_t bucket_bytes);
+  // shard = "parameters" (distributed/residency.hpp): the buckets are `groups` (parameter
+  // indices, each parameter in one, none empty), sent in that order. `mode` names the shard
+  // value in errors.
+  GradReduceScatter(Collectives& collectives, std::vector<Param> params,
+                    std::vector<std::vector<size_t>> groups, std::string mode);
   ~GradReduceScatter();
   GradReduceScatter(const GradReduceScatter&) = delete;
   GradReduceScatter& operator=(const GradReduceScatter&) = delete;
@@ -54,13 +64,18 @@ class GradReduceScatter {
   size_t buckets() const { return buckets_.size(); }
   // Reduce-scatters issued so far (one per bucket and backward).
   int64_t issued() const { return issued_; }
+  // Called with a bucket's index right after its gradients were packed and released (before
+  // its reduce-scatter completes), on the thread running backward.
+  std::function<void(size_t bucket)> on_sent;
 
  private:
+  void hook_accumulators();  // the post-hooks on every parameter's gradient accumulator
   void ready(size_t param);  // the autograd hook: param's gradient is complete
   void launch(size_t bucket);
 
   Collectives& collectives_;
   std::vector<Param> params_;
+  std::string mode_ = "gradients";  // the shard value, for errors
   std::vector<std::vector<size_t>> buckets_;  // parameter indices, in packing order
   std::vector<size_t> bucket_of_;             // per parameter
   std::vector<size_t> waiting_;               // per bucket: parameters not complete yet

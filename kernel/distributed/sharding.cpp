@@ -42,8 +42,9 @@ int64_t aliased_param(const std::vector<at::Tensor>& params, const at::Tensor& t
 ShardedParams::ShardedParams(ProcessGroup& group, const std::vector<at::Tensor>& params,
                              const std::vector<std::string>& names,
                              const std::vector<at::Tensor>& model_state, int64_t bucket_bytes,
-                             bool reduce_scatter)
-    : group_(group), rank_(group.collectives().rank()), world_(group.collectives().world()) {
+                             Mode mode, std::vector<std::vector<size_t>> groups)
+    : group_(group), rank_(group.collectives().rank()), world_(group.collectives().world()),
+      mode_(mode) {
   for (const at::Tensor& t : model_state)
     if (const int64_t i = aliased_param(params, t); i >= 0)
       throw Error("distributed.shard: a tensor of the model's state shares the storage of "
@@ -73,7 +74,12 @@ ShardedParams::ShardedParams(ProcessGroup& group, const std::vector<at::Tensor>&
       shape[0] = p.count;
     }
     p.shard = at::empty({0}, p.padded.options());
-    p.shard.set_(p.padded.storage(), p.begin * p.row_numel, shape, strides_of(shape));
+    if (mode == Mode::kParameters) {  // a storage of its own (residency.cpp fills it)
+      p.home = at::zeros({p.chunk * p.row_numel}, p.padded.options());
+      p.shard.set_(p.home.storage(), 0, shape, strides_of(shape));
+    } else {
+      p.shard.set_(p.padded.storage(), p.begin * p.row_numel, shape, strides_of(shape));
+    }
     p.shard.requires_grad_(true);
     params_.push_back(std::move(p));
   }
@@ -90,15 +96,18 @@ ShardedParams::ShardedParams(ProcessGroup& group, const std::vector<at::Tensor>&
     buckets_.back().push_back(i);
     bytes += b;
   }
-  if (reduce_scatter) {
+  if (mode != Mode::kOptimizer) {
     std::vector<GradReduceScatter::Param> grads;
     for (size_t i = 0; i < params_.size(); ++i) {
       Param& p = params_[i];
       p.accum = at::zeros({p.chunk * p.row_numel}, p.padded.options());
       grads.push_back({names[i], p.full, p.accum, p.rows, p.row_numel, p.chunk});
     }
-    reducer_ = std::make_unique<GradReduceScatter>(group.collectives(), std::move(grads),
-                                                   bucket_bytes);
+    reducer_ = mode == Mode::kParameters
+                   ? std::make_unique<GradReduceScatter>(group.collectives(), std::move(grads),
+                                                         std::move(groups), "parameters")
+                   : std::make_unique<GradReduceScatter>(group.collectives(), std::move(grads),
+                                                         bucket_bytes);
   }
   abi_group_.struct_size = sizeof(abi_group_);
   abi_group_.host_data = this;
@@ -150,6 +159,8 @@ void ShardedParams::gather_parameters(const std::string& what) {
     for (size_t i : bucket) {
       const Param& p = params_[i];
       const int64_t n = p.chunk * p.row_numel;
+      if (p.home.defined())  // kParameters: the shard lives in its own storage
+        p.padded.narrow(0, rank_ * n, n).copy_(p.home);
       inputs.push_back(p.padded.narrow(0, rank_ * n, n));
       for (int q = 0; q < world_; ++q) outputs[q].push_back(p.padded.narrow(0, q * n, n));
     }
@@ -157,6 +168,10 @@ void ShardedParams::gather_parameters(const std::string& what) {
     pending.push_back(collectives.all_gather(std::move(inputs), std::move(outputs), what));
   }
   for (Pending& p : pending) p.wait();
+}
+
+void ShardedParams::on_group_sent(std::function<void(size_t group)> f) {
+  if (reducer_) reducer_->on_sent = std::move(f);
 }
 
 int64_t ShardedParams::collectives_issued() const {
@@ -176,6 +191,11 @@ int64_t ShardedParams::param_bytes() const {
 }
 
 std::string ShardedParams::describe() const {
+  if (mode_ == Mode::kParameters)
+    return fmt::format("{} parameters, gradients reduce-scattered in {} group(s) (one per unit "
+                       "with parameters); this rank's shards hold {:.2f} of {:.2f} MiB",
+                       params_.size(), reducer_->buckets(), shard_bytes() / 1048576.0,
+                       param_bytes() / 1048576.0);
   return fmt::format("{} parameters in {} all-gather bucket(s){}; this rank's shards hold "
                      "{:.2f} of {:.2f} MiB",
                      params_.size(), buckets_.size(),

@@ -25,11 +25,14 @@
 //                        abi_group(), the kernel's keel_shard_group)
 //   gather_parameters()  after a step taken: every rank's updated rows to every rank, in
 //                        all-gathers of at most [distributed] bucket_cap_mb each
+// With shard = "parameters" the same, less the gather after each step: see
+// distributed/residency.hpp (gather_parameters serves only a resume, before Residency::start).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,11 +50,16 @@ class ShardedParams {
   // group's ranks. `model_state`: every tensor a checkpoint holds of the model; one that shares
   // a parameter's storage without being that parameter (a tie through a view) is refused, since
   // the parameter's values move to a new storage. Throws keel::Error naming the tensor.
-  // `reduce_scatter`: shard = "gradients" (the gradients are reduce-scattered by this object,
-  // and no GradSync runs); false for "optimizer".
+  // `mode`: kOptimizer (ZeRO-1), kGradients (ZeRO-2: the gradients are reduce-scattered by
+  // this object, in buckets of at most bucket_bytes, and no GradSync runs) or kParameters
+  // (FSDP-style, distributed/residency.hpp: as kGradients, by the `groups` given (parameter
+  // indices, sent in that order), and each shard has a storage of its own, so that the whole
+  // parameters' storage can be freed between uses; gather_parameters only after a resume
+  // loaded the shards, while the whole parameters still have their storage).
+  enum class Mode { kOptimizer, kGradients, kParameters };
   ShardedParams(ProcessGroup& group, const std::vector<at::Tensor>& params,
                 const std::vector<std::string>& names, const std::vector<at::Tensor>& model_state,
-                int64_t bucket_bytes, bool reduce_scatter);
+                int64_t bucket_bytes, Mode mode, std::vector<std::vector<size_t>> groups = {});
   ~ShardedParams();
   ShardedParams(const ShardedParams&) = delete;
   ShardedParams& operator=(const ShardedParams&) = delete;
@@ -82,11 +90,31 @@ class ShardedParams {
   void clear_gradients();
   void after_backward(const std::string& what);
   void bind_gradients();
+  // Every rank's rows of every parameter into every rank's whole parameters (kParameters:
+  // from each shard's own storage, so only while the whole parameters hold storage).
   void gather_parameters(const std::string& what);
 
   // The collectives this object issued so far: all-gathers, reduce-scatters and the
   // keel_shard_group's all-reduces (each also counted by ProcessGroup::collectives_issued).
   int64_t collectives_issued() const;
+
+  // kParameters: called with the group's index once its gradients were sent (packed) in a
+  // backward (distributed/residency.hpp frees the unit's parameters).
+  void on_group_sent(std::function<void(size_t group)> f);
+  // A collective issued for these shards by another object (distributed/residency.hpp), so
+  // that collectives_issued counts it.
+  void count_issued() { issued_ += 1; }
+
+  struct Param {
+    at::Tensor full;     // the model's tensor: rows [0, rows) of `padded`
+    at::Tensor padded;   // flat, chunk x W x row_numel elements
+    at::Tensor shard;    // this rank's rows: a leaf over `padded`'s storage (kParameters: over
+                         // `home`'s)
+    at::Tensor home;     // kParameters: flat, chunk x row_numel, this rank's rows, then padding
+    at::Tensor accum;    // "gradients": flat, chunk x row_numel, the shard's summed gradient
+    int64_t rows = 0, row_numel = 1, chunk = 0, begin = 0, count = 0;
+  };
+  const std::vector<Param>& params() const { return params_; }
 
   // Bytes of this rank's shards and of the whole parameters (without padding), for the log.
   int64_t shard_bytes() const;
@@ -95,24 +123,18 @@ class ShardedParams {
   std::string describe() const;
 
  private:
-  struct Param {
-    at::Tensor full;     // the model's tensor: rows [0, rows) of `padded`
-    at::Tensor padded;   // flat, chunk x W x row_numel elements
-    at::Tensor shard;    // this rank's rows: a leaf over `padded`'s storage
-    at::Tensor accum;    // "gradients": flat, chunk x row_numel, the shard's summed gradient
-    int64_t rows = 0, row_numel = 1, chunk = 0, begin = 0, count = 0;
-  };
   static keel_status all_reduce(const keel_shard_group* group, double* values, size_t count,
                                 keel_reduce_op op, keel_error* err);
 
   ProcessGroup& group_;
   int rank_ = 0, world_ = 1;
+  Mode mode_;
   std::vector<Param> params_;
   std::vector<keel_tensor*> handles_;
   std::vector<std::vector<size_t>> buckets_;  // parameter indices per all-gather
   int64_t issued_ = 0;                        // all-gathers and all-reduces
   keel_shard_group abi_group_{};
-  std::unique_ptr<GradReduceScatter> reducer_;  // "gradients" only
+  std::unique_ptr<GradReduceScatter> reducer_;  // "gradients" and "parameters" only
 };
 
 }  // namespace keel

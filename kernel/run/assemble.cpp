@@ -369,6 +369,8 @@ void assemble(Run& run, const RunConfig& config, bool validate_only,
   create_checkpointing(run, validate_only);
   if (validate_only) return;
   share_model_across_ranks(run);
+  // shard = "parameters": every rank's rows into its shards, the whole parameters freed.
+  if (run.residency) run.residency->start();
   if (run.ranks.rank == 0)  // rank 0 writes the run directory's files
     start_run_log(run.directory, config, run.resolved_manifest, run.run_id);
 }

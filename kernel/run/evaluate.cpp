@@ -61,7 +61,13 @@ void evaluate(Run& run) {
   profile_begin(run, "eval");
   const at::NoGradGuard no_grad;  // to the end, the events below included
   model.run("set_training", model->set_training, 0);
+  // shard = "parameters": the whole model for the evaluation's duration (the ranks' test
+  // shards may differ in batches, so units are not gathered one by one here).
+  if (run.residency)
+    run.residency->gather_all("gathering the model for the evaluation at step " +
+                              std::to_string(run.progress.step));
   run_test_split(run);
+  if (run.residency) run.residency->free_all();
   model.run("set_training", model->set_training, 1);
   if (run.ranks.group)  // exact over the ranks' shards: sums of losses, items, samples, task state
     run.components.eval_metrics.reduce([&](std::vector<double> v) {

@@ -3,6 +3,7 @@
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <regex>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "config/keys.hpp"
+#include "distributed/residency.hpp"
 #include "distributed/sharding.hpp"
 #include "host.hpp"
 #include "keel/tensor.hpp"
@@ -62,6 +64,7 @@ void collect_parameters(Run& run) {
       continue;
     }
     p.names.push_back(name);
+    p.model_index.push_back(i);
     p.handles.push_back(t);
     p.tensors.push_back(tensor);
   }
@@ -81,6 +84,42 @@ void collect_model_state(Run& run) {
     tensors.push_back(borrow(nt.tensor));
     run.parameters.model_state.push_back(nt);
   }
+}
+
+// shard = "parameters": the unit of each parameter (model_units's first; -1: the root) from
+// the model's param_unit (ABI 1.8), and the number of units; a model without them is all root,
+// with a warning.
+struct ModelUnits {
+  std::vector<int32_t> unit_of;
+  int32_t units = 0;
+};
+ModelUnits model_units(const Run& run) {
+  const Instance<keel_model>& model = run.components.model;
+  const Parameters& p = run.parameters;
+  const bool has_unit = KEEL_HAS_SLOT(model, keel_model, param_unit);
+  if (has_unit != KEEL_HAS_SLOT(model, keel_model, set_unit_calls))
+    throw model.error(std::string("has ") + (has_unit ? "param_unit" : "set_unit_calls") +
+                      " without " + (has_unit ? "set_unit_calls" : "param_unit") +
+                      " (ABI 1.8 units: both or neither)");
+  ModelUnits m;
+  if (!has_unit) {
+    spdlog::warn("{}: declares no units (ABI 1.8 param_unit): distributed.shard = "
+                 "\"parameters\" gathers the whole model as one unit for each micro-batch, "
+                 "saving optimizer and gradient memory but not parameter memory", model.label());
+    m.unit_of.assign(p.tensors.size(), -1);
+    return m;
+  }
+  for (size_t i = 0; i < p.tensors.size(); ++i) {
+    const size_t index = p.model_index[i];
+    const int32_t u = model.get("param_unit", model->param_unit, index);
+    if (u < -1 || u >= KEEL_MAX_UNITS)
+      throw model.error("param_unit(" + std::to_string(index) + ") returned " +
+                        std::to_string(u) + " for parameter '" + p.names[i] + "'; a unit is "
+                        "-1 (the root) or 0 <= unit < " + std::to_string(KEEL_MAX_UNITS));
+    m.unit_of.push_back(u);
+    m.units = std::max(m.units, u + 1);
+  }
+  return m;
 }
 
 }  // namespace
@@ -173,13 +212,24 @@ void shard_parameters(Run& run) {
                  "the run holds everything as with \"none\"", value);
     return;
   }
+  const bool fsdp = d.shard == ShardMode::kParameters;
   std::vector<at::Tensor> state;
   for (const auto& nt : run.parameters.model_state) state.push_back(borrow(nt.tensor));
   const std::vector<std::string> names(run.parameters.names.begin(), run.parameters.names.end());
-  run.shards = std::make_unique<ShardedParams>(*run.ranks.group, run.parameters.tensors, names,
-                                               state, d.bucket_cap_mb << 20,
-                                               d.shard == ShardMode::kGradients);
+  const auto [unit_of, units] = fsdp ? model_units(run) : ModelUnits{};
+  run.shards = std::make_unique<ShardedParams>(
+      *run.ranks.group, run.parameters.tensors, names, state, d.bucket_cap_mb << 20,
+      fsdp ? ShardedParams::Mode::kParameters
+           : d.shard == ShardMode::kGradients ? ShardedParams::Mode::kGradients
+                                              : ShardedParams::Mode::kOptimizer,
+      Residency::groups_of(unit_of, units));
   spdlog::info("distributed.shard = {}: {}", value, run.shards->describe());
+  if (!fsdp) return;
+  run.residency = std::make_unique<Residency>(run.ranks.group->collectives(), *run.shards,
+                                              unit_of, units);
+  const Instance<keel_model>& model = run.components.model;
+  if (units > 0) model.run("set_unit_calls", model->set_unit_calls, run.residency->abi_calls());
+  spdlog::info("distributed.shard = {}: {}", value, run.residency->describe());
 }
 
 }  // namespace keel

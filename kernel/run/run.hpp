@@ -5,7 +5,8 @@
 // the run needs: the gradient synchronisation first (its autograd hooks hold the parameters),
 // then the component instances in reverse order of creation (hooks first, then the checkpoint
 // store before the backend it writes with, ..., the model last), so that the files they hold
-// are closed; then the parameter shards the optimizer and clipper borrowed; then the process
+// are closed; then the whole parameters' residency (shard = "parameters", which the model
+// calls) and the parameter shards the optimizer and clipper borrowed; then the process
 // group; then the run directory's part, which detaches run.log
 // and removes a scratch directory. The plugins themselves stay loaded until the caller's
 // Registry goes, after the Trainer (plugin code must outlive its instances).
@@ -26,6 +27,7 @@
 #include "components.hpp"
 #include "distributed/grad_sync.hpp"
 #include "distributed/process_group.hpp"
+#include "distributed/residency.hpp"
 #include "distributed/sharding.hpp"
 #include "distributed/store_client.hpp"
 #include "keel/abi.h"
@@ -88,6 +90,7 @@ struct Parameters {
   std::vector<keel_tensor*> handles;
   std::vector<const char*> names;
   std::vector<at::Tensor> tensors;
+  std::vector<size_t> model_index;  // each one's index in the model's param()
   std::vector<keel_named_tensor> model_state;  // what checkpoints hold of the model
   // Hooks' checkpointed state, named "<label>.<name>" (the names are kept in hook_state_names).
   std::vector<keel_named_tensor> hook_state;
@@ -165,6 +168,10 @@ struct Run {
   // [distributed] shard with several ranks: the optimizer's and clipper's shards (null
   // otherwise). Before the components, which borrow its handles: destroyed after them.
   std::unique_ptr<ShardedParams> shards;
+  // shard = "parameters" with several ranks: where the whole parameters live (null otherwise).
+  // After `shards` (it holds them) and before the components (the model calls it): destroyed
+  // after the model, before the shards.
+  std::unique_ptr<Residency> residency;
   Components components;
   Parameters parameters;
   StepPlan plan;

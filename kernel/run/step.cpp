@@ -76,6 +76,10 @@ std::vector<double> micro_batch_weights(const Run& run, const std::vector<MicroB
 // Forward and loss of one micro-batch under autocast, weighted by its share of the step.
 at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, double weight) {
   profile_begin(run, "forward");
+  // shard = "parameters": the root's whole parameters (the units' are gathered by the model's
+  // enter calls).
+  if (run.residency)
+    run.residency->before_forward("forward of step " + std::to_string(run.progress.step + 1));
   const Autocast autocast(run.config.train.precision, run.ranks.device);
   int64_t count = 0;
   at::Tensor loss = run.plan.linear_loss
@@ -100,6 +104,7 @@ void backward(Run& run, const at::Tensor& loss, bool sync) {
     // shard = "gradients": this backward's reduce-scatters complete.
     if (run.shards) run.shards->after_backward("backward of step " +
                                                std::to_string(run.progress.step + 1));
+    if (run.residency) run.residency->after_backward();  // "parameters": the root freed
   } catch (const c10::Error& e) {
     const std::string who = c.model.label() + " / " + c.loss.label();
     if (!sync) throw Error(who + ": backward failed: " + e.what_without_backtrace());
@@ -209,8 +214,9 @@ void step_or_skip(Run& run, const StepOutcome& step) {
     emit(run, KEEL_EVENT_BEFORE_OPTIMIZER_STEP);
     profile_begin(run, "optimizer");
     run.components.optimizer.call("step", run.components.optimizer->step);
-    // Shards: every rank's updated rows to every rank.
-    if (run.shards) run.shards->gather_parameters("gathering the parameters updated at step " +
+    // Shards: every rank's updated rows to every rank ("parameters": the next forward
+    // gathers them).
+    if (run.shards && !run.residency) run.shards->gather_parameters("gathering the parameters updated at step " +
                                                   std::to_string(next));
     profile_end(run, "optimizer");
   } else if (run.config.train.nonfinite == NonFinite::kError && !scaling) {

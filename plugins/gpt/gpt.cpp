@@ -26,6 +26,9 @@
 // tanh approximation), layer_norm_epsilon 1e-5 and tied embeddings, as this model computes, so
 // every configuration of it is a GPT-2 and the export never refuses one.
 //
+// Units (ABI 1.8, for [distributed] shard = "parameters"): block N is unit N; the embeddings,
+// ln_f and the tied output layer are the root.
+//
 // Initialisation (nanoGPT's): Linear and Embedding weights ~ N(0, 0.02), biases 0, the two
 // residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 layers)), LayerNorm
 // weights 1 and biases 0; drawn from LibTorch's default generator, which keel seeds with
@@ -301,18 +304,26 @@ struct GptImpl : nn::Module {
       b->mlp->c_proj->weight.normal_(0.0, proj_std);
     }
   }
-  at::Tensor forward(const at::Tensor& tokens) {
+  at::Tensor forward(const at::Tensor& tokens, keel::Units& units) {
     // The output layer is the token embedding (weight tying).
-    return at::linear(features(tokens), transformer->wte->weight);
+    return at::linear(features(tokens, units), transformer->wte->weight);
   }
-  // Everything but the output layer: ln_f's output [B, T, width].
-  at::Tensor features(const at::Tensor& tokens) {
+  at::Tensor forward(const at::Tensor& tokens) {
+    keel::Units none;  // no calls: enter and leave do nothing
+    return forward(tokens, none);
+  }
+  // Everything but the output layer: ln_f's output [B, T, width]. Each block is a unit
+  // (entered before it, left with its output).
+  at::Tensor features(const at::Tensor& tokens, keel::Units& units) {
     const int64_t t = tokens.size(1);
     const at::Tensor pos = at::arange(t, tokens.options().dtype(at::kLong));
     at::Tensor x = transformer->drop->forward(transformer->wte->forward(tokens) +
                                               transformer->wpe->forward(pos));
     const at::Tensor mask = at::ones({t, t}, tokens.options().dtype(at::kBool)).triu(1);
-    for (auto& b : transformer->blocks) x = b->forward(x, mask);
+    for (size_t i = 0; i < transformer->blocks.size(); ++i) {
+      units.enter(static_cast<int>(i));
+      x = units.leave(static_cast<int>(i), transformer->blocks[i]->forward(x, mask));
+    }
     return transformer->ln_f->forward(x);
   }
   Transformer transformer;
@@ -334,13 +345,20 @@ class GptModel : public keel::ModuleModel<Gpt> {
 
   at::Tensor forward(const at::Tensor& input) override {
     check_input(input);
-    return module_->forward(input);
+    return module_->forward(input, units());
   }
   // For a loss with compute_linear (chunked_cross_entropy): ln_f's output and the output
   // layer's weight, the tied token embedding.
   Features forward_features(const at::Tensor& input) override {
     check_input(input);
-    return {module_->features(input), module_->transformer->wte->weight};
+    return {module_->features(input, units()), module_->transformer->wte->weight};
+  }
+  // [distributed] shard = "parameters" (ABI 1.8 units): block N's parameters
+  // (transformer.h.N.*) are unit N; the embeddings, ln_f and the tied output layer the root.
+  int param_unit(const std::string& name) override {
+    const std::string h = "transformer.h.";
+    if (name.compare(0, h.size(), h) != 0) return -1;
+    return std::stoi(name.substr(h.size()));
   }
   keel::NamedTensors named_parameters() override {
     keel::NamedTensors out = ModuleModel::named_parameters();
@@ -465,4 +483,4 @@ const keel_component_desc kComponents[] = {
 
 }  // namespace
 
-KEEL_PLUGIN("keel-gpt", "0.2.0", "GPT language model", kComponents)
+KEEL_PLUGIN("keel-gpt", "0.3.0", "GPT language model", kComponents)

@@ -94,7 +94,13 @@ AT(keel_shard_group, struct_size, 0, 4);
 AT(keel_shard_group, host_data, 8, 8);
 AT(keel_shard_group, all_reduce, 16, 8);
 
-SIZE(keel_model, 112);
+SIZE(keel_unit_calls, 32);
+AT(keel_unit_calls, struct_size, 0, 4);
+AT(keel_unit_calls, host_data, 8, 8);
+AT(keel_unit_calls, enter, 16, 8);
+AT(keel_unit_calls, leave, 24, 8);
+
+SIZE(keel_model, 128);
 AT(keel_model, struct_size, 0, 4);
 AT(keel_model, self, 8, 8);
 AT(keel_model, destroy, 16, 8);
@@ -109,6 +115,8 @@ AT(keel_model, state_save, 80, 8);
 AT(keel_model, state_load, 88, 8);
 AT(keel_model, forward_features, 96, 8);
 AT(keel_model, export_state, 104, 8);
+AT(keel_model, param_unit, 112, 8);
+AT(keel_model, set_unit_calls, 120, 8);
 
 SIZE(keel_batch, 32);
 AT(keel_batch, inputs, 0, 8);

@@ -1,12 +1,13 @@
-// The current ABI against the frozen 1.0, 1.1, 1.5 and 1.6 headers (tests/abi/), asserted at compile
-// time:
+// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6 and 1.7 headers (tests/abi/), asserted at
+// compile time:
 // a plugin built against an older minor keeps finding every field where it was, and the kernel
 // keeps asking it for no more than that minor had. This is a compile-time test: the executable
 // only builds when every static_assert holds, and main() has nothing left to check.
 //
 // The frozen headers are included under other names: the build generates keel10_abi.h,
-// keel11_abi.h, keel15_abi.h and keel16_abi.h from them, with keel_ -> keel10_ / keel11_ /
-// keel15_ / keel16_ and KEEL_ -> KEEL10_ / KEEL11_ / KEEL15_ / KEEL16_.
+// keel11_abi.h, keel15_abi.h, keel16_abi.h and keel17_abi.h from them, with keel_ -> keel10_ /
+// keel11_ / keel15_ / keel16_ / keel17_ and KEEL_ -> KEEL10_ / KEEL11_ / KEEL15_ / KEEL16_ /
+// KEEL17_.
 #include <cstddef>
 
 #include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
@@ -14,20 +15,23 @@
 #include "keel11_abi.h"
 #include "keel15_abi.h"
 #include "keel16_abi.h"
+#include "keel17_abi.h"
 
 static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
 static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
                   KEEL11_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL11_ABI_MINOR == 1 &&
                   KEEL15_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL15_ABI_MINOR == 5 &&
-                  KEEL16_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL16_ABI_MINOR == 6,
-              "tests/abi/1.0, 1.1, 1.5 and 1.6 must hold the frozen 1.0, 1.1, 1.5 and 1.6 "
-              "headers");
+                  KEEL16_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL16_ABI_MINOR == 6 &&
+                  KEEL17_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL17_ABI_MINOR == 7,
+              "tests/abi/1.0, 1.1, 1.5, 1.6 and 1.7 must hold the frozen 1.0, 1.1, 1.5, 1.6 "
+              "and 1.7 headers");
 
 #define ABI_10 "1.0"
 #define ABI_11 "1.1"
 #define ABI_15 "1.5"
 #define ABI_16 "1.6"
-// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6) keeps its offset and size.
+#define ABI_17 "1.7"
+// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6, 17: 1.7) keeps its offset and size.
 #define SAME(V, T, field)                                                                    \
   static_assert(offsetof(keel_##T, field) == offsetof(keel##V##_##T, field) &&               \
                     sizeof(keel_##T::field) == sizeof(keel##V##_##T::field),                 \
@@ -138,6 +142,8 @@ APPENDED(model, state_save, 11);
 APPENDED(model, state_load, 11);
 APPENDED(model, forward_features, 11);
 APPENDED(model, export_state, 16);
+APPENDED(model, param_unit, 17);
+APPENDED(model, set_unit_calls, 17);
 
 // keel_batch
 GROWN(batch);
@@ -535,7 +541,7 @@ SAME(15, plugin_descriptor, components);
 SAME(15, plugin_descriptor, component_count);
 SAME(15, plugin_descriptor, component_size);
 
-// Every field of ABI 1.6 (the minor before the current one) keeps its offset and size, in every
+// Every field of ABI 1.6 keeps its offset and size, in every
 // struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.7).
 // keel_error
 SAME(16, error, message);
@@ -763,6 +769,242 @@ SAME(16, plugin_descriptor, fingerprint);
 SAME(16, plugin_descriptor, components);
 SAME(16, plugin_descriptor, component_count);
 SAME(16, plugin_descriptor, component_size);
+
+// Every field of ABI 1.7 (the minor before the current one) keeps its offset and size, in every
+// struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.8).
+// keel_error
+SAME(17, error, message);
+
+// keel_host
+SAME(17, host, struct_size);
+SAME(17, host, abi_major);
+SAME(17, host, abi_minor);
+SAME(17, host, torch_version);
+SAME(17, host, tensor_dtype);
+SAME(17, host, tensor_ndim);
+SAME(17, host, tensor_size);
+SAME(17, host, tensor_numel);
+SAME(17, host, tensor_cpu_data);
+SAME(17, host, tensor_contiguous_cpu);
+SAME(17, host, tensor_from_buffer);
+SAME(17, host, tensor_retain);
+SAME(17, host, tensor_release);
+SAME(17, host, option_bool);
+SAME(17, host, option_int);
+SAME(17, host, option_float);
+SAME(17, host, option_string);
+SAME(17, host, option_list_size);
+SAME(17, host, option_list_int);
+SAME(17, host, option_list_float);
+SAME(17, host, log);
+SAME(17, host, report_error);
+
+// keel_option_desc
+SAME(17, option_desc, key);
+SAME(17, option_desc, type);
+SAME(17, option_desc, default_toml);
+SAME(17, option_desc, help);
+SAME(17, option_desc, min);
+SAME(17, option_desc, max);
+SAME(17, option_desc, choices);
+
+// keel_named_tensor
+SAME(17, named_tensor, name);
+SAME(17, named_tensor, tensor);
+
+// keel_state_writer
+SAME(17, state_writer, struct_size);
+SAME(17, state_writer, host_data);
+SAME(17, state_writer, put);
+
+// keel_shard_group
+SAME(17, shard_group, struct_size);
+SAME(17, shard_group, host_data);
+SAME(17, shard_group, all_reduce);
+
+// keel_metric_writer
+SAME(17, metric_writer, struct_size);
+SAME(17, metric_writer, host_data);
+SAME(17, metric_writer, put);
+
+// keel_create_context
+SAME(17, create_context, struct_size);
+SAME(17, create_context, host);
+SAME(17, create_context, options);
+SAME(17, create_context, section);
+SAME(17, create_context, seed);
+SAME(17, create_context, rank);
+SAME(17, create_context, world_size);
+SAME(17, create_context, run_dir);
+SAME(17, create_context, params);
+SAME(17, create_context, param_names);
+SAME(17, create_context, param_count);
+SAME(17, create_context, total_steps);
+SAME(17, create_context, param_group);
+SAME(17, create_context, group_count);
+SAME(17, create_context, group_lr);
+SAME(17, create_context, group_weight_decay);
+SAME(17, create_context, resume_step);
+SAME(17, create_context, shards);
+
+// keel_model
+SAME(17, model, struct_size);
+SAME(17, model, self);
+SAME(17, model, destroy);
+SAME(17, model, forward);
+SAME(17, model, set_training);
+SAME(17, model, param_count);
+SAME(17, model, param);
+SAME(17, model, state_count);
+SAME(17, model, state);
+SAME(17, model, flops_per_sample);
+SAME(17, model, state_save);
+SAME(17, model, state_load);
+SAME(17, model, forward_features);
+SAME(17, model, export_state);
+
+// keel_batch
+SAME(17, batch, inputs);
+SAME(17, batch, targets);
+SAME(17, batch, samples);
+SAME(17, batch, tokens);
+
+// keel_dataset
+SAME(17, dataset, struct_size);
+SAME(17, dataset, self);
+SAME(17, dataset, destroy);
+SAME(17, dataset, size);
+SAME(17, dataset, batches_per_epoch);
+SAME(17, dataset, start_epoch);
+SAME(17, dataset, next);
+SAME(17, dataset, seek);
+SAME(17, dataset, state_save);
+SAME(17, dataset, state_load);
+SAME(17, dataset, tokens_per_sample);
+
+// keel_optimizer
+SAME(17, optimizer, struct_size);
+SAME(17, optimizer, self);
+SAME(17, optimizer, destroy);
+SAME(17, optimizer, step);
+SAME(17, optimizer, zero_grad);
+SAME(17, optimizer, group_count);
+SAME(17, optimizer, get_lr);
+SAME(17, optimizer, set_lr);
+SAME(17, optimizer, state_save);
+SAME(17, optimizer, state_load);
+
+// keel_lr_scheduler
+SAME(17, lr_scheduler, struct_size);
+SAME(17, lr_scheduler, self);
+SAME(17, lr_scheduler, destroy);
+SAME(17, lr_scheduler, factor);
+
+// keel_loss
+SAME(17, loss, struct_size);
+SAME(17, loss, self);
+SAME(17, loss, destroy);
+SAME(17, loss, compute);
+SAME(17, loss, count_items);
+SAME(17, loss, compute_linear);
+SAME(17, loss, metric_state_size);
+SAME(17, loss, metric_update);
+SAME(17, loss, metric_finish);
+
+// keel_grad_clipper
+SAME(17, grad_clipper, struct_size);
+SAME(17, grad_clipper, self);
+SAME(17, grad_clipper, destroy);
+SAME(17, grad_clipper, clip);
+
+// keel_mfu
+SAME(17, mfu, struct_size);
+SAME(17, mfu, self);
+SAME(17, mfu, destroy);
+SAME(17, mfu, compute);
+SAME(17, mfu, peak_flops);
+
+// keel_profiler
+SAME(17, profiler, struct_size);
+SAME(17, profiler, self);
+SAME(17, profiler, destroy);
+SAME(17, profiler, begin);
+SAME(17, profiler, end);
+SAME(17, profiler, flush);
+
+// keel_checkpoint
+SAME(17, checkpoint, struct_size);
+SAME(17, checkpoint, self);
+SAME(17, checkpoint, destroy);
+SAME(17, checkpoint, save);
+SAME(17, checkpoint, load);
+
+// keel_metric
+SAME(17, metric, key);
+SAME(17, metric, value);
+
+// keel_trainer_state
+SAME(17, trainer_state, struct_size);
+SAME(17, trainer_state, step);
+SAME(17, trainer_state, epoch);
+SAME(17, trainer_state, samples);
+SAME(17, trainer_state, tokens);
+SAME(17, trainer_state, max_steps);
+SAME(17, trainer_state, epochs);
+SAME(17, trainer_state, lr);
+SAME(17, trainer_state, loss);
+SAME(17, trainer_state, skipped_steps);
+SAME(17, trainer_state, grad_norm);
+SAME(17, trainer_state, train_metrics);
+SAME(17, trainer_state, train_metric_count);
+SAME(17, trainer_state, eval_metrics);
+SAME(17, trainer_state, eval_metric_count);
+
+// keel_event
+SAME(17, event, struct_size);
+SAME(17, event, kind);
+SAME(17, event, state);
+SAME(17, event, split);
+SAME(17, event, metrics);
+SAME(17, event, metric_count);
+SAME(17, event, path);
+SAME(17, event, requests);
+SAME(17, event, micro_batch);
+SAME(17, event, message);
+
+// keel_hook
+SAME(17, hook, struct_size);
+SAME(17, hook, self);
+SAME(17, hook, destroy);
+SAME(17, hook, on_event);
+SAME(17, hook, state_count);
+SAME(17, hook, state);
+
+// keel_component_desc
+SAME(17, component_desc, kind);
+SAME(17, component_desc, name);
+SAME(17, component_desc, description);
+SAME(17, component_desc, options);
+SAME(17, component_desc, option_count);
+SAME(17, component_desc, option_size);
+SAME(17, component_desc, create);
+
+// keel_build_fingerprint
+SAME(17, build_fingerprint, torch_version);
+SAME(17, build_fingerprint, compiler);
+SAME(17, build_fingerprint, cxx11_abi);
+
+// keel_plugin_descriptor
+SAME(17, plugin_descriptor, abi_major);
+SAME(17, plugin_descriptor, abi_minor);
+SAME(17, plugin_descriptor, struct_size);
+SAME(17, plugin_descriptor, name);
+SAME(17, plugin_descriptor, version);
+SAME(17, plugin_descriptor, description);
+SAME(17, plugin_descriptor, fingerprint);
+SAME(17, plugin_descriptor, components);
+SAME(17, plugin_descriptor, component_count);
+SAME(17, plugin_descriptor, component_size);
 
 // The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
 // NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never

@@ -32,6 +32,20 @@ compares with the same manifest under shard = "none":
   norm of its rank's shards for the whole norm, is refused on 2 ranks with one error line naming
   both versions and the hint; with shard = "none" the same manifest trains.
 
+shard = "parameters" (FSDP-style: between uses each rank holds only its rows of the parameters;
+the model's units are gathered around their forward and backward), same tolerances:
+- 2 ranks: the gpt above (2 blocks: 2 units and the root); the MLP, which declares no units
+  (the warning naming it is asserted); units_mlp (tests/fixtures/units_model.cpp: a model with
+  units built on the SDK's keel::Units).
+- 3 ranks: a gpt of 4 blocks. Its records' param_mb_outside_unit (the kernel's count of rank
+  0's resident parameter bytes outside the units being computed and the root) equal its rows of
+  every parameter exactly (ceil(rows / 3) rows each), and param_mb_resident stays below the
+  whole model.
+- resume: the gpt 2-rank run stopped at step 5 and resumed (saving with [checkpoint] async =
+  true) ends with the uninterrupted run's parameters exactly.
+- errors, each one line: a unit's parameter that gets no gradient (named); param_unit out of
+  range (a setup error naming the plugin).
+
 Usage: test_sharding.py KEEL_BINARY FIXTURE_DIR"""
 import json
 import os
@@ -57,7 +71,7 @@ if "detect_leaks=1" in ENV.get("ASAN_OPTIONS", ""):
     ENV["ASAN_OPTIONS"] = ENV["ASAN_OPTIONS"].replace("detect_leaks=1", "detect_leaks=0")
 CTX, VOCAB, WINDOWS = 8, 16, 160
 # The shard modes test_reshard saves with (2 ranks) before resuming with 1 and 3.
-RESHARD_SAVE_SHARDS = ("gradients",)
+RESHARD_SAVE_SHARDS = ("gradients", "parameters")
 
 COMMON = """
 [run]
@@ -92,7 +106,7 @@ GPT = """
 type = "gpt"
 vocab_size = {vocab}
 context = {ctx}
-layers = 2
+layers = {layers}
 heads = 2
 width = 16
 [data.train]
@@ -116,6 +130,18 @@ limit = 960
 type = "cross_entropy"
 """
 
+UNITS = """
+[model]
+type = "units_mlp"
+{model_opts}
+[data.train]
+type = "fashion_mnist"
+batch_size = 8
+limit = 960
+[loss]
+type = "cross_entropy"
+"""
+
 
 class Sharding(unittest.TestCase):
     @classmethod
@@ -130,11 +156,14 @@ class Sharding(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def manifest(self, name, model, shard, steps=10, groups="", head=""):
+    def manifest(self, name, model, shard, steps=10, groups="", head="", layers=2,
+                 model_opts=""):
         out = os.path.join(self.dir, name)
+        if model == "units":
+            head += f'[plugins]\npaths = ["{self.units_plugins()}"]\n'
         body = head + COMMON.format(name=name, out=out, steps=steps, shard=shard, groups=groups)
-        body += (GPT if model == "gpt" else MLP).format(
-            vocab=VOCAB, ctx=CTX, data=self.data)
+        body += {"gpt": GPT, "mlp": MLP, "units": UNITS}[model].format(
+            vocab=VOCAB, ctx=CTX, data=self.data, layers=layers, model_opts=model_opts)
         path = os.path.join(self.dir, name + ".toml")
         with open(path, "w") as f:
             f.write(body)
@@ -150,10 +179,18 @@ class Sharding(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
         return r
 
-    def train(self, name, model, shard, nproc, steps=10, groups=""):
+    def units_plugins(self):
+        """A directory holding only the units_model fixture (the plugin search path)."""
+        plugins = os.path.join(self.dir, "units-plugins")
+        if not os.path.isdir(plugins):
+            os.makedirs(plugins)
+            shutil.copy(os.path.join(FIXTURES, "units_model.so"), plugins)
+        return plugins
+
+    def train(self, name, model, shard, nproc, steps=10, groups="", layers=2):
         """Trains (once per name) and returns (final parameters, losses, run.log, run dir)."""
         if name not in self.runs:
-            path, out = self.manifest(name, model, shard, steps, groups)
+            path, out = self.manifest(name, model, shard, steps, groups, layers=layers)
             self.launch(path, nproc, name=name)
             self.runs[name] = out
         out = self.runs[name]
@@ -350,6 +387,92 @@ class Sharding(unittest.TestCase):
                       'whole here, so the run holds everything as with "none"', log)
         for k in none:
             self.assertTrue(np.array_equal(none[k], opt[k]), k)
+
+    def records(self, out):
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            return [r for r in map(json.loads, f) if r.get("split") == "train"]
+
+    def test_parameters_two_ranks(self):
+        none, none_l, _, _ = self.train("gpt-none", "gpt", "none", 2)
+        for model in ("gpt", "mlp", "units"):
+            with self.subTest(model=model):
+                if model != "gpt":
+                    none, none_l, _, _ = self.train(model + "2-none", model, "none", 2)
+                fsdp, fsdp_l, log, out = self.train(model + "2-parameters", model,
+                                                    "parameters", 2)
+                self.assertEqual(len(fsdp_l), 10)
+                self.assert_losses(none_l, fsdp_l, model + ", 2 ranks, parameters")
+                self.assert_close(none, fsdp, f"{model}, 2 ranks, parameters vs none")
+                self.assertIn('distributed.shard = "parameters": ', log)
+                self.assertNotIn("gradients all-reduced in", log)
+                units = re.search(r"(\d+) unit\(s\) with parameters", log)
+                self.assertIsNotNone(units, log[-3000:])
+                self.assertEqual(int(units.group(1)), {"gpt": 2, "mlp": 0, "units": 2}[model])
+                warned = "declares no units (ABI 1.8 param_unit): distributed.shard = " \
+                         '"parameters" gathers the whole model as one unit' in log
+                self.assertEqual(warned, model == "mlp")
+                if model == "mlp":
+                    self.assertIn("[model] model 'mlp' (plugin keel-models): declares no units",
+                                  log)
+                for r in self.records(out):
+                    self.assertGreater(r["param_mb_outside_unit"], 0)
+                    self.assertGreaterEqual(r["param_mb_resident"], r["param_mb_outside_unit"])
+        # "none" records no parameter accounting.
+        self.assertNotIn("param_mb_outside_unit", self.records(self.runs["gpt-none"])[0])
+
+    def test_parameters_three_ranks(self):
+        none, none_l, _, _ = self.train("gpt3-none", "gpt", "none", 3, layers=4)
+        fsdp, fsdp_l, _, out = self.train("gpt3-parameters", "gpt", "parameters", 3, layers=4)
+        self.assert_losses(none_l, fsdp_l, "gpt, 3 ranks, parameters")
+        self.assert_close(none, fsdp, "gpt, 3 ranks, parameters vs none")
+        # Rank 0's rows of every parameter (ceil(rows / 3) rows, padding included), float32.
+        rows_mb = sum(-(-a.shape[0] // 3) * (a.size // a.shape[0]) if a.ndim else 1
+                      for a in none.values()) * 4 / 2**20
+        whole_mb = sum(a.size for a in none.values()) * 4 / 2**20
+        records = self.records(out)
+        self.assertEqual(len(records), 10)
+        for r in records:
+            print(f"step {r['step']}: param_mb_outside_unit {r['param_mb_outside_unit']:.6f}, "
+                  f"param_mb_resident {r['param_mb_resident']:.6f} (rows {rows_mb:.6f}, whole "
+                  f"model {whole_mb:.6f})")
+            self.assertAlmostEqual(r["param_mb_outside_unit"], rows_mb, places=9)
+            self.assertLess(r["param_mb_resident"], 0.8 * whole_mb)
+
+    def test_parameters_resume(self):
+        full, _, _, _ = self.train("gpt2-parameters", "gpt", "parameters", 2)
+        path, out = self.manifest("gpt-parameters-resume", "gpt", "parameters", steps=5)
+        self.launch(path, 2, name="parameters-resume-a")
+        path, out = self.manifest("gpt-parameters-resume", "gpt", "parameters", steps=10)
+        with open(path) as f:  # the second half saves in the background
+            body = f.read().replace("every_steps = 5", "every_steps = 5\nasync = true")
+        with open(path, "w") as f:
+            f.write(body)
+        self.launch(path, 2, "--resume", name="parameters-resume-b")
+        resumed = read_checkpoint(os.path.join(out, "checkpoints", "step-10"))
+        self.assertEqual(sorted(full), sorted(resumed))
+        for k in full:
+            self.assertTrue(np.array_equal(full[k], resumed[k]), k)
+
+    def test_parameters_errors(self):
+        cases = [
+            ("dead", "units", "dead = true", 2,
+             ["parameter 'fc1.unused' got no gradient",
+              'distributed.shard = "parameters" needs one for every parameter']),
+            ("bad-unit", "units", "bad_unit = 70000", 2,
+             ["units_mlp", "units-model", "param_unit(0) returned 70000 for parameter "
+              "'fc0.weight'; a unit is -1 (the root) or 0 <= unit < 65536"]),
+        ]
+        for name, model, opts, nproc, expected in cases:
+            with self.subTest(case=name):
+                path, _ = self.manifest("err-" + name, model, "parameters", steps=2,
+                                        model_opts=opts)
+                r = self.launch(path, nproc, name="err-" + name, check=False)
+                self.assertNotEqual(r.returncode, 0)
+                errors = [l for l in r.stderr.splitlines() if "keel: error:" in l]
+                self.assertTrue(errors, r.stderr[-3000:])
+                for e in errors:  # one line per rank, each the whole message
+                    for want in expected:
+                        self.assertIn(want, e)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 7
+#define KEEL_ABI_MINOR 8
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.7)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.8)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -356,6 +356,56 @@ typedef struct keel_create_context {
   void* self;                \
   void (*destroy)(void* self)
 
+/* ------------------------------------------------------------------------------------------
+ * (1.8) Model units
+ *
+ * With [distributed] shard = "parameters" and several ranks, each rank keeps only its shard of
+ * every parameter between uses (see "Sharded parameters"); a model's whole parameters exist
+ * only while they are computed with. A model that declares units (keel_model.param_unit and
+ * set_unit_calls, both or neither) lets the kernel hold one unit's whole parameters at a time
+ * instead of the whole model's:
+ *  - param_unit(i) gives the unit of param(i): 0 <= unit < KEEL_MAX_UNITS, or -1 for the root
+ *    (parameters used outside every unit, such as embeddings, a final norm and a tied output
+ *    layer: gathered for the whole step). A parameter belongs to one unit; a tied weight used by
+ *    two units belongs to the root. The kernel asks once per parameter at setup and refuses a
+ *    value out of range, naming the plugin.
+ *  - set_unit_calls(calls) is called once at setup, only when the run shards parameters (never
+ *    otherwise: a model that never receives it runs as without units). From then on, every
+ *    forward and forward_features calls calls->enter(calls, u, err) right before the
+ *    computation of unit u and calls->leave(calls, u, outputs, count, err) right after it,
+ *    with every tensor computed inside the unit that is used outside it, each time the unit
+ *    runs (the unit's parameters are not touched outside enter ... leave). A slot that returns
+ *    KEEL_ERR makes the model's slot return KEEL_ERR with that message.
+ * Between leave and the unit's backward, and after its gradients were reduce-scattered, the
+ * parameters of the unit hold no storage: a model must not keep tensors derived from its
+ * weights across calls, or read a weight of a unit outside enter ... leave (the autograd graph
+ * may: the kernel gathers the weights again before the unit's backward). A model without units
+ * is one unit under shard = "parameters" (the kernel warns, naming the model).
+ * ---------------------------------------------------------------------------------------- */
+
+/* Units are numbered 0 .. KEEL_MAX_UNITS - 1. */
+#define KEEL_MAX_UNITS 65536
+
+/* The host's calls around a model's units; the host's, valid for the instance's life. */
+typedef struct keel_unit_calls {
+  uint32_t struct_size;
+  void* host_data; /* the host's; do not touch */
+  /* Before the computation of unit `unit`: returns once the unit's parameters hold their whole
+   * values (the kernel all-gathers their shards; nothing to do when they are held already, as
+   * during an evaluation, which gathers the whole model). A collective: every rank's model
+   * enters the same units in the same order. Returns KEEL_ERR with `err` filled for a unit
+   * out of range or when the ranks cannot agree. [train], on the thread calling forward or
+   * forward_features, from inside that call. */
+  keel_status (*enter)(const struct keel_unit_calls* calls, int32_t unit, keel_error* err);
+  /* Right after the computation of unit `unit` (entered last), with `outputs` (count of them,
+   * borrowed for the call): the unit's tensors used outside it. When they carry gradients the
+   * kernel hooks them so that backward gathers the unit's parameters again before the unit's
+   * backward runs; then it frees the unit's whole parameters. Returns KEEL_ERR with `err`
+   * filled for a unit other than the one entered. [train], as enter. */
+  keel_status (*leave)(const struct keel_unit_calls* calls, int32_t unit,
+                       keel_tensor* const* outputs, size_t count, keel_error* err);
+} keel_unit_calls;
+
 /* model ------------------------------------------------------------------------------------ */
 typedef struct keel_model {
   KEEL_INSTANCE_HEADER;
@@ -404,6 +454,13 @@ typedef struct keel_model {
    * follows. [setup] */
   keel_status (*export_state)(void* self, keel_state_writer* out, char* config_json,
                               size_t capacity, keel_error* err);
+  /* (1.8) Optional, both or neither: the model's units for [distributed] shard = "parameters"
+   * (see "Model units"). param_unit: the unit of param(index), 0 <= unit < KEEL_MAX_UNITS, or
+   * -1 for the root. [setup] set_unit_calls: the host's enter/leave calls (valid for the
+   * instance's life), given once when the run shards parameters; forward and forward_features
+   * call them around each unit from then on. [setup] */
+  int32_t (*param_unit)(void* self, size_t index);
+  void (*set_unit_calls)(void* self, const keel_unit_calls* calls);
 } keel_model;
 
 /* dataset ---------------------------------------------------------------------------------- */

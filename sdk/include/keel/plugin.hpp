@@ -203,6 +203,51 @@ class Logger {
 // ---------------------------------------------------------------------------------------------
 // Component base classes. Each maps one-to-one onto the C struct of its kind in abi.h.
 // ---------------------------------------------------------------------------------------------
+
+// A model's units (abi.h "Model units", ABI 1.8): call enter(u) right before the computation
+// of unit u and leave(u, outputs) right after it, in forward and forward_features, every time
+// the unit runs. Both do nothing until the kernel gives its calls (only with [distributed]
+// shard = "parameters" on several ranks, and only to a model that overrides
+// Model::param_unit); then enter returns once the unit's parameters hold their whole values,
+// and leave hooks the outputs (so that backward gathers the parameters again) and frees them.
+// Errors (the ranks could not agree) are thrown as std::runtime_error, which the SDK's slot
+// turns into KEEL_ERR.
+class Units {
+ public:
+  // True once the kernel gave its calls.
+  bool active() const { return calls_ != nullptr; }
+  void enter(int unit) {
+    if (!calls_) return;
+    keel_error err{};
+    if (calls_->enter(calls_, static_cast<int32_t>(unit), &err) != KEEL_OK)
+      throw std::runtime_error(message(err, "enter", unit));
+  }
+  // `outputs`: every tensor computed inside the unit that is used outside it.
+  void leave(int unit, const std::vector<at::Tensor>& outputs) {
+    if (!calls_) return;
+    std::vector<keel_tensor*> handles;
+    for (const at::Tensor& t : outputs) handles.push_back(peek(t));
+    keel_error err{};
+    if (calls_->leave(calls_, static_cast<int32_t>(unit), handles.data(), handles.size(),
+                      &err) != KEEL_OK)
+      throw std::runtime_error(message(err, "leave", unit));
+  }
+  // One output: returns it, for `x = units().leave(i, block(x));`.
+  at::Tensor leave(int unit, const at::Tensor& output) {
+    leave(unit, std::vector<at::Tensor>{output});
+    return output;
+  }
+  // The SDK's set_unit_calls slot gives the kernel's calls here (valid for the instance's life).
+  void attach(const keel_unit_calls* calls) { calls_ = calls; }
+
+ private:
+  static std::string message(const keel_error& err, const char* call, int unit) {
+    const std::string m(err.message, strnlen(err.message, KEEL_ERROR_CAPACITY));
+    return m.empty() ? std::string("unit ") + std::to_string(unit) + ": " + call + " failed" : m;
+  }
+  const keel_unit_calls* calls_ = nullptr;
+};
+
 class Model {
  public:
   static constexpr keel_kind kKind = KEEL_KIND_MODEL;
@@ -235,6 +280,16 @@ class Model {
     std::string config_json;  // the text of config.json, "" for none
   };
   virtual Export export_state() { return {}; }
+  // Optional (abi.h, keel_model.param_unit, ABI 1.8): the unit of the parameter named `name`
+  // (as named_parameters() names it), 0 <= unit < KEEL_MAX_UNITS, or -1 for the root (used
+  // outside every unit; a tied weight belongs to the root). Override it to offer units; then
+  // call units().enter/leave around each unit in forward and forward_features.
+  virtual int param_unit(const std::string& /*name*/) { return -1; }
+  // The kernel's calls around units (no-ops unless the run shards parameters).
+  Units& units() { return units_; }
+
+ private:
+  Units units_;
 };
 
 struct Batch {
@@ -538,6 +593,14 @@ inline void fill(BoxOf<Model>& b) {
         std::memcpy(config, x.config_json.c_str(), x.config_json.size() + 1);
     });
   };
+  b.vt.param_unit = [](void* s, size_t i) noexcept {
+    int32_t unit = -1;
+    X::quiet(s, [&] { unit = X::of(s)->obj->param_unit(X::of(s)->params.at(i).first); });
+    return unit;
+  };
+  b.vt.set_unit_calls = [](void* s, const keel_unit_calls* calls) noexcept {
+    X::of(s)->obj->units().attach(calls);
+  };
   fill_state(b);
 }
 
@@ -746,6 +809,10 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
     if constexpr (std::is_same<B, Model>::value) {
       if (!KEEL_SDK_OVERRIDES(T, Model, forward_features)) box->vt.forward_features = nullptr;
       if (!KEEL_SDK_OVERRIDES(T, Model, export_state)) box->vt.export_state = nullptr;
+      if (!KEEL_SDK_OVERRIDES(T, Model, param_unit)) {
+        box->vt.param_unit = nullptr;
+        box->vt.set_unit_calls = nullptr;
+      }
     }
     if constexpr (std::is_same<B, Model>::value || std::is_same<B, Dataset>::value ||
                   std::is_same<B, Optimizer>::value) {
