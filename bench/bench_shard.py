@@ -1,5 +1,5 @@
-"""Peak memory and step time of [distributed] shard = "none", "optimizer" (ZeRO-1) and
-"gradients" (ZeRO-2) on 2 ranks (issue 23).
+"""Peak memory and step time of [distributed] shard = "none", "optimizer" (ZeRO-1),
+"gradients" (ZeRO-2) and "parameters" (FSDP-style) on 2 ranks (issue 23).
 
 The model: gpt, width 512, 16 layers, 8 heads, vocab 8192, context 128 (tied embeddings; its
 exact parameter count P is read from the safetensors checkpoint of a 1-step, 1-process probe
@@ -21,7 +21,8 @@ keel's runtime but (nearly) no model. "B/param" = (peak RSS - the baseline's pea
 same rank) / P: what the model, its gradients, the optimizer state, activations and every
 temporary cost per parameter. The arithmetic for fp32 AdamW at W = 2 ranks, without
 activations and buffers: none 4 + 4 + 8 = 16, optimizer 4 + 4 + 8/W = 12, gradients
-4 + 4/W + 8/W = 10 bytes per parameter.
+4 + 4/W + 8/W = 10, parameters 16/W = 8 bytes per parameter (plus, for parameters, the units
+gathered at a time and the root: the embeddings, which the gpt keeps gathered for the step).
 
 `[run] malloc_tuning` (default on) raises glibc's mmap threshold to 32 MiB and its trim
 threshold to 1 GiB, so freed blocks below 32 MiB stay in the heap; every configuration runs
@@ -56,8 +57,9 @@ LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RA
 VOCAB, CTX, WINDOWS = 8192, 128, 400
 BIG = dict(width=512, layers=16, heads=8)
 TINY = dict(width=16, layers=1, heads=2)
-MODES = ["none", "optimizer", "gradients"]
-EXPECTED = {"none": 16.0, "optimizer": 4 + 4 + 8 / WORLD, "gradients": 4 + 4 / WORLD + 8 / WORLD}
+MODES = ["none", "optimizer", "gradients", "parameters"]
+EXPECTED = {"none": 16.0, "optimizer": 4 + 4 + 8 / WORLD, "gradients": 4 + 4 / WORLD + 8 / WORLD,
+            "parameters": 16 / WORLD}
 
 
 def free_port():
