@@ -14,6 +14,9 @@
 #include <algorithm>
 #include <fstream>
 #include <future>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/commit.hpp"
 #include "checkpoint/meta.hpp"
@@ -337,8 +340,19 @@ TEST_CASE("trainer_state.toml reads back every field it writes") {
             .find("'epoch_batches' must be an integer >= 0") != std::string::npos);
 }
 
+// A commit record with these fields and no tensors, chunks or metrics.
+keel::CommitRecord record_of(std::string run_id, int64_t step, int64_t committed_unix_ns,
+                             std::vector<keel::CommitRecord::File> files) {
+  keel::CommitRecord r;
+  r.run_id = std::move(run_id);
+  r.step = step;
+  r.committed_unix_ns = committed_unix_ns;
+  r.files = std::move(files);
+  return r;
+}
+
 TEST_CASE("the commit record rejects what it cannot trust") {
-  const std::string ok = keel::write_commit_record(keel::CommitRecord{"r", 1, 5, {{"m.bin", 3, 42}}});
+  const std::string ok = keel::write_commit_record(record_of("r", 1, 5, {{"m.bin", 3, 42}}));
   CHECK(keel::read_commit_record(ok, "c.json").files[0].xxh3 == 42);
   const auto err = [&](std::string text) {
     return keel_test::error_of([&] { keel::read_commit_record(text, "c.json"); });
@@ -355,7 +369,7 @@ TEST_CASE("the commit record rejects what it cannot trust") {
   CHECK(err(s).find("has no 'chunks'") != std::string::npos);
   // One object naming a tensor twice (found by fuzz_commit_record: in a version 1 record the
   // second entry's shape was taken for the first one's chunk).
-  keel::CommitRecord twice{"r", 1, 5, {{"m.bin", 3, 42}}};
+  keel::CommitRecord twice = record_of("r", 1, 5, {{"m.bin", 3, 42}});
   twice.tensors["model"] = {{"w", "F32", {2}}, {"w", "F64", {3}}};
   CHECK(err(keel::write_commit_record(twice)).find("tensor 'w' is listed twice in 'model'") !=
         std::string::npos);
@@ -364,7 +378,7 @@ TEST_CASE("the commit record rejects what it cannot trust") {
 // A chunk index of one model tensor [5, 2] cut into rows 0..2 (rank 0) and 3..4 (rank 1), and
 // one optimizer entry like it.
 keel::CommitRecord chunked_record() {
-  keel::CommitRecord r{"r", 7, 9, {{"model.st", 3, 42}}};
+  keel::CommitRecord r = record_of("r", 7, 9, {{"model.st", 3, 42}});
   r.tensors["model"] = {{"w", "F32", {3, 2}}};
   r.tensors["rank1.model"] = {{"w", "F32", {2, 2}}};
   using C = keel::CommitRecord::Chunk;
