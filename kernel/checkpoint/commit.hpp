@@ -55,14 +55,20 @@ struct CommitRecord {
     std::vector<int64_t> offset, size;  // in the global tensor; rank = the tensor's
     std::string object;                 // the backend object (stem) holding it
     std::string file;                   // the file it was written to ("": not known)
+    bool operator==(const Chunk& o) const {
+      return offset == o.offset && size == o.size && object == o.object && file == o.file;
+    }
   };
   struct Global {
     std::string dtype;
     std::vector<int64_t> shape;
     std::string like;  // optimizer entries: the parameter whose rows these are ("": replicated)
     std::vector<Chunk> chunks;
+    bool operator==(const Global& o) const {
+      return dtype == o.dtype && shape == o.shape && like == o.like && chunks == o.chunks;
+    }
   };
-  // "model" | "optimizer" -> tensor name -> its global description.
+  // "model" | "optimizer" -> tensor name -> its global description (== compares all of it).
   using ChunkIndex = std::map<std::string, std::map<std::string, Global>>;
 
   std::string run_id;

@@ -40,22 +40,7 @@ bool same(const keel::CommitRecord& a, const keel::CommitRecord& b) {
         return false;
   }
   // The chunk index round-trips whole (a version 1 record's synthesised one too).
-  if (a.chunks.size() != b.chunks.size()) return false;
-  for (const auto& [group, tensors] : a.chunks) {
-    auto g = b.chunks.find(group);
-    if (g == b.chunks.end() || g->second.size() != tensors.size()) return false;
-    for (const auto& [name, t] : tensors) {
-      auto u = g->second.find(name);
-      if (u == g->second.end() || u->second.dtype != t.dtype || u->second.shape != t.shape ||
-          u->second.like != t.like || u->second.chunks.size() != t.chunks.size())
-        return false;
-      for (size_t i = 0; i < t.chunks.size(); ++i) {
-        const auto &x = t.chunks[i], &y = u->second.chunks[i];
-        if (x.offset != y.offset || x.size != y.size || x.object != y.object || x.file != y.file)
-          return false;
-      }
-    }
-  }
+  if (a.chunks != b.chunks) return false;
   // Finite metrics round-trip; write_commit_record drops NaN and infinities (JSON has none).
   size_t finite = 0;
   for (const auto& [k, v] : a.metrics) {

@@ -390,33 +390,13 @@ keel::CommitRecord chunked_record() {
   return r;
 }
 
-bool same_chunks(const keel::CommitRecord::ChunkIndex& a, const keel::CommitRecord::ChunkIndex& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [group, tensors] : a) {
-    const auto g = b.find(group);
-    if (g == b.end() || g->second.size() != tensors.size()) return false;
-    for (const auto& [name, t] : tensors) {
-      const auto u = g->second.find(name);
-      if (u == g->second.end() || u->second.dtype != t.dtype || u->second.shape != t.shape ||
-          u->second.like != t.like || u->second.chunks.size() != t.chunks.size())
-        return false;
-      for (size_t i = 0; i < t.chunks.size(); ++i) {
-        const auto &x = t.chunks[i], &y = u->second.chunks[i];
-        if (x.offset != y.offset || x.size != y.size || x.object != y.object || x.file != y.file)
-          return false;
-      }
-    }
-  }
-  return true;
-}
-
 TEST_CASE("commit record v2: the chunk index round-trips and is checked") {
   const keel::CommitRecord r = chunked_record();
   const std::string text = keel::write_commit_record(r);
   CHECK(text.find("\"version\": 2") != std::string::npos);
   const keel::CommitRecord back = keel::read_commit_record(text, "c.json");
   CHECK(back.version == 2);
-  CHECK(same_chunks(back.chunks, r.chunks));
+  CHECK((back.chunks == r.chunks));  // (( )): doctest cannot print a chunk index
   CHECK(back.tensors.at("rank1.model")[0].shape == std::vector<int64_t>{2, 2});
   const auto err = [&](std::string s) {
     return keel_test::error_of([&] { keel::read_commit_record(s, "c.json"); });
@@ -454,8 +434,7 @@ TEST_CASE("commit record v1: its chunks are synthesised, whole or by the shard l
   CHECK(r.chunks.at("optimizer").at("w.step").like.empty());
   CHECK(r.chunks.at("optimizer").at("param_groups.0.lr").chunks.at(0).object == "optimizer");
   // Written back, it is a v2 record with the same chunks.
-  CHECK(same_chunks(keel::read_commit_record(keel::write_commit_record(r), "c.json").chunks,
-                    r.chunks));
+  CHECK((keel::read_commit_record(keel::write_commit_record(r), "c.json").chunks == r.chunks));
   // A v1 record of 2 ranks with [distributed] shard: each "rank<r>.optimizer" holds its rows
   // (ceil(5 / 2) = 3, then 2) of the elementwise entries; the 0-dim b's on rank 0 only.
   std::string sharded = v1;
