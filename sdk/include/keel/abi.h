@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 8
+#define KEEL_ABI_MINOR 9
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.8)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.9)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -272,7 +272,9 @@ typedef enum keel_kind {
   KEEL_KIND_PROFILER = 8,
   KEEL_KIND_CHECKPOINT = 9,
   /* Hooks observe the loop; metric sinks are hooks that act on KEEL_EVENT_METRICS. */
-  KEEL_KIND_HOOK = 10
+  KEEL_KIND_HOOK = 10,
+  /* (1.9) Updates the rows of a model's sparse embedding tables ([sparse_optimizer]). */
+  KEEL_KIND_SPARSE_OPTIMIZER = 11
 } keel_kind;
 
 /* ------------------------------------------------------------------------------------------
@@ -305,6 +307,126 @@ typedef struct keel_shard_group {
   keel_status (*all_reduce)(const struct keel_shard_group* group, double* values, size_t count,
                             keel_reduce_op op, keel_error* err);
 } keel_shard_group;
+
+/* ------------------------------------------------------------------------------------------
+ * (1.9) Collectives for components
+ *
+ * Components that exchange data between the ranks of a data-parallel run themselves (a model
+ * whose embedding tables are sharded over the ranks, a loss whose evaluation metric needs every
+ * rank's predictions) get the run's ranks as a keel_comm. With one process, world_size is 1 and
+ * each call copies `send` to its result.
+ *
+ * Every call is a collective: every rank calls it the same number of times, in the same order,
+ * and only from a slot that the kernel calls on every rank at once: keel_model.forward and
+ * forward_features (and the backward of their outputs, which runs inside the kernel's backward
+ * on the training thread), keel_loss.metric_update and metric_finish, and keel_sparse_optimizer
+ * .step. Tensors are contiguous CPU tensors of any dtype with at least one dimension; rows are
+ * the entries of dimension 0. A call returns KEEL_ERR with `err` filled on bad arguments or when
+ * the ranks cannot agree (a rank failed, or did not arrive within [distributed] timeout_s); the
+ * slot calling it then returns KEEL_ERR too.
+ * ---------------------------------------------------------------------------------------- */
+
+/* The run's ranks; the host's, valid for the instance's life. */
+typedef struct keel_comm {
+  uint32_t struct_size;
+  void* host_data; /* the host's; do not touch */
+  int32_t rank;
+  int32_t world_size;
+  /* Sends the first send_rows[0] rows of `send` (borrowed) to rank 0, the next send_rows[1]
+   * rows to rank 1, and so on (world_size counts, summing to send's rows); *recv (new) receives
+   * the rows every rank sent this one, in rank order, with send's dtype and trailing shape, and
+   * recv_rows[r] (world_size entries, written) how many came from rank r. The ranks exchange the
+   * counts first, so a rank need not know what it will receive. [train] */
+  keel_status (*all_to_all)(const struct keel_comm* comm, keel_tensor* send,
+                            const int64_t* send_rows, keel_tensor** recv, int64_t* recv_rows,
+                            keel_error* err);
+  /* Every rank's `send` (borrowed; the same dtype and trailing shape on every rank, any number of
+   * rows) concatenated along dimension 0 in rank order into *recv (new); rows[r] (world_size
+   * entries, written) is rank r's number of rows. [train] */
+  keel_status (*all_gather)(const struct keel_comm* comm, keel_tensor* send, keel_tensor** recv,
+                            int64_t* rows, keel_error* err);
+} keel_comm;
+
+/* ------------------------------------------------------------------------------------------
+ * (1.9) Sparse embedding tables
+ *
+ * A model whose embeddings are hash tables (int64 ids mapped to rows of `dim` floats, rows
+ * created as ids arrive and evicted when unused, as in click-through-rate models) keeps them
+ * outside its dense parameters and shows each to the kernel as a keel_sparse_table
+ * (keel_model.table_count / table). The kernel hands the tables to the [sparse_optimizer],
+ * checks and records their gradients, tells them when a step ends, and saves and loads their
+ * rows with every checkpoint. The model owns the tables; the SDK's keel::EmbeddingTable
+ * (<keel/embedding.hpp>) implements this struct.
+ *
+ * A step, as the kernel runs it: the model's forward (in training) looks up ids and records
+ * which rows it used; the backward of its outputs leaves each row's gradient with the table (a
+ * table sharded over the ranks sends it to the rank that owns the row); gradients of the step's
+ * micro-batches add up. After the dense gradients are complete, the kernel reads `touched` to
+ * check the gradients for NaN/Inf (a non-finite value makes the step non-finite, as a dense
+ * one does) and to record their norm; then, unless the step is skipped, the sparse optimizer's
+ * step updates the touched rows; then `end_step` forgets the gradients (and evicts unused rows).
+ * ---------------------------------------------------------------------------------------- */
+
+/* The rows of one table that the current step touched, with their gradients; filled in by the
+ * table's `touched` slot. Pointers stay valid until the next call of any slot of the table or
+ * of its model; distinct rows never share memory, so an optimizer may update them from several
+ * threads. */
+typedef struct keel_sparse_rows {
+  uint32_t struct_size; /* set by the caller: the table fills only fields within it */
+  size_t count;         /* touched rows (those this rank owns, when sharded) */
+  const int64_t* ids;   /* count distinct ids */
+  /* count pointers to each row's dim floats, which the sparse optimizer updates in place */
+  float* const* values;
+  /* count pointers to dim floats: the row's gradient, summed over the step's micro-batches and
+   * over the ranks that looked it up, scaled as dense gradients are (averaged over the ranks) */
+  const float* const* grads;
+  /* count pointers to the row's `slot_width` floats of optimizer state (see reserve_slots), zero
+   * before the row's first update; NULL when slot_width is 0 */
+  float* const* slots;
+  size_t slot_width;
+} keel_sparse_rows;
+
+/* A table's counters, for the training metrics; filled in by the table's `stats` slot. */
+typedef struct keel_table_stats {
+  uint32_t struct_size; /* set by the caller */
+  int64_t rows;         /* live rows now (this rank's, when sharded) */
+  int64_t admitted;     /* rows created since the run began (a resumed run continues the count) */
+  int64_t evicted;      /* rows evicted since the run began (likewise) */
+} keel_table_stats;
+
+/* One table; the model's, valid for the model's life. Slots are called on the training thread,
+ * [setup] or [train] as marked, never concurrently with the model's own slots. */
+typedef struct keel_sparse_table {
+  uint32_t struct_size;
+  void* self; /* the table's; passed back as each slot's first argument */
+  /* Unique among the model's tables: 1 to KEEL_NAME_CAPACITY - 1 bytes of letters, digits, '_',
+   * '.' and '-'. Checkpoints store the table's entries under it. */
+  const char* name;
+  int64_t dim; /* floats per row, >= 1 */
+  /* Keeps `width` floats of optimizer state beside every row, present and future, zeroed for a
+   * new row and evicted with it. Called by the sparse optimizer's factory, at most once per
+   * table. [setup] */
+  keel_status (*reserve_slots)(void* self, size_t width, keel_error* err);
+  /* The rows the step touched so far and their gradients (see keel_sparse_rows). [train] */
+  keel_status (*touched)(void* self, keel_sparse_rows* out, keel_error* err);
+  /* The step ended (updated or skipped): forgets its gradients and touched rows, then evicts the
+   * rows the table's own policy retires (such as rows not looked up for a number of steps);
+   * `step` counts the optimizer steps taken, skipped ones included. [train] */
+  keel_status (*end_step)(void* self, int64_t step, keel_error* err);
+  void (*stats)(void* self, keel_table_stats* out);
+  /* Puts the table's live state to `out` as entries of the table's own naming (ids, values,
+   * slots, counters, ...; no prefix: the kernel stores them under the table's name). Called on
+   * every rank when a checkpoint is saved, at a step boundary; a sharded table puts its own
+   * rows. [train] */
+  keel_status (*save)(void* self, keel_state_writer* out, keel_error* err);
+  /* Adds the rows of one saved part (the entries one rank's save put, named as save named
+   * them; CPU tensors borrowed for the call) and keeps those this rank owns. A resumed run calls
+   * it after the sparse optimizer was created: at the same number of ranks once, with this
+   * rank's own part; at another number, once for every saved part, so that each rank ends up
+   * with the rows that hash to it. An entry the table cannot use is an error naming it. [setup] */
+  keel_status (*load)(void* self, const keel_named_tensor* entries, size_t count,
+                      keel_error* err);
+} keel_sparse_table;
 
 /* What a factory gets. Fields that do not apply to the component's kind are zero/NULL. */
 typedef struct keel_create_context {
@@ -342,6 +464,13 @@ typedef struct keel_create_context {
   /* (1.7) optimizer, grad_clipper: non-NULL when `params` are shards (see "Sharded
    * parameters"), NULL when they are the whole parameters. */
   const keel_shard_group* shards;
+  /* (1.9) Every kind: the run's ranks, for components that exchange data themselves (see
+   * "Collectives for components"); never NULL for a plugin of 1.9 or later. */
+  const keel_comm* comm;
+  /* (1.9) sparse_optimizer: the model's embedding tables (table_count >= 1), borrowed for the
+   * run. */
+  const keel_sparse_table* const* tables;
+  size_t table_count;
 } keel_create_context;
 
 /* Every instance struct begins with these three fields and holds nothing but function
@@ -461,6 +590,11 @@ typedef struct keel_model {
    * call them around each unit from then on. [setup] */
   int32_t (*param_unit)(void* self, size_t index);
   void (*set_unit_calls)(void* self, const keel_unit_calls* calls);
+  /* (1.9) Optional, both or neither: the model's sparse embedding tables (see "Sparse embedding
+   * tables"), borrowed for the instance's life, in a fixed order. A model with tables needs a
+   * [sparse_optimizer] to train them. [setup] */
+  size_t (*table_count)(void* self);
+  const keel_sparse_table* (*table)(void* self, size_t index);
 } keel_model;
 
 /* dataset ---------------------------------------------------------------------------------- */
@@ -475,7 +609,10 @@ typedef struct keel_dataset {
   KEEL_INSTANCE_HEADER;
   /* Samples in one epoch. */
   int64_t (*size)(void* self);
-  /* Batches in one epoch. */
+  /* Batches in one epoch. (1.9) -1: not known in advance, for a stream (a streaming dataset's
+   * epochs are its windows, which end when `next` says so); `size` may then return -1 too. The
+   * kernel then plans no run length (a schedule gets total_steps = max_steps, 0 without it) and,
+   * with several ranks, requires every rank's data to end an epoch at the same step. */
   int64_t (*batches_per_epoch)(void* self);
   /* Rewinds to the first batch of epoch `epoch` (0-based; reshuffles when shuffling). [train] */
   keel_status (*start_epoch)(void* self, int64_t epoch, keel_error* err);
@@ -521,6 +658,25 @@ typedef struct keel_optimizer {
   keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
                             keel_error* err);
 } keel_optimizer;
+
+/* sparse_optimizer (1.9) --------------------------------------------------------------------- */
+/* Updates the touched rows of the tables its factory got (keel_create_context.tables), beside
+ * the dense [optimizer]; its factory reserves the per-row state it needs with reserve_slots. */
+typedef struct keel_sparse_optimizer {
+  KEEL_INSTANCE_HEADER;
+  /* Updates every table's touched rows from their gradients (keel_sparse_table.touched); rows
+   * not touched in the step keep their values and state. Not called for a skipped step. [train] */
+  keel_status (*step)(void* self, keel_error* err);
+  /* The learning rate: the kernel sets base * the schedule's factor before every step, as for
+   * the dense optimizer's groups (get_lr, read once after the factory, is the base). [setup|train] */
+  double (*get_lr)(void* self);
+  void (*set_lr)(void* self, double lr);
+  /* Optional (both or neither): state beyond the rows' slots, which the tables save themselves
+   * (see "Component state for exact resume"). */
+  keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
+  keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
+                            keel_error* err);
+} keel_sparse_optimizer;
 
 /* lr_scheduler ----------------------------------------------------------------------------- */
 typedef struct keel_lr_scheduler {
