@@ -158,6 +158,19 @@ class Context {
   double group_lr(size_t g) const { return group_value(raw_->group_lr, g); }
   double group_weight_decay(size_t g) const { return group_value(raw_->group_weight_decay, g); }
 
+  // (ABI 1.9) The run's ranks, for components that exchange data themselves (abi.h
+  // "Collectives for components"); nullptr from a kernel older than 1.9.
+  const keel_comm* comm() const {
+    return KEEL_HAS_FIELD(raw_, keel_create_context, comm) ? raw_->comm : nullptr;
+  }
+  // (ABI 1.9) sparse_optimizer: the model's embedding tables (abi.h "Sparse embedding tables").
+  std::vector<const keel_sparse_table*> tables() const {
+    std::vector<const keel_sparse_table*> out;
+    if (KEEL_HAS_FIELD(raw_, keel_create_context, table_count) && raw_->tables)
+      out.assign(raw_->tables, raw_->tables + raw_->table_count);
+    return out;
+  }
+
   std::vector<std::string> param_names() const {
     std::vector<std::string> out;
     for (size_t i = 0; i < raw_->param_count; ++i) out.emplace_back(raw_->param_names[i]);
@@ -287,6 +300,10 @@ class Model {
   virtual int param_unit(const std::string& /*name*/) { return -1; }
   // The kernel's calls around units (no-ops unless the run shards parameters).
   Units& units() { return units_; }
+  // Optional (abi.h, keel_model.table_count/table, ABI 1.9): the model's sparse embedding tables
+  // (keel::EmbeddingTable::abi() gives one), valid for the model's life; called once after
+  // construction. Override it to offer the slots.
+  virtual std::vector<const keel_sparse_table*> tables() { return {}; }
 
  private:
   Units units_;
@@ -331,6 +348,20 @@ class Optimizer {
   virtual void set_lr(size_t group, double lr) = 0;
   // Every state tensor and each group's hyper-parameters, for `keel train --resume`; override
   // both to offer the slots (without them --resume refuses the optimizer).
+  virtual NamedTensors state_save() { return {}; }
+  virtual void state_load(const NamedTensors& /*state*/) {}
+};
+
+// (ABI 1.9) Updates the touched rows of the model's embedding tables (Context::tables()); the
+// constructor reserves each row's optimizer state with the table's reserve_slots.
+class SparseOptimizer {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_SPARSE_OPTIMIZER;
+  virtual ~SparseOptimizer() = default;
+  virtual void step() = 0;
+  virtual double get_lr() = 0;
+  virtual void set_lr(double lr) = 0;
+  // State beyond the rows' slots; override both to offer the slots.
   virtual NamedTensors state_save() { return {}; }
   virtual void state_load(const NamedTensors& /*state*/) {}
 };
@@ -472,6 +503,7 @@ struct Box {
   const keel_host* host = nullptr;
   std::string origin;
   NamedTensors params, state;  // models and hooks: cached so names and handles stay valid
+  std::vector<const keel_sparse_table*> tables;  // models: cached likewise
 
   static Box* of(void* self) { return static_cast<Box*>(self); }
   // For slots without an error channel: report through keel_host.report_error (ABI 1.2; the
@@ -501,6 +533,7 @@ struct Abi;
 KEEL_SDK_ABI(Model, keel_model);
 KEEL_SDK_ABI(Dataset, keel_dataset);
 KEEL_SDK_ABI(Optimizer, keel_optimizer);
+KEEL_SDK_ABI(SparseOptimizer, keel_sparse_optimizer);
 KEEL_SDK_ABI(LrScheduler, keel_lr_scheduler);
 KEEL_SDK_ABI(Loss, keel_loss);
 KEEL_SDK_ABI(GradClipper, keel_grad_clipper);
@@ -601,6 +634,12 @@ inline void fill(BoxOf<Model>& b) {
   b.vt.set_unit_calls = [](void* s, const keel_unit_calls* calls) noexcept {
     X::of(s)->obj->units().attach(calls);
   };
+  b.tables = b.obj->tables();
+  b.vt.table_count = [](void* s) noexcept { return X::of(s)->tables.size(); };
+  b.vt.table = [](void* s, size_t i) noexcept {
+    const auto& t = X::of(s)->tables;
+    return i < t.size() ? t[i] : nullptr;
+  };
   fill_state(b);
 }
 
@@ -660,6 +699,22 @@ inline void fill(BoxOf<Optimizer>& b) {
   };
   b.vt.set_lr = [](void* s, size_t g, double lr) noexcept {
     X::quiet(s, [&] { X::of(s)->obj->set_lr(g, lr); });
+  };
+  fill_state(b);
+}
+
+inline void fill(BoxOf<SparseOptimizer>& b) {
+  using X = BoxOf<SparseOptimizer>;
+  b.vt.step = [](void* s, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->step(); });
+  };
+  b.vt.get_lr = [](void* s) noexcept {
+    double v = std::numeric_limits<double>::quiet_NaN();
+    X::quiet(s, [&] { v = X::of(s)->obj->get_lr(); });
+    return v;
+  };
+  b.vt.set_lr = [](void* s, double lr) noexcept {
+    X::quiet(s, [&] { X::of(s)->obj->set_lr(lr); });
   };
   fill_state(b);
 }
@@ -813,9 +868,13 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
         box->vt.param_unit = nullptr;
         box->vt.set_unit_calls = nullptr;
       }
+      if (!KEEL_SDK_OVERRIDES(T, Model, tables)) {
+        box->vt.table_count = nullptr;
+        box->vt.table = nullptr;
+      }
     }
     if constexpr (std::is_same<B, Model>::value || std::is_same<B, Dataset>::value ||
-                  std::is_same<B, Optimizer>::value) {
+                  std::is_same<B, Optimizer>::value || std::is_same<B, SparseOptimizer>::value) {
       static_assert(KEEL_SDK_OVERRIDES(T, B, state_save) == KEEL_SDK_OVERRIDES(T, B, state_load),
                     "override both state_save and state_load, or neither");
       if (!KEEL_SDK_OVERRIDES(T, B, state_save)) {
@@ -845,6 +904,7 @@ namespace detail {
 Model* base_of(Model*);
 Dataset* base_of(Dataset*);
 Optimizer* base_of(Optimizer*);
+SparseOptimizer* base_of(SparseOptimizer*);
 LrScheduler* base_of(LrScheduler*);
 Loss* base_of(Loss*);
 GradClipper* base_of(GradClipper*);
