@@ -28,7 +28,9 @@ const std::vector<Command>& commands() {
        "and refuses when there is none)",
        add_set_flag, run_manifest_command},
       // --format after --output: `keel --help` shows the arguments before the first " [-".
-      {"export", "RUN_DIR|CHECKPOINT [--output DIR] --format safetensors [--log-level LEVEL]",
+      {"export",
+       "RUN_DIR|CHECKPOINT [--output DIR] [--since CHECKPOINT] --format safetensors "
+       "[--log-level LEVEL]",
        "write a checkpoint's model weights (--format safetensors) as one float32 "
        "model.safetensors, under Hugging Face names with a config.json when the model offers "
        "them (gpt: GPT2LMHeadModel)",
@@ -107,7 +109,7 @@ int report_command(const std::string& name, const Parsed& p) {
   return 0;
 }
 
-// keel export RUN_DIR|CHECKPOINT --format safetensors [--output DIR] (export.hpp).
+// keel export RUN_DIR|CHECKPOINT --format safetensors [--output DIR] [--since CHECKPOINT] (export.hpp).
 int export_command(const std::string&, const Parsed& p) {
   call_state().activity = "while exporting " + (p.positional.empty() ? "" : p.positional[0]);
   return export_checkpoint(p.exporting);

@@ -25,6 +25,7 @@
 #include "checkpoint/reshard.hpp"
 #include "checkpoint/store.hpp"
 #include "cli/commands.hpp"
+#include "cli/export_tables.hpp"
 #include "components.hpp"
 #include "error.hpp"
 #include "files/files.hpp"
@@ -70,6 +71,9 @@ void check_arguments(const ExportArgs& a) {
   if (*a.format != "safetensors")
     throw UsageError("--format " + *a.format + ": not a format keel export writes; hint: "
                      "--format safetensors (the only one)", "export");
+  if (a.since && a.since->empty())
+    throw UsageError("--since: an empty path; hint: name the older checkpoint whose export the "
+                     "delta applies to", "export");
   if (a.output && a.output->empty())
     throw UsageError("--output: an empty path; hint: name a new directory, or leave --output "
                      "out for the default", "export");
@@ -254,8 +258,15 @@ struct Staging {
 
 // Writes model.safetensors (keel-safetensors' component) and config.json into a staging
 // directory beside `out`, then renames it to `out` without replacing anything.
+// The objects keel export writes (stem -> tensors: model, tables or tables.delta) and the files
+// beside them (name -> text: config.json, delta.json).
+struct ExportFiles {
+  std::vector<std::pair<std::string, TensorList>> objects;
+  std::vector<std::pair<std::string, std::string>> texts;
+};
+
 void write_export(const Registry& registry, const Run& run, const std::string& out,
-                  const TensorList& tensors, const std::string& config) {
+                  const ExportFiles& files) {
   const Component* writer = registry.find(KEEL_KIND_CHECKPOINT, "keel-safetensors:safetensors");
   if (writer == nullptr)
     throw Error("keel export writes model.safetensors with the safetensors component of the "
@@ -282,13 +293,17 @@ void write_export(const Registry& registry, const Run& run, const std::string& o
   if (::mkdir(staging.path.c_str(), 0755) != 0)
     throw Error("creating " + staging.path + " failed: " + std::strerror(errno) + "; hint: "
                 "check that " + parent.string() + " is writable");
-  std::vector<keel_named_tensor> named;
-  for (const auto& [n, t] : tensors) named.push_back({n.c_str(), peek(t)});
-  backend.save(staging.path, "model", named);
+  for (const auto& [stem, tensors] : files.objects) {
+    std::vector<keel_named_tensor> named;
+    for (const auto& [n, t] : tensors) named.push_back({n.c_str(), peek(t)});
+    backend.save(staging.path, stem, named);
+  }
   add_hint(
       [&] {
-        fsync_path(staging.path + "/model.safetensors");
-        if (!config.empty()) write_file_durably(staging.path + "/config.json", config);
+        for (const auto& object : files.objects)
+          fsync_path(staging.path + "/" + object.first + ".safetensors");
+        for (const auto& [name, text] : files.texts)
+          write_file_durably(staging.path + "/" + name, text);
         fsync_path(staging.path);
       },
       [](int) { return "check that the output's file system has space"; });
@@ -299,6 +314,56 @@ void write_export(const Registry& registry, const Run& run, const std::string& o
     throw Error(out + ": exists (created while keel export wrote); keel export replaces "
                 "nothing; hint: remove it, or name another with --output DIR");
   staging.keep = true;
+}
+
+// The tables' rows as one object: `<table>.ids` and `<table>.values` (and, for a delta,
+// `<table>.removed_ids`); counts the rows written into `rows`.
+TensorList table_tensors(const std::map<std::string, TableRows>& tables, int64_t& rows) {
+  TensorList out;
+  for (const auto& [name, t] : tables) {
+    out.emplace_back(name + ".ids", t.ids);
+    out.emplace_back(name + ".values", t.values);
+    rows += t.ids.numel();
+  }
+  return out;
+}
+
+TensorList delta_tensors(const std::map<std::string, TableDelta>& delta, int64_t& rows,
+                         int64_t& removed) {
+  TensorList out;
+  for (const auto& [name, d] : delta) {
+    out.emplace_back(name + ".ids", d.ids);
+    out.emplace_back(name + ".values", d.values);
+    out.emplace_back(name + ".removed_ids", d.removed_ids);
+    rows += d.ids.numel();
+    removed += d.removed_ids.numel();
+  }
+  return out;
+}
+
+// --since: the older checkpoint, verified, and its tables' delta to `tables` as an object and
+// delta.json. Describes it in `summary`.
+void add_delta(const ExportArgs& args, const Run& run, const Source& src,
+               const std::map<std::string, TableRows>& tables, ExportFiles& files,
+               std::string& summary) {
+  if (tables.empty())
+    throw Error("--since " + *args.since + ": checkpoint " + src.dir + " holds no sparse tables, "
+                "so there is no delta to write; hint: leave --since out");
+  const Source old = choose_checkpoint(*args.since);
+  if (old.record.step >= src.record.step)
+    throw Error("--since " + *args.since + ": its checkpoint (step " +
+                std::to_string(old.record.step) + ") is not older than the exported one (step " +
+                std::to_string(src.record.step) + "); hint: name the checkpoint of the previous "
+                "export");
+  const auto before = read_tables(*run.components.backend, old.dir, old.record);
+  int64_t rows = 0, removed = 0;
+  files.objects.emplace_back("tables.delta",
+                             delta_tensors(table_delta(before, tables), rows, removed));
+  nlohmann::json info = {
+      {"since", old.dir}, {"since_step", old.record.step}, {"step", src.record.step}};
+  files.texts.emplace_back("delta.json", info.dump(2) + "\n");
+  summary = "; tables.delta.safetensors: " + std::to_string(rows) + " changed row(s), " +
+            std::to_string(removed) + " removed since step " + std::to_string(old.record.step);
 }
 
 }  // namespace
@@ -314,14 +379,27 @@ int export_checkpoint(const ExportArgs& args) {
   run.config = checkpoint_config(src, registry);
   load_model(run, src);
   std::string config;
-  const TensorList tensors = export_tensors(run, config);
-  write_export(registry, run, out, tensors, config);
+  ExportFiles files;
+  files.objects.emplace_back("model", export_tensors(run, config));
+  if (!config.empty()) files.texts.emplace_back("config.json", config);
+  const auto tables = read_tables(*run.components.backend, src.dir, src.record);
+  std::string summary;
+  if (args.since) {
+    add_delta(args, run, src, tables, files, summary);
+  } else if (!tables.empty()) {
+    int64_t rows = 0;
+    files.objects.emplace_back("tables", table_tensors(tables, rows));
+    summary = "; tables.safetensors: " + std::to_string(tables.size()) + " table(s), " +
+              std::to_string(rows) + " rows";
+  }
+  write_export(registry, run, out, files);
+  const TensorList& tensors = files.objects.front().second;
   int64_t values = 0;
   for (const auto& nt : tensors) values += nt.second.numel();
-  std::printf("keel export: wrote %s (model.safetensors: %zu tensors, %lld values%s) from %s "
+  std::printf("keel export: wrote %s (model.safetensors: %zu tensors, %lld values%s%s) from %s "
               "(step %lld)\n",
               out.c_str(), tensors.size(), static_cast<long long>(values),
-              config.empty() ? "" : "; config.json", src.dir.c_str(),
+              config.empty() ? "" : "; config.json", summary.c_str(), src.dir.c_str(),
               static_cast<long long>(src.record.step));
   return 0;
 }

@@ -1,6 +1,6 @@
-// keel export RUN_DIR|CHECKPOINT --format safetensors [--output DIR]: a checkpoint's model
-// weights as one full-precision safetensors file, under the names of the model's export_state
-// (abi.h, ABI 1.7) when it has one.
+// keel export RUN_DIR|CHECKPOINT --format safetensors [--output DIR] [--since CHECKPOINT]: a
+// checkpoint's model weights as one full-precision safetensors file, under the names of the
+// model's export_state (abi.h, ABI 1.7) when it has one, and its sparse tables' rows.
 //
 // What it exports: CHECKPOINT, a checkpoint directory (one with commit.json, verified first), or
 // the newest checkpoint of RUN_DIR/checkpoints that verifies (CheckpointStore::newest_verified,
@@ -27,6 +27,16 @@
 // staging directory. On success it prints one line: DIR, the tensors, the checkpoint and its
 // step.
 //
+// Sparse tables (export_tables.hpp): a checkpoint whose model has tables also gets
+// tables.safetensors, every table's rows under `<table>.ids` (int64 [n], ascending) and
+// `<table>.values` (float32 [n, dim]). With --since OLD (an older checkpoint, or run directory,
+// of the same model) it gets tables.delta.safetensors instead: `<table>.ids` and
+// `<table>.values` of the rows added or changed since OLD, and `<table>.removed_ids` of the rows
+// OLD held and the checkpoint no longer does, plus delta.json ({"since": OLD's directory,
+// "since_step": its step, "step": the checkpoint's step}), so that OLD's export plus the delta
+// is the checkpoint's export (model.safetensors is always whole). --since without tables, or
+// with an OLD that is not older, is an error.
+//
 // A missing, extra or empty argument, a missing --format or a format other than safetensors
 // throws UsageError (exit 2 with export's usage line); a path that is neither a run directory
 // nor a checkpoint, a checkpoint that does not verify, a model that does not match it, an
@@ -43,6 +53,7 @@ struct ExportArgs {
   std::vector<std::string> positional;  // RUN_DIR or CHECKPOINT
   std::optional<std::string> format;    // --format
   std::optional<std::string> output;    // --output, -o
+  std::optional<std::string> since;     // --since: an older checkpoint (tables' delta)
 };
 
 int export_checkpoint(const ExportArgs& args);

@@ -103,7 +103,10 @@ void add_export_flags(po::options_description& d) {
                   "safetensors (the only one, and required): DIR/model.safetensors, floating-point "
                   "tensors as float32")(
       "output,o", po::value<std::string>()->value_name("DIR"),
-      "the directory to create (it must not exist; default RUN/exports/<checkpoint>)");
+      "the directory to create (it must not exist; default RUN/exports/<checkpoint>)")(
+      "since", po::value<std::string>()->value_name("CHECKPOINT"),
+      "sparse tables: write only the rows changed since this older checkpoint "
+      "(tables.delta.safetensors) instead of every row (tables.safetensors)");
 }
 
 po::options_description command_flags(const Command& c) {
@@ -227,6 +230,7 @@ Parsed parse_command(const Command& c, const std::vector<std::string>& args) {
   p.exporting.positional = p.positional;
   p.exporting.output = p.plugins.output;
   if (vm.count("format")) p.exporting.format = vm["format"].as<std::string>();
+  if (vm.count("since")) p.exporting.since = vm["since"].as<std::string>();
   if (!p.positional.empty()) {
     p.plugins.subcommand = p.positional[0];
     p.plugins.positional.assign(p.positional.begin() + 1, p.positional.end());
