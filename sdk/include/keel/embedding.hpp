@@ -91,8 +91,9 @@ class EmbeddingTable {
   // The step the next lookup belongs to: 1 + the last end_step's step (1 before any).
   int64_t current_step() const;
 
+  struct Impl;  // the library's own (sdk/embedding/impl.hpp)
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
