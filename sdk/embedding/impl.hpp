@@ -66,6 +66,7 @@ struct EmbeddingTable::Impl {
   // --- lookup ------------------------------------------------------------------------------
   absl::flat_hash_map<int64_t, int64_t> unique;  // scratch: id -> position among unique ids
   at::Tensor anchor;  // requires grad: makes a training lookup's output differentiable
+  std::vector<float> zero_row;  // what an id without a row reads
 
   float* row(int64_t r) { return blocks[r / kBlockRows].get() + (r % kBlockRows) * stride; }
   const float* row(int64_t r) const {

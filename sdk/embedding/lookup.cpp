@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -92,6 +93,9 @@ void prepare(Impl& m, const at::Tensor& ids, const at::Tensor& offsets, LookupSt
   const int64_t* ip = i.data_ptr<int64_t>();
   st.inv.resize(static_cast<size_t>(n));
   m.unique.clear();
+  m.unique.reserve(static_cast<size_t>(n));
+  distinct.reserve(static_cast<size_t>(n));
+  counts.reserve(static_cast<size_t>(n));
   for (int64_t k = 0; k < n; ++k) {
     if (ip[k] < 0) {
       st.inv[k] = -1;
@@ -108,13 +112,27 @@ void prepare(Impl& m, const at::Tensor& ids, const at::Tensor& offsets, LookupSt
   st.distinct = static_cast<int64_t>(distinct.size());
 }
 
-// The values of the distinct ids, [distinct, dim]; resolves them at their owners (counting
-// sightings in training) and records both sides in `st`.
-at::Tensor fetch(Impl& m, const std::vector<int64_t>& distinct, const std::vector<int64_t>& counts,
-                 LookupState& st) {
+// Where the distinct ids' values are (dim floats each): resolves them at their owners
+// (counting sightings in training) and records both sides in `st`. The pointers stay valid
+// until the table's next lookup or end_step; `hold` keeps the rows received from other ranks.
+std::vector<const float*> fetch(Impl& m, const std::vector<int64_t>& distinct,
+                                const std::vector<int64_t>& counts, LookupState& st,
+                                at::Tensor& hold) {
   const int64_t n = st.distinct, dim = m.opt.dim;
-  st.send_rows.assign(static_cast<size_t>(m.world), 0);
+  m.zero_row.assign(static_cast<size_t>(dim), 0.0f);
+  std::vector<const float*> values(static_cast<size_t>(n));
   st.order.resize(static_cast<size_t>(n));
+  if (m.comm == nullptr || m.world == 1) {  // alone: this rank owns every id, nothing to send
+    std::iota(st.order.begin(), st.order.end(), int64_t{0});
+    st.send_rows.assign(1, n);
+    st.recv_counts.assign(1, n);
+    st.recv_ids = distinct;
+    st.recv_rows = m.resolve(distinct.data(), counts.data(), n);
+    for (int64_t k = 0; k < n; ++k)
+      values[k] = st.recv_rows[k] >= 0 ? m.row(st.recv_rows[k]) : m.zero_row.data();
+    return values;
+  }
+  st.send_rows.assign(static_cast<size_t>(m.world), 0);
   std::vector<int32_t> owner(static_cast<size_t>(n));
   for (int64_t k = 0; k < n; ++k) {
     owner[k] = embedding::owner_of(distinct[k], m.world);
@@ -147,20 +165,16 @@ at::Tensor fetch(Impl& m, const std::vector<int64_t>& distinct, const std::vecto
   for (int64_t k = 0; k < m_recv; ++k)
     if (st.recv_rows[k] >= 0) std::copy(m.row(st.recv_rows[k]), m.row(st.recv_rows[k]) + dim,
                                         out + k * dim);
-  const at::Tensor back = all_to_all(m, rows, st.recv_counts, "rows").tensor.contiguous();
-  at::Tensor values = at::empty({n, dim}, at::kFloat);  // back in distinct order
-  const float* bp = back.data_ptr<float>();
-  float* vp = values.data_ptr<float>();
-  for (int64_t pos = 0; pos < n; ++pos)
-    std::copy(bp + pos * dim, bp + (pos + 1) * dim, vp + st.order[pos] * dim);
+  hold = all_to_all(m, rows, st.recv_counts, "rows").tensor.contiguous();  // in send order
+  const float* bp = hold.data_ptr<float>();
+  for (int64_t pos = 0; pos < n; ++pos) values[st.order[pos]] = bp + pos * dim;
   return values;
 }
 
 // Sums (or averages) the distinct ids' values into the bags.
-at::Tensor pool(const LookupState& st, const at::Tensor& values) {
+at::Tensor pool(const LookupState& st, const std::vector<const float*>& values) {
   const int64_t bags = static_cast<int64_t>(st.offsets.size()) - 1, dim = st.dim;
   at::Tensor out = at::zeros({bags, dim}, at::kFloat);
-  const float* v = values.data_ptr<float>();
   float* o = out.data_ptr<float>();
   for (int64_t b = 0; b < bags; ++b) {
     float* ob = o + b * dim;
@@ -168,7 +182,7 @@ at::Tensor pool(const LookupState& st, const at::Tensor& values) {
     for (int64_t p = st.offsets[b]; p < st.offsets[b + 1]; ++p) {
       if (st.inv[p] < 0) continue;
       ++count;
-      const float* vr = v + st.inv[p] * dim;
+      const float* vr = values[st.inv[p]];
       for (int64_t j = 0; j < dim; ++j) ob[j] += vr[j];
     }
     if (st.pooling == Pooling::kMean && count > 1) {
@@ -241,7 +255,8 @@ at::Tensor EmbeddingTable::lookup(const at::Tensor& ids, const at::Tensor& offse
   st->dim = m.opt.dim;
   std::vector<int64_t> distinct, counts;
   prepare(m, ids, offsets, *st, distinct, counts);
-  const at::Tensor values = fetch(m, distinct, counts, *st);
+  at::Tensor hold;
+  const std::vector<const float*> values = fetch(m, distinct, counts, *st, hold);
   at::Tensor out = pool(*st, values);
   if (!m.training || !c10::GradMode::is_enabled()) return out;
   st->output = std::move(out);

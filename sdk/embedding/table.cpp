@@ -120,7 +120,7 @@ void EmbeddingTable::Impl::lru_append(int64_t r) {
 
 void EmbeddingTable::Impl::touch_row(int64_t r) {
   last_seen[r] = step + 1;
-  if (lru_tail != r) {
+  if (opt.ttl_steps > 0 && lru_tail != r) {  // without eviction the order is never read
     lru_unlink(r);
     lru_append(r);
   }
@@ -195,29 +195,37 @@ void EmbeddingTable::Impl::relayout(size_t width) {
 
 std::vector<int64_t> EmbeddingTable::Impl::resolve(const int64_t* ids, const int64_t* counts,
                                                    int64_t n) {
-  if (training) {  // every sighting first, so that one lookup's sightings all count
-    for (int64_t i = 0; i < n; ++i) {
-      auto it = index.find(ids[i]);
-      if (it != index.end()) {
-        touch_row(it->second);
-      } else if (opt.min_count <= 1) {
-        create_row(ids[i]);
+  std::vector<int64_t> rows(static_cast<size_t>(n), -1);
+  bool unresolved = false;  // an id still pending (it may be admitted by a later entry)
+  for (int64_t i = 0; i < n; ++i) {
+    auto it = index.find(ids[i]);
+    if (it != index.end()) {
+      rows[i] = it->second;
+      if (training) touch_row(it->second);
+    } else if (!training) {
+      continue;
+    } else if (opt.min_count <= 1) {
+      rows[i] = create_row(ids[i]);
+    } else {
+      Pending& p = pending[ids[i]];
+      p.count += counts[i];
+      p.last_seen = step + 1;
+      if (p.count >= opt.min_count) {
+        pending.erase(ids[i]);
+        rows[i] = create_row(ids[i]);
       } else {
-        Pending& p = pending[ids[i]];
-        p.count += counts[i];
-        p.last_seen = step + 1;
-        if (p.count >= opt.min_count) {
-          pending.erase(ids[i]);
-          create_row(ids[i]);
-        }
+        unresolved = true;
       }
     }
   }
-  std::vector<int64_t> rows(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    auto it = index.find(ids[i]);
-    rows[i] = it == index.end() ? -1 : it->second;
-  }
+  // Every sighting of this lookup counts before any value is read: an id that several ranks
+  // sent reads its row on all of them once their sightings together admit it.
+  if (unresolved)
+    for (int64_t i = 0; i < n; ++i)
+      if (rows[i] < 0) {
+        auto it = index.find(ids[i]);
+        if (it != index.end()) rows[i] = it->second;
+      }
   return rows;
 }
 
