@@ -129,7 +129,7 @@ void EmbeddingTable::Impl::touch_row(int64_t r) {
 int64_t EmbeddingTable::Impl::create_row(int64_t id) {
   if (opt.max_rows > 0 && live() >= opt.max_rows)
     throw std::runtime_error(
-        where() + ": admitting id " + std::to_string(id) + " would exceed max_rows = " +
+        where() + ": a row for id " + std::to_string(id) + " would exceed max_rows = " +
         std::to_string(opt.max_rows) + " rows on rank " + std::to_string(rank) + " of " +
         std::to_string(world) + "; hint: raise max_rows, evict unused rows with ttl_steps, " +
         "admit fewer ids with min_count, or shard the table over more ranks");

@@ -405,6 +405,25 @@ TEST_CASE("an evicted row comes back as new: initial values, zero slots") {
   CHECK(t.stats().admitted == 2);
 }
 
+TEST_CASE("slots reserved after rows exist: values kept, slots zero") {
+  EmbeddingTable t(options("late", 3), nullptr);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 5000; ++i) ids.push_back(i);  // more than one block of rows
+  train_lookup(t, longs(ids), longs({0}), Pooling::kSum, at::ones({1, 3}));
+  const at::Tensor before = t.read(longs(ids)).clone();
+  keel_error err{};
+  REQUIRE(call(t.abi()->reserve_slots(t.abi()->self, 2, &err), err) == "");
+  CHECK(at::equal(t.read(longs(ids)), before));
+  keel_sparse_rows rows{};
+  rows.struct_size = sizeof(rows);
+  REQUIRE(call(t.abi()->touched(t.abi()->self, &rows, &err), err) == "");
+  REQUIRE(rows.count == 5000);
+  float slot_sum = 0;
+  for (size_t i = 0; i < rows.count; ++i) slot_sum += rows.slots[i][0] + rows.slots[i][1];
+  CHECK(slot_sum == 0.0f);
+  CHECK(rows.values[4999][2] == before[4999][2].item<float>());
+}
+
 TEST_CASE("max_rows: a clear error naming the table, the limit and a hint") {
   TableOptions o = options("capped", 2);
   o.max_rows = 3;
