@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Third-party plugins build against the installed SDK alone: install keel into a staging
 # directory, build tests/sdk/halving.cpp with nothing but `pkg-config keel-sdk`, and check that
-# the installed keel loads it, shows its options and validates a manifest that uses it.
+# the installed keel loads it, shows its options and validates a manifest that uses it; build
+# tests/sdk/embedding_user.cpp with nothing but `pkg-config keel-embedding` and run it.
 # Usage: test_sdk_install.sh BUILD_DIR SOURCE_ROOT
 set -euo pipefail
 build=$1 src=$2
@@ -40,6 +41,14 @@ if KEEL_PLUGIN_PATH="$stage/third_party:$installed_plugins" "$keel" validate "$s
 fi
 grep -q "unknown key 'evry' in \[lr_scheduler\]; hint: did you mean 'every'?" "$stage/err"
 echo "ok: a plugin built against the installed SDK loads and validates"
+
+# keel::EmbeddingTable from the installed static library, with nothing but `pkg-config
+# keel-embedding` (which names Abseil's libraries too).
+# shellcheck disable=SC2046
+g++ -std=c++17 -O1 "$src/tests/sdk/embedding_user.cpp" -o "$stage/third_party/embedding_user" \
+    $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs keel-embedding)
+"$stage/third_party/embedding_user"
+echo "ok: a program built against the installed keel-embedding runs"
 
 # Losses built the same way train with gradient accumulation. my_cross_entropy does not
 # override Loss::count_items: with the default accum_normalization = "auto" the run must fall
