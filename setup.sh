@@ -46,6 +46,7 @@ PACKAGES=(
   libssl-dev                          # SHA-256 of plugin files (lock files, packages)
   libarchive-dev                      # .tar.gz plugin packages
   dataset-fashion-mnist               # the quickstart's data
+  libzstd-dev                         # .zst window files of the criteo dataset (plugins/criteo)
 )
 # --tests: `meson test -C build`.
 TEST_PACKAGES=(
