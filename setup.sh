@@ -48,6 +48,7 @@ PACKAGES=(
   libabsl-dev                         # Abseil's flat_hash_map: keel::EmbeddingTable's id -> row
                                       # map (sdk/embedding, pkg-config keel-embedding)
   dataset-fashion-mnist               # the quickstart's data
+  libzstd-dev                         # .zst window files of the criteo dataset (plugins/criteo)
 )
 # --tests: `meson test -C build`.
 TEST_PACKAGES=(

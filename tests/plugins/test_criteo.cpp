@@ -1,0 +1,448 @@
+// The `criteo` dataset (plugins/criteo) through keel/testing.hpp, loading the built plugin
+// (its path in $KEEL_CRITEO_PLUGIN): the parser's values and bad-input errors, exact resume
+// counting every record over kills at many points (plain and .zst, threads 1 and 2, 1 and 2
+// ranks), the ranks' rule, a truncated .zst, follow = true picking up a file published while
+// reading, and clean stops (destroy while the reader waits on a full queue or polls).
+#include "keel/testing.hpp"  // before doctest.h (glog's CHECK macros)
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+#include <zstd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "probe.hpp"
+
+namespace fs = std::filesystem;
+using keel::testing::Options;
+using keel::testing::Setup;
+using Dataset = keel::testing::Instance<keel_dataset>;
+
+namespace {
+
+const keel::testing::Plugin& plugin() {
+  static const keel::testing::Plugin p([] {
+    const char* path = std::getenv("KEEL_CRITEO_PLUGIN");
+    if (path == nullptr) throw std::runtime_error("set KEEL_CRITEO_PLUGIN to libkeel-criteo.so");
+    return probe::open_plugin(path);
+  }());
+  return p;
+}
+
+struct TempDir {
+  fs::path path = keel::testing::detail::temporary_directory();
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string zstd(const std::string& text) {
+  std::string out(ZSTD_compressBound(text.size()), '\0');
+  const size_t n = ZSTD_compress(out.data(), out.size(), text.data(), text.size(), 3);
+  REQUIRE(!ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+// Record i of window w: I1 = w * 100000 + i + 1 (so every record is told apart), some missing
+// fields, hex categoricals.
+std::string line(int w, int i) {
+  std::string s = std::to_string((i * 7 + w) % 3 == 0 ? 1 : 0);
+  s += "\t" + std::to_string(w * 100000 + i + 1);
+  for (int k = 2; k <= 13; ++k) s += "\t" + ((i + k) % 5 == 0 ? "" : std::to_string((i * k) % 50 - 3));
+  for (int k = 1; k <= 26; ++k) {
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "%x", (i * 31 + k * 7 + w) % 997);
+    s += "\t" + ((i + k) % 7 == 0 ? std::string() : std::string(hex));
+  }
+  return s + "\n";
+}
+
+// Windows of the given sizes as day_000.tsv[.zst], ...
+void write_windows(const fs::path& dir, const std::vector<int>& sizes, bool compressed) {
+  for (size_t w = 0; w < sizes.size(); ++w) {
+    std::string text;
+    for (int i = 0; i < sizes[w]; ++i) text += line(static_cast<int>(w), i);
+    char name[32];
+    std::snprintf(name, sizeof name, "day_%03zu.tsv", w);
+    write(dir / (std::string(name) + (compressed ? ".zst" : "")), compressed ? zstd(text) : text);
+  }
+}
+
+using Row = std::vector<double>;  // label, then the 39 inputs
+
+Dataset make(const Options& o, int rank = 0, int world = 1) {
+  Setup s;
+  s.section = "data.train";
+  s.rank = rank;
+  s.world_size = world;
+  return plugin().create<keel_dataset>("criteo", o, s);
+}
+
+// Appends the next batch's rows to `rows` (with `ids_only`, each row as {label, I1 column},
+// which tells the records of write_windows apart); false at the window's end.
+bool next_rows(const Dataset& d, std::vector<Row>* rows, int64_t* samples = nullptr,
+               bool ids_only = false) {
+  keel_batch b{};
+  int has = 0;
+  d.call(d->next, &b, &has);
+  if (!has) return false;
+  const at::Tensor in = keel::adopt(b.inputs), tg = keel::adopt(b.targets);
+  REQUIRE((in.scalar_type() == at::kDouble));
+  REQUIRE((tg.scalar_type() == at::kFloat));
+  REQUIRE(in.dim() == 2);
+  REQUIRE(in.size(1) == 39);
+  REQUIRE(tg.size(0) == in.size(0));
+  REQUIRE(b.samples == in.size(0));
+  if (samples) *samples = b.samples;
+  const at::Tensor inc = in.contiguous(), tgc = tg.contiguous();
+  const double* x = inc.data_ptr<double>();
+  const float* y = tgc.data_ptr<float>();
+  for (int64_t r = 0; r < in.size(0); ++r) {
+    Row row{y[r]};
+    row.insert(row.end(), x + r * 39, x + (ids_only ? r * 39 + 1 : (r + 1) * 39));
+    rows->push_back(row);
+  }
+  return true;
+}
+
+// Reads the rest of window `epoch` (started or sought), then windows epoch + 1, ... to the
+// first window without a batch (the stream's end).
+void read_rest(const Dataset& d, int64_t epoch, std::vector<Row>* rows) {
+  while (next_rows(d, rows, nullptr, true)) {
+  }
+  for (int64_t e = epoch + 1;; ++e) {
+    d.call(d->start_epoch, e);
+    bool any = false;
+    while (next_rows(d, rows, nullptr, true)) any = true;
+    if (!any) return;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("criteo: values of a line in the batch layout") {
+  TempDir t;
+  write(t.path / "a.tsv",
+        "1\t0\t\t5\t-3\t1\t1\t1\t1\t1\t1\t1\t1\t1\t"
+        "0\tff\t\t1F\t1fffffffffffff\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t0\t"
+        "0\tabc\r\n");
+  Dataset d = make({{"path", (t.path / "a.tsv").string()}});
+  d.call(d->start_epoch, int64_t{0});
+  std::vector<Row> rows;
+  REQUIRE(next_rows(d, &rows));
+  REQUIRE(rows.size() == 1);
+  const Row& r = rows[0];
+  CHECK(r[0] == 1.0);                       // label
+  CHECK(r[1] == 0.0);                       // I1 = 0 -> log1p(0)
+  CHECK(r[2] == 0.0);                       // I2 missing
+  CHECK(r[3] == doctest::Approx(std::log1p(5.0)).epsilon(1e-15));
+  CHECK(r[4] == 0.0);                       // I4 = -3 -> log1p(max(-3, 0))
+  CHECK(r[14] == 0.0);                      // C1 "0"
+  CHECK(r[15] == 255.0);                    // C2 "ff"
+  CHECK(r[16] == -1.0);                     // C3 missing
+  CHECK(r[17] == 31.0);                     // C4 "1F"
+  CHECK(r[18] == 9007199254740991.0);       // C5 2^53 - 1
+  CHECK(r[39] == 0xabc);                    // C26, the '\r' dropped
+  CHECK(!next_rows(d, &rows));
+  CHECK(d.call(d->batches_per_epoch) == -1);
+  CHECK(d.call(d->size) == -1);
+}
+
+TEST_CASE("criteo: bad records name FILE:LINE and the field; skip counts them") {
+  const std::string good = line(0, 0);
+  std::string fields = good.substr(0, good.size() - 1);
+  auto with = [&](int field, const std::string& v) {  // the good line with one field replaced
+    std::vector<std::string> f;
+    size_t at = 0;
+    for (size_t tab; (tab = fields.find('\t', at)) != std::string::npos; at = tab + 1)
+      f.push_back(fields.substr(at, tab - at));
+    f.push_back(fields.substr(at));
+    f[static_cast<size_t>(field)] = v;
+    std::string s;
+    for (size_t i = 0; i < f.size(); ++i) s += (i ? "\t" : "") + f[i];
+    return s + "\n";
+  };
+  struct Case {
+    std::string bad, message;
+  };
+  const std::vector<Case> cases = {
+      {with(20, "zz"), "C7: 'zz' is not hexadecimal"},
+      {with(14, "0x1f"), "C1: '0x1f' is not hexadecimal"},
+      {with(39, "20000000000000"), "C26: '20000000000000' is 2^53 or more"},
+      {with(0, "2"), "label: '2' is not 0 or 1"},
+      {with(0, ""), "label: '' is not 0 or 1"},
+      {with(3, "1.5"), "I3: '1.5' is not an integer"},
+      {with(13, "99999999999999999999"), "I13: '99999999999999999999' is not an integer"},
+      {fields + "\t1\n", "has 41 tab-separated fields, not 40"},
+      {"1\t2\t3\n", "has 3 tab-separated fields, not 40"},
+      {"\n", "has 1 tab-separated fields, not 40"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.message);
+    TempDir t;
+    const fs::path file = t.path / "w.tsv";
+    write(file, good + good + c.bad + good);
+    {
+      Dataset d = make({{"path", file.string()}, {"batch_size", 2}});
+      d.call(d->start_epoch, int64_t{0});
+      std::vector<Row> rows;
+      CHECK(next_rows(d, &rows));  // records 1 and 2
+      try {
+        next_rows(d, &rows);
+        FAIL("no error");
+      } catch (const std::runtime_error& e) {
+        const std::string m = e.what();
+        CHECK(m.find(file.string() + ":3: " + c.message) != std::string::npos);
+        CHECK(m.find("on_bad_record = \"skip\"") != std::string::npos);
+        CHECK(m.find('\n') == std::string::npos);
+      }
+      CHECK_THROWS(next_rows(d, &rows));  // stays failed, no hang
+    }
+    keel::testing::clear_log_lines();
+    Dataset d = make({{"path", file.string()}, {"batch_size", 2}, {"on_bad_record", "skip"}});
+    d.call(d->start_epoch, int64_t{0});
+    std::vector<Row> rows;
+    while (next_rows(d, &rows)) {
+    }
+    CHECK(rows.size() == 3);
+    const auto state = keel::testing::save_state(d);
+    for (const auto& [name, tensor] : state)
+      if (name == "skipped_before") CHECK(tensor[0].item<int64_t>() == 1);
+    bool logged = false;
+    for (const std::string& l : keel::testing::log_lines())
+      logged = logged || (l.find("1 bad records skipped") != std::string::npos &&
+                          l.find(file.string() + ":3: " + c.message) != std::string::npos);
+    CHECK(logged);
+  }
+}
+
+TEST_CASE("criteo: a truncated .zst is an error naming the file") {
+  TempDir t;
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += line(0, i);
+  const std::string z = zstd(text);
+  const fs::path file = t.path / "day_000.tsv.zst";
+  write(file, z.substr(0, z.size() / 2));
+  for (const int threads : {1, 2}) {
+    Dataset d = make({{"path", file.string()}, {"batch_size", 64}, {"threads", threads}});
+    d.call(d->start_epoch, int64_t{0});
+    std::vector<Row> rows;
+    std::string message;
+    try {
+      while (next_rows(d, &rows)) {
+      }
+    } catch (const std::runtime_error& e) {
+      message = e.what();
+    }
+    CHECK(message.find(file.string() + ": truncated zstd file") != std::string::npos);
+  }
+}
+
+namespace {
+
+// Where a read stops before the kill, at a window's end: right after its last batch, after
+// next() said the window ended, or after start_epoch of the next window.
+enum class Stop { kAfterBatch, kAfterEnd, kAfterStart };
+
+// Reads `kill` batches (then `stop`), saves the state, destroys the dataset, resumes a new one
+// from the state and reads to the stream's end: all the rows, in order.
+std::vector<Row> killed_and_resumed(const Options& o, int rank, int world, int64_t kill,
+                                    Stop stop) {
+  std::vector<Row> rows;
+  keel::testing::NamedTensors state;
+  int64_t epoch = 0, batch = 0;
+  {
+    Dataset a = make(o, rank, world);
+    a.call(a->start_epoch, epoch);
+    for (int64_t k = 0; k < kill;) {
+      if (next_rows(a, &rows, nullptr, true)) {
+        ++k, ++batch;
+      } else {
+        a.call(a->start_epoch, ++epoch);
+        batch = 0;
+      }
+    }
+    if (stop != Stop::kAfterBatch) {
+      std::vector<Row> none;
+      if (!next_rows(a, &none, nullptr, true)) {
+        epoch += 1, batch = 0;  // the kernel goes on with the next window
+        if (stop == Stop::kAfterStart) a.call(a->start_epoch, epoch);
+      } else {
+        rows.insert(rows.end(), none.begin(), none.end());  // not at a window's end after all
+        ++batch;
+      }
+    }
+    state = keel::testing::save_state(a);
+  }  // "killed": the reader may hold prefetched batches, which must not count
+  Dataset b = make(o, rank, world);
+  keel::testing::load_state(b, state);
+  b.call(b->seek, epoch, batch);
+  read_rest(b, epoch, &rows);
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("criteo: kill and resume continue at exactly the next record") {
+  const std::vector<int> sizes = {37, 12001, 23};  // 12001 records span several 1 MiB blocks
+  struct Config {
+    bool compressed;
+    int threads, world;
+  };
+  const Config configs[] = {{false, 1, 1}, {false, 2, 1}, {true, 1, 1}, {true, 2, 1},
+                            {false, 2, 2}, {true, 1, 2}};
+  for (const auto [compressed, threads, world] : configs) {
+        TempDir t;
+        write_windows(t.path, sizes, compressed);
+        const Options o = {{"path", t.path.string()},
+                           {"batch_size", 32},
+                           {"threads", threads},
+                           {"prefetch", 3}};
+        for (int rank = 0; rank < world; ++rank) {
+          CAPTURE(compressed);
+          CAPTURE(threads);
+          CAPTURE(world);
+          CAPTURE(rank);
+          // The uninterrupted read, and its batches per window.
+          std::vector<Row> all;
+          std::vector<int64_t> ends;  // cumulative batches at each window's end
+          {
+            Dataset d = make(o, rank, world);
+            int64_t n = 0;
+            for (int64_t e = 0;; ++e) {
+              d.call(d->start_epoch, e);
+              int64_t in_window = 0;
+              while (next_rows(d, &all, nullptr, true)) ++n, ++in_window;
+              if (in_window == 0) break;
+              ends.push_back(n);
+            }
+          }
+          REQUIRE(ends.size() == 3);
+          int64_t records = 0;  // every record is seen once, by one rank
+          for (const int s : sizes) records += s;
+          if (world == 1) REQUIRE(static_cast<int64_t>(all.size()) == records);
+          std::vector<std::pair<int64_t, Stop>> kills = {{0, Stop::kAfterBatch},
+                                                         {1, Stop::kAfterBatch},
+                                                         {(ends[0] + ends[1]) / 2, Stop::kAfterBatch},
+                                                         {ends[1] - 1, Stop::kAfterBatch},
+                                                         {ends[2] - 1, Stop::kAfterBatch},
+                                                         {ends[2], Stop::kAfterBatch},
+                                                         {ends[2], Stop::kAfterEnd}};
+          for (const int64_t at : {ends[0], ends[1]})
+            for (const Stop s : {Stop::kAfterBatch, Stop::kAfterEnd, Stop::kAfterStart})
+              kills.emplace_back(at, s);
+          for (const auto& [kill, stop] : kills) {
+            CAPTURE(kill);
+            CAPTURE(static_cast<int>(stop));
+            const std::vector<Row> got = killed_and_resumed(o, rank, world, kill, stop);
+            CHECK(got.size() == all.size());
+            CHECK(got == all);  // none twice, none skipped, same order
+          }
+        }
+      }
+}
+
+TEST_CASE("criteo: 2 ranks see the global batches of 1 rank with twice batch_size") {
+  const std::vector<int> sizes = {37, 50, 23, 1};  // final groups of 5, 2, 7 and 1 records
+  TempDir t;
+  write_windows(t.path, sizes, false);
+  const Options one = {{"path", t.path.string()}, {"batch_size", 8}};
+  const Options half = {{"path", t.path.string()}, {"batch_size", 4}};
+  Dataset single = make(one);
+  Dataset r0 = make(half, 0, 2), r1 = make(half, 1, 2);
+  int64_t dropped_windows = 0;
+  for (int64_t e = 0; e < 5; ++e) {
+    CAPTURE(e);
+    for (const Dataset* d : {&single, &r0, &r1}) d->call((*d)->start_epoch, e);
+    for (;;) {
+      std::vector<Row> g, a, b;
+      int64_t na = 0, nb = 0;
+      const bool hs = next_rows(single, &g), ha = next_rows(r0, &a, &na),
+                 hb = next_rows(r1, &b, &nb);
+      REQUIRE(ha == hb);  // every rank ends the window after the same batch count
+      if (!ha) {
+        // Only a final group smaller than the world (the 1-record window) is left out.
+        if (hs) {
+          CHECK(g.size() == 1);
+          ++dropped_windows;
+          CHECK(!next_rows(single, &g));
+        }
+        break;
+      }
+      REQUIRE(hs);
+      CHECK(na >= 1);
+      CHECK(nb >= 1);
+      CHECK(std::abs(na - nb) <= 1);
+      a.insert(a.end(), b.begin(), b.end());
+      CHECK(a == g);
+    }
+  }
+  CHECK(dropped_windows == 1);
+  const auto state = keel::testing::save_state(r0);
+  for (const auto& [name, tensor] : state)
+    if (name == "dropped_before") CHECK(tensor[0].item<int64_t>() == 1);
+}
+
+TEST_CASE("criteo: follow = true picks up a file published while reading") {
+  TempDir t;
+  write_windows(t.path, {30}, false);
+  write(t.path / "day_001.tsv.tmp", line(1, 0));  // in the making: never a window
+  write(t.path / ".day_001.tsv", line(1, 0));
+  Dataset d = make({{"path", t.path.string()},
+                    {"pattern", "day_*.tsv"},
+                    {"batch_size", 8},
+                    {"follow", true},
+                    {"poll_s", 0.02}});
+  std::vector<Row> rows;
+  d.call(d->start_epoch, int64_t{0});
+  while (next_rows(d, &rows)) {
+  }
+  CHECK(rows.size() == 30);
+  d.call(d->start_epoch, int64_t{1});
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    std::string text;
+    for (int i = 0; i < 20; ++i) text += line(1, i);
+    write(t.path / ".day_001.tsv", text);
+    fs::rename(t.path / ".day_001.tsv", t.path / "day_001.tsv");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Row> second;
+  while (next_rows(d, &second)) {
+  }
+  writer.join();
+  CHECK(second.size() == 20);
+  CHECK(second[0][1] == doctest::Approx(std::log1p(100001.0)));
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(100));
+  // Waiting for a third window: destroying the dataset stops the polling reader at once.
+  d.call(d->start_epoch, int64_t{2});
+}
+
+TEST_CASE("criteo: follow = false ends after the last file; stops are clean") {
+  TempDir t;
+  write_windows(t.path, {5000}, true);
+  {
+    Dataset d = make({{"path", t.path.string()}, {"batch_size", 16}, {"prefetch", 1},
+                      {"threads", 2}});
+    d.call(d->start_epoch, int64_t{0});
+    std::vector<Row> rows;
+    CHECK(next_rows(d, &rows));  // the reader now waits on a full queue: destroy stops it
+  }
+  Dataset d = make({{"path", t.path.string()}, {"batch_size", 16}, {"max_windows", 1}});
+  d.call(d->start_epoch, int64_t{1});
+  std::vector<Row> rows;
+  CHECK(!next_rows(d, &rows));
+  CHECK_THROWS_WITH(make({{"path", (t.path / "none*").string()}}),
+                    doctest::Contains("no window files"));
+}
