@@ -130,6 +130,10 @@ constexpr size_t required_size<keel_optimizer>() {
   return offsetof(keel_optimizer, state_save);
 }
 template <>
+constexpr size_t required_size<keel_sparse_optimizer>() {
+  return offsetof(keel_sparse_optimizer, state_save);
+}
+template <>
 constexpr size_t required_size<keel_mfu>() {
   return offsetof(keel_mfu, peak_flops);
 }
@@ -146,6 +150,7 @@ KEEL_SLOT_NAMES(keel_model, "forward", "set_training", "param_count", "param", "
                 "state", "flops_per_sample");
 KEEL_SLOT_NAMES(keel_dataset, "size", "batches_per_epoch", "start_epoch", "next");
 KEEL_SLOT_NAMES(keel_optimizer, "step", "zero_grad", "group_count", "get_lr", "set_lr");
+KEEL_SLOT_NAMES(keel_sparse_optimizer, "step", "get_lr", "set_lr");
 KEEL_SLOT_NAMES(keel_lr_scheduler, "factor");
 KEEL_SLOT_NAMES(keel_loss, "compute");
 KEEL_SLOT_NAMES(keel_grad_clipper, "clip");

@@ -25,7 +25,7 @@ using namespace resolve_parts;
 const std::vector<std::string> kTopLevel = {"run", "plugins", "train", "model", "data",
                                             "optimizer", "lr_scheduler", "loss", "grad_clipper",
                                             "mfu", "profiler", "checkpoint", "hooks", "distributed",
-                                            "extends"};
+                                            "extends", "sparse_optimizer"};
 
 void check_sections(const Manifest& m) {
   for (const auto& [k, v] : m.root) {
@@ -33,8 +33,8 @@ void check_sections(const Manifest& m) {
     if (std::find(kTopLevel.begin(), kTopLevel.end(), key) == kTopLevel.end())
       throw Error(where(k.source()) + ": unknown section '" + key + "'; hint: " +
                   text::did_you_mean(key, kTopLevel) + "a manifest holds run, plugins, train, model, "
-                  "data, optimizer, lr_scheduler, loss, grad_clipper, mfu, profiler, checkpoint, "
-                  "hooks, distributed (docs/manifest.md)");
+                  "data, optimizer, sparse_optimizer, lr_scheduler, loss, grad_clipper, mfu, "
+                  "profiler, checkpoint, hooks, distributed (docs/manifest.md)");
   }
 }
 
@@ -120,7 +120,7 @@ TrainKeys train_section(const Manifest& m, const RunKeys& run) {
 }
 
 // [model], [data.train], [data.test], [optimizer] (with [[optimizer.groups]]), [loss] and the
-// optional [lr_scheduler], [grad_clipper], [mfu], [profiler].
+// optional [sparse_optimizer], [lr_scheduler], [grad_clipper], [mfu], [profiler].
 void component_sections(const Manifest& m, const Registry& registry, RunConfig& rc) {
   // `kernel_tables`: keys of the table that belong to the kernel ([[optimizer.groups]]).
   auto required = [&](const char* key, keel_kind kind,
@@ -154,6 +154,7 @@ void component_sections(const Manifest& m, const Registry& registry, RunConfig& 
                 "hint: add one with type = \"<dataset>\"");
   rc.optimizer = required("optimizer", KEEL_KIND_OPTIMIZER, {"groups"});
   rc.param_groups = param_groups(table_or_empty(m.root, "optimizer", "optimizer"));
+  rc.sparse_optimizer = optional("sparse_optimizer", KEEL_KIND_SPARSE_OPTIMIZER);
   rc.loss = required("loss", KEEL_KIND_LOSS);
   rc.lr_scheduler = optional("lr_scheduler", KEEL_KIND_LR_SCHEDULER);
   rc.grad_clipper = optional("grad_clipper", KEEL_KIND_GRAD_CLIPPER);
@@ -203,6 +204,7 @@ toml::table resolved_manifest(const Manifest& m, const Registry& registry, const
   if (const toml::node* groups = table_or_empty(m.root, "optimizer", "optimizer").get("groups"))
     optimizer_t.insert("groups", *groups);
   r.insert("optimizer", std::move(optimizer_t));
+  if (rc.sparse_optimizer) r.insert("sparse_optimizer", resolved_table(registry, *rc.sparse_optimizer));
   r.insert("loss", resolved_table(registry, rc.loss));
   for (const auto& [key, spec] : {std::pair{"lr_scheduler", &rc.lr_scheduler},
                                   {"grad_clipper", &rc.grad_clipper}, {"mfu", &rc.mfu},

@@ -6,8 +6,8 @@
 //   [plugins]      paths, require (and MANIFEST.lock beside the file, when present)
 //   [train]        stop targets (epochs, max_steps, max_samples, max_tokens), grad_accum,
 //                  precision, nonfinite policy, logging and evaluation cadence
-//   [model] [data.train] [data.test] [optimizer] [lr_scheduler] [loss] [grad_clipper]
-//   [mfu] [profiler] [checkpoint] [[hooks]]   -- each names its plugin with `type`
+//   [model] [data.train] [data.test] [optimizer] [sparse_optimizer] [lr_scheduler] [loss]
+//   [grad_clipper] [mfu] [profiler] [checkpoint] [[hooks]]   -- each names its plugin with `type`
 //   [distributed]  timeout_s, backend, bucket_cap_mb, shard (several processes)
 #pragma once
 
@@ -77,6 +77,9 @@ struct RunConfig {
 
   ComponentSpec model, train_data, optimizer, loss;
   std::optional<ComponentSpec> test_data, lr_scheduler, grad_clipper, mfu, profiler, checkpoint;
+  // [sparse_optimizer]: updates the model's sparse embedding tables (ABI 1.9); required exactly
+  // when the model has tables (checked at assembly, run/tables.cpp).
+  std::optional<ComponentSpec> sparse_optimizer;
   std::vector<ComponentSpec> hooks;
 
   // Everything above as TOML, defaults filled in: written to manifest.resolved.toml.

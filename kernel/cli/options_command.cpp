@@ -41,6 +41,7 @@ const std::vector<std::pair<std::string, keel_kind>>& component_sections() {
     {"data.train", KEEL_KIND_DATASET},
     {"data.test", KEEL_KIND_DATASET},
     {"optimizer", KEEL_KIND_OPTIMIZER},
+    {"sparse_optimizer", KEEL_KIND_SPARSE_OPTIMIZER},
     {"lr_scheduler", KEEL_KIND_LR_SCHEDULER},
     {"loss", KEEL_KIND_LOSS},
     {"grad_clipper", KEEL_KIND_GRAD_CLIPPER},

@@ -39,6 +39,8 @@ constexpr KindDoc kKindDocs[] = {
     {KEEL_KIND_HOOK,
      "each `[[hooks]]` table (beside the kernel's keys: `keel options hooks`); a manifest "
      "without `[[hooks]]` gets `console` and `jsonl`"},
+    {KEEL_KIND_SPARSE_OPTIMIZER,
+     "`[sparse_optimizer]` (required when the model has sparse embedding tables)"},
 };
 
 // Text for one Markdown table cell: '|' escaped, line breaks folded into spaces.

@@ -358,7 +358,7 @@ constexpr ComponentResume kComponents[] = {
     {"model", kBreaks},      {"data.train", kBreaks},   {"data.test", kSafe},
     {"optimizer", kBreaks},  {"loss", kBreaks},         {"lr_scheduler", kBreaks},
     {"grad_clipper", kBreaks}, {"mfu", kSafe},          {"profiler", kSafe},
-    {"checkpoint", kSafe},   {"hooks", kSafe},
+    {"checkpoint", kSafe},   {"hooks", kSafe},          {"sparse_optimizer", kBreaks},
 };
 
 bool starts(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }

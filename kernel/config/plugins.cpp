@@ -96,8 +96,8 @@ std::optional<Lock> manifest_lock(const Manifest& m, const PluginsTable& plugins
 std::vector<const ComponentSpec*> used_components(const RunConfig& cfg) {
   std::vector<const ComponentSpec*> specs = {&cfg.model, &cfg.train_data, &cfg.optimizer,
                                              &cfg.loss};
-  for (const auto* o : {&cfg.test_data, &cfg.lr_scheduler, &cfg.grad_clipper, &cfg.mfu,
-                        &cfg.profiler, &cfg.checkpoint})
+  for (const auto* o : {&cfg.test_data, &cfg.sparse_optimizer, &cfg.lr_scheduler,
+                        &cfg.grad_clipper, &cfg.mfu, &cfg.profiler, &cfg.checkpoint})
     if (*o) specs.push_back(&**o);
   for (const auto& h : cfg.hooks) specs.push_back(&h);
   return specs;

@@ -213,7 +213,7 @@ void read_components(InfoParse& p, const Key& k) {
               "a component must be a string KIND:NAME with a known kind" +
                   (s ? " (got " + toml_quoted(c) + ")" : std::string()),
               "KIND is model, dataset, optimizer, lr_scheduler, loss, grad_clipper, mfu, "
-              "profiler, checkpoint or hook, e.g. \"loss:my_ce\"");
+              "profiler, checkpoint, hook or sparse_optimizer, e.g. \"loss:my_ce\"");
     if (!seen.insert(c).second)
       fail_at(text::located(p.shown, e.source()), "component " + toml_quoted(c) + " is listed twice",
               "list each component once");

@@ -22,6 +22,7 @@
 #include "run/parameters.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
+#include "run/tables.hpp"
 #include "text/text.hpp"
 
 namespace keel {
@@ -359,6 +360,7 @@ void assemble(Run& run, const RunConfig& config, bool validate_only,
   shard_parameters(run);
   create_data(run);
   create_optimizer(run);
+  create_sparse_optimizer(run);
   create_schedule_and_loss(run);
   create_measurements(run);
   create_hooks(run);

@@ -17,6 +17,7 @@
 #include "run/events.hpp"
 #include "run/plugin_state.hpp"
 #include "run/run.hpp"
+#include "run/tables.hpp"
 
 namespace keel {
 
@@ -138,8 +139,9 @@ void fill_meta(const Run& run, Snapshot& snap) {
 }
 
 // Everything a checkpoint holds, gathered now (at a step boundary). With several ranks, rank 0
-// holds the replicated objects (model, optimizer, hooks) and its own "rng" and "state"; rank
-// r > 0 only its own, as "rank<r>.rng" and "rank<r>.state". With [distributed] shard every
+// holds the replicated objects (model, optimizer, hooks, sparse_optimizer) and its own "rng",
+// "state" and "tables"; rank r > 0 only its own, as "rank<r>.rng", "rank<r>.state" and
+// "rank<r>.tables". With [distributed] shard every
 // rank writes its rows of the model ("model" on rank 0, else "rank<r>.model") and of the
 // optimizer state ("rank<r>.optimizer", optimizer_object).
 Snapshot snapshot(const Run& run) {
@@ -153,6 +155,7 @@ Snapshot snapshot(const Run& run) {
     snap.objects.emplace_back("hooks", std::move(hooks_t));
   }
   add_rank_objects(run, snap);
+  add_tables(run, snap);  // every rank's rows of the sparse tables
   // Backends take CPU tensors: a synchronous save copies device tensors now (an asynchronous
   // one copies every tensor to the CPU itself).
   if (!run.ranks.device.is_cpu() && !run.config.checkpointing.async)

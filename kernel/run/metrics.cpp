@@ -7,6 +7,7 @@
 
 #include "run/events.hpp"
 #include "run/run.hpp"
+#include "run/tables.hpp"
 #include "text/text.hpp"
 
 namespace keel {
@@ -84,6 +85,7 @@ void record_train(Run& run, const std::vector<double>* slowest) {
     record.push_back({"skipped_steps", double(p.skipped_steps)});
   if (run.plan.scaler) record.push_back({"loss_scale", run.plan.scaler->scale()});
   add_mfu(run, sps, record);
+  add_table_metrics(run, record);
   if (run.residency) {  // shard = "parameters": this rank's peaks over the window
     const auto [outside, resident] = run.residency->take_peaks();
     record.push_back({"param_mb_outside_unit", outside});

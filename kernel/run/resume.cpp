@@ -25,6 +25,7 @@
 #include "run/checkpointing.hpp"
 #include "run/plugin_state.hpp"
 #include "run/run.hpp"
+#include "run/tables.hpp"
 #include "text/text.hpp"
 
 namespace fs = std::filesystem;
@@ -370,6 +371,7 @@ void load_resume_point(Run& run) {
   load_optimizer(run, reader, dir);
   load_hook_state(run, rec, dir);
   load_plugin_state(run, rec, dir);
+  load_tables(run, rec, dir);
   load_generators(run, rec, dir);
   restore_progress(run);
 }

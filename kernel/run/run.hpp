@@ -37,6 +37,7 @@
 #include "run/eval_metrics.hpp"
 #include "run/requests.hpp"
 #include "run/run_directory.hpp"
+#include "run/tables.hpp"
 #include "run_config.hpp"
 #include "run/trainer.hpp"
 
@@ -71,6 +72,7 @@ struct Components {
   Instance<keel_model> model;
   Instance<keel_dataset> train_data, test_data;  // test_data: only when the run evaluates
   Instance<keel_optimizer> optimizer;
+  Instance<keel_sparse_optimizer> sparse_optimizer;  // when the model has sparse tables
   Instance<keel_lr_scheduler> scheduler;
   Instance<keel_loss> loss;
   EvalMetrics eval_metrics;  // the evaluation's sums and the loss's task metrics (over `loss`)
@@ -174,6 +176,7 @@ struct Run {
   std::unique_ptr<Residency> residency;
   Components components;
   Parameters parameters;
+  SparseTables sparse;  // the model's sparse embedding tables (ABI 1.9), borrowed from it
   StepPlan plan;
   ResumePoint resume;
   std::string run_id;             // kept by a resumed run (retention only touches its own)

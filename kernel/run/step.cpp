@@ -13,6 +13,7 @@
 #include "run/autocast.hpp"
 #include "run/events.hpp"
 #include "run/run.hpp"
+#include "run/tables.hpp"
 #include "text/text.hpp"
 
 namespace keel {
@@ -24,6 +25,7 @@ struct StepOutcome {
   double loss = 0;       // the sum of the micro-batches' weighted losses (then: mean over ranks)
   bool finite = true;    // loss and gradients finite (on every rank)
   double grad_norm = NAN;  // before clipping (NaN: no clipper)
+  double sparse_squares = 0;  // the sparse tables' row gradients' sum of squares (over ranks)
   int64_t samples = 0, tokens = 0;
 };
 
@@ -188,19 +190,23 @@ Error short_data_error(const Run& run, int64_t short_ranks) {
 
 // With several ranks, one all-reduce (a sum, run/agreement.hpp): the loss (mean over ranks),
 // whether any rank saw a non-finite value (then every rank skips the step), samples and
-// tokens, and whether any rank's data ended before the agreed micro-batches (then every rank
-// fails).
+// tokens, whether any rank's data ended before the agreed micro-batches (then every rank
+// fails), and the sparse gradients' sum of squares (each rank's rows).
 void reduce_across_ranks(Run& run, StepOutcome& step) {
-  if (!run.ranks.group) return;
-  const std::vector<double> v = run.ranks.group->sum(
-      {step.loss, step.finite ? 0.0 : 1.0, static_cast<double>(step.samples),
-       static_cast<double>(step.tokens), run.epoch.missing > 0 ? 1.0 : 0.0},
-      "reducing the loss of step " + std::to_string(run.progress.step + 1));
-  if (v[4] > 0) throw short_data_error(run, static_cast<int64_t>(v[4]));
-  step.loss = v[0] / run.ranks.world;
-  step.finite = v[1] == 0;
-  step.samples = static_cast<int64_t>(v[2]);
-  step.tokens = static_cast<int64_t>(v[3]);
+  if (run.ranks.group) {
+    const std::vector<double> v = run.ranks.group->sum(
+        {step.loss, step.finite ? 0.0 : 1.0, static_cast<double>(step.samples),
+         static_cast<double>(step.tokens), run.epoch.missing > 0 ? 1.0 : 0.0,
+         step.sparse_squares},
+        "reducing the loss of step " + std::to_string(run.progress.step + 1));
+    if (v[4] > 0) throw short_data_error(run, static_cast<int64_t>(v[4]));
+    step.loss = v[0] / run.ranks.world;
+    step.finite = v[1] == 0;
+    step.samples = static_cast<int64_t>(v[2]);
+    step.tokens = static_cast<int64_t>(v[3]);
+    step.sparse_squares = v[5];
+  }
+  if (run.sparse.any()) run.sparse.grad_norm = std::sqrt(step.sparse_squares);
 }
 
 // The optimizer step when the step is finite; otherwise train.nonfinite decides: "error" fails
@@ -214,6 +220,7 @@ void step_or_skip(Run& run, const StepOutcome& step) {
     emit(run, KEEL_EVENT_BEFORE_OPTIMIZER_STEP);
     profile_begin(run, "optimizer");
     run.components.optimizer.call("step", run.components.optimizer->step);
+    sparse_update(run);  // the touched rows of the sparse tables
     // Shards: every rank's updated rows to every rank ("parameters": the next forward
     // gathers them).
     if (run.shards && !run.residency) run.shards->gather_parameters("gathering the parameters updated at step " +
@@ -222,8 +229,11 @@ void step_or_skip(Run& run, const StepOutcome& step) {
   } else if (run.config.train.nonfinite == NonFinite::kError && !scaling) {
     throw Error("non-finite " + std::string(std::isfinite(step.loss) ? "gradient norm" : "loss") +
                 " at step " + std::to_string(next) + " (loss " + text::number(step.loss) +
-                ", grad norm " + text::number(step.grad_norm) + "); hint: lower the learning "
-                "rate, clip gradients, or set train.nonfinite = \"skip\"");
+                ", grad norm " + text::number(step.grad_norm) +
+                (run.sparse.any() ? ", sparse grad norm " + text::number(run.sparse.grad_norm)
+                                  : std::string()) +
+                "); hint: lower the learning rate, clip gradients, or set train.nonfinite = "
+                "\"skip\"");
   } else {
     run.progress.skipped_steps += 1;
     spdlog::warn("step {}: non-finite loss or gradients, optimizer step skipped ({} so far)",
@@ -316,10 +326,15 @@ double train_step(Run& run, const std::vector<MicroBatch>& batches) {
   emit(run, KEEL_EVENT_AFTER_BACKWARD);
   clip_gradients(run, step);
   run.progress.grad_norm = step.grad_norm;
+  if (run.sparse.any()) {  // not clipped; a non-finite gradient makes the step non-finite
+    step.sparse_squares = sparse_grad_squares(run);
+    step.finite = step.finite && std::isfinite(step.sparse_squares);
+  }
   reduce_across_ranks(run, step);
   if (run.plan.scaler) run.plan.scaler->update(step.finite);
   step_or_skip(run, step);
   count_step(run, step);
+  end_sparse_step(run, run.progress.step);  // taken or skipped: the tables forget its gradients
   emit(run, KEEL_EVENT_STEP_END);
   return step.loss;
 }
@@ -334,6 +349,7 @@ void set_lr_for(Run& run, int64_t step) {
   const std::vector<double>& base = run.parameters.base_lrs;
   for (size_t g = 0; g < base.size(); ++g)
     optimizer.run("set_lr", optimizer->set_lr, g, base[g] * f);
+  set_sparse_lr(run, f);  // the same schedule
   run.progress.lr = base.empty() ? 0 : base[0] * f;
 }
 

@@ -24,7 +24,7 @@ std::vector<MicroBatch> fetch_micro_batches(Run& run);
 double train_step(Run& run, const std::vector<MicroBatch>& batches);
 
 // Sets every optimizer group's learning rate for `step`: its base rate times the schedule's
-// factor.
+// factor; the sparse optimizer's likewise (the same schedule, run/tables.hpp).
 void set_lr_for(Run& run, int64_t step);
 
 }  // namespace keel

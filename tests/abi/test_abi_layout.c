@@ -5,8 +5,8 @@
  *
  * A change here is a change of the ABI. Within major 1 only additions are allowed (docs/abi.md):
  * a field appended to a struct (a new AT line after the struct's last one, and a larger SIZE), a
- * new struct, a new enumerator. test_abi_versions.cpp compares with the frozen 1.0 and 1.1
- * headers. */
+ * new struct, a new enumerator. test_abi_versions.cpp compares with the frozen headers
+ * (tests/abi/1.*). */
 #include <stddef.h>
 
 #include "keel/abi.h"
@@ -69,7 +69,7 @@ AT(keel_state_writer, struct_size, 0, 4);
 AT(keel_state_writer, host_data, 8, 8);
 AT(keel_state_writer, put, 16, 8);
 
-SIZE(keel_create_context, 136);
+SIZE(keel_create_context, 160);
 AT(keel_create_context, struct_size, 0, 4);
 AT(keel_create_context, host, 8, 8);
 AT(keel_create_context, options, 16, 8);
@@ -88,11 +88,49 @@ AT(keel_create_context, group_lr, 104, 8);
 AT(keel_create_context, group_weight_decay, 112, 8);
 AT(keel_create_context, resume_step, 120, 8);
 AT(keel_create_context, shards, 128, 8);
+AT(keel_create_context, comm, 136, 8);
+AT(keel_create_context, tables, 144, 8);
+AT(keel_create_context, table_count, 152, 8);
 
 SIZE(keel_shard_group, 24);
 AT(keel_shard_group, struct_size, 0, 4);
 AT(keel_shard_group, host_data, 8, 8);
 AT(keel_shard_group, all_reduce, 16, 8);
+
+SIZE(keel_comm, 40);
+AT(keel_comm, struct_size, 0, 4);
+AT(keel_comm, host_data, 8, 8);
+AT(keel_comm, rank, 16, 4);
+AT(keel_comm, world_size, 20, 4);
+AT(keel_comm, all_to_all, 24, 8);
+AT(keel_comm, all_gather, 32, 8);
+
+SIZE(keel_sparse_rows, 56);
+AT(keel_sparse_rows, struct_size, 0, 4);
+AT(keel_sparse_rows, count, 8, 8);
+AT(keel_sparse_rows, ids, 16, 8);
+AT(keel_sparse_rows, values, 24, 8);
+AT(keel_sparse_rows, grads, 32, 8);
+AT(keel_sparse_rows, slots, 40, 8);
+AT(keel_sparse_rows, slot_width, 48, 8);
+
+SIZE(keel_table_stats, 32);
+AT(keel_table_stats, struct_size, 0, 4);
+AT(keel_table_stats, rows, 8, 8);
+AT(keel_table_stats, admitted, 16, 8);
+AT(keel_table_stats, evicted, 24, 8);
+
+SIZE(keel_sparse_table, 80);
+AT(keel_sparse_table, struct_size, 0, 4);
+AT(keel_sparse_table, self, 8, 8);
+AT(keel_sparse_table, name, 16, 8);
+AT(keel_sparse_table, dim, 24, 8);
+AT(keel_sparse_table, reserve_slots, 32, 8);
+AT(keel_sparse_table, touched, 40, 8);
+AT(keel_sparse_table, end_step, 48, 8);
+AT(keel_sparse_table, stats, 56, 8);
+AT(keel_sparse_table, save, 64, 8);
+AT(keel_sparse_table, load, 72, 8);
 
 SIZE(keel_unit_calls, 32);
 AT(keel_unit_calls, struct_size, 0, 4);
@@ -100,7 +138,7 @@ AT(keel_unit_calls, host_data, 8, 8);
 AT(keel_unit_calls, enter, 16, 8);
 AT(keel_unit_calls, leave, 24, 8);
 
-SIZE(keel_model, 128);
+SIZE(keel_model, 144);
 AT(keel_model, struct_size, 0, 4);
 AT(keel_model, self, 8, 8);
 AT(keel_model, destroy, 16, 8);
@@ -117,6 +155,8 @@ AT(keel_model, forward_features, 96, 8);
 AT(keel_model, export_state, 104, 8);
 AT(keel_model, param_unit, 112, 8);
 AT(keel_model, set_unit_calls, 120, 8);
+AT(keel_model, table_count, 128, 8);
+AT(keel_model, table, 136, 8);
 
 SIZE(keel_batch, 32);
 AT(keel_batch, inputs, 0, 8);
@@ -148,6 +188,16 @@ AT(keel_optimizer, get_lr, 48, 8);
 AT(keel_optimizer, set_lr, 56, 8);
 AT(keel_optimizer, state_save, 64, 8);
 AT(keel_optimizer, state_load, 72, 8);
+
+SIZE(keel_sparse_optimizer, 64);
+AT(keel_sparse_optimizer, struct_size, 0, 4);
+AT(keel_sparse_optimizer, self, 8, 8);
+AT(keel_sparse_optimizer, destroy, 16, 8);
+AT(keel_sparse_optimizer, step, 24, 8);
+AT(keel_sparse_optimizer, get_lr, 32, 8);
+AT(keel_sparse_optimizer, set_lr, 40, 8);
+AT(keel_sparse_optimizer, state_save, 48, 8);
+AT(keel_sparse_optimizer, state_load, 56, 8);
 
 SIZE(keel_lr_scheduler, 32);
 AT(keel_lr_scheduler, struct_size, 0, 4);
@@ -304,6 +354,7 @@ VALUE(KEEL_KIND_MFU, 7);
 VALUE(KEEL_KIND_PROFILER, 8);
 VALUE(KEEL_KIND_CHECKPOINT, 9);
 VALUE(KEEL_KIND_HOOK, 10);
+VALUE(KEEL_KIND_SPARSE_OPTIMIZER, 11);
 
 VALUE(KEEL_EVENT_TRAIN_START, 1);
 VALUE(KEEL_EVENT_TRAIN_END, 2);

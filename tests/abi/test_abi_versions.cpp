@@ -1,13 +1,13 @@
-// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6 and 1.7 headers (tests/abi/), asserted at
-// compile time:
+// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7 and 1.8 headers (tests/abi/),
+// asserted at compile time:
 // a plugin built against an older minor keeps finding every field where it was, and the kernel
 // keeps asking it for no more than that minor had. This is a compile-time test: the executable
 // only builds when every static_assert holds, and main() has nothing left to check.
 //
 // The frozen headers are included under other names: the build generates keel10_abi.h,
-// keel11_abi.h, keel15_abi.h, keel16_abi.h and keel17_abi.h from them, with keel_ -> keel10_ /
-// keel11_ / keel15_ / keel16_ / keel17_ and KEEL_ -> KEEL10_ / KEEL11_ / KEEL15_ / KEEL16_ /
-// KEEL17_.
+// keel11_abi.h, keel15_abi.h, keel16_abi.h, keel17_abi.h and keel18_abi.h from them, with
+// keel_ -> keel10_ / keel11_ / keel15_ / keel16_ / keel17_ / keel18_ and KEEL_ -> KEEL10_ /
+// KEEL11_ / KEEL15_ / KEEL16_ / KEEL17_ / KEEL18_.
 #include <cstddef>
 
 #include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
@@ -16,22 +16,26 @@
 #include "keel15_abi.h"
 #include "keel16_abi.h"
 #include "keel17_abi.h"
+#include "keel18_abi.h"
 
 static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
 static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
                   KEEL11_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL11_ABI_MINOR == 1 &&
                   KEEL15_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL15_ABI_MINOR == 5 &&
                   KEEL16_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL16_ABI_MINOR == 6 &&
-                  KEEL17_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL17_ABI_MINOR == 7,
-              "tests/abi/1.0, 1.1, 1.5, 1.6 and 1.7 must hold the frozen 1.0, 1.1, 1.5, 1.6 "
-              "and 1.7 headers");
+                  KEEL17_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL17_ABI_MINOR == 7 &&
+                  KEEL18_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL18_ABI_MINOR == 8,
+              "tests/abi/1.0, 1.1, 1.5, 1.6, 1.7 and 1.8 must hold the frozen 1.0, 1.1, 1.5, "
+              "1.6, 1.7 and 1.8 headers");
 
 #define ABI_10 "1.0"
 #define ABI_11 "1.1"
 #define ABI_15 "1.5"
 #define ABI_16 "1.6"
 #define ABI_17 "1.7"
-// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6, 17: 1.7) keeps its offset and size.
+#define ABI_18 "1.8"
+// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6, 17: 1.7, 18: 1.8) keeps its offset
+// and size.
 #define SAME(V, T, field)                                                                    \
   static_assert(offsetof(keel_##T, field) == offsetof(keel##V##_##T, field) &&               \
                     sizeof(keel_##T::field) == sizeof(keel##V##_##T::field),                 \
@@ -125,6 +129,9 @@ SAME(11, create_context, group_weight_decay);
 APPENDED(create_context, group_weight_decay, 10);
 APPENDED(create_context, resume_step, 11);
 APPENDED(create_context, shards, 16);
+APPENDED(create_context, comm, 18);
+APPENDED(create_context, tables, 18);
+APPENDED(create_context, table_count, 18);
 
 // keel_model
 GROWN(model);
@@ -144,6 +151,8 @@ APPENDED(model, forward_features, 11);
 APPENDED(model, export_state, 16);
 APPENDED(model, param_unit, 17);
 APPENDED(model, set_unit_calls, 17);
+APPENDED(model, table_count, 18);
+APPENDED(model, table, 18);
 
 // keel_batch
 GROWN(batch);
@@ -770,7 +779,7 @@ SAME(16, plugin_descriptor, components);
 SAME(16, plugin_descriptor, component_count);
 SAME(16, plugin_descriptor, component_size);
 
-// Every field of ABI 1.7 (the minor before the current one) keeps its offset and size, in every
+// Every field of ABI 1.7 keeps its offset and size, in every
 // struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.8).
 // keel_error
 SAME(17, error, message);
@@ -1006,6 +1015,250 @@ SAME(17, plugin_descriptor, components);
 SAME(17, plugin_descriptor, component_count);
 SAME(17, plugin_descriptor, component_size);
 
+// Every field of ABI 1.8 (the minor before the current one) keeps its offset and size, in every
+// struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.9).
+// keel_error
+SAME(18, error, message);
+
+// keel_host
+SAME(18, host, struct_size);
+SAME(18, host, abi_major);
+SAME(18, host, abi_minor);
+SAME(18, host, torch_version);
+SAME(18, host, tensor_dtype);
+SAME(18, host, tensor_ndim);
+SAME(18, host, tensor_size);
+SAME(18, host, tensor_numel);
+SAME(18, host, tensor_cpu_data);
+SAME(18, host, tensor_contiguous_cpu);
+SAME(18, host, tensor_from_buffer);
+SAME(18, host, tensor_retain);
+SAME(18, host, tensor_release);
+SAME(18, host, option_bool);
+SAME(18, host, option_int);
+SAME(18, host, option_float);
+SAME(18, host, option_string);
+SAME(18, host, option_list_size);
+SAME(18, host, option_list_int);
+SAME(18, host, option_list_float);
+SAME(18, host, log);
+SAME(18, host, report_error);
+
+// keel_option_desc
+SAME(18, option_desc, key);
+SAME(18, option_desc, type);
+SAME(18, option_desc, default_toml);
+SAME(18, option_desc, help);
+SAME(18, option_desc, min);
+SAME(18, option_desc, max);
+SAME(18, option_desc, choices);
+
+// keel_named_tensor
+SAME(18, named_tensor, name);
+SAME(18, named_tensor, tensor);
+
+// keel_state_writer
+SAME(18, state_writer, struct_size);
+SAME(18, state_writer, host_data);
+SAME(18, state_writer, put);
+
+// keel_shard_group
+SAME(18, shard_group, struct_size);
+SAME(18, shard_group, host_data);
+SAME(18, shard_group, all_reduce);
+
+// keel_unit_calls
+SAME(18, unit_calls, struct_size);
+SAME(18, unit_calls, host_data);
+SAME(18, unit_calls, enter);
+SAME(18, unit_calls, leave);
+
+// keel_metric_writer
+SAME(18, metric_writer, struct_size);
+SAME(18, metric_writer, host_data);
+SAME(18, metric_writer, put);
+
+// keel_create_context
+SAME(18, create_context, struct_size);
+SAME(18, create_context, host);
+SAME(18, create_context, options);
+SAME(18, create_context, section);
+SAME(18, create_context, seed);
+SAME(18, create_context, rank);
+SAME(18, create_context, world_size);
+SAME(18, create_context, run_dir);
+SAME(18, create_context, params);
+SAME(18, create_context, param_names);
+SAME(18, create_context, param_count);
+SAME(18, create_context, total_steps);
+SAME(18, create_context, param_group);
+SAME(18, create_context, group_count);
+SAME(18, create_context, group_lr);
+SAME(18, create_context, group_weight_decay);
+SAME(18, create_context, resume_step);
+SAME(18, create_context, shards);
+
+// keel_model
+SAME(18, model, struct_size);
+SAME(18, model, self);
+SAME(18, model, destroy);
+SAME(18, model, forward);
+SAME(18, model, set_training);
+SAME(18, model, param_count);
+SAME(18, model, param);
+SAME(18, model, state_count);
+SAME(18, model, state);
+SAME(18, model, flops_per_sample);
+SAME(18, model, state_save);
+SAME(18, model, state_load);
+SAME(18, model, forward_features);
+SAME(18, model, export_state);
+SAME(18, model, param_unit);
+SAME(18, model, set_unit_calls);
+
+// keel_batch
+SAME(18, batch, inputs);
+SAME(18, batch, targets);
+SAME(18, batch, samples);
+SAME(18, batch, tokens);
+
+// keel_dataset
+SAME(18, dataset, struct_size);
+SAME(18, dataset, self);
+SAME(18, dataset, destroy);
+SAME(18, dataset, size);
+SAME(18, dataset, batches_per_epoch);
+SAME(18, dataset, start_epoch);
+SAME(18, dataset, next);
+SAME(18, dataset, seek);
+SAME(18, dataset, state_save);
+SAME(18, dataset, state_load);
+SAME(18, dataset, tokens_per_sample);
+
+// keel_optimizer
+SAME(18, optimizer, struct_size);
+SAME(18, optimizer, self);
+SAME(18, optimizer, destroy);
+SAME(18, optimizer, step);
+SAME(18, optimizer, zero_grad);
+SAME(18, optimizer, group_count);
+SAME(18, optimizer, get_lr);
+SAME(18, optimizer, set_lr);
+SAME(18, optimizer, state_save);
+SAME(18, optimizer, state_load);
+
+// keel_lr_scheduler
+SAME(18, lr_scheduler, struct_size);
+SAME(18, lr_scheduler, self);
+SAME(18, lr_scheduler, destroy);
+SAME(18, lr_scheduler, factor);
+
+// keel_loss
+SAME(18, loss, struct_size);
+SAME(18, loss, self);
+SAME(18, loss, destroy);
+SAME(18, loss, compute);
+SAME(18, loss, count_items);
+SAME(18, loss, compute_linear);
+SAME(18, loss, metric_state_size);
+SAME(18, loss, metric_update);
+SAME(18, loss, metric_finish);
+
+// keel_grad_clipper
+SAME(18, grad_clipper, struct_size);
+SAME(18, grad_clipper, self);
+SAME(18, grad_clipper, destroy);
+SAME(18, grad_clipper, clip);
+
+// keel_mfu
+SAME(18, mfu, struct_size);
+SAME(18, mfu, self);
+SAME(18, mfu, destroy);
+SAME(18, mfu, compute);
+SAME(18, mfu, peak_flops);
+
+// keel_profiler
+SAME(18, profiler, struct_size);
+SAME(18, profiler, self);
+SAME(18, profiler, destroy);
+SAME(18, profiler, begin);
+SAME(18, profiler, end);
+SAME(18, profiler, flush);
+
+// keel_checkpoint
+SAME(18, checkpoint, struct_size);
+SAME(18, checkpoint, self);
+SAME(18, checkpoint, destroy);
+SAME(18, checkpoint, save);
+SAME(18, checkpoint, load);
+
+// keel_metric
+SAME(18, metric, key);
+SAME(18, metric, value);
+
+// keel_trainer_state
+SAME(18, trainer_state, struct_size);
+SAME(18, trainer_state, step);
+SAME(18, trainer_state, epoch);
+SAME(18, trainer_state, samples);
+SAME(18, trainer_state, tokens);
+SAME(18, trainer_state, max_steps);
+SAME(18, trainer_state, epochs);
+SAME(18, trainer_state, lr);
+SAME(18, trainer_state, loss);
+SAME(18, trainer_state, skipped_steps);
+SAME(18, trainer_state, grad_norm);
+SAME(18, trainer_state, train_metrics);
+SAME(18, trainer_state, train_metric_count);
+SAME(18, trainer_state, eval_metrics);
+SAME(18, trainer_state, eval_metric_count);
+
+// keel_event
+SAME(18, event, struct_size);
+SAME(18, event, kind);
+SAME(18, event, state);
+SAME(18, event, split);
+SAME(18, event, metrics);
+SAME(18, event, metric_count);
+SAME(18, event, path);
+SAME(18, event, requests);
+SAME(18, event, micro_batch);
+SAME(18, event, message);
+
+// keel_hook
+SAME(18, hook, struct_size);
+SAME(18, hook, self);
+SAME(18, hook, destroy);
+SAME(18, hook, on_event);
+SAME(18, hook, state_count);
+SAME(18, hook, state);
+
+// keel_component_desc
+SAME(18, component_desc, kind);
+SAME(18, component_desc, name);
+SAME(18, component_desc, description);
+SAME(18, component_desc, options);
+SAME(18, component_desc, option_count);
+SAME(18, component_desc, option_size);
+SAME(18, component_desc, create);
+
+// keel_build_fingerprint
+SAME(18, build_fingerprint, torch_version);
+SAME(18, build_fingerprint, compiler);
+SAME(18, build_fingerprint, cxx11_abi);
+
+// keel_plugin_descriptor
+SAME(18, plugin_descriptor, abi_major);
+SAME(18, plugin_descriptor, abi_minor);
+SAME(18, plugin_descriptor, struct_size);
+SAME(18, plugin_descriptor, name);
+SAME(18, plugin_descriptor, version);
+SAME(18, plugin_descriptor, description);
+SAME(18, plugin_descriptor, fingerprint);
+SAME(18, plugin_descriptor, components);
+SAME(18, plugin_descriptor, component_count);
+SAME(18, plugin_descriptor, component_size);
+
 // The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
 // NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never
 // refused for lacking a slot that came later.
@@ -1022,5 +1275,11 @@ REQUIRED(mfu);
 REQUIRED(profiler);
 REQUIRED(checkpoint);
 REQUIRED(hook);
+// keel_sparse_optimizer (1.9): the slots before state_save (optional, both or neither).
+static_assert(keel::required_size<keel_sparse_optimizer>() ==
+                  offsetof(keel_sparse_optimizer, state_save),
+              "required_size<keel_sparse_optimizer>() asks for more than step, get_lr, set_lr");
+static_assert(KEEL_KIND_SPARSE_OPTIMIZER == KEEL18_KIND_HOOK + 1,
+              "KEEL_KIND_SPARSE_OPTIMIZER (1.9) follows the kinds of ABI 1.8");
 
 int main() { return 0; }

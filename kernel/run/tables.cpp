@@ -1,0 +1,285 @@
+#include "run/tables.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bounded.hpp"
+#include "error.hpp"
+#include "host.hpp"
+#include "run/checkpointing.hpp"
+#include "run/parameters.hpp"
+#include "run/plugin_state.hpp"
+#include "run/run.hpp"
+#include "text/text.hpp"
+
+namespace keel {
+
+namespace {
+
+constexpr const char* kTablesObject = "tables";
+constexpr const char* kStateObject = "sparse_optimizer";
+
+std::string table_label(const Run& run, const keel_sparse_table* t) {
+  return run.components.model.label() + ": table '" + t->name + "'";
+}
+
+// Calls a slot of table `t` that reports errors; throws keel::Error naming the model and table.
+template <class... Slot, class... Args>
+void call_table(const Run& run, const keel_sparse_table* t, const char* what,
+                keel_status (*slot)(void*, Slot...), Args&&... args) {
+  keel_error err;
+  err.message[0] = '\0';
+  const keel_status st = slot(t->self, std::forward<Args>(args)..., &err);
+  err.message[KEEL_ERROR_CAPACITY - 1] = '\0';
+  const std::string reported = take_reported_error();
+  if (st == KEEL_OK && reported.empty()) return;
+  const std::string why = err.message[0] ? err.message
+                          : !reported.empty()
+                              ? reported
+                              : "no message (the table returned KEEL_ERR and left keel_error "
+                                "empty)";
+  throw Error(table_label(run, t) + ": " + what + " failed: " + why);
+}
+
+bool valid_table_name(const char* name) {
+  if (!name || !terminated_within(name, KEEL_NAME_CAPACITY) || !*name) return false;
+  for (const char* p = name; *p; ++p)
+    if (!std::isalnum(static_cast<unsigned char>(*p)) && !std::strchr("_.-", *p)) return false;
+  return true;
+}
+
+// Table `i` of the model, checked: a full struct with every slot, a valid unique name, dim >= 1.
+const keel_sparse_table* checked_table(const Run& run, size_t i, std::set<std::string>& names) {
+  const Instance<keel_model>& model = run.components.model;
+  const keel_sparse_table* t = model.get("table", model->table, i);
+  const std::string which = "table(" + std::to_string(i) + ")";
+  if (!t) throw model.error(which + " returned NULL; a model offers table_count tables");
+  if (t->struct_size < sizeof(keel_sparse_table))
+    throw model.error(which + ": keel_sparse_table is " + std::to_string(t->struct_size) +
+                      " bytes, ABI 1.9 needs " + std::to_string(sizeof(keel_sparse_table)) +
+                      "; hint: rebuild the plugin against this SDK");
+  if (!valid_table_name(t->name))
+    throw model.error(which + ": name \"" + bounded(t->name ? t->name : "", 40) + "\" is not 1 "
+                      "to " + std::to_string(KEEL_NAME_CAPACITY - 1) + " letters, digits, '_', "
+                      "'.' or '-'");
+  if (!names.insert(t->name).second)
+    throw model.error(which + ": two tables are named '" + std::string(t->name) +
+                      "'; every table needs its own name (checkpoints store it under it)");
+  if (t->dim < 1)
+    throw model.error(which + " '" + t->name + "': dim is " + std::to_string(t->dim) +
+                      "; a row holds dim >= 1 floats");
+  if (!t->reserve_slots || !t->touched || !t->end_step || !t->stats || !t->save || !t->load)
+    throw model.error(which + " '" + t->name + "': a slot is NULL; every slot of "
+                      "keel_sparse_table is required");
+  return t;
+}
+
+// The model's tables (none when it offers no table_count/table).
+std::vector<const keel_sparse_table*> model_tables(const Run& run) {
+  const Instance<keel_model>& model = run.components.model;
+  const bool count = KEEL_HAS_SLOT(model, keel_model, table_count);
+  if (count != KEEL_HAS_SLOT(model, keel_model, table))
+    throw model.error(std::string("has ") + (count ? "table_count" : "table") + " without " +
+                      (count ? "table" : "table_count") + " (ABI 1.9 tables: both or neither)");
+  std::vector<const keel_sparse_table*> out;
+  if (!count) return out;
+  const size_t n = model.get("table_count", model->table_count);
+  std::set<std::string> names;
+  for (size_t i = 0; i < n; ++i) out.push_back(checked_table(run, i, names));
+  return out;
+}
+
+std::string table_names(const std::vector<const keel_sparse_table*>& tables) {
+  std::vector<std::string> names;
+  for (const auto* t : tables) names.emplace_back(t->name);
+  return text::join(names);
+}
+
+// The table an entry "<table>.<entry>" belongs to (the longest name that prefixes it), or null.
+const keel_sparse_table* table_of(const SparseTables& s, const std::string& entry) {
+  const keel_sparse_table* best = nullptr;
+  for (const auto* t : s.tables) {
+    const size_t n = std::strlen(t->name);
+    if (entry.size() > n + 1 && entry.compare(0, n, t->name) == 0 && entry[n] == '.' &&
+        (!best || n > std::strlen(best->name)))
+      best = t;
+  }
+  return best;
+}
+
+// One saved part (object `stem`) given to every table: each its own entries, unprefixed.
+void load_part(Run& run, const CommitRecord& rec, const std::string& dir, const std::string& stem) {
+  TensorList part = allocate(rec, stem);
+  if (part.empty()) return;
+  run.components.store->load(dir, stem, part);
+  const SparseTables& s = run.sparse;
+  for (const auto& [name, t] : part)
+    if (!table_of(s, name))
+      throw Error(dir + ": object '" + stem + "' holds entry '" + name + "', which belongs to "
+                  "no table of " + run.components.model.label() + " (tables: " +
+                  table_names(s.tables) + "); hint: resume with the model options the "
+                  "checkpoint was saved with");
+  for (const auto* table : s.tables) {
+    TensorList mine;
+    for (const auto& [name, t] : part)
+      if (table_of(s, name) == table) mine.emplace_back(name.substr(std::strlen(table->name) + 1), t);
+    if (mine.empty()) continue;
+    const std::vector<keel_named_tensor> named = as_named(mine);
+    call_table(run, table, "load", table->load, named.data(), named.size());
+  }
+}
+
+}  // namespace
+
+void create_sparse_optimizer(Run& run) {
+  const RunConfig& config = run.config;
+  SparseTables& s = run.sparse;
+  s.tables = model_tables(run);
+  if (s.any() && !config.sparse_optimizer)
+    throw run.components.model.error(
+        "has " + std::to_string(s.tables.size()) + " sparse embedding table(s) (" +
+        table_names(s.tables) + "), which only a [sparse_optimizer] trains, and the manifest "
+        "has none; hint: add [sparse_optimizer] with type = \"adagrad\" (or \"adamw\")");
+  if (!s.any() && config.sparse_optimizer)
+    throw Error(config.manifest_path + ": [sparse_optimizer] is set, but " +
+                run.components.model.label() + " has no sparse embedding tables for it to "
+                "update; hint: remove [sparse_optimizer]");
+  if (!s.any()) return;
+  if (config.train.precision == Precision::kFp16)
+    throw run.components.model.error(
+        "has sparse embedding tables, whose gradients fp16 loss scaling would leave scaled; "
+        "hint: use [train] precision = \"bf16\" or \"fp32\"");
+  keel_create_context ctx = context(run, *config.sparse_optimizer);
+  ctx.tables = s.tables.data();
+  ctx.table_count = s.tables.size();
+  Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
+  opt = create_instance<keel_sparse_optimizer>(*config.sparse_optimizer->component, ctx);
+  s.base_lr = opt.get("get_lr", opt->get_lr);
+  if (!std::isfinite(s.base_lr) || s.base_lr < 0)
+    throw opt.error("get_lr returned " + text::number(s.base_lr) +
+                    "; a learning rate is finite and >= 0");
+  spdlog::info("{} updates {} sparse table(s): {}", opt.label(), s.tables.size(),
+               table_names(s.tables));
+}
+
+double sparse_grad_squares(const Run& run) {
+  double sum = 0;
+  for (const keel_sparse_table* t : run.sparse.tables) {
+    keel_sparse_rows rows{};
+    rows.struct_size = sizeof(rows);
+    call_table(run, t, "touched", t->touched, &rows);
+    if (rows.count == 0) continue;
+    if (!rows.grads)
+      throw Error(table_label(run, t) + ": touched returned " + std::to_string(rows.count) +
+                  " rows without gradients (grads is NULL)");
+    const int64_t dim = t->dim;
+    for (size_t i = 0; i < rows.count; ++i) {
+      const float* g = rows.grads[i];
+      double row = 0;
+      for (int64_t d = 0; d < dim; ++d) row += static_cast<double>(g[d]) * g[d];
+      sum += row;
+    }
+  }
+  return sum;
+}
+
+void sparse_update(Run& run) {
+  const Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
+  if (opt) opt.call("step", opt->step);
+}
+
+void end_sparse_step(Run& run, int64_t step) {
+  for (const keel_sparse_table* t : run.sparse.tables) call_table(run, t, "end_step", t->end_step, step);
+}
+
+void set_sparse_lr(Run& run, double factor) {
+  const Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
+  if (opt) opt.run("set_lr", opt->set_lr, run.sparse.base_lr * factor);
+}
+
+void add_table_metrics(Run& run, std::vector<keel_metric>& record) {
+  if (!run.sparse.any()) return;
+  std::vector<double> v(3, 0.0);
+  for (const keel_sparse_table* t : run.sparse.tables) {
+    keel_table_stats st{};
+    st.struct_size = sizeof(st);
+    t->stats(t->self, &st);
+    const std::string reported = take_reported_error();
+    if (!reported.empty()) throw Error(table_label(run, t) + ": stats failed: " + reported);
+    v[0] += static_cast<double>(st.rows);
+    v[1] += static_cast<double>(st.admitted);
+    v[2] += static_cast<double>(st.evicted);
+  }
+  if (run.ranks.group) v = run.ranks.group->sum(v, "summing the tables' counters");
+  record.push_back({"table_rows", v[0]});
+  record.push_back({"admitted", v[1]});
+  record.push_back({"evicted", v[2]});
+  record.push_back({"sparse_grad_norm", run.sparse.grad_norm});
+}
+
+void add_tables(const Run& run, Snapshot& snap) {
+  if (!run.sparse.any()) return;
+  TensorList out;
+  for (const keel_sparse_table* t : run.sparse.tables) {
+    StateWriter w;
+    try {
+      call_table(run, t, "save", t->save, &w.abi);
+    } catch (const Error&) {
+      if (w.refusal.empty()) throw;
+      throw Error(table_label(run, t) + ": save failed: " + w.refusal);
+    }
+    if (!w.refusal.empty()) throw Error(table_label(run, t) + ": save: " + w.refusal);
+    for (auto& [name, tensor] : w.entries) {
+      std::string full = std::string(t->name) + "." + name;
+      if (full.size() >= KEEL_NAME_CAPACITY)
+        throw Error(table_label(run, t) + ": save: entry '" + name + "' under the table's name "
+                    "is longer than " + std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes");
+      out.emplace_back(std::move(full), tensor);
+    }
+  }
+  snap.objects.emplace_back(rank_object(run, kTablesObject), std::move(out));
+  const Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
+  if (run.ranks.rank == 0 && KEEL_HAS_SLOT(opt, keel_sparse_optimizer, state_save))
+    snap.objects.emplace_back(kStateObject, save_state(opt));
+}
+
+void load_tables(Run& run, const CommitRecord& rec, const std::string& dir) {
+  if (!run.sparse.any()) return;
+  const int64_t saved_by = run.resume.meta.world_size;
+  if (rec.tensors.find(kTablesObject) == rec.tensors.end())
+    throw Error(dir + ": the checkpoint holds no sparse tables (no object '" +
+                std::string(kTablesObject) + "'), and " + run.components.model.label() +
+                " has " + table_names(run.sparse.tables) + "; hint: resume from a checkpoint "
+                "saved by a run of this model");
+  if (saved_by == run.ranks.world) {
+    load_part(run, rec, dir, rank_object(run, kTablesObject));
+  } else {
+    if (run.ranks.rank == 0)
+      spdlog::info("--resume: {} was saved by {} rank(s): every rank reads every rank's table "
+                   "rows and keeps the ones it owns", dir, saved_by);
+    for (int64_t r = 0; r < saved_by; ++r)
+      load_part(run, rec, dir,
+                r == 0 ? kTablesObject : "rank" + std::to_string(r) + "." + kTablesObject);
+  }
+  const Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
+  const bool stored = rec.tensors.count(kStateObject) > 0;
+  if (!KEEL_HAS_SLOT(opt, keel_sparse_optimizer, state_load)) {
+    if (stored)
+      spdlog::warn("{} holds state of {}, which has no state_load slot now: not loaded", dir,
+                   opt.label());
+    return;  // its per-row state is in the tables' slots, loaded above
+  }
+  TensorList state = allocate(rec, kStateObject);
+  if (stored) run.components.store->load(dir, kStateObject, state);
+  const std::vector<keel_named_tensor> named = as_named(state);
+  opt.call("state_load", opt->state_load, named.data(), named.size());
+}
+
+}  // namespace keel
