@@ -77,6 +77,8 @@ void join_ranks(Run& run, const std::optional<Launch>& launch) {
                  ranks.group->backend_name(), ranks.device.str());
   }
   run.requests.attach(ranks.group.get(), &run.progress);
+  // Every component's keel_comm (run/parameters.cpp, context()): copies when alone.
+  run.comm = std::make_unique<ComponentComm>(ranks.group.get());
 }
 
 // Rank 0 prepares the run directory; the components get its path, or a scratch directory

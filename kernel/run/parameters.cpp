@@ -135,6 +135,7 @@ keel_create_context context(const Run& run, const ComponentSpec& spec) {
   c.world_size = run.ranks.world;
   c.run_dir = run.directory.path.c_str();
   c.resume_step = run.resume.active() ? run.resume.meta.step : 0;
+  c.comm = run.comm ? run.comm->abi() : nullptr;  // set by join_ranks (run/assemble.cpp)
   return c;
 }
 

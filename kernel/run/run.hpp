@@ -6,8 +6,8 @@
 // then the component instances in reverse order of creation (hooks first, then the checkpoint
 // store before the backend it writes with, ..., the model last), so that the files they hold
 // are closed; then the whole parameters' residency (shard = "parameters", which the model
-// calls) and the parameter shards the optimizer and clipper borrowed; then the process
-// group; then the run directory's part, which detaches run.log
+// calls) and the parameter shards the optimizer and clipper borrowed; then the components'
+// keel_comm; then the process group; then the run directory's part, which detaches run.log
 // and removes a scratch directory. The plugins themselves stay loaded until the caller's
 // Registry goes, after the Trainer (plugin code must outlive its instances).
 #pragma once
@@ -25,6 +25,7 @@
 
 #include "checkpoint/store.hpp"
 #include "components.hpp"
+#include "distributed/comm.hpp"
 #include "distributed/grad_sync.hpp"
 #include "distributed/process_group.hpp"
 #include "distributed/residency.hpp"
@@ -167,6 +168,10 @@ struct Run {
   RunConfig config;
   RunDirectory directory;
   Ranks ranks;
+  // The ranks as every component's creation context gets them (keel_comm, ABI 1.9; alone when
+  // `ranks.group` is null). After `ranks` (it uses the group) and before the components, which
+  // hold its struct: destroyed after them.
+  std::unique_ptr<ComponentComm> comm;
   // [distributed] shard with several ranks: the optimizer's and clipper's shards (null
   // otherwise). Before the components, which borrow its handles: destroyed after them.
   std::unique_ptr<ShardedParams> shards;
