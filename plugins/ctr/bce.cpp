@@ -38,11 +38,12 @@
 #include "keel/tensor.hpp"
 
 namespace keel_ctr {
+namespace {
 
 // The exact AUC of `scores` against 0/1 `labels`, ties counting half: sorts by score and walks
 // the groups of equal scores, adding for each the pairs of its positives with the negatives
 // below it plus half the pairs within it. NaN without a positive or a negative, or with a NaN
-// score. Exposed for the tests (bce_auc in the plugin's test probe).
+// score.
 double exact_auc(std::vector<std::pair<double, double>> pairs) {
   double positives = 0, negatives = 0;
   for (const auto& p : pairs) {
@@ -64,8 +65,6 @@ double exact_auc(std::vector<std::pair<double, double>> pairs) {
   }
   return area / (2 * positives * negatives);
 }
-
-namespace {
 
 namespace text = keel::text;
 
@@ -115,8 +114,9 @@ class Bce : public keel::Loss {
     if (static_cast<double>(all.size(0)) != samples)
       throw std::runtime_error("bce: the ranks kept " + std::to_string(all.size(0)) +
                                " (score, label) pairs for this evaluation but counted " +
-                               std::to_string(static_cast<int64_t>(samples)) + " samples; hint: every evaluation must "
-                               "start with a zeroed metric state (abi.h)");
+                               std::to_string(static_cast<int64_t>(samples)) +
+                               " samples; hint: every evaluation must start with a zeroed "
+                               "metric state (abi.h)");
     keel::Metrics out;
     if (samples <= 0) return out;
     std::vector<std::pair<double, double>> pairs(static_cast<size_t>(all.size(0)));

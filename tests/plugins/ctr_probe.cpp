@@ -4,7 +4,8 @@
 //
 //   ctr_probe bce PLUGIN.so DIR N [M]
 //     Loss bce on DIR/logits.bin (float32 [N], requiring grad) and DIR/labels.bin (float32
-//     [M], default N): the loss, then its backward; DIR/grad.bin receives d(loss)/d(logits) (float32).
+//     [M], default N): the loss, then its backward; DIR/grad.bin receives d(loss)/d(logits)
+//     (float32).
 //     stdout: {"loss": .., "count": .., "count_items": .., "no_grad_loss": ..}.
 //
 //   ctr_probe bce_eval PLUGIN.so DIR N BATCH
