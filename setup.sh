@@ -45,6 +45,8 @@ PACKAGES=(
   libxxhash-dev                       # XXH3 checksums of checkpoint files
   libssl-dev                          # SHA-256 of plugin files (lock files, packages)
   libarchive-dev                      # .tar.gz plugin packages
+  libabsl-dev                         # Abseil's flat_hash_map: keel::EmbeddingTable's id -> row
+                                      # map (sdk/embedding, pkg-config keel-embedding)
   dataset-fashion-mnist               # the quickstart's data
 )
 # --tests: `meson test -C build`.
