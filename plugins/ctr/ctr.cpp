@@ -6,6 +6,7 @@
 namespace {
 
 const keel_component_desc kComponents[] = {
+    keel_ctr::dlrm_component(),
     keel_ctr::bce_component(),
 };
 

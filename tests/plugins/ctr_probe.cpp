@@ -14,13 +14,36 @@
 //     [N]) and DIR/labels.bin (float32 [N]) in batches of BATCH samples, the second over the
 //     first BATCH samples alone. stdout: {"state_size": .., "first": {METRICS}, "second":
 //     {METRICS}, "state": [the first evaluation's summed state]}.
+//
+//   ctr_probe dlrm PLUGIN.so DIR B B2 [KEY=VALUE]...
+//     Model dlrm (seed 7, options KEY=VALUE) in training on DIR/inputs.bin (float64 [B, 39]):
+//     logits = forward; then (logits * DIR/coef.bin (float32 [B])).sum() backward. Writes
+//     DIR/logits.bin (float32 [B]), each parameter i (in the model's order) as DIR/p<i>.bin and
+//     its gradient as DIR/g<i>.bin (float32), each table t's touched rows as DIR/t<t>_ids.bin
+//     (int64 [n]), DIR/t<t>_values.bin and DIR/t<t>_grads.bin (float32 [n, dim]), and the
+//     shared-table ids keel::EmbeddingTable::shared_id(f, id) of the inputs' ids as
+//     DIR/sid.bin (int64 [B, 26]; -1 stays -1). Then every table's end_step(1), the model in
+//     evaluation and, without grad, forward on DIR/inputs2.bin (float64 [B2, 39]):
+//     DIR/eval_logits.bin (float32 [B2]) and DIR/sid2.bin. stdout: {"params": [{"name": ..,
+//     "shape": [..]}, ..], "tables": [{"name": .., "dim": .., "rows": .., "touched": ..}, ..],
+//     "flops": .., "output_shape": [..], "output_dtype": ..}.
+//
+//   ctr_probe pool DIR N BAGS DIM sum|mean
+//     keel::EmbeddingTable alone (name "t", dim DIM, seed 3, world 1) in training: out =
+//     lookup(DIR/ids.bin (int64 [N]), DIR/offsets.bin (int64 [BAGS])), then (out *
+//     DIR/coef.bin (float32 [BAGS, DIM])).sum() backward. Writes DIR/out.bin (float32 [BAGS,
+//     DIM]), the touched rows as DIR/t0_ids.bin, t0_values.bin, t0_grads.bin (as above), and
+//     the same lookup in evaluation as DIR/out_eval.bin. stdout: {"touched": n}.
+#include "keel/embedding.hpp"
 #include "keel/testing.hpp"
 
 #include "probe.hpp"
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,11 +162,165 @@ std::string bce_eval_mode(int argc, char** argv) {
                        size, first.c_str(), second.c_str(), summed.c_str());
 }
 
+// ---- dlrm and the embedding table -----------------------------------------------------------
+
+// probe::parse_options, plus int lists: a value "[a, b, ..]" ("[]": empty).
+keel::testing::Options parse_options(int argc, char** argv, int first) {
+  keel::testing::Options lists;
+  std::vector<char*> rest(argv, argv + first);
+  for (int i = first; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos || a.compare(eq + 1, 1, "[") != 0) {
+      rest.push_back(argv[i]);
+      continue;
+    }
+    std::vector<int64_t> values;
+    std::stringstream s(a.substr(eq + 2));
+    for (std::string e; std::getline(s, e, ',');)
+      if (e.find_first_of("0123456789") != std::string::npos) values.push_back(std::stoll(e));
+    lists.emplace_back(a.substr(0, eq), values);
+  }
+  keel::testing::Options out =
+      probe::parse_options(static_cast<int>(rest.size()), rest.data(), first);
+  out.insert(out.end(), lists.begin(), lists.end());
+  return out;
+}
+
+// Table `t`'s touched rows as DIR/t<index>_{ids,values,grads}.bin; returns how many.
+size_t write_touched(const keel_sparse_table* t, const std::string& dir, size_t index) {
+  keel_sparse_rows rows{};
+  rows.struct_size = sizeof rows;
+  keel_error err;
+  err.message[0] = '\0';
+  if (t->touched(t->self, &rows, &err) != KEEL_OK)
+    throw std::runtime_error(std::string("touched: ") + err.message);
+  const int64_t n = static_cast<int64_t>(rows.count), dim = t->dim;
+  at::Tensor ids = at::empty({n}, at::kLong), values = at::empty({n, dim}, at::kFloat),
+             grads = at::empty({n, dim}, at::kFloat);
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = rows.ids[i];
+    std::memcpy(values[i].data_ptr<float>(), rows.values[i], sizeof(float) * dim);
+    std::memcpy(grads[i].data_ptr<float>(), rows.grads[i], sizeof(float) * dim);
+  }
+  const std::string stem = dir + "/t" + std::to_string(index);
+  write_tensor(stem + "_ids.bin", ids);
+  write_tensor(stem + "_values.bin", values);
+  write_tensor(stem + "_grads.bin", grads);
+  return rows.count;
+}
+
+// The shared-table ids of inputs' categorical columns, int64 [B, 26].
+at::Tensor shared_ids(const at::Tensor& inputs) {
+  const at::Tensor ids = inputs.slice(1, 13, 39).to(at::kLong).contiguous();
+  at::Tensor out = at::empty_like(ids);
+  for (int64_t b = 0; b < ids.size(0); ++b)
+    for (int64_t f = 0; f < 26; ++f)
+      out[b][f] = keel::EmbeddingTable::shared_id(f, ids[b][f].item<int64_t>());
+  return out;
+}
+
+std::string shape_json(at::IntArrayRef sizes) {
+  std::string out;
+  for (int64_t s : sizes) out += (out.empty() ? "" : ", ") + std::to_string(s);
+  return "[" + out + "]";
+}
+
+std::string dlrm_mode(int argc, char** argv) {
+  if (argc < 6) throw std::runtime_error("usage: ctr_probe dlrm PLUGIN.so DIR B B2 [KEY=VALUE]...");
+  keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
+  const std::string dir = argv[3];
+  const int64_t b = std::stoll(argv[4]), b2 = std::stoll(argv[5]);
+  const at::Tensor inputs = read_tensor(dir + "/inputs.bin", {b, 39}, at::kDouble);
+  const at::Tensor inputs2 = read_tensor(dir + "/inputs2.bin", {b2, 39}, at::kDouble);
+  const at::Tensor coef = read_tensor(dir + "/coef.bin", {b}, at::kFloat);
+  keel::testing::Setup setup;
+  setup.seed = 7;
+  auto model = plugin.create<keel_model>("dlrm", parse_options(argc, argv, 6), setup);
+  model.call(model->set_training, 1);
+  keel_tensor* o = nullptr;
+  model.call(model->forward, keel::peek(inputs), &o);
+  const at::Tensor logits = keel::adopt(o);
+  (logits * coef).sum().backward();
+  write_tensor(dir + "/logits.bin", logits);
+  std::string params;
+  const size_t np = model.call(model->param_count);
+  for (size_t i = 0; i < np; ++i) {
+    const char* name = nullptr;
+    keel_tensor* t = nullptr;
+    model.call(model->param, i, &name, &t);
+    const at::Tensor p = keel::borrow(t);
+    write_tensor(dir + "/p" + std::to_string(i) + ".bin", p);
+    write_tensor(dir + "/g" + std::to_string(i) + ".bin", p.grad());
+    params += std::string(params.empty() ? "" : ", ") + "{\"name\": " + probe::json_string(name) +
+              ", \"shape\": " + shape_json(p.sizes()) + "}";
+  }
+  std::vector<const keel_sparse_table*> tables(model.call(model->table_count));
+  std::string listed;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    tables[i] = model.call(model->table, i);
+    const size_t touched = write_touched(tables[i], dir, i);
+    keel_table_stats stats{};
+    stats.struct_size = sizeof stats;
+    tables[i]->stats(tables[i]->self, &stats);
+    listed += probe::format("%s{\"name\": %s, \"dim\": %lld, \"rows\": %lld, \"touched\": %zu}",
+                            listed.empty() ? "" : ", ", probe::json_string(tables[i]->name).c_str(),
+                            static_cast<long long>(tables[i]->dim),
+                            static_cast<long long>(stats.rows), touched);
+    keel_error err;
+    err.message[0] = '\0';
+    if (tables[i]->end_step(tables[i]->self, 1, &err) != KEEL_OK)
+      throw std::runtime_error(std::string("end_step: ") + err.message);
+  }
+  write_tensor(dir + "/sid.bin", shared_ids(inputs));
+  write_tensor(dir + "/sid2.bin", shared_ids(inputs2));
+  model.call(model->set_training, 0);
+  {
+    at::NoGradGuard no_grad;
+    model.call(model->forward, keel::peek(inputs2), &o);
+    write_tensor(dir + "/eval_logits.bin", keel::adopt(o));
+  }
+  return probe::format("{\"params\": [%s], \"tables\": [%s], \"flops\": %s, "
+                       "\"output_shape\": %s, \"output_dtype\": \"%s\"}\n",
+                       params.c_str(), listed.c_str(),
+                       json(model.call(model->flops_per_sample)).c_str(),
+                       shape_json(logits.sizes()).c_str(), c10::toString(logits.scalar_type()));
+}
+
+std::string pool_mode(int argc, char** argv) {
+  if (argc != 7) throw std::runtime_error("usage: ctr_probe pool DIR N BAGS DIM sum|mean");
+  const std::string dir = argv[2];
+  const int64_t n = std::stoll(argv[3]), bags = std::stoll(argv[4]), dim = std::stoll(argv[5]);
+  const keel::Pooling pooling =
+      std::string(argv[6]) == "mean" ? keel::Pooling::kMean : keel::Pooling::kSum;
+  const at::Tensor ids = read_tensor(dir + "/ids.bin", {n}, at::kLong);
+  const at::Tensor offsets = read_tensor(dir + "/offsets.bin", {bags}, at::kLong);
+  const at::Tensor coef = read_tensor(dir + "/coef.bin", {bags, dim}, at::kFloat);
+  keel::TableOptions options;
+  options.name = "t";
+  options.dim = dim;
+  options.seed = 3;
+  keel::EmbeddingTable table(options, nullptr);
+  table.set_training(true);
+  const at::Tensor out = table.lookup(ids, offsets, pooling);
+  (out * coef).sum().backward();
+  write_tensor(dir + "/out.bin", out);
+  const size_t touched = write_touched(table.abi(), dir, 0);
+  table.set_training(false);
+  {
+    at::NoGradGuard no_grad;
+    write_tensor(dir + "/out_eval.bin", table.lookup(ids, offsets, pooling));
+  }
+  return probe::format("{\"touched\": %zu}\n", touched);
+}
+
 std::string run(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "bce") return bce_mode(argc, argv);
   if (mode == "bce_eval") return bce_eval_mode(argc, argv);
-  throw std::runtime_error("usage: ctr_probe bce|bce_eval ... (see ctr_probe.cpp)");
+  if (mode == "dlrm") return dlrm_mode(argc, argv);
+  if (mode == "pool") return pool_mode(argc, argv);
+  throw std::runtime_error("usage: ctr_probe bce|bce_eval|dlrm|pool ... (see ctr_probe.cpp)");
 }
 
 }  // namespace
