@@ -15,6 +15,14 @@
 //     first BATCH samples alone. stdout: {"state_size": .., "first": {METRICS}, "second":
 //     {METRICS}, "state": [the first evaluation's summed state]}.
 //
+//   ctr_probe bce_ranks PLUGIN.so DIR N WORLD
+//     One evaluation of loss bce on WORLD ranks simulated in this process: WORLD instances,
+//     rank r created with a fake keel_comm whose all_gather concatenates every rank's rows
+//     (the instances meet in it from one thread each), rank r taking samples [N r / WORLD,
+//     N (r + 1) / WORLD) of DIR/scores.bin and DIR/labels.bin (float32 [N]) in batches of 7;
+//     the states summed over the ranks (as the kernel does), then every rank's metric_finish
+//     at once. stdout: {"ranks": [{METRICS} for each rank]}.
+//
 //   ctr_probe dlrm PLUGIN.so DIR B B2 [KEY=VALUE]...
 //     Model dlrm (seed 7, options KEY=VALUE) in training on DIR/inputs.bin (float64 [B, 39]):
 //     logits = forward; then (logits * DIR/coef.bin (float32 [B])).sum() backward. Writes
@@ -41,7 +49,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -160,6 +171,107 @@ std::string bce_eval_mode(int argc, char** argv) {
   for (double v : first_state) summed += (summed.empty() ? "" : ", ") + json(v);
   return probe::format("{\"state_size\": %zu, \"first\": %s, \"second\": %s, \"state\": [%s]}\n",
                        size, first.c_str(), second.c_str(), summed.c_str());
+}
+
+// ---- bce on several ranks -----------------------------------------------------------------
+
+// A keel_comm for WORLD ranks of one process, one thread per rank: all_gather waits until every
+// rank has sent, then hands each the rows of all in rank order. (all_to_all: not needed here.)
+struct FakeWorld {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<at::Tensor> sent;
+  int arrived = 0;
+  int64_t round = 0;
+};
+struct FakeComm {
+  keel_comm abi{};
+  FakeWorld* world = nullptr;
+};
+
+keel_status fake_all_gather(const keel_comm* comm, keel_tensor* send, keel_tensor** recv,
+                            int64_t* rows, keel_error* /*err*/) {
+  FakeWorld& w = *static_cast<const FakeComm*>(comm->host_data)->world;
+  std::unique_lock<std::mutex> lock(w.mu);
+  w.sent[comm->rank] = keel::borrow(send).clone();
+  const int64_t round = w.round;
+  if (++w.arrived == comm->world_size) {
+    w.arrived = 0;
+    ++w.round;
+    w.cv.notify_all();
+  } else {
+    w.cv.wait(lock, [&] { return w.round != round; });
+  }
+  for (int r = 0; r < comm->world_size; ++r) rows[r] = w.sent[r].size(0);
+  *recv = keel::give(at::cat(w.sent, 0));
+  return KEEL_OK;
+}
+
+std::string bce_ranks_mode(int argc, char** argv) {
+  if (argc != 6) throw std::runtime_error("usage: ctr_probe bce_ranks PLUGIN.so DIR N WORLD");
+  keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
+  const std::string dir = argv[3];
+  const int64_t n = std::stoll(argv[4]);
+  const int world = std::stoi(argv[5]);
+  const at::Tensor scores = read_tensor(dir + "/scores.bin", {n}, at::kFloat);
+  const at::Tensor labels = read_tensor(dir + "/labels.bin", {n}, at::kFloat);
+  // keel::testing::Setup has no comm: the factory is called here as Plugin::create calls it,
+  // with the harness's own option checks and host, and a fake comm.
+  const keel_component_desc& c = plugin.component(KEEL_KIND_LOSS, "bce");
+  const auto options = keel::testing::detail::check_options(c, {}, "loss");
+  FakeWorld fake;
+  fake.sent.resize(world);
+  std::vector<FakeComm> comms(world);
+  std::vector<keel_loss*> losses(world, nullptr);
+  std::vector<double> summed(3, 0.0);
+  for (int r = 0; r < world; ++r) {
+    comms[r].abi = {sizeof(keel_comm), &comms[r], r, world, nullptr, fake_all_gather};
+    comms[r].world = &fake;
+    keel_create_context ctx{};
+    ctx.struct_size = sizeof ctx;
+    ctx.host = keel::testing::detail::host();
+    ctx.options = options.get();
+    ctx.section = "loss";
+    ctx.rank = r;
+    ctx.world_size = world;
+    ctx.run_dir = dir.c_str();
+    ctx.comm = &comms[r].abi;
+    keel_error err;
+    err.message[0] = '\0';
+    void* out = nullptr;
+    if (c.create(&ctx, &out, &err) != KEEL_OK) throw std::runtime_error(err.message);
+    losses[r] = static_cast<keel_loss*>(out);
+    std::vector<double> state(3, 0.0);
+    at::NoGradGuard no_grad;
+    for (int64_t b = n * r / world; b < n * (r + 1) / world; b += 7) {
+      const int64_t e = std::min(b + 7, n * (r + 1) / world);
+      const at::Tensor sb = scores.slice(0, b, e), yb = labels.slice(0, b, e);
+      if (losses[r]->metric_update(losses[r]->self, keel::peek(sb), keel::peek(yb), 0.0, e - b,
+                                   state.data(), state.size(), &err) != KEEL_OK)
+        throw std::runtime_error(err.message);
+    }
+    for (size_t i = 0; i < 3; ++i) summed[i] += state[i];
+  }
+  std::vector<Writer> writers(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      keel_error err;
+      err.message[0] = '\0';
+      if (losses[r]->metric_finish(losses[r]->self, summed.data(), summed.size(),
+                                   &writers[r].abi, &err) != KEEL_OK)
+        errors[r] = err.message;
+    });
+  for (std::thread& t : threads) t.join();
+  std::string ranks;
+  for (int r = 0; r < world; ++r) {
+    losses[r]->destroy(losses[r]->self);
+    if (!errors[r].empty())
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[r]);
+    ranks += (r ? ", {" : "{") + writers[r].members + "}";
+  }
+  return "{\"ranks\": [" + ranks + "]}\n";
 }
 
 // ---- dlrm and the embedding table -----------------------------------------------------------
@@ -318,9 +430,11 @@ std::string run(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "bce") return bce_mode(argc, argv);
   if (mode == "bce_eval") return bce_eval_mode(argc, argv);
+  if (mode == "bce_ranks") return bce_ranks_mode(argc, argv);
   if (mode == "dlrm") return dlrm_mode(argc, argv);
   if (mode == "pool") return pool_mode(argc, argv);
-  throw std::runtime_error("usage: ctr_probe bce|bce_eval|dlrm|pool ... (see ctr_probe.cpp)");
+  throw std::runtime_error(
+      "usage: ctr_probe bce|bce_eval|bce_ranks|dlrm|pool ... (see ctr_probe.cpp)");
 }
 
 }  // namespace

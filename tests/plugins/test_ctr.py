@@ -36,8 +36,11 @@ embedding table alone (multi-id bags, which Criteo's single-valued fields never 
 the touched rows: pooled values within 1e-6, row gradients within 1e-6; the evaluation lookup
 equal.
 
-Several ranks (all_gather of the pairs through keel::Comm) are left to the kernel's tests of
-keel_comm and to end-to-end runs: keel/testing.hpp gives a component no keel_comm (world 1).
+- several ranks: 203 scores with ties split over 2 and 3 ranks (instances created with a fake
+  keel_comm whose all_gather concatenates the ranks' rows, each rank's metric_finish on a
+  thread of its own, the states summed as the kernel sums them): every rank reports the same
+  `auc`, within 1e-12 of brute force over all 203, and `logloss` within 1e-12.
+The kernel's own keel_comm (Gloo) under bce is left to end-to-end runs.
 
 Usage: test_ctr.py PROBE PLUGIN.so
 """
@@ -161,6 +164,25 @@ def metric_cases(tmp):
     out, err = evaluate(tmp, scores, (torch.arange(20) % 2).float(), 7)
     check(err is None and isinstance(out["first"].get("auc"), float) and
           out["first"]["auc"] != out["first"]["auc"], f"NaN score: {out} {err}")
+    scores = torch.randint(0, 9, (203,)).float() / 4
+    labels = (torch.rand(203) < 0.4).float()
+    write(os.path.join(tmp, "scores.bin"), scores)
+    write(os.path.join(tmp, "labels.bin"), labels)
+    want_auc = brute_auc(scores.tolist(), labels.tolist())
+    want_logloss = F.binary_cross_entropy_with_logits(scores.double(), labels.double()).item()
+    for world in (2, 3):
+        text, err = BATCH.run("bce_ranks", PLUGIN, tmp, 203, world)
+        check(err is None, f"{world} ranks: {err}")
+        if err is not None:
+            continue
+        ranks = json.loads(text)["ranks"]
+        check(len(ranks) == world and all(r == ranks[0] for r in ranks),
+              f"{world} ranks: the ranks disagree: {ranks}")
+        got = ranks[0]
+        check(abs(got.get("auc", -1) - want_auc) <= 1e-12 and
+              abs(got.get("logloss", -1) - want_logloss) <= 1e-12,
+              f"{world} ranks: {got} vs auc {want_auc}, logloss {want_logloss}")
+        print(f"{world} ranks: auc {got['auc']:.12f} (brute force {want_auc:.12f})")
     labels = (torch.arange(20) % 2).float()
     labels[5] = 0.5
     out, err = evaluate(tmp, torch.randn(20), labels, 7)
