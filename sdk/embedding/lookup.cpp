@@ -176,10 +176,14 @@ at::Tensor pool(const LookupState& st, const std::vector<const float*>& values) 
   const int64_t bags = static_cast<int64_t>(st.offsets.size()) - 1, dim = st.dim;
   at::Tensor out = at::zeros({bags, dim}, at::kFloat);
   float* o = out.data_ptr<float>();
+  const int64_t n = static_cast<int64_t>(st.inv.size());
+  constexpr int64_t kAhead = 8;
   for (int64_t b = 0; b < bags; ++b) {
     float* ob = o + b * dim;
     int64_t count = 0;
     for (int64_t p = st.offsets[b]; p < st.offsets[b + 1]; ++p) {
+      const int64_t ahead = p + kAhead < n ? st.inv[p + kAhead] : -1;
+      if (ahead >= 0) __builtin_prefetch(values[ahead]);  // rows lie scattered in memory
       if (st.inv[p] < 0) continue;
       ++count;
       const float* vr = values[st.inv[p]];

@@ -197,11 +197,12 @@ std::vector<int64_t> EmbeddingTable::Impl::resolve(const int64_t* ids, const int
                                                    int64_t n) {
   std::vector<int64_t> rows(static_cast<size_t>(n), -1);
   bool unresolved = false;  // an id still pending (it may be admitted by a later entry)
+  constexpr int64_t kAhead = 8;  // the map's memory for the id kAhead on is fetched meanwhile
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) index.prefetch(ids[i + kAhead]);
     auto it = index.find(ids[i]);
     if (it != index.end()) {
       rows[i] = it->second;
-      if (training) touch_row(it->second);
     } else if (!training) {
       continue;
     } else if (opt.min_count <= 1) {
@@ -218,6 +219,13 @@ std::vector<int64_t> EmbeddingTable::Impl::resolve(const int64_t* ids, const int
       }
     }
   }
+  // The rows looked up: their last training lookup is now (rows created above already are,
+  // and sit at the end of the eviction order with every other row of this step).
+  if (training)
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n && rows[i + kAhead] >= 0) __builtin_prefetch(&last_seen[rows[i + kAhead]]);
+      if (rows[i] >= 0 && last_seen[rows[i]] != step + 1) touch_row(rows[i]);
+    }
   // Every sighting of this lookup counts before any value is read: an id that several ranks
   // sent reads its row on all of them once their sightings together admit it.
   if (unresolved)
