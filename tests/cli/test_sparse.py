@@ -10,6 +10,7 @@ the step's gradients) to a dump file at every end_step; the cases read it:
 - grad_accum = 2 micro-batches of 4 give the row gradients of one batch of 8 (atol 1e-7);
 - the train records' table_rows, admitted, evicted and sparse_grad_norm (with ttl eviction);
 - checkpoint + --resume: the rows and slots after it equal an uninterrupted run's, bit for bit;
+- resume at another number of ranks (2 -> 1, 1 -> 2, torchrun): the parts each rank loads;
 - the one-line errors of a model with tables but no [sparse_optimizer], and the reverse.
 
 Usage: test_sparse.py KEEL_BINARY FIXTURE_DIR (Debian's /usr/bin/python3 with python3-torch)."""
@@ -22,6 +23,8 @@ import tempfile
 import unittest
 
 import torch
+
+from launching import TORCHRUN, free_port
 
 KEEL, FIXTURES = sys.argv[1], os.path.abspath(sys.argv[2])
 
@@ -71,6 +74,8 @@ def read_dump(path):
     with open(path) as f:
         for line in f:
             parts = line.split()
+            if parts[0] == "load":
+                continue
             rows = {}
             for p in parts[1:]:
                 rid, rest = p.split(":")
@@ -78,6 +83,12 @@ def read_dump(path):
                 rows[int(rid)] = tuple(fields)
             out[int(parts[0])] = rows
     return out
+
+
+def load_lines(path):
+    """The fixture's "load <rows in the part> <rows kept>" lines, split."""
+    with open(path) as f:
+        return [l.split() for l in f if l.startswith("load")]
 
 
 def train_records(run_dir):
@@ -98,7 +109,7 @@ class Sparse(unittest.TestCase):
         self.tmp.cleanup()
 
     def run_keel(self, extra="", steps=6, vocab=16, sparse="adagrad", sets=(), ok=True,
-                 run_dir=None, dump=None, base=BASE, args=()):
+                 run_dir=None, dump=None, base=BASE, args=(), nproc=1):
         self.count += 1
         name = f"r{self.count}"
         dump = dump or os.path.join(self.tmp.name, name + ".dump")
@@ -111,7 +122,13 @@ class Sparse(unittest.TestCase):
                 *args]
         for s in sets:
             args += ["--set", s]
-        r = keel(*args, ok=ok)
+        if nproc == 1:
+            r = keel(*args, ok=ok)
+        else:
+            cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+                              f"--log_dir={os.path.join(self.tmp.name, 'torchrun')}", KEEL, *args]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
         return r, run_dir, dump
 
     def replay(self, dump, make, lr_at):
@@ -219,10 +236,38 @@ class Sparse(unittest.TestCase):
                 self.assertNotIn("sparse_optimizer", record["tensors"])  # no state of its own
                 self.run_keel(ck, sparse=sparse, run_dir=run, dump=dump, args=["--resume"])
                 a, b = read_dump(full), read_dump(dump)
-                with open(dump) as f:  # steps 1-3, then 4-6 resumed from step-3
-                    self.assertEqual([int(l.split()[0]) for l in f], [1, 2, 3, 4, 5, 6])
+                with open(dump) as f:  # steps 1-3, the load of step-3's rows, steps 4-6
+                    self.assertEqual([l.split()[0] for l in f],
+                                     ["1", "2", "3", "load", "4", "5", "6"])
                 for s in (4, 5, 6):  # values, slots and gradients, as printed (%.9g: exact)
                     self.assertEqual(a[s], b[s], f"step {s}")
+
+    def test_other_world_size(self):
+        """2 ranks -> 1 and 1 -> 2: every saved part in turn, or this rank's ids of the one."""
+        ck = '[checkpoint]\ntype = "safetensors"\nevery_steps = 2\n'
+        for saved, resumed in ((2, 1), (1, 2)):
+            with self.subTest(saved=saved, resumed=resumed):
+                run = os.path.join(self.tmp.name, f"w{saved}{resumed}")
+                dump = run + ".dump"
+                self.run_keel(ck, steps=2, run_dir=run, dump=dump, nproc=saved)
+                with open(os.path.join(run, "checkpoints", "step-2", "commit.json")) as f:
+                    objects = sorted(json.load(f)["tensors"])
+                parts = ["tables"] + [f"rank{r}.tables" for r in range(1, saved)]
+                self.assertEqual([o for o in objects if o.endswith("tables")], sorted(parts))
+                dumps = [dump] if saved == 1 else [f"{dump}.rank{r}" for r in range(saved)]
+                rows = [sorted(read_dump(d)[2]) for d in dumps]  # each part's ids at step 2
+                for d in dumps:
+                    os.rename(d, d + ".before")
+                self.run_keel(ck, run_dir=run, dump=dump, nproc=resumed, args=["--resume"])
+                if resumed == 1:
+                    loads = load_lines(dump)
+                    self.assertEqual(loads, [["load", str(len(r)), str(len(r))] for r in rows])
+                else:
+                    for r in range(resumed):
+                        loads = load_lines(f"{dump}.rank{r}")
+                        mine = [i for i in rows[0] if i % resumed == r]
+                        self.assertEqual(loads, [["load", str(len(rows[0])), str(len(mine))]])
+                        self.assertTrue(set(mine) <= set(read_dump(f"{dump}.rank{r}")[3]))
 
     def test_errors(self):
         no_sparse = BASE[:BASE.index("[sparse_optimizer]")] + BASE[BASE.index("[loss]"):]
