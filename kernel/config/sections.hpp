@@ -67,6 +67,7 @@ struct DistributedKeys {
 // Retention (the store): keep_last, keep_best, best_metric, best_mode; all 0: keep everything.
 struct CheckpointKeys {
   int64_t every_steps = 0;
+  int64_t every_epochs = 0;  // after every N-th completed epoch (a stream's windows); 0: never
   int64_t keep_last = 0;  // newest N by step (0 with keep_best 0: keep all)
   int64_t keep_best = 0;  // best N by best_metric
   std::string best_metric;  // "<split>.<key>", e.g. "test.loss"

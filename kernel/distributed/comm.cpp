@@ -35,11 +35,11 @@ int64_t shape_hash(const at::Tensor& t) {
   return static_cast<int64_t>(h >> 1);
 }
 
-// "F32 rows of [*, 4]": a tensor's dtype and row shape, for errors.
-std::string rows_of(const at::Tensor& t) {
-  std::string shape = "[*";
-  for (int64_t d = 1; d < t.dim(); ++d) shape += ", " + std::to_string(t.size(d));
-  return std::string(c10::toString(t.scalar_type())) + " rows of " + shape + "]";
+// "Double rows of 2 dimension(s) with 3 element(s) each": an exchange's fields, for errors.
+std::string described(const std::vector<int64_t>& f) {
+  return std::string(c10::toString(static_cast<at::ScalarType>(f[kDtype]))) + " rows of " +
+         std::to_string(f[kDims]) + " dimension(s) with " + std::to_string(f[kRowElements]) +
+         " element(s) each";
 }
 
 // `send` checked against abi.h's rules (a CPU tensor with at least one dimension), contiguous.
@@ -91,20 +91,21 @@ std::vector<std::vector<int64_t>> ComponentComm::exchange_counts(
   });
   const size_t n = counts.size();
   std::vector<std::vector<int64_t>> out;
+  std::vector<std::vector<int64_t>> fields;
   for (int q = 0; q < world(); ++q) {
     const at::Tensor t = all[0][q].cpu();
     const int64_t* v = t.data_ptr<int64_t>();
     out.emplace_back(v, v + n);
-    const int64_t* f = v + n;
-    if (f[kDtype] != mine[n + kDtype] || f[kDims] != mine[n + kDims] ||
-        f[kRowElements] != mine[n + kRowElements] || f[kShapeHash] != mine[n + kShapeHash])
-      throw Error("keel_comm " + std::string(what) + ": rank " + std::to_string(q) + " sends " +
-                  c10::toString(static_cast<at::ScalarType>(f[kDtype])) + " rows of " +
-                  std::to_string(f[kDims]) + " dimension(s) with " +
-                  std::to_string(f[kRowElements]) + " element(s) each, and this rank (" +
-                  std::to_string(rank()) + ") " + rows_of(send) + "; hint: every rank must "
-                  "send the same dtype and trailing shape (abi.h, keel_comm)");
+    fields.emplace_back(v + n, v + n + kFields);
   }
+  // Every rank compares each rank's rows with rank 0's, so all name the same rank.
+  for (int q = 1; q < world(); ++q)
+    if (fields[q] != fields[0])
+      throw Error("keel_comm " + std::string(what) + ": rank " + std::to_string(q) + " sends " +
+                  described(fields[q]) + " and rank 0 " + described(fields[0]) +
+                  (described(fields[q]) == described(fields[0]) ? " of another shape" : "") +
+                  " (this is rank " + std::to_string(rank()) + "); hint: every rank must send "
+                  "the same dtype and trailing shape (abi.h, keel_comm)");
   return out;
 }
 

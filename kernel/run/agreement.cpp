@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "distributed/process_group.hpp"
+#include "error.hpp"
 #include "run/run.hpp"
 #include "text/text.hpp"
 
@@ -29,10 +30,18 @@ Issued issued(const Run& run) {
 
 }  // namespace
 
-EpochPlan agree_epoch_plan(ProcessGroup& group, int64_t batches, int64_t steps) {
+EpochPlan agree_epoch_plan(ProcessGroup& group, int64_t batches, int64_t steps,
+                           const std::string& data) {
+  const bool stream = batches == -1;
   const std::vector<double> most = group.max(
-      {-static_cast<double>(batches), -static_cast<double>(steps)},
+      {-static_cast<double>(batches), -static_cast<double>(steps), stream ? 1.0 : 0.0,
+       stream ? 0.0 : 1.0},
       "agreeing on the batches per epoch and the planned steps");
+  if (most[2] > 0 && most[3] > 0)
+    throw Error(data + ": batches_per_epoch is -1 (a stream) on some ranks and a count on "
+                "others (this rank: " + std::to_string(batches) + "); hint: give every rank "
+                "the same data options");
+  if (stream) return {0, static_cast<int64_t>(-most[1])};
   return {static_cast<int64_t>(-most[0]), static_cast<int64_t>(-most[1])};
 }
 

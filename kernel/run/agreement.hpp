@@ -6,7 +6,8 @@
 //
 // Once, at setup: the micro-batches every rank takes per epoch and the run's planned length
 // (agree_epoch_plan): the fewest batches_per_epoch and the shortest plan of any rank (max of
-// the negated counts), so every rank's schedule learns the same total_steps.
+// the negated counts), so every rank's schedule learns the same total_steps; and that either
+// every rank's training data is a stream (batches_per_epoch -1) or none is.
 //
 // Each training step (run/step.cpp, then run/trainer.cpp), in this order:
 //   1. with item normalisation only, before the first forward: sum {items, unreported};
@@ -22,6 +23,9 @@
 // (run/step.cpp, fetch_micro_batches); past it (the fetch that finds an epoch's end, or data
 // beyond the count) each fetch agrees its micro-batches: max {-micro-batches}. A rank whose
 // data yields fewer than the agreed count says so in agreement 3, and every rank then fails.
+// A stream has no agreed count: every fetch agrees, max {each rank's micro-batches} (rank r
+// puts its count in field r, -1 in the others), and unequal counts fail every rank with one
+// line naming each rank's; so a step on a stream issues one agreement more.
 //
 // Between steps, the requests are agreed again (max {stop, eval, checkpoint, 0, 0}) before they
 // are read when hooks ran since the last agreement (a record's METRICS event, an evaluation, a
@@ -34,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace keel {
 
@@ -43,12 +48,15 @@ struct Run;
 // The micro-batches every rank takes per epoch before it asks the others, and the run's
 // planned length in steps: the fewest `batches` (this rank's batches_per_epoch) and the
 // shortest `steps` (this rank's plan from its own batches and size; 0: unknown, then 0 for
-// all, since every rank has the same stop targets) of any rank. One all-reduce.
+// all, since every rank has the same stop targets) of any rank. One all-reduce. A stream
+// (`batches` -1 on every rank) gets batches 0; -1 on some ranks only throws keel::Error
+// naming `data` (the training data's label).
 struct EpochPlan {
   int64_t batches = 0;
   int64_t steps = 0;
 };
-EpochPlan agree_epoch_plan(ProcessGroup& group, int64_t batches, int64_t steps);
+EpochPlan agree_epoch_plan(ProcessGroup& group, int64_t batches, int64_t steps,
+                           const std::string& data);
 
 // The collectives this process issued inside training steps, from the fetch of a step's
 // micro-batches to the agreement at its end, for the `collectives:` line.

@@ -138,6 +138,18 @@ int64_t plan_length(const Run& run, int64_t batches) {
   return plans.empty() ? 0 : *std::min_element(plans.begin(), plans.end());
 }
 
+// A stream's planned length: max_steps (0 without it: unknown). Its epochs (windows), and
+// max_samples and max_tokens, still end the run; they plan nothing, having no known size.
+int64_t stream_length(const Run& run) {
+  const int64_t steps = run.config.train.max_steps;
+  spdlog::info("{}: a stream (batches_per_epoch -1): each epoch is a window that ends when the "
+               "data says so, and the run plans {}", run.components.train_data.label(),
+               steps > 0 ? "max_steps = " + std::to_string(steps) + " steps"
+                         : std::string("no length (schedules get total_steps = 0; set "
+                                       "train.max_steps for one that needs it)"));
+  return steps;
+}
+
 // The micro-batches per rank and step: [train] grad_accum, or with [train] global_batch,
 // global_batch / ([data.train] batch_size x `world` ranks), which must divide exactly.
 int64_t micro_batches_per_step(const RunConfig& config, int world) {
@@ -170,13 +182,15 @@ void create_data(Run& run) {
   if (run.config.test_data && run.evaluates())
     c.test_data = make_instance<keel_dataset>(run, *run.config.test_data);
   const int64_t batches = c.train_data.get("batches_per_epoch", c.train_data->batches_per_epoch);
-  if (batches <= 0)
+  run.plan.stream = batches == -1 && c.train_data.abi_minor() >= 9;  // (1.9) a stream
+  if (batches <= 0 && !run.plan.stream)
     throw c.train_data.error("batches_per_epoch returned " + std::to_string(batches) +
                              ": the training split yields no batches; hint: check its path, "
                              "limit and batch_size");
-  run.plan.total_steps = plan_length(run, batches);
+  run.plan.total_steps = run.plan.stream ? stream_length(run) : plan_length(run, batches);
   if (run.ranks.group) {
-    const EpochPlan agreed = agree_epoch_plan(*run.ranks.group, batches, run.plan.total_steps);
+    const EpochPlan agreed = agree_epoch_plan(*run.ranks.group, batches, run.plan.total_steps,
+                                              c.train_data.label());
     run.plan.epoch_batches = agreed.batches;
     run.plan.total_steps = agreed.steps;
   }

@@ -228,8 +228,11 @@ bool save_due(Run& run, Moment moment) {
     case Moment::kStepEnd:
       return (c.checkpointing.every_steps > 0 && run.progress.step % c.checkpointing.every_steps == 0) ||
              run.requests.checkpoint();
-    case Moment::kEpochEnd:
-      return run.requests.checkpoint() && !saved_now;
+    case Moment::kEpochEnd:  // run.epoch.finished: the epoch was complete (its EPOCH_END ran)
+      return ((c.checkpointing.every_epochs > 0 && run.epoch.finished &&
+               (run.progress.epoch + 1) % c.checkpointing.every_epochs == 0) ||
+              run.requests.checkpoint()) &&
+             !saved_now;
     case Moment::kFinish:
       return c.checkpointing.at_end && !saved_now;
     case Moment::kEpochOver:

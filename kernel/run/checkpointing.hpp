@@ -19,7 +19,8 @@ enum class Moment;
 // Whether a checkpoint is due at `moment` (never without [checkpoint]): at the start when
 // checkpoint.initial is set (not when resuming); after a step every checkpoint.every_steps
 // steps and on a hook's request (a stop signal requests one); after an epoch's end on request
-// and at the finish when checkpoint.at_end is set, both unless this step was saved already.
+// and after every checkpoint.every_epochs-th completed epoch (epoch index + 1 a multiple of it),
+// and at the finish when checkpoint.at_end is set, all three unless this step was saved already.
 bool save_due(Run& run, Moment moment);
 
 // Saves a checkpoint of the current step (synchronously, or handed to a background writer

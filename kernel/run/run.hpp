@@ -110,8 +110,14 @@ struct StepPlan {
   // [train] global_batch (global_batch / (batch_size x ranks)).
   int64_t grad_accum = 1;
   // With several ranks: the micro-batches every rank takes per epoch without asking the others,
-  // the fewest batches_per_epoch of any rank (run/agreement.hpp); 0 when running alone.
+  // the fewest batches_per_epoch of any rank (run/agreement.hpp); 0 when running alone or on a
+  // stream.
   int64_t epoch_batches = 0;
+  // The training data is a stream (batches_per_epoch -1, ABI 1.9): its epochs (windows) end
+  // when next says so, the run plans no length from it, with several ranks every step agrees
+  // its micro-batches (and every rank must have as many), and an epoch without any batch ends
+  // the run (docs/loop.md, "Streams").
+  bool stream = false;
   double flops_per_sample = 0;   // the model's (0: unknown)
   double mfu_peak = 0;           // FLOP/s the mfu divides by (keel_mfu.peak_flops), 0: not reported
   // Micro-batches weighted by their items (count_items); with several ranks, by their share of

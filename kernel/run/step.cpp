@@ -293,6 +293,28 @@ void agree_on_fetched(Run& run, std::vector<MicroBatch>& out) {
   }
 }
 
+// A stream (no agreed count): every rank must take as many micro-batches as every other, so
+// that all end each epoch at the same step. One all-reduce (a max over one field per rank,
+// rank r's count in field r and -1 in the others) gives every rank each rank's count; unequal
+// counts fail every rank at once with one line naming them.
+void agree_on_stream(Run& run, const std::vector<MicroBatch>& out) {
+  const int64_t step = run.progress.step + 1;
+  std::vector<double> counts(static_cast<size_t>(run.ranks.world), -1.0);
+  counts[static_cast<size_t>(run.ranks.rank)] = static_cast<double>(out.size());
+  counts = run.ranks.group->max(counts, "agreeing on the batches of step " + std::to_string(step));
+  if (std::all_of(counts.begin(), counts.end(), [&](double c) { return c == counts[0]; })) return;
+  std::string each;
+  for (size_t r = 0; r < counts.size(); ++r)
+    each += (r ? ", rank " : "rank ") + std::to_string(r) + " " +
+            std::to_string(static_cast<int64_t>(counts[r]));
+  throw run.components.train_data.error(
+      "a stream whose ranks' data ends epoch " + std::to_string(run.progress.epoch) +
+      " at different steps: micro-batches for step " + std::to_string(step) + " (up to " +
+      std::to_string(run.plan.grad_accum) + "): " + each + ", after " +
+      std::to_string(run.epoch.batches) + " in this epoch; hint: a stream (batches_per_epoch "
+      "-1) must give every rank the same number of batches in each window");
+}
+
 }  // namespace
 
 std::vector<MicroBatch> fetch_micro_batches(Run& run) {
@@ -306,7 +328,12 @@ std::vector<MicroBatch> fetch_micro_batches(Run& run) {
   std::vector<MicroBatch> out = next_micro_batches(run, want);
   profile_end(run, "data");
   run.epoch.missing = within ? want - static_cast<int64_t>(out.size()) : 0;
-  if (run.ranks.group && !within) agree_on_fetched(run, out);
+  if (run.ranks.group && !within) {
+    if (run.plan.stream)
+      agree_on_stream(run, out);
+    else
+      agree_on_fetched(run, out);
+  }
   run.window.data_s += std::chrono::duration<double>(Clock::now() - t0).count();
   return out;
 }

@@ -15,7 +15,8 @@ struct Run;
 // With several ranks, every rank takes the same number: within the micro-batches agreed for
 // the epoch (run.plan.epoch_batches) without asking the others (a rank whose data yields fewer
 // sets run.epoch.missing, and the step then fails on every rank), past them as many as the
-// rank with the fewest (run/agreement.hpp).
+// rank with the fewest (run/agreement.hpp); on a stream every rank must have as many (else
+// every rank throws, naming each rank's count).
 std::vector<MicroBatch> fetch_micro_batches(Run& run);
 
 // One optimizer step over `batches` (events STEP_START ... STEP_END, abi.h). Returns the step's

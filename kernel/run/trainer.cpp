@@ -50,7 +50,8 @@ void stop_on_signal(Run& run, int sig) {
 // The one place that decides the run is over, and why (run.end.reason; finish_training logs
 // it). At the start (a resumed run may have reached its end), after each step (a stop signal, a
 // stop target, a hook's stop request), when an epoch's last step was taken (the epochs are
-// done), and after the events of an epoch's end (a hook's stop request).
+// done, or a stream's epoch had no batch at all), and after the events of an epoch's end (a
+// hook's stop request).
 void decide_end(Run& run, Moment moment) {
   if (run.end.decided()) return;
   const RunConfig& c = run.config;
@@ -58,6 +59,9 @@ void decide_end(Run& run, Moment moment) {
   if (moment == Moment::kStart || moment == Moment::kStepEnd) reason = stop_target_reached(run);
   if (run.end.stop_signal)
     reason = std::string("stopped by ") + (run.end.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  // A stream's epoch that ended without a batch: the stream has no more windows.
+  if (reason.empty() && moment == Moment::kEpochOver && run.plan.stream && run.epoch.batches == 0)
+    reason = "the stream ended (epoch " + std::to_string(run.progress.epoch) + " had no batch)";
   const bool epochs_done =
       c.train.epochs > 0 && (moment == Moment::kStart ? run.progress.epoch >= c.train.epochs
                        : moment == Moment::kEpochOver ? run.progress.epoch + 1 >= c.train.epochs
@@ -195,7 +199,11 @@ RunSummary Trainer::train() {
         run.collectives.step_starts(run);
         const std::vector<MicroBatch> batches = fetch_micro_batches(run);
         epoch_complete = batches.empty() && run.epoch.missing == 0;
-        if (epoch_complete) break;
+        if (epoch_complete) {
+          // A stream's window without a batch is no epoch: the stream ended (decide_end).
+          if (run.plan.stream && run.epoch.batches == 0) epoch_complete = false;
+          break;
+        }
         run.epoch.batches += static_cast<int64_t>(batches.size());
         run.summary.last_loss = train_step(run, batches);
         // Decide, then act: each on its own period, on a hook's request, or at the run's end.

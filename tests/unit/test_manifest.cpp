@@ -398,6 +398,7 @@ TEST_CASE("resume: which changed keys keep the continuation exact") {
       {"train.grad_accum", false}, {"train.accum_normalization", false},
       {"train.precision", false}, {"train.nonfinite", false}, {"train.max_skips", false},
       {"checkpoint.type", true}, {"checkpoint.keep_last", true}, {"checkpoint.init_from", true},
+      {"checkpoint.every_epochs", true},
       {"checkpoint.init_rename.a.", true}, {"checkpoint.dtype", true},
       {"hooks", true}, {"hooks[1].type", true}, {"hooks[0].label", true}, {"hooks[2].path", true},
       {"profiler.type", true}, {"mfu.peak_tflops", true}, {"data.test.limit", true},
