@@ -153,6 +153,7 @@ class Dlrm : public keel::Model {
     options.max_rows = ctx.get_int("max_rows");
     options.init_std = ctx.get_float("init_std");
     options.seed = ctx.seed();
+    tables_.reserve(kCategorical);
     if (ctx.get_string("tables") == "shared") {
       options.name = "categorical";
       tables_.emplace_back(options, ctx.comm());
