@@ -3,9 +3,10 @@ sparse adagrad beside adam, loss bce, dataset criteo on windows that keel-criteo
 (4 windows of 3,072 records, seed 5; windows = epochs). Each case names what it asserts:
 
 - learns: 3 training windows, the 4th evaluated after each; the last evaluation's exact AUC is
-  at least the window's Bayes AUC (truth.json) minus 0.06 and above the first evaluation's (the
-  tight 0.01 of configs/ctr.toml is measured on its full data, not here), and its train records
-  count every record once: samples = 3 x 3,072.
+  0.05 above the first's and not above the window's Bayes AUC (truth.json) plus 0.01 (so little
+  data stays well below the Bayes AUC: the 0.01 of configs/ctr.toml is measured on its full
+  data, docs/recommendation.md), and the train records count every record once: samples =
+  3 x 3,072, 12 steps a window.
 - exact resume: the same run stopped at step 17 (inside window 1: 12 steps a window) and resumed
   with --resume ends with the uninterrupted run's checkpoint exactly (np.array_equal): dense
   parameters, adam's state, every table's ids, rows, adagrad slots and counters, the dataset's
@@ -136,8 +137,8 @@ class Recommendation(unittest.TestCase):
         evals = records(self.full, "test")
         self.assertEqual(len(evals), 3)
         bayes = self.truth["per_window"][3]["bayes_auc"]
-        self.assertGreater(evals[-1]["auc"], bayes - 0.06, (evals[-1], bayes))
-        self.assertGreater(evals[-1]["auc"], evals[0]["auc"])
+        self.assertGreater(evals[-1]["auc"], evals[0]["auc"] + 0.05, evals)
+        self.assertLess(evals[-1]["auc"], bayes + 0.01, (evals[-1], bayes))
         train = records(self.full, "train")
         self.assertEqual(train[-1]["samples"], 3 * RECORDS)
         self.assertEqual(train[-1]["step"], 3 * 12)
@@ -165,8 +166,9 @@ class Recommendation(unittest.TestCase):
         strip = lambda rs: [{k: v for k, v in r.items() if not k.endswith(("_per_s", "_ms", "_s"))}
                             for r in rs if r["step"] > 17]
         self.assertEqual(strip(records(run, "train")), strip(records(self.full, "train")))
-        self.assertEqual([r["auc"] for r in records(run, "test")],
-                         [r["auc"] for r in records(self.full, "test")])
+        # The stopped run evaluated at its end (step 17) too; every evaluation after it is equal.
+        self.assertEqual([r["auc"] for r in records(run, "test") if r["step"] > 17],
+                         [r["auc"] for r in records(self.full, "test") if r["step"] > 17])
 
     def test_export_and_delta(self):
         steps = sorted(int(n[5:]) for n in os.listdir(os.path.join(self.full, "checkpoints")))
