@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -27,7 +27,7 @@ namespace {
 // rank and world size of the saving rank.
 constexpr const char* kEntries[] = {"ids",         "values",         "slots",
                                     "last_seen",   "pending_ids",    "pending_counts",
-                                    "pending_last_seen", "counters"};
+                                    "pending_last_seen",             "counters"};
 constexpr int64_t kCounters = 6;
 
 bool valid_name(const std::string& name) {
@@ -46,7 +46,8 @@ void check_options(const TableOptions& o) {
     throw std::invalid_argument(who + "the name must be 1 to " +
                                 std::to_string(KEEL_NAME_CAPACITY - 1) +
                                 " letters, digits, '_', '.' or '-'");
-  if (o.dim < 1) throw std::invalid_argument(who + "dim must be >= 1, not " + std::to_string(o.dim));
+  if (o.dim < 1)
+    throw std::invalid_argument(who + "dim must be >= 1, not " + std::to_string(o.dim));
   if (o.min_count < 1)
     throw std::invalid_argument(who + "min_count must be >= 1, not " + std::to_string(o.min_count));
   if (o.ttl_steps < 0)

@@ -68,7 +68,8 @@ class EmbeddingTable {
   // ids int64 [N] (values < 0: ignored, contribute nothing), offsets int64 [bags] (bag b is
   // ids[offsets[b] .. offsets[b+1]) (last bag to N), like nn.EmbeddingBag with
   // include_last_offset=false: offsets[0] == 0, non-decreasing, <= N); returns float
-  // [bags, dim]; in training differentiable: the gradient reaches the rows via the table.
+  // [bags, dim] on the CPU (ids and offsets may lie anywhere); in training (with gradients
+  // enabled) differentiable: the backward adds each row's gradient to the table.
   // Sightings in training count occurrences (an id twice in ids is sighted twice). Call it
   // once per step for all the features that use the table (concatenate their ids and offsets).
   // Throws std::invalid_argument on bad arguments and std::runtime_error when the rows
