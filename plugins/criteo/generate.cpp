@@ -14,7 +14,7 @@
 //  - 13 integers I1..I13: floor(exp(mu_i + sigma_i * N(0,1))) (I2 minus 2, so it can be
 //    negative), missing at a rate; the model's input is v_i = log(1 + max(x, 0)), 0 if missing.
 //  - a hidden embedding e_j(r) in R^dim, N(0, emb_std^2) per coordinate, per (feature, id);
-//    a per-id scalar effect b_j(r) = tau_j * N(0,1) / sqrt(1 + r / 50) (frequent ids carry
+//    a per-id scalar effect b_j(r) = tau_j * N(0,1) / sqrt(1 + r / 3) (frequent ids carry
 //    most of the signal).
 //  - logit = bias + sum_i w_i * (v_i - c_i) / d_i + sum_j b_j(id_j) + sum over `pairs` (a, b)
 //    of <e_a(id_a), e_b(id_b)>, a missing feature contributing 0; label ~ Bernoulli(sigmoid).
@@ -79,25 +79,25 @@ struct Numeric {
 struct Truth {
   uint64_t seed;
   int dim;
-  double bias = -1.2, emb_std = 0.55;
+  double bias = -1.2, emb_std = 0.45;
   std::vector<Categorical> cat;
   std::vector<Numeric> num;
-  std::vector<std::pair<int, int>> pairs = {{0, 1}, {4, 5}, {7, 10}, {1, 14}};
+  std::vector<std::pair<int, int>> pairs;
 };
 
 Truth make_truth(uint64_t seed, int dim) {
-  Truth t{seed, dim, -1.2, 0.55, {}, {}, {}};
-  t.pairs = {{0, 1}, {4, 5}, {7, 10}, {1, 14}};
-  const int64_t card[kCategorical] = {100, 300, 1000, 3000, 50,  500,  2000, 200, 800,
-                                      1500, 80, 400,  1200, 2500, 150, 600,  1000, 3000,
-                                      250,  700, 60,  350,  900,  1800, 120, 450};
-  const double expo[5] = {1.1, 1.2, 1.05, 1.3, 1.15};
+  Truth t{seed, dim, -1.2, 0.45, {}, {}, {}};
+  t.pairs = {{0, 4}, {7, 10}, {14, 20}, {1, 18}};  // features of at most 100 ids
+  const int64_t card[kCategorical] = {40,  100, 300, 1000, 20,  200, 600, 80, 400,
+                                      1000, 50,  150, 500, 800,  30,  250, 700, 1000,
+                                      60,   120, 25,  350, 900, 500,  70,  200};
+  const double expo[5] = {1.2, 1.3, 1.1, 1.4, 1.25};
   for (int j = 0; j < kCategorical; ++j) {
     Categorical c;
     c.cardinality = card[j];
     c.exponent = expo[j % 5];
     c.missing = j == 20 ? 0.4 : (j % 6 == 5 ? 0.2 : 0.0);
-    c.tau = j < 10 ? 0.5 : (j < 16 ? 0.25 : 0.0);
+    c.tau = j < 10 ? 0.8 : (j < 16 ? 0.4 : 0.0);
     double sum = 0;
     for (int64_t r = 1; r <= c.cardinality; ++r) c.cdf.push_back(sum += std::pow(r, -c.exponent));
     for (double& v : c.cdf) v /= sum;
@@ -122,7 +122,7 @@ double effect(const Truth& t, int j, int64_t r) {
   const Categorical& c = t.cat[static_cast<size_t>(j)];
   if (c.tau == 0) return 0;
   return c.tau * normal(key(t.seed, 1, static_cast<uint64_t>(j), static_cast<uint64_t>(r))) /
-         std::sqrt(1.0 + static_cast<double>(r) / 50.0);
+         std::sqrt(1.0 + static_cast<double>(r) / 3.0);
 }
 double embedding(const Truth& t, int j, int64_t r, int k) {
   return t.emb_std * normal(key(t.seed, 2 + static_cast<uint64_t>(k), static_cast<uint64_t>(j),
@@ -247,7 +247,7 @@ nlohmann::ordered_json parameters(const Truth& t) {
   j["bias"] = t.bias;
   j["dim"] = t.dim;
   j["embedding_std"] = t.emb_std;
-  j["effect_scale"] = "tau * N(0,1) / sqrt(1 + rank / 50)";
+  j["effect_scale"] = "tau * N(0,1) / sqrt(1 + rank / 3)";
   for (int k = 0; k < kNumeric; ++k) {
     const Numeric& n = t.num[static_cast<size_t>(k)];
     j["numeric"].push_back({{"name", "I" + std::to_string(k + 1)}, {"mu", n.mu},
@@ -267,14 +267,14 @@ nlohmann::ordered_json parameters(const Truth& t) {
 
 struct Args {
   std::string output;
-  int64_t windows = 8, records = 50000;
+  int64_t windows = 8, records = 100000;
   uint64_t seed = 0;
   int dim = 4;
   bool zstd = false, probabilities = false;
 };
 
 const char* kUsage =
-    "usage: keel-criteo-generate --output DIR [--windows N (8)] [--records M (50000)] "
+    "usage: keel-criteo-generate --output DIR [--windows N (8)] [--records M (100000)] "
     "[--seed S (0)] [--zstd] [--dim D (4)] [--probabilities]";
 
 Args parse(int argc, char** argv) {
