@@ -9,6 +9,7 @@
 #include "keel/tensor.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
+#include "run/tables.hpp"
 
 namespace fs = std::filesystem;
 
@@ -87,6 +88,7 @@ void load_init_from(Run& run) {
   for (const auto& [name, t] : into) spdlog::debug("  loaded {}", name);
   for (const auto& name : kept) spdlog::debug("  kept {}", name);
   if (rec) load_hook_state(run, *rec, dir);
+  load_init_tables(run, rec ? &*rec : nullptr, dir);
 }
 
 }  // namespace keel

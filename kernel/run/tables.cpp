@@ -136,6 +136,25 @@ void load_part(Run& run, const CommitRecord& rec, const std::string& dir, const 
   }
 }
 
+// The saved parts of the tables in `rec`, in rank order: "tables", "rank1.tables", ...
+std::vector<std::string> saved_parts(const CommitRecord& rec) {
+  std::vector<std::pair<long, std::string>> found;
+  const std::string suffix = std::string(".") + kTablesObject;
+  for (const auto& [stem, tensors] : rec.tensors) {
+    if (stem == kTablesObject) found.emplace_back(0, stem);
+    const bool ranked = stem.rfind("rank", 0) == 0 && stem.size() > 4 + suffix.size() &&
+                        stem.compare(stem.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (!ranked) continue;
+    const std::string digits = stem.substr(4, stem.size() - 4 - suffix.size());
+    if (digits.find_first_not_of("0123456789") == std::string::npos)
+      found.emplace_back(std::stol(digits), stem);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [r, stem] : found) out.push_back(std::move(stem));
+  return out;
+}
+
 }  // namespace
 
 void create_sparse_optimizer(Run& run) {
@@ -264,9 +283,7 @@ void load_tables(Run& run, const CommitRecord& rec, const std::string& dir) {
     if (run.ranks.rank == 0)
       spdlog::info("--resume: {} was saved by {} rank(s): every rank reads every rank's table "
                    "rows and keeps the ones it owns", dir, saved_by);
-    for (int64_t r = 0; r < saved_by; ++r)
-      load_part(run, rec, dir,
-                r == 0 ? kTablesObject : "rank" + std::to_string(r) + "." + kTablesObject);
+    for (const std::string& part : saved_parts(rec)) load_part(run, rec, dir, part);
   }
   const Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
   const bool stored = rec.tensors.count(kStateObject) > 0;
@@ -280,6 +297,20 @@ void load_tables(Run& run, const CommitRecord& rec, const std::string& dir) {
   if (stored) run.components.store->load(dir, kStateObject, state);
   const std::vector<keel_named_tensor> named = as_named(state);
   opt.call("state_load", opt->state_load, named.data(), named.size());
+}
+
+void load_init_tables(Run& run, const CommitRecord* rec, const std::string& dir) {
+  if (!run.sparse.any()) return;
+  const std::vector<std::string> parts = rec ? saved_parts(*rec) : std::vector<std::string>();
+  if (parts.empty()) {
+    spdlog::warn("checkpoint.init_from: {} holds no sparse tables{}: the tables of {} start "
+                 "empty", dir, rec ? "" : " keel can find (no commit record)",
+                 run.components.model.label());
+    return;
+  }
+  for (const std::string& part : parts) load_part(run, *rec, dir, part);
+  spdlog::info("init_from {}: loaded the sparse tables' rows (with their optimizer slots) from "
+               "{} part(s)", dir, parts.size());
 }
 
 }  // namespace keel

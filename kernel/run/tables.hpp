@@ -55,4 +55,9 @@ void add_tables(const Run& run, Snapshot& snap);
 // loads its own part; at another, every saved part in turn (each table keeps the rows it owns).
 void load_tables(Run& run, const CommitRecord& rec, const std::string& dir);
 
+// [checkpoint] init_from (and `keel evaluate`): every saved part of the tables of `rec` in turn,
+// rows and slots (each table keeps the ids it owns); a warning when there are none (or no
+// record, `rec` null).
+void load_init_tables(Run& run, const CommitRecord* rec, const std::string& dir);
+
 }  // namespace keel

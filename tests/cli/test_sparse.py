@@ -11,6 +11,7 @@ the step's gradients) to a dump file at every end_step; the cases read it:
 - the train records' table_rows, admitted, evicted and sparse_grad_norm (with ttl eviction);
 - checkpoint + --resume: the rows and slots after it equal an uninterrupted run's, bit for bit;
 - resume at another number of ranks (2 -> 1, 1 -> 2, torchrun): the parts each rank loads;
+- [checkpoint] init_from loads the tables;
 - the one-line errors of a model with tables but no [sparse_optimizer], and the reverse.
 
 Usage: test_sparse.py KEEL_BINARY FIXTURE_DIR (Debian's /usr/bin/python3 with python3-torch)."""
@@ -241,6 +242,15 @@ class Sparse(unittest.TestCase):
                                      ["1", "2", "3", "load", "4", "5", "6"])
                 for s in (4, 5, 6):  # values, slots and gradients, as printed (%.9g: exact)
                     self.assertEqual(a[s], b[s], f"step {s}")
+
+    def test_init_from_loads_tables(self):
+        ck = '[checkpoint]\ntype = "safetensors"\nevery_steps = 3\n'
+        _, run, dump = self.run_keel(ck, steps=3)
+        n = len(read_dump(dump)[3])
+        step3 = os.path.join(run, "checkpoints", "step-3")
+        _, _, warm = self.run_keel(ck + f'init_from = "{step3}"\n', steps=1)
+        self.assertEqual(load_lines(warm), [["load", str(n), str(n)]])
+        self.assertGreaterEqual(len(read_dump(warm)[1]), n)
 
     def test_other_world_size(self):
         """2 ranks -> 1 and 1 -> 2: every saved part in turn, or this rank's ids of the one."""
