@@ -75,8 +75,10 @@ void log_collectives(const Run& run) {
   spdlog::info("collectives: {} in {} steps ({} per step: {} agreements, {} gradient bucket "
                "all-reduces{}); {} outside steps (setup, records, evaluations, checkpoints, "
                "epoch ends, the end); not counted: the reducer's broadcasts of its rebuilt "
-               "buckets (once) and exchanges through the store",
-               in_steps, t.steps, per_step, t.agreements, t.all_reduces, shard_ops, outside);
+               "buckets (once), exchanges through the store and the components' keel_comm "
+               "calls ({})",
+               in_steps, t.steps, per_step, t.agreements, t.all_reduces, shard_ops, outside,
+               run.comm ? run.comm->calls() : 0);
 }
 
 }  // namespace keel

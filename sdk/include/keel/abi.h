@@ -320,7 +320,9 @@ typedef struct keel_shard_group {
  * and only from a slot that the kernel calls on every rank at once: keel_model.forward and
  * forward_features (and the backward of their outputs, which runs inside the kernel's backward
  * on the training thread), keel_loss.metric_update and metric_finish, and keel_sparse_optimizer
- * .step. Tensors are contiguous CPU tensors of any dtype with at least one dimension; rows are
+ * .step. In an evaluation, forward and metric_update run once per batch of each rank's test
+ * split, so a component that calls from them there needs test data that yields as many batches
+ * on every rank (metric_finish runs once on every rank). Tensors are contiguous CPU tensors of any dtype with at least one dimension; rows are
  * the entries of dimension 0. A call returns KEEL_ERR with `err` filled on bad arguments or when
  * the ranks cannot agree (a rank failed, or did not arrive within [distributed] timeout_s); the
  * slot calling it then returns KEEL_ERR too.
@@ -612,7 +614,8 @@ typedef struct keel_dataset {
   /* Batches in one epoch. (1.9) -1: not known in advance, for a stream (a streaming dataset's
    * epochs are its windows, which end when `next` says so); `size` may then return -1 too. The
    * kernel then plans no run length (a schedule gets total_steps = max_steps, 0 without it) and,
-   * with several ranks, requires every rank's data to end an epoch at the same step. */
+   * with several ranks, requires every rank's data to end an epoch at the same step; an epoch
+   * in which `next` yields no batch at all ends the run (the stream ended). */
   int64_t (*batches_per_epoch)(void* self);
   /* Rewinds to the first batch of epoch `epoch` (0-based; reshuffles when shuffling). [train] */
   keel_status (*start_epoch)(void* self, int64_t epoch, keel_error* err);
