@@ -267,14 +267,14 @@ nlohmann::ordered_json parameters(const Truth& t) {
 
 struct Args {
   std::string output;
-  int64_t windows = 8, records = 100000;
+  int64_t windows = 8, records = 250000;
   uint64_t seed = 0;
   int dim = 4;
   bool zstd = false, probabilities = false;
 };
 
 const char* kUsage =
-    "usage: keel-criteo-generate --output DIR [--windows N (8)] [--records M (100000)] "
+    "usage: keel-criteo-generate --output DIR [--windows N (8)] [--records M (250000)] "
     "[--seed S (0)] [--zstd] [--dim D (4)] [--probabilities]";
 
 Args parse(int argc, char** argv) {
