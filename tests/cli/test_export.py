@@ -400,6 +400,10 @@ def bad_input(tmp, checkpoints, pool):
                                   "directory and replaces nothing; hint: remove it"),
         (["export", run, *ok, "--output", os.path.join(tmp, "taken")], 1,
          f"{tmp}/taken: exists"),
+        (["export", run, *ok, "--since", ""], 2, "--since: an empty path; hint:"),
+        (["export", run, *ok, "--since", run, "--output", os.path.join(tmp, "delta")], 1,
+         f"--since {run}: checkpoint {checkpoints}/step-3 holds no sparse tables, so there is "
+         "no delta to write; hint: leave --since out"),
     ]
     before = sorted(os.listdir(tmp)), sorted(os.listdir(os.path.join(run, "exports")))
     for argv, status, says in cases:
@@ -413,7 +417,8 @@ def bad_input(tmp, checkpoints, pool):
               f"keel {shown}: one error line with a hint (and the usage line): {err}")
         if status == 2:
             check(lines[-1].startswith("usage: keel export RUN_DIR|CHECKPOINT [--output DIR] "
-                                       "--format safetensors"), f"keel {shown}: usage line: {err}")
+                                       "[--since CHECKPOINT] --format safetensors"),
+                  f"keel {shown}: usage line: {err}")
     check((sorted(os.listdir(tmp)), sorted(os.listdir(os.path.join(run, "exports")))) == before,
           "the failed exports left nothing behind (no staging directory) and replaced nothing")
     check(os.listdir(os.path.join(tmp, "taken")) == [], "an existing --output stays as it was")
