@@ -62,6 +62,20 @@ at::Tensor byte_rows(const at::Tensor& t, int64_t rows, int64_t bytes, const at:
   return on.is_cpu() ? b : b.to(on);
 }
 
+// Runs a slot's body: KEEL_OK, or KEEL_ERR with the exception's message in `err`.
+template <class F>
+keel_status guarded(keel_error* err, F&& body) noexcept {
+  try {
+    body();
+    return KEEL_OK;
+  } catch (const c10::Error& e) {
+    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "%s", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "%s", e.what());
+  }
+  return KEEL_ERR;
+}
+
 }  // namespace
 
 ComponentComm::ComponentComm(ProcessGroup* group) : group_(group) {
@@ -182,7 +196,7 @@ at::Tensor ComponentComm::all_gather(const at::Tensor& send_in, std::vector<int6
 keel_status ComponentComm::all_to_all_slot(const keel_comm* comm, keel_tensor* send,
                                            const int64_t* send_rows, keel_tensor** recv,
                                            int64_t* recv_rows, keel_error* err) {
-  try {
+  return guarded(err, [&] {
     if (recv) *recv = nullptr;
     if (!comm || !comm->host_data || !send_rows || !recv || !recv_rows)
       throw Error("keel_comm all_to_all: called with a NULL comm, send_rows, recv or recv_rows");
@@ -192,18 +206,12 @@ keel_status ComponentComm::all_to_all_slot(const keel_comm* comm, keel_tensor* s
     at::Tensor out = self->all_to_all(borrow(send), rows, got);
     std::copy(got.begin(), got.end(), recv_rows);
     *recv = give(std::move(out));
-    return KEEL_OK;
-  } catch (const c10::Error& e) {
-    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "%s", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "%s", e.what());
-  }
-  return KEEL_ERR;
+  });
 }
 
 keel_status ComponentComm::all_gather_slot(const keel_comm* comm, keel_tensor* send,
                                            keel_tensor** recv, int64_t* rows, keel_error* err) {
-  try {
+  return guarded(err, [&] {
     if (recv) *recv = nullptr;
     if (!comm || !comm->host_data || !recv || !rows)
       throw Error("keel_comm all_gather: called with a NULL comm, recv or rows");
@@ -212,13 +220,7 @@ keel_status ComponentComm::all_gather_slot(const keel_comm* comm, keel_tensor* s
     at::Tensor out = self->all_gather(borrow(send), got);
     std::copy(got.begin(), got.end(), rows);
     *recv = give(std::move(out));
-    return KEEL_OK;
-  } catch (const c10::Error& e) {
-    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "%s", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "%s", e.what());
-  }
-  return KEEL_ERR;
+  });
 }
 
 }  // namespace keel
