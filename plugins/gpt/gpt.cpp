@@ -43,6 +43,7 @@
 // matmuls (q k^T and att v) per layer, 2 * 2 * T * width FLOPs per token forward, times 3 for
 // the training step. Counted for full context-length windows (T = context). See docs/mfu.md.
 #include <ATen/Parallel.h>
+#include <ATen/ops/linear.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
@@ -84,6 +85,16 @@ std::string json_number(double v) {
 
 nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return nn::Linear(nn::LinearOptions(in, out).bias(bias));
+}
+
+// A Linear layer applied as PyTorch's F.linear applies it: ATen's `linear`, which runs a
+// contiguous [B, T, in] input with a bias as one addmm on [B*T, in]. The C++ frontend's
+// LinearImpl::forward (LibTorch 1.13, torch/nn/functional/linear.h) takes that path for 2-D
+// inputs only; for [B, T, in] it runs matmul and then adds the bias in place, which cost the
+// char-GPT about 7% of a training step on the 2-core machine (bench/README.md,
+// bench_char_gpt.py).
+at::Tensor run_linear(const nn::Linear& layer, const at::Tensor& x) {
+  return at::linear(x, layer->weight, layer->bias);  // an undefined bias: none
 }
 
 // nanoGPT's LayerNorm: a weight and an optional bias (torch::nn::LayerNorm has both or none),
@@ -207,12 +218,12 @@ struct CausalSelfAttentionImpl : nn::Module {
 
   // `mask`: [T, T], true above the diagonal (the future positions a token may not attend to).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask) {
-    const at::Tensor qkv = c_attn->forward(x);
+    const at::Tensor qkv = run_linear(c_attn, x);
     const bool dropping = is_training() && attn_dropout->options.p() > 0;
     const bool can_fuse = qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat;
     const at::Tensor y = fused && can_fuse && !dropping ? CausalAttention::apply(qkv, heads)
                                                         : reference(qkv, mask);
-    return resid_dropout->forward(c_proj->forward(y));
+    return resid_dropout->forward(run_linear(c_proj, y));
   }
 
   // nanoGPT's attention, in LibTorch operators: [B, T, 3C] -> [B, T, C].
@@ -242,7 +253,7 @@ struct MlpImpl : nn::Module {
         c_proj(register_module("c_proj", linear(4 * c.width, c.width, c.bias))),
         dropout(register_module("dropout", nn::Dropout(c.dropout))) {}
   at::Tensor forward(const at::Tensor& x) {
-    return dropout->forward(c_proj->forward(at::gelu(c_fc->forward(x))));
+    return dropout->forward(run_linear(c_proj, at::gelu(run_linear(c_fc, x))));
   }
   nn::Linear c_fc, c_proj;
   nn::Dropout dropout;

@@ -12,7 +12,9 @@ Through gpt_probe (tests/plugins/gpt_probe.cpp: the plugin's model driven by kee
   split 2, 2, 1), on 1 thread and with a head width of 1. Each case also checks
   which attention ran, from the autograd graph behind the logits: one CausalAttention node per
   layer for "fused", one softmax node per layer for "reference" and for dropout in training
-  mode (the fused attention does not drop attention weights); the cases run on 2 LibTorch
+  mode (the fused attention does not drop attention weights), and that each block's four
+  Linear layers with a bias run as one addmm each (AddmmBackward nodes), as PyTorch's F.linear
+  runs them; the cases run on 2 LibTorch
   threads (gpt_probe --threads) unless said, all of them in one `gpt_probe --batch` process
   (tests/plugins/probe.hpp), which a thread drives beside the keel runs below;
 - parameter and state names are the reference's state_dict keys, in its order; lm_head.weight
@@ -199,7 +201,10 @@ def compare(tmp, tag, seed, mode, batch, time, vocab, context, layers, heads, wi
     if info is None:
         check(False, f"{tag}: gpt_probe failed: {t}")
         return None, None
-    want = {"CausalAttention": layers if fused else 0, "SoftmaxBackward": 0 if fused else layers}
+    # Each block's four Linear layers with a bias run as one addmm each, as PyTorch's F.linear
+    # runs them (LibTorch's C++ Linear module would run matmul and a separate bias add).
+    want = {"CausalAttention": layers if fused else 0, "SoftmaxBackward": 0 if fused else layers,
+            "AddmmBackward": 4 * layers if bias else 0}
     check(info["graph"] == want and info["threads"] == threads,
           f"{tag}: autograd nodes {info['graph']} on {info['threads']} threads, expected {want} "
           f"on {threads}")
@@ -301,7 +306,8 @@ def probe_checks(tmp):
           "dropout = 0.3 changes the logits in training mode")
     # Dropping attention weights is the reference attention's: training mode with dropout takes
     # it (evaluation mode, above, takes the fused one).
-    check(info is not None and info["graph"] == {"CausalAttention": 0, "SoftmaxBackward": 2},
+    check(info is not None and info["graph"] == {"CausalAttention": 0, "SoftmaxBackward": 2,
+                                                 "AddmmBackward": 8},
           f"dropout in training mode runs the reference attention: {info and info['graph']}")
     # Errors: one message naming the expected and the actual shapes, or width and heads.
     _, err = probe(tmp, "bad_heads", 0, "eval", tokens, tokens, vocab_size=13, context=8,
