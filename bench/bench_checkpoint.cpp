@@ -514,7 +514,7 @@ int main(int argc, char** argv) try {
   std::fflush(stdout);
 
   const keel::PluginCheckpointBackend store_backend(backend);
-  keel::CheckpointStore store(tmp.path.string(), &store_backend, keel::Retention{}, "bench");
+  keel::CheckpointStore store(tmp.path.string(), &store_backend, keel::CheckpointKeys{}, "bench");
   // Reused buffers for the snapshot-copy diagnostic, allocated and touched once.
   keel::TensorList reused;
   for (const auto& [n, t] : model) reused.emplace_back(n, at::empty_like(t).zero_());

@@ -434,7 +434,7 @@ RunResult hand_run(const Data& d, const Hyper& h, int64_t steps, const Options::
 // keel side.
 
 RunResult keel_run(const keel::RunConfig& rc, int64_t steps) {
-  at::manual_seed(rc.seed);  // as keel::apply_process_settings does (threads are set in main)
+  at::manual_seed(rc.run.seed);  // as keel::apply_process_settings does (threads are set in main)
   keel::Trainer trainer(rc);  // loads both splits and creates every component: not timed
   const OtherLoad other;
   const auto t0 = Clock::now();
@@ -516,10 +516,10 @@ int main(int argc, char** argv) try {
   keel::Registry registry;  // outlives every Trainer: the plugins stay loaded
   keel::RunConfig rc = keel::resolve(keel::load_manifest(o.manifest, overrides), registry);
   rc.overwrite = true;  // every run trains afresh into the same scratch output_dir
-  if (!rc.hooks.empty() || rc.profiler || rc.mfu || rc.eval_each_epoch ||
-      rc.mode != keel::RunMode::kTrain || rc.eval_every_steps != 0 || rc.checkpoint_at_end ||
-      rc.checkpoint_every_steps != 0 || rc.checkpoint_initial || rc.grad_accum != 1 ||
-      rc.precision != keel::Precision::kFp32)
+  if (!rc.hooks.empty() || rc.profiler || rc.mfu || rc.train.eval_each_epoch ||
+      rc.run.mode != keel::RunMode::kTrain || rc.train.eval_every_steps != 0 || rc.checkpointing.at_end ||
+      rc.checkpointing.every_steps != 0 || rc.checkpointing.initial || rc.train.grad_accum != 1 ||
+      rc.train.precision != keel::Precision::kFp32)
     throw std::runtime_error("bench: the keel run would do more than train steps");
   const Hyper h = hyper_from(rc);
   const Data data = load_train(h.data_path);
