@@ -11,7 +11,7 @@ Each round runs `keel train` once and the Python loop once (alternating which go
 for STEPS steps of BATCH samples, and compares the steady-state samples per second: keel's from
 its metrics.jsonl (the last log window, a third of the steps: start-up excluded), Python's from
 the same last third of its steps. It prints, per round, both and the ratio keel/python, then the
-ratios' min, median and the sign-test interval of the median (bench_ddp.median_interval); then
+ratios' min, median and the sign-test interval of the median (bench/paired.py, at 90% coverage); then
 where a step's time goes: in keel, the profiler's phases (forward, which holds the table
 lookups and the interaction, backward, optimizer and sparse_optimizer, from one profiled run);
 in the Python loop, timers around the lookup, the interaction, the MLPs, the backward and the
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import keel_threads  # noqa: E402  (bench/keel_threads.py)
-from bench_ddp import summary  # noqa: E402
+from paired import summary  # noqa: E402
 
 DIM, BOTTOM, TOP = 16, [32, 16], [64, 32]
 HASH_ROWS = 100003  # the Python tables' rows per feature (ids are taken modulo this)
@@ -245,7 +245,7 @@ def main():
             ratios.append(got["keel"] / got["python"])
             print(f"round {r + 1}: keel {got['keel']:9.0f} samples/s, python "
                   f"{got['python']:9.0f} samples/s, keel/python {ratios[-1]:.3f}", flush=True)
-        print(f"keel/python samples/s: {summary(ratios, interval=True)}")
+        print(f"keel/python samples/s: {summary(ratios, interval=True, level=0.9)}")
         _, phases = keel_run(keel, data_dir, args.batch, args.steps, profile=True)
         print("keel, share of the profiled phases: " +
               shares_line(phases, ["data", "forward", "backward", "clip", "optimizer",

@@ -40,14 +40,15 @@ per step that keep the ranks agreed (kernel/run/agreement.hpp: cross_entropy cou
 the step's item count; the loss, sample count and non-finite flag; the hooks' requests and
 signals and the window's times), which the Python worker does not do.
 
-R rounds (default 3) run the four configurations, the order reversed every other round. Each
-round prints its numbers; the summary gives min and median over rounds of the samples/s ratio
-keel/PyTorch (>= 1: keel is at least as fast) and of both exposed fractions, and for the ratio
-the sign-test interval of its median (the narrowest pair of order statistics whose binomial
-coverage is at least 90%; 5 rounds or more).
+R rounds (default 9) run the four configurations, the order reversed every other round. Each
+round prints its numbers; the summary gives the median over rounds of the samples/s ratio
+keel/PyTorch (> 1: keel faster) with its 95% sign-test interval and a verdict (bench/paired.py:
+too wide to judge a 5% difference, or keel ahead, behind or not told apart, and whether the
+target, a median of at least 1.10 with the interval above 1.0, is met), and the min and median
+of both exposed fractions.
 
 Usage: bench_ddp.py KEEL_BINARY SOURCE_ROOT [--rounds R] [--steps N] [--batch B]
-       (defaults R = 3, N = 60, B = 32; SOURCE_ROOT is not used, the command line is
+       (defaults R = 9, N = 60, B = 32; about 8 minutes on the 2-core machine; SOURCE_ROOT is not used, the command line is
        bench_vs_python.py's)
 The worker: bench_ddp.py --worker [--ddp] --batch B --steps N --window W --out PREFIX writes
 PREFIX.rank<r>.json with the seconds of its last W steps.
@@ -55,7 +56,6 @@ Run it on an otherwise idle machine: the header prints the load average before t
 """
 import argparse
 import json
-import math
 import os
 import re
 import socket
@@ -73,6 +73,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench_vs_python import WORKLOADS, load_train, python_model  # noqa: E402
+import paired  # noqa: E402  (bench/paired.py)
 
 TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
 WORLD = 2
@@ -266,37 +267,11 @@ def exposed(synced_ms, alone_ms):
     return (synced_ms - max(alone_ms)) / synced_ms
 
 
-def median_interval(xs, level=0.9):
-    """The distribution-free interval for the median from order statistics: the narrowest
-    [x_(k), x_(n+1-k)] whose coverage under a Binomial(n, 1/2) count of rounds below the true
-    median is at least `level` (the sign-test interval; no assumption about the ratios'
-    distribution, only that the rounds are independent). Returns (low, high, coverage), or
-    None when n rounds cannot reach `level` (n < 5 for 0.9)."""
-    n, xs = len(xs), sorted(xs)
-    best = None
-    for k in range(1, n // 2 + 1):
-        below = sum(math.comb(n, i) for i in range(k)) / 2 ** n
-        coverage = 1 - 2 * below
-        if coverage < level:
-            break
-        best = (xs[k - 1], xs[n - k], coverage)
-    return best
-
-
-def summary(xs, interval=False):
-    text = f"min {min(xs):.3f}  median {statistics.median(xs):.3f}"
-    if interval:
-        ci = median_interval(xs)
-        text += (f"  median's interval [{ci[0]:.3f}, {ci[1]:.3f}] ({100 * ci[2]:.1f}% sign-test "
-                 f"coverage)" if ci else "  (no 90% interval from fewer than 5 rounds)")
-    return text
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("keel", nargs="?")
     ap.add_argument("root", nargs="?")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--steps", type=int, default=60, help="a multiple of 3")
     ap.add_argument("--batch", type=int, default=32, help="per rank")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -354,8 +329,8 @@ def main():
     print(f"bench_ddp ddp medians: keel {med['keel sps']:.1f} samples/s {med['keel ms']:.2f} "
           f"ms/step, torch {med['torch sps']:.1f} samples/s {med['torch ms']:.2f} ms/step")
     print(f"bench_ddp summary over {args.rounds} round(s): samples/s keel/torch "
-          f"{summary(ratio, interval=True)} (target >= 1.0); exposed sync fraction keel {summary(keel_exp)}, "
-          f"torch {summary(torch_exp)}")
+          f"{paired.verdict(ratio, target=1.10)}; exposed sync fraction keel "
+          f"{paired.summary(keel_exp)}, torch {paired.summary(torch_exp)}")
     return 0
 
 
