@@ -95,7 +95,9 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def python_run(cfg, tokens, steps, window):
+def python_loop(cfg, tokens):
+    """The Python side, set up: returns step(), which trains one step (a batch of random windows,
+    forward, cross entropy, backward, clipping, AdamW, loss.item())."""
     torch.manual_seed(cfg["seed"])
     keel_threads.apply()
     m = cfg["model"]
@@ -105,10 +107,8 @@ def python_run(cfg, tokens, steps, window):
     rng = np.random.default_rng(cfg["seed"])
     ctx, batch = m["context"], cfg["batch_size"]
     n = len(tokens) - ctx - 1
-    t0 = None
-    for step in range(steps):
-        if step == steps - window:
-            t0 = time.perf_counter()
+
+    def step():
         offs = rng.integers(0, n, size=batch)
         x = torch.from_numpy(np.stack([tokens[o:o + ctx] for o in offs]).astype(np.int64))
         y = torch.from_numpy(np.stack([tokens[o + 1:o + 1 + ctx] for o in offs]).astype(np.int64))
@@ -119,8 +119,18 @@ def python_run(cfg, tokens, steps, window):
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_norm"])
         opt.step()
         loss.item()
+    return step
+
+
+def python_run(cfg, tokens, steps, window):
+    step = python_loop(cfg, tokens)
+    t0 = None
+    for i in range(steps):
+        if i == steps - window:
+            t0 = time.perf_counter()
+        step()
     secs = time.perf_counter() - t0
-    return window * batch * ctx / secs
+    return window * cfg["batch_size"] * cfg["model"]["context"] / secs
 
 
 def keel_run(keel, manifest, out, steps, window, sets):

@@ -50,7 +50,7 @@ def verdict(xs, target=None, difference=0.05, level=0.95, rerun="--rounds"):
     med = statistics.median(xs)
     if ci is None:
         return (f"median {med:.3f} of {len(xs)} rounds; no {100 * level:g}% interval from so few "
-                f"rounds: rerun with {rerun} 9 or more")
+                f"rounds: rerun with {rerun} 6 or more")
     low, high, coverage = ci
     head = (f"median {med:.3f} of {len(xs)} rounds, {100 * coverage:.1f}% interval "
             f"[{low:.3f}, {high:.3f}]")

@@ -27,12 +27,9 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 import bench_char_gpt  # noqa: E402  (bench/bench_char_gpt.py: the Python model)
-import keel_threads  # noqa: E402
 
 
 def self_times(events):
@@ -80,28 +77,7 @@ def keel_side(keel, manifest, attention, warmup, steps):
 
 
 def python_side(cfg, tokens, warmup, steps):
-    torch.manual_seed(cfg["seed"])
-    keel_threads.apply()
-    m = cfg["model"]
-    model = bench_char_gpt.GPT(m["vocab_size"], m["context"], m["layers"], m["heads"], m["width"])
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    rng = np.random.default_rng(cfg["seed"])
-    ctx, batch = m["context"], cfg["batch_size"]
-    n = len(tokens) - ctx - 1
-
-    def step():  # bench_char_gpt.python_run's step
-        offs = rng.integers(0, n, size=batch)
-        x = torch.from_numpy(np.stack([tokens[o:o + ctx] for o in offs]).astype(np.int64))
-        y = torch.from_numpy(np.stack([tokens[o + 1:o + 1 + ctx] for o in offs]).astype(np.int64))
-        logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_norm"])
-        opt.step()
-        loss.item()
-
+    step = bench_char_gpt.python_loop(cfg, tokens)
     for _ in range(warmup):
         step()
     with torch.autograd.profiler.profile() as prof:
