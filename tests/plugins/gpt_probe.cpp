@@ -25,8 +25,9 @@
 // "graph" counts the autograd nodes behind the logits whose names contain "CausalAttention"
 // (the plugin's fused attention), "SoftmaxBackward" (LibTorch's softmax, the reference
 // attention) or "AddmmBackward" (a Linear layer with a bias run as one addmm, as PyTorch's
-// F.linear runs it on a contiguous [B, T, in] input), and N is LibTorch's intra-op thread count the case ran with. Any failure prints
-// its message on stderr and exits 1. `gpt_probe --batch` runs many cases (tests/plugins/probe.hpp).
+// F.linear runs it on a contiguous [B, T, in] input), and N is LibTorch's intra-op thread count
+// the case ran with. Any failure prints its message on stderr and exits 1. `gpt_probe --batch`
+// runs many cases (tests/plugins/probe.hpp).
 #include "keel/testing.hpp"
 
 #include <ATen/Parallel.h>
@@ -189,7 +190,8 @@ std::string run(int argc, char** argv) {
   keel_tensor* o = nullptr;
   model.call(model->forward, keel::peek(tokens), &o);
   const at::Tensor logits = keel::adopt(o);
-  const std::string graph = count_nodes(logits, {"CausalAttention", "SoftmaxBackward", "AddmmBackward"});
+  const std::string graph =
+      count_nodes(logits, {"CausalAttention", "SoftmaxBackward", "AddmmBackward"});
   const at::Tensor loss =
       at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
   loss.backward();

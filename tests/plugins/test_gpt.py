@@ -14,9 +14,9 @@ Through gpt_probe (tests/plugins/gpt_probe.cpp: the plugin's model driven by kee
   layer for "fused", one softmax node per layer for "reference" and for dropout in training
   mode (the fused attention does not drop attention weights), and that each block's four
   Linear layers with a bias run as one addmm each (AddmmBackward nodes), as PyTorch's F.linear
-  runs them; the cases run on 2 LibTorch
-  threads (gpt_probe --threads) unless said, all of them in one `gpt_probe --batch` process
-  (tests/plugins/probe.hpp), which a thread drives beside the keel runs below;
+  runs them; the cases run on 2 LibTorch threads (gpt_probe --threads) unless said, all of
+  them in one `gpt_probe --batch` process (tests/plugins/probe.hpp), which a thread drives
+  beside the keel runs below;
 - parameter and state names are the reference's state_dict keys, in its order; lm_head.weight
   is the same tensor (TensorImpl) as transformer.wte.weight and no other parameter is shared,
   and its gradient is the reference's tied gradient (both uses summed);
