@@ -3,11 +3,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/ScalarType.h>
-#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -16,6 +14,7 @@
 
 #include "impl.hpp"
 #include "keel/embedding.hpp"
+#include "keel/plugin.hpp"  // detail::guard: the keel_sparse_table slots catch as the trampolines do
 #include "keel/tensor.hpp"
 #include "mix.hpp"
 
@@ -58,22 +57,6 @@ void check_options(const TableOptions& o) {
                                 std::to_string(o.max_rows));
   if (!(o.init_std >= 0.0) || !std::isfinite(o.init_std))
     throw std::invalid_argument(who + "init_std must be a finite value >= 0");
-}
-
-// The keel_sparse_table slots: exceptions become KEEL_ERR with the message.
-template <class F>
-keel_status guarded(keel_error* err, F&& body) noexcept {
-  try {
-    body();
-    return KEEL_OK;
-  } catch (const c10::Error& e) {
-    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "%s", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "%s", e.what());
-  } catch (...) {
-    if (err) std::snprintf(err->message, KEEL_ERROR_CAPACITY, "unknown exception");
-  }
-  return KEEL_ERR;
 }
 
 EmbeddingTable::Impl* of(void* self) { return static_cast<EmbeddingTable::Impl*>(self); }
@@ -430,7 +413,7 @@ EmbeddingTable::EmbeddingTable(TableOptions options, const keel_comm* comm)
   t.name = m.opt.name.c_str();
   t.dim = m.opt.dim;
   t.reserve_slots = [](void* s, size_t width, keel_error* err) noexcept {
-    return guarded(err, [&] {
+    return detail::guard(err, [&] {
       Impl& m = *of(s);
       if (m.slots_reserved)
         throw std::runtime_error(m.where() + ": reserve_slots called twice (it may be called " +
@@ -440,10 +423,10 @@ EmbeddingTable::EmbeddingTable(TableOptions options, const keel_comm* comm)
     });
   };
   t.touched = [](void* s, keel_sparse_rows* out, keel_error* err) noexcept {
-    return guarded(err, [&] { of(s)->fill_touched(out); });
+    return detail::guard(err, [&] { of(s)->fill_touched(out); });
   };
   t.end_step = [](void* s, int64_t step, keel_error* err) noexcept {
-    return guarded(err, [&] { of(s)->end_step(step); });
+    return detail::guard(err, [&] { of(s)->end_step(step); });
   };
   t.stats = [](void* s, keel_table_stats* out) noexcept {
     const Impl& m = *of(s);
@@ -452,7 +435,7 @@ EmbeddingTable::EmbeddingTable(TableOptions options, const keel_comm* comm)
     if (KEEL_HAS_FIELD(out, keel_table_stats, evicted)) out->evicted = m.evicted;
   };
   t.save = [](void* s, keel_state_writer* out, keel_error* err) noexcept {
-    return guarded(err, [&] {
+    return detail::guard(err, [&] {
       const Impl& m = *of(s);
       for (const auto& e : m.save())
         if (!out->put(out, e.first.c_str(), peek(e.second)))
@@ -460,7 +443,7 @@ EmbeddingTable::EmbeddingTable(TableOptions options, const keel_comm* comm)
     });
   };
   t.load = [](void* s, const keel_named_tensor* entries, size_t count, keel_error* err) noexcept {
-    return guarded(err, [&] {
+    return detail::guard(err, [&] {
       std::vector<std::pair<std::string, at::Tensor>> named;
       for (size_t i = 0; i < count; ++i)
         named.emplace_back(entries[i].name, borrow(entries[i].tensor));
