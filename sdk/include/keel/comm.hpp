@@ -66,41 +66,18 @@ class Comm {
       throw std::runtime_error("keel::Comm::all_to_all: send_rows sum to " +
                                std::to_string(total) + " but send has " +
                                std::to_string(data.size(0)) + " rows");
-    Exchanged out;
-    out.counts.assign(send_rows.size(), 0);
-    if (!comm_) {
-      out.rows = data.clone();
-      out.counts[0] = data.size(0);
-      return out;
-    }
-    keel_error err;
-    err.message[0] = '\0';
-    keel_tensor* recv = nullptr;
-    if (comm_->all_to_all(comm_, peek(data), send_rows.data(), &recv, out.counts.data(),
-                          &err) != KEEL_OK)
-      fail(err, "all_to_all");
-    out.rows = adopt(recv);
-    return out;
+    return exchange(data, "all_to_all", [&](keel_tensor** recv, int64_t* counts, keel_error* e) {
+      return comm_->all_to_all(comm_, peek(data), send_rows.data(), recv, counts, e);
+    });
   }
 
   // Every rank's `send` (the same dtype and trailing shape on every rank, any number of rows)
   // concatenated along dimension 0 in rank order; counts[r] is rank r's number of rows.
   Exchanged all_gather(const at::Tensor& send) const {
     const at::Tensor data = checked(send, "all_gather");
-    Exchanged out;
-    out.counts.assign(static_cast<size_t>(world_size()), 0);
-    if (!comm_) {
-      out.rows = data.clone();
-      out.counts[0] = data.size(0);
-      return out;
-    }
-    keel_error err;
-    err.message[0] = '\0';
-    keel_tensor* recv = nullptr;
-    if (comm_->all_gather(comm_, peek(data), &recv, out.counts.data(), &err) != KEEL_OK)
-      fail(err, "all_gather");
-    out.rows = adopt(recv);
-    return out;
+    return exchange(data, "all_gather", [&](keel_tensor** recv, int64_t* counts, keel_error* e) {
+      return comm_->all_gather(comm_, peek(data), recv, counts, e);
+    });
   }
 
  private:
@@ -113,10 +90,27 @@ class Comm {
                                ": send must be a CPU tensor; hint: .cpu() it first");
     return send.contiguous();
   }
-  [[noreturn]] static void fail(keel_error& err, const char* what) {
-    err.message[KEEL_ERROR_CAPACITY - 1] = '\0';
-    throw std::runtime_error(err.message[0] ? std::string(err.message)
-                                            : std::string("keel_comm ") + what + " failed");
+  // One call of the kernel's slot (`call(&recv, counts, &err)`), or alone: a copy of `data`,
+  // all of it from rank 0. A failure throws the kernel's message.
+  template <class Call>
+  Exchanged exchange(const at::Tensor& data, const char* what, Call call) const {
+    Exchanged out;
+    out.counts.assign(static_cast<size_t>(world_size()), 0);
+    if (!comm_) {
+      out.rows = data.clone();
+      out.counts[0] = data.size(0);
+      return out;
+    }
+    keel_error err;
+    err.message[0] = '\0';
+    keel_tensor* recv = nullptr;
+    if (call(&recv, out.counts.data(), &err) != KEEL_OK) {
+      err.message[KEEL_ERROR_CAPACITY - 1] = '\0';
+      throw std::runtime_error(err.message[0] ? std::string(err.message)
+                                              : std::string("keel_comm ") + what + " failed");
+    }
+    out.rows = adopt(recv);
+    return out;
   }
   const keel_comm* comm_;
 };
