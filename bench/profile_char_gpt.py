@@ -33,11 +33,11 @@ import bench_char_gpt  # noqa: E402  (bench/bench_char_gpt.py: the Python model)
 
 
 def self_times(events):
-    """{name: [calls, self us, total us]} from complete events, nested per thread by time."""
+    """{name: [calls, self us]} from complete events, nested per thread by time."""
     by_tid = collections.defaultdict(list)
     for e in events:
         by_tid[e["tid"]].append(e)
-    agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    agg = collections.defaultdict(lambda: [0, 0.0])
     for evs in by_tid.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
         stack, child = [], collections.defaultdict(float)
@@ -51,7 +51,6 @@ def self_times(events):
             a = agg[e["name"]]
             a[0] += 1
             a[1] += e["dur"] - child[i]
-            a[2] += e["dur"]
     return agg
 
 
@@ -83,7 +82,7 @@ def python_side(cfg, tokens, warmup, steps):
     with torch.autograd.profiler.profile() as prof:
         for _ in range(steps):
             step()
-    return {e.key: [e.count, e.self_cpu_time_total, e.cpu_time_total]
+    return {e.key: [e.count, e.self_cpu_time_total]
             for e in prof.key_averages()}
 
 
@@ -109,7 +108,7 @@ def main():
     names = sorted(set(k) | set(p), key=lambda n: -max(k.get(n, [0, 0])[1], p.get(n, [0, 0])[1]))
     print(f"{'operator':50s} {'keel calls':>10s} {'py calls':>9s} {'keel ms':>8s} {'py ms':>8s}")
     for n in names[:a.top]:
-        x, y = k.get(n, [0, 0, 0]), p.get(n, [0, 0, 0])
+        x, y = k.get(n, [0, 0]), p.get(n, [0, 0])
         print(f"{n[:50]:50s} {x[0] / a.steps:10.1f} {y[0] / a.steps:9.1f} {per(x[1]):8.2f} "
               f"{per(y[1]):8.2f}")
     if not a.keel_only:
