@@ -39,6 +39,15 @@ struct ProcessGroup::Impl {
     }
   }
 
+  // An all-reduce of a few doubles: start() issues it (values on the collectives' device),
+  // finish() waits and reads the result back; reduce() does both.
+  struct Reduction {
+    size_t size = 0;
+    at::Tensor values;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  Reduction start(const std::vector<double>& values, c10d::ReduceOp op, const std::string& what);
+  std::vector<double> finish(const Reduction& r, const std::string& what);
   std::vector<double> reduce(std::vector<double> values, c10d::ReduceOp op,
                              const std::string& what);
 };

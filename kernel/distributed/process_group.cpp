@@ -116,20 +116,61 @@ Collectives& ProcessGroup::collectives() {
   return *collectives_;
 }
 
-std::vector<double> ProcessGroup::Impl::reduce(std::vector<double> values, c10d::ReduceOp op,
-                                               const std::string& what) {
-  if (values.empty()) return values;
-  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(comm);
+ProcessGroup::Impl::Reduction ProcessGroup::Impl::start(const std::vector<double>& values,
+                                                         c10d::ReduceOp op,
+                                                         const std::string& what) {
+  Reduction r;
+  r.size = values.size();
+  if (values.empty()) return r;
+  r.values = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(comm);
   guarded(what, [&] {
     issued += 1;
-    std::vector<at::Tensor> v{t};
+    std::vector<at::Tensor> v{r.values};
     c10d::AllreduceOptions o;
     o.reduceOp = op;
-    pg->allreduce(v, o)->wait();
+    r.work = pg->allreduce(v, o);
   });
-  t = t.cpu();
+  return r;
+}
+
+std::vector<double> ProcessGroup::Impl::finish(const Reduction& r, const std::string& what) {
+  if (r.size == 0) return {};
+  guarded(what, [&] { r.work->wait(); });
+  const at::Tensor t = r.values.cpu();
   const double* p = t.data_ptr<double>();
-  return std::vector<double>(p, p + values.size());
+  return std::vector<double>(p, p + r.size);
+}
+
+std::vector<double> ProcessGroup::Impl::reduce(std::vector<double> values, c10d::ReduceOp op,
+                                               const std::string& what) {
+  return finish(start(values, op, what), what);
+}
+
+struct PendingSum::State {
+  ProcessGroup::Impl* group = nullptr;
+  std::string what;
+  ProcessGroup::Impl::Reduction reduction;
+};
+
+PendingSum::PendingSum() = default;
+PendingSum::PendingSum(PendingSum&&) noexcept = default;
+PendingSum& PendingSum::operator=(PendingSum&&) noexcept = default;
+PendingSum::~PendingSum() = default;
+
+std::vector<double> PendingSum::wait() {
+  if (!state_) throw Error("internal: PendingSum::wait() without a sum in flight");
+  const std::unique_ptr<State> s = std::move(state_);
+  return s->group->finish(s->reduction, s->what);
+}
+
+PendingSum ProcessGroup::sum_async(std::vector<double> values, std::string what) {
+  auto s = std::make_unique<PendingSum::State>();
+  s->group = impl_.get();
+  s->what = std::move(what);
+  s->reduction = impl_->start(values, c10d::ReduceOp::SUM, s->what);
+  PendingSum pending;
+  pending.state_ = std::move(s);
+  return pending;
 }
 
 std::vector<double> ProcessGroup::sum(std::vector<double> values, const std::string& what) {

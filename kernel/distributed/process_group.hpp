@@ -23,6 +23,25 @@ namespace keel {
 
 class Collectives;  // distributed/collectives.hpp
 
+// A sum issued but not yet waited for (ProcessGroup::sum_async). wait() returns it, or throws
+// the keel::Error sum() would; call it once. Every rank issued the collective, so one that is
+// destroyed unwaited (a step that failed meanwhile) still completes in the background.
+class PendingSum {
+ public:
+  PendingSum();
+  PendingSum(PendingSum&&) noexcept;
+  PendingSum& operator=(PendingSum&&) noexcept;
+  ~PendingSum();
+
+  bool issued() const { return state_ != nullptr; }
+  std::vector<double> wait();
+
+ private:
+  friend class ProcessGroup;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 struct DistributedOptions {
   std::chrono::seconds timeout{300};  // [distributed] timeout_s
   std::string backend = "auto";       // "auto" (NCCL for CUDA, else Gloo), "gloo", "nccl"
@@ -52,6 +71,10 @@ class ProcessGroup {
   // Element-wise sum / max of `values` over all ranks. `what` names the operation in errors.
   std::vector<double> sum(std::vector<double> values, const std::string& what);
   std::vector<double> max(std::vector<double> values, const std::string& what);
+  // sum() issued now and waited for later: the ranks' work between the two (a forward, a
+  // backward) hides the collective's latency and their skew. It counts in the same order as a
+  // blocking one: every rank must issue it at the same point of its sequence of collectives.
+  PendingSum sum_async(std::vector<double> values, std::string what);
   // True on every rank when `flag` is true on any (all) rank.
   bool any(bool flag, const std::string& what);
   bool all(bool flag, const std::string& what) { return !any(!flag, what); }

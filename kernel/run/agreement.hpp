@@ -9,20 +9,32 @@
 // the negated counts), so every rank's schedule learns the same total_steps; and that either
 // every rank's training data is a stream (batches_per_epoch -1) or none is.
 //
-// Each training step (run/step.cpp, then run/trainer.cpp), in this order:
-//   1. with item normalisation only, before the first forward: sum {items, unreported};
-//   2. the last micro-batch's backward: the gradient all-reduce, one per bucket (c10d::Reducer,
-//      distributed/grad_sync.hpp);
-//   3. after backward and clipping: sum {loss, non-finite, samples, tokens, short data};
-//   4. at the step's end (Requests::agree_at_step_end): max {stop, eval, checkpoint requests,
-//      stop signal, an asynchronous checkpoint save still running, the window's train, data,
-//      eval and checkpoint seconds}.
-// So a step issues 2 agreements (3 with item normalisation) beside the gradient all-reduces.
+// Each training step (run/step.cpp, then run/trainer.cpp) issues them in this order:
+//   items    with item normalisation only, before the first forward: sum {items, unreported};
+//            waited for after that forward, which hides it.
+//   outcome  with no sparse tables and no [distributed] shard, before the last micro-batch's
+//            backward: sum {loss, non-finite loss, samples, tokens, short data}; waited for
+//            after clipping, so backward hides it. Every rank then clips the same all-reduced
+//            gradients, so their finiteness (the clipper's norm, fp16's unscaling) is the same
+//            on every rank without agreeing on it.
+//   the last micro-batch's backward: the gradient all-reduce, one per bucket (c10d::Reducer,
+//            distributed/grad_sync.hpp).
+//   outcome  with sparse tables or [distributed] shard instead, after backward and clipping,
+//            blocking: sum {loss, non-finite loss or gradients, samples, tokens, short data,
+//            the sparse row gradients' sum of squares}: each rank knows only then what it
+//            adds (its rows, the finiteness of its shards).
+//   requests at the step's end (Requests::agree_at_step_end): max {stop, eval, checkpoint
+//            requests, stop signal, an asynchronous checkpoint save still running, the
+//            window's train, data, eval and checkpoint seconds}.
+// So a step issues 2 agreements (3 with item normalisation) beside the gradient all-reduces,
+// and waits with nothing to overlap it only at the step's end (and at the outcome with sparse
+// tables or shards).
 //
 // A step fetches without asking the other ranks while its epoch is within the agreed count
 // (run/step.cpp, fetch_micro_batches); past it (the fetch that finds an epoch's end, or data
 // beyond the count) each fetch agrees its micro-batches: max {-micro-batches}. A rank whose
-// data yields fewer than the agreed count says so in agreement 3, and every rank then fails.
+// data yields fewer than the agreed count says so in the outcome agreement, and every rank
+// then fails.
 // A stream has no agreed count: every fetch agrees, max {each rank's micro-batches} (rank r
 // puts its count in field r, -1 in the others), and unequal counts fail every rank with one
 // line naming each rank's; so a step on a stream issues one agreement more.

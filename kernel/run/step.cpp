@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include "distributed/process_group.hpp"
 #include "error.hpp"
 #include "keel/tensor.hpp"
 #include "run/autocast.hpp"
@@ -27,56 +28,84 @@ struct StepOutcome {
   double grad_norm = NAN;  // before clipping (NaN: no clipper)
   double sparse_squares = 0;  // the sparse tables' row gradients' sum of squares (over ranks)
   int64_t samples = 0, tokens = 0;
+  // The outcome agreement (run/agreement.hpp) when it is issued before the last backward.
+  PendingSum agreed;
 };
 
 // Weight of each micro-batch's mean loss in the step's loss: its share of the items when the
 // loss reports item counts (token-normalised accumulation), else 1/k. With several ranks the
 // share is of the items of every rank's micro-batches of the step, agreed with one all-reduce
-// before the first forward (MindSpeed-LLM's global item count), times the number of ranks
-// (the gradient all-reduce averages over ranks): the step's gradient is then the gradient of
-// the mean over all the step's items, as one process with the same global batch computes it.
-std::vector<double> micro_batch_weights(const Run& run, const std::vector<MicroBatch>& mbs) {
-  const Instance<keel_loss>& loss = run.components.loss;
-  std::vector<double> w(mbs.size(), 1.0 / static_cast<double>(mbs.size()));
-  ProcessGroup* group = run.ranks.group.get();
-  // One micro-batch on one process: weight 1.
-  if (!run.plan.items_normalization || (mbs.size() == 1 && !group)) return w;
-  std::vector<int64_t> items;
-  int64_t total = 0, unreported = 0;
-  for (const auto& mb : mbs) {
-    items.push_back(loss.get("count_items", loss->count_items, peek(mb.targets)));
-    if (items.back() < 0) {
-      unreported = items.back();
-      break;
+// (MindSpeed-LLM's global item count), times the number of ranks (the gradient all-reduce
+// averages over ranks): the step's gradient is then the gradient of the mean over all the
+// step's items, as one process with the same global batch computes it. The all-reduce is
+// issued before the first forward and waited for after it, so that the forward hides it.
+class MicroBatchWeights {
+ public:
+  MicroBatchWeights(const Run& run, const std::vector<MicroBatch>& mbs)
+      : run_(run), w_(mbs.size(), 1.0 / static_cast<double>(mbs.size())) {
+    ProcessGroup* group = run.ranks.group.get();
+    // One micro-batch on one process: weight 1.
+    if (!run.plan.items_normalization || (mbs.size() == 1 && !group)) return;
+    const Instance<keel_loss>& loss = run.components.loss;
+    for (const auto& mb : mbs) {
+      items_.push_back(loss.get("count_items", loss->count_items, peek(mb.targets)));
+      if (items_.back() < 0) {
+        unreported_ = items_.back();
+        break;
+      }
+      total_ += items_.back();
     }
-    total += items.back();
+    if (group)
+      all_ = group->sum_async({static_cast<double>(total_), unreported_ < 0 ? 1.0 : 0.0},
+                              "agreeing on the items of step " +
+                                  std::to_string(run.progress.step + 1));
+    settled_ = false;
   }
-  double all = static_cast<double>(total);
-  bool any_unreported = unreported < 0;
-  if (group) {
-    const std::vector<double> v =
-        group->sum({all, any_unreported ? 1.0 : 0.0},
-                   "agreeing on the items of step " + std::to_string(run.progress.step + 1));
-    all = v[0];
-    any_unreported = v[1] > 0;
+
+  // The weight of micro-batch i (after its forward: the first call waits for the ranks' sum).
+  double operator()(size_t i) {
+    settle();
+    return w_[i];
   }
-  if (any_unreported) {
-    // "auto": a loss that reports no count for these targets (on any rank) gets the mean.
-    if (run.config.train.accum_normalization == AccumNorm::kAuto) return w;
-    throw loss.error((unreported < 0 ? "count_items returned " + std::to_string(unreported)
-                                     : std::string("count_items returned a negative count on "
-                                                   "another rank")) +
-                     " but train.accum_normalization = \"items\" needs item counts; "
-                     "hint: use \"mean\" or \"auto\"");
+
+  // The ranks' item count received (a rank without micro-batches calls it, too).
+  void settle() {
+    if (settled_) return;
+    settled_ = true;
+    double all = static_cast<double>(total_);
+    bool any_unreported = unreported_ < 0;
+    if (all_.issued()) {
+      const std::vector<double> v = all_.wait();
+      all = v[0];
+      any_unreported = v[1] > 0;
+    }
+    if (any_unreported) {
+      // "auto": a loss that reports no count for these targets (on any rank) gets the mean.
+      if (run_.config.train.accum_normalization == AccumNorm::kAuto) return;
+      throw run_.components.loss.error(
+          (unreported_ < 0 ? "count_items returned " + std::to_string(unreported_)
+                           : std::string("count_items returned a negative count on another "
+                                         "rank")) +
+          " but train.accum_normalization = \"items\" needs item counts; hint: use \"mean\" "
+          "or \"auto\"");
+    }
+    const double ranks = run_.ranks.group ? static_cast<double>(run_.ranks.world) : 1.0;
+    for (size_t i = 0; i < w_.size(); ++i)
+      w_[i] = all > 0 ? static_cast<double>(items_[i]) * ranks / all : 0.0;
   }
-  const double ranks = group ? static_cast<double>(run.ranks.world) : 1.0;
-  for (size_t i = 0; i < mbs.size(); ++i)
-    w[i] = all > 0 ? static_cast<double>(items[i]) * ranks / all : 0.0;
-  return w;
-}
+
+ private:
+  const Run& run_;
+  std::vector<double> w_;
+  std::vector<int64_t> items_;
+  int64_t total_ = 0, unreported_ = 0;
+  PendingSum all_;
+  bool settled_ = true;
+};
 
 // Forward and loss of one micro-batch under autocast, weighted by its share of the step.
-at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, double weight) {
+at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, MicroBatchWeights& weights,
+                            size_t i) {
   profile_begin(run, "forward");
   // shard = "parameters": the root's whole parameters (the units' are gathered by the model's
   // enter calls).
@@ -88,6 +117,7 @@ at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, double weight) {
                         ? linear_loss_of(run, mb.inputs, mb.targets, &count)
                         : compute_loss(run, forward(run, mb.inputs), mb.targets, &count, true);
   // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
+  const double weight = weights(i);
   if (weight != 1.0) loss = loss.mul(weight);
   profile_end(run, "forward");
   return loss;
@@ -128,25 +158,52 @@ void stand_in_backward(Run& run) {
   backward(run, zero, /*sync=*/true);
 }
 
+// The outcome agreement's fields (run/agreement.hpp, reduce_across_ranks).
+std::vector<double> outcome_fields(const Run& run, const StepOutcome& step) {
+  return {step.loss, step.finite ? 0.0 : 1.0, static_cast<double>(step.samples),
+          static_cast<double>(step.tokens), run.epoch.missing > 0 ? 1.0 : 0.0,
+          step.sparse_squares};
+}
+
+std::string reducing_what(const Run& run) {
+  return "reducing the loss of step " + std::to_string(run.progress.step + 1);
+}
+
+// With several ranks, the outcome agreement goes out before the step's last backward, which
+// hides it, when nothing in it is known only after backward: no sparse tables (their row
+// gradients' squares are each rank's) and no [distributed] shard (each rank checks the
+// finiteness of its shards only). Otherwise every rank clips and checks the same all-reduced
+// gradients, so only the losses' finiteness needs agreeing.
+void issue_agreement_early(Run& run, StepOutcome& step) {
+  if (!run.ranks.group || run.shards || run.residency || run.sparse.any()) return;
+  step.agreed = run.ranks.group->sum_async(outcome_fields(run, step), reducing_what(run));
+}
+
 // Forward and backward of every micro-batch; gradients accumulate in the parameters.
 StepOutcome forward_backward(Run& run, const std::vector<MicroBatch>& mbs) {
   StepOutcome step;
-  const std::vector<double> weights = micro_batch_weights(run, mbs);
-  if (mbs.empty() && run.grad_sync) stand_in_backward(run);  // this rank's data ran short
-  for (size_t i = 0; i < mbs.size(); ++i) {
-    // Only the step's last backward all-reduces the gradients (the earlier ones accumulate
-    // locally, as under DDP's no_sync).
-    const bool sync = run.grad_sync && i + 1 == mbs.size();
-    if (sync) run.grad_sync->before_forward();
-    const at::Tensor loss = micro_batch_loss(run, mbs[i], weights[i]);
-    const double value = loss.item<double>();
-    step.finite = step.finite && std::isfinite(value);
-    step.loss += value;
-    backward(run, loss, sync);
-  }
   for (const auto& mb : mbs) {
     step.samples += mb.samples;
     step.tokens += mb.tokens;
+  }
+  MicroBatchWeights weights(run, mbs);
+  if (mbs.empty() && run.grad_sync) {  // this rank's data ran short
+    weights.settle();
+    issue_agreement_early(run, step);
+    stand_in_backward(run);
+  }
+  for (size_t i = 0; i < mbs.size(); ++i) {
+    // Only the step's last backward all-reduces the gradients (the earlier ones accumulate
+    // locally, as under DDP's no_sync).
+    const bool last = i + 1 == mbs.size();
+    const bool sync = run.grad_sync && last;
+    if (sync) run.grad_sync->before_forward();
+    const at::Tensor loss = micro_batch_loss(run, mbs[i], weights, i);
+    const double value = loss.item<double>();
+    step.finite = step.finite && std::isfinite(value);
+    step.loss += value;
+    if (last) issue_agreement_early(run, step);
+    backward(run, loss, sync);
   }
   return step;
 }
@@ -188,20 +245,20 @@ Error short_data_error(const Run& run, int64_t short_ranks) {
                     "rank says how many)" + hint);
 }
 
-// With several ranks, one all-reduce (a sum, run/agreement.hpp): the loss (mean over ranks),
+// With several ranks, the outcome agreement (a sum, run/agreement.hpp): the loss (mean over ranks),
 // whether any rank saw a non-finite value (then every rank skips the step), samples and
 // tokens, whether any rank's data ended before the agreed micro-batches (then every rank
-// fails), and the sparse gradients' sum of squares (each rank's rows).
+// fails), and the sparse gradients' sum of squares (each rank's rows). Issued before the last
+// backward (issue_agreement_early) it misses this rank's gradients' finiteness, which is then
+// every rank's (the same all-reduced gradients).
 void reduce_across_ranks(Run& run, StepOutcome& step) {
   if (run.ranks.group) {
-    const std::vector<double> v = run.ranks.group->sum(
-        {step.loss, step.finite ? 0.0 : 1.0, static_cast<double>(step.samples),
-         static_cast<double>(step.tokens), run.epoch.missing > 0 ? 1.0 : 0.0,
-         step.sparse_squares},
-        "reducing the loss of step " + std::to_string(run.progress.step + 1));
+    const std::vector<double> v =
+        step.agreed.issued() ? step.agreed.wait()
+                             : run.ranks.group->sum(outcome_fields(run, step), reducing_what(run));
     if (v[4] > 0) throw short_data_error(run, static_cast<int64_t>(v[4]));
     step.loss = v[0] / run.ranks.world;
-    step.finite = v[1] == 0;
+    step.finite = v[1] == 0 && step.finite;
     step.samples = static_cast<int64_t>(v[2]);
     step.tokens = static_cast<int64_t>(v[3]);
     step.sparse_squares = v[5];
