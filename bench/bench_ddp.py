@@ -38,7 +38,8 @@ the all-reduces not hidden by backward, copying gradients into and out of bucket
 the slower rank, DDP's Python forward wrapper (PyTorch), and keel's three small all-reduces
 per step that keep the ranks agreed (kernel/run/agreement.hpp: cross_entropy counts items, so
 the step's item count; the loss, sample count and non-finite flag; the hooks' requests and
-signals and the window's times), which the Python worker does not do.
+signals and the window's times; the first two overlap the forward and backward, the last
+waits), which the Python worker does not do.
 
 R rounds (default 9) run the four configurations, the order reversed every other round. Each
 round prints its numbers; the summary gives the median over rounds of the samples/s ratio
