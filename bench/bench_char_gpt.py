@@ -24,9 +24,9 @@ keel-reference/python ratios from 0.86 to 1.06); with 15 rounds the 95% interval
 [x(4), x(12)], so three outlying rounds on either side do not widen it.
 Prints one line per round, then for keel/python and keel-reference/python the median of the
 per-round ratios of tokens/s (> 1: keel faster) with its 95% sign-test interval and a verdict
-(bench/paired.py: too wide to judge a 5% difference, or keel ahead, behind, or not told apart;
-for keel-reference/python whether the target, a median of at least 1.10 with the interval above
-1.0, is met), and keel's min and median MFU against the target 0.60.
+(bench/paired.py: keel ahead, behind, or not told apart; for keel-reference/python whether the
+target, a median of at least 1.10 with the interval above 1.0, is met; and whether the interval
+is too wide to judge a 5% difference), and keel's min and median MFU against the target 0.60.
 """
 import argparse
 import json

@@ -44,8 +44,8 @@ waits), which the Python worker does not do.
 R rounds (default 9) run the four configurations, the order reversed every other round. Each
 round prints its numbers; the summary gives the median over rounds of the samples/s ratio
 keel/PyTorch (> 1: keel faster) with its 95% sign-test interval and a verdict (bench/paired.py:
-too wide to judge a 5% difference, or keel ahead, behind or not told apart, and whether the
-target, a median of at least 1.10 with the interval above 1.0, is met), and the min and median
+keel ahead, behind or not told apart, whether the target, a median of at least 1.10 with the
+interval above 1.0, is met, and whether the interval is too wide to judge a 5% difference), and the min and median
 of both exposed fractions.
 
 Usage: bench_ddp.py KEEL_BINARY SOURCE_ROOT [--rounds R] [--steps N] [--batch B]

@@ -8,7 +8,8 @@
 //             trainer.train() is timed.
 // hand side:  the same MLP (torch::nn::Linear 784-256-128-10, ReLU, same seed so the same
 //             initial weights), the same Fashion-MNIST tensors (read here from the same IDX
-//             files, normalised the same way), the same per-epoch shuffle (randperm from a
+//             files, normalised the same way, and read again before every run, untimed, as
+//             each keel run's Trainer loads its own), the same per-epoch shuffle (randperm from a
 //             generator seeded seed + epoch * 1000003) and index_select batches, AdamW, cosine
 //             lr with linear warmup, cross entropy, torch::nn::utils::clip_grad_norm_,
 //             gradients reset to undefined (set_to_none, as keel's optimizers do) and
@@ -522,7 +523,11 @@ int main(int argc, char** argv) try {
       rc.train.precision != keel::Precision::kFp32)
     throw std::runtime_error("bench: the keel run would do more than train steps");
   const Hyper h = hyper_from(rc);
-  const Data data = load_train(h.data_path);
+  // Each hand run gets data loaded just before it (untimed), as each keel run's Trainer loads
+  // its own: on some VMs the first reads of freshly written memory are many times slower than
+  // later ones (the 60,000 images' first epoch: bench/README.md), so data kept from earlier runs
+  // would favour the hand loop.
+  const auto fresh = [&] { return load_train(h.data_path); };
 
   std::printf("bench_loop: %s, %lld steps/run, %d chunks, batch %lld, %d intra-op threads, "
               "hand zero_grad: %s%s%s%s\n",
@@ -541,7 +546,7 @@ int main(int argc, char** argv) try {
     std::vector<double> ms;
     for (int r = 0; r < o.repeats + 1; ++r) {
       const RunResult x = o.only == "keel" ? keel_run(rc, o.steps)
-                                           : hand_run(data, h, o.steps, o.hand);
+                                           : hand_run(fresh(), h, o.steps, o.hand);
       std::printf("  %s run %d  %.4f ms/step  other load %.2f cores\n", o.only.c_str(), r,
                   x.ms_per_step, x.other_load);
       if (r > 0) ms.push_back(x.ms_per_step);
@@ -554,7 +559,7 @@ int main(int argc, char** argv) try {
   }
 
   const RunResult wk = keel_run(rc, o.steps);
-  const RunResult wh = hand_run(data, h, o.steps, o.hand);
+  const RunResult wh = hand_run(fresh(), h, o.steps, o.hand);
   std::printf("  warm-up   keel %.4f ms/step  hand %.4f ms/step  (last loss keel %.6f, hand %.6f)\n",
               wk.ms_per_step, wh.ms_per_step, wk.last_loss, wh.last_loss);
 
@@ -577,9 +582,9 @@ int main(int argc, char** argv) try {
     Pair x{};
     if (r % 2 == 0) {
       x.keel = keel_run(rc, o.steps);
-      x.hand = hand_run(data, h, o.steps, o.hand);
+      x.hand = hand_run(fresh(), h, o.steps, o.hand);
     } else {
-      x.hand = hand_run(data, h, o.steps, o.hand);
+      x.hand = hand_run(fresh(), h, o.steps, o.hand);
       x.keel = keel_run(rc, o.steps);
     }
     pairs.push_back(x);

@@ -8,9 +8,11 @@ Binomial(n, 1/2) is at least the level. It assumes only independent rounds. With
 95% interval is [x(2), x(8)] (96.1%): one outlying round on either side does not move it; from
 6 to 8 rounds it is [min, max]; below 6 there is none at 95%.
 
-The verdict says whether the interval is narrow enough to judge a difference of `difference`
-(at most 2 x difference wide, as bench_loop judges 1% with a 2% interval) and, if so, where it
-lies against 1.0 and against the target.
+The verdict says where the interval lies against 1.0 (keel ahead, behind, or not told apart),
+whether a target is met (a median of at least the target with the interval's lower end above
+1.0, which does not depend on the interval's width), and, when the interval is wider than
+2 x `difference` (as bench_loop judges 1% with a 2% interval), that it is too wide to tell
+apart differences of that size.
 """
 import math
 import statistics
@@ -43,28 +45,29 @@ def summary(xs, interval=False, level=0.95):
 
 def verdict(xs, target=None, difference=0.05, level=0.95, rerun="--rounds"):
     """One line: the median of the ratios xs (keel/other, > 1: keel faster), its interval, and
-    what the interval says: too wide to judge `difference`, or keel ahead (the whole interval
-    above 1.0), behind (below), or not told apart from the other side; then, given a target,
-    whether it is met (the median at least `target` and the interval's lower end above 1.0)."""
+    what the interval says: keel ahead (the whole interval above 1.0), behind (below), or not
+    told apart from the other side; given a target, whether it is met (the median at least
+    `target` and the interval's lower end above 1.0); and when the interval is wider than
+    2 x `difference`, that it is too wide to judge a difference of that size."""
     ci = median_interval(xs, level)
     med = statistics.median(xs)
     if ci is None:
         return (f"median {med:.3f} of {len(xs)} rounds; no {100 * level:g}% interval from so few "
                 f"rounds: rerun with {rerun} 6 or more")
     low, high, coverage = ci
-    head = (f"median {med:.3f} of {len(xs)} rounds, {100 * coverage:.1f}% interval "
-            f"[{low:.3f}, {high:.3f}]")
-    if high - low > 2 * difference:
-        return (f"{head}: too wide to judge a {100 * difference:g}% difference; rerun with more "
-                f"{rerun} on an idle machine")
+    text = (f"median {med:.3f} of {len(xs)} rounds, {100 * coverage:.1f}% interval "
+            f"[{low:.3f}, {high:.3f}]: ")
     if low > 1.0:
-        side = "keel ahead (the whole interval above 1.0)"
+        text += "keel ahead (the whole interval above 1.0)"
     elif high < 1.0:
-        side = "keel behind (the whole interval below 1.0)"
+        text += "keel behind (the whole interval below 1.0)"
     else:
-        side = "the interval contains 1.0: the two sides are not told apart"
-    if target is None:
-        return f"{head}: {side}"
-    met = med >= target and low > 1.0
-    return (f"{head}: {side}; target median >= {target:g} with the interval above 1.0: "
-            f"{'met' if met else 'not met'}")
+        text += "the interval contains 1.0: the two sides are not told apart"
+    if target is not None:
+        met = med >= target and low > 1.0
+        text += (f"; target median >= {target:g} with the interval above 1.0: "
+                 f"{'met' if met else 'not met'}")
+    if high - low > 2 * difference:
+        text += (f"; the interval is {high - low:.3f} wide, too wide to judge a "
+                 f"{100 * difference:g}% difference: rerun with more {rerun} on an idle machine")
+    return text
