@@ -7,7 +7,9 @@
 // - all-gather into views of one padded buffer (a 7-row parameter's dim-0 chunks of
 //   ceil(7 / W) rows, as FSDP2 lays them out), beside a small tensor and an empty one;
 // - a reduce-scatter and an all-gather outstanding together, waited in reverse order;
-// - exchange: every rank's values, by rank; the group's collective count;
+// - exchange: every rank's values, by rank;
+// - ProcessGroup::sum_async with a blocking max issued while it is in flight; the group's
+//   collective count;
 // - a peer that exits: the survivor's wait() throws keel::Error naming the operation and
 //   the rank, within the 5 s timeout.
 #include <doctest/doctest.h>
@@ -233,8 +235,21 @@ void collectives_body(keel::ProcessGroup& group, int rank, Failures& f) {
              "exchange: rank " + std::to_string(q) + "'s values");
   f.expect(c.exchange({}, "test exchange").size() == static_cast<size_t>(world),
            "exchange of nothing: one empty row per rank");
-  // 3 reduce-scatters that moved data, 1 all-gather, 1 exchange (the empty ones move nothing).
-  f.expect(group.collectives_issued() - issued_before == 5,
+  // A sum in flight while a blocking max runs (as a step's outcome agreement is while backward
+  // all-reduces the gradients), waited for after it.
+  keel::PendingSum sum = group.sum_async({rank + 1.0, 0.25, -2.0 * rank}, "test sum_async");
+  f.expect(sum.issued(), "sum_async: issued");
+  const std::vector<double> most = group.max({static_cast<double>(rank)}, "test max");
+  const std::vector<double> total = sum.wait();
+  f.expect(!sum.issued(), "sum_async: waited");
+  f.expect(most == std::vector<double>{world - 1.0}, "max beside a pending sum");
+  f.expect(total == std::vector<double>{world * (world + 1) / 2.0, 0.25 * world,
+                                        -1.0 * world * (world - 1)},
+           "sum_async: the sums over ranks");
+  f.expect(group.sum_async({}, "test empty sum").wait().empty(), "sum_async of nothing");
+  // 3 reduce-scatters that moved data, 1 all-gather, 1 exchange (the empty ones move nothing),
+  // the pending sum and the max.
+  f.expect(group.collectives_issued() - issued_before == 7,
            "collectives issued: " + std::to_string(group.collectives_issued() - issued_before));
 }
 
