@@ -100,7 +100,7 @@ class MicroBatchWeights {
   std::vector<int64_t> items_;
   int64_t total_ = 0, unreported_ = 0;
   PendingSum all_;
-  bool settled_ = true;
+  bool settled_ = true;  // false until settle() computed item shares (the constructor's w_ stays)
 };
 
 // Forward and loss of one micro-batch under autocast, weighted by its share of the step.
@@ -172,8 +172,8 @@ std::string reducing_what(const Run& run) {
 // With several ranks, the outcome agreement goes out before the step's last backward, which
 // hides it, when nothing in it is known only after backward: no sparse tables (their row
 // gradients' squares are each rank's) and no [distributed] shard (each rank checks the
-// finiteness of its shards only). Otherwise every rank clips and checks the same all-reduced
-// gradients, so only the losses' finiteness needs agreeing.
+// finiteness of its shards only). When it does, every rank clips and checks the same
+// all-reduced gradients, so only the losses' finiteness needs agreeing.
 void issue_agreement_early(Run& run, StepOutcome& step) {
   if (!run.ranks.group || run.shards || run.residency || run.sparse.any()) return;
   step.agreed = run.ranks.group->sum_async(outcome_fields(run, step), reducing_what(run));
@@ -245,9 +245,9 @@ Error short_data_error(const Run& run, int64_t short_ranks) {
                     "rank says how many)" + hint);
 }
 
-// With several ranks, the outcome agreement (a sum, run/agreement.hpp): the loss (mean over ranks),
-// whether any rank saw a non-finite value (then every rank skips the step), samples and
-// tokens, whether any rank's data ended before the agreed micro-batches (then every rank
+// With several ranks, the outcome agreement (a sum, run/agreement.hpp): the loss (mean over
+// ranks), whether any rank saw a non-finite value (then every rank skips the step), samples
+// and tokens, whether any rank's data ended before the agreed micro-batches (then every rank
 // fails), and the sparse gradients' sum of squares (each rank's rows). Issued before the last
 // backward (issue_agreement_early) it misses this rank's gradients' finiteness, which is then
 // every rank's (the same all-reduced gradients).
