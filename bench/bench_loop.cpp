@@ -518,9 +518,9 @@ int main(int argc, char** argv) try {
   keel::RunConfig rc = keel::resolve(keel::load_manifest(o.manifest, overrides), registry);
   rc.overwrite = true;  // every run trains afresh into the same scratch output_dir
   if (!rc.hooks.empty() || rc.profiler || rc.mfu || rc.train.eval_each_epoch ||
-      rc.run.mode != keel::RunMode::kTrain || rc.train.eval_every_steps != 0 || rc.checkpointing.at_end ||
-      rc.checkpointing.every_steps != 0 || rc.checkpointing.initial || rc.train.grad_accum != 1 ||
-      rc.train.precision != keel::Precision::kFp32)
+      rc.run.mode != keel::RunMode::kTrain || rc.train.eval_every_steps != 0 ||
+      rc.checkpointing.at_end || rc.checkpointing.every_steps != 0 || rc.checkpointing.initial ||
+      rc.train.grad_accum != 1 || rc.train.precision != keel::Precision::kFp32)
     throw std::runtime_error("bench: the keel run would do more than train steps");
   const Hyper h = hyper_from(rc);
   // Each hand run gets data loaded just before it (untimed), as each keel run's Trainer loads

@@ -175,7 +175,7 @@ std::string reducing_what(const Run& run) {
 // finiteness of its shards only). When it does, every rank clips and checks the same
 // all-reduced gradients, so only the losses' finiteness needs agreeing.
 void issue_agreement_early(Run& run, StepOutcome& step) {
-  if (!run.ranks.group || run.shards || run.residency || run.sparse.any()) return;
+  if (!run.ranks.group || run.shards || run.sparse.any()) return;  // residency implies shards
   step.agreed = run.ranks.group->sum_async(outcome_fields(run, step), reducing_what(run));
 }
 
