@@ -185,7 +185,7 @@ class Console : public keel::Hook {
   LiveBar bar_;
 };
 
-const keel_option_desc kOptions[] = {
+const keel_option_desc kConsoleOptions[] = {
     keel::opt_int("every", "1",
                   "print the line of every Nth train record, from the first (eval records "
                   "always; run.log gets every record whole)",
@@ -202,7 +202,7 @@ keel_component_desc console_component() {
   return keel::component<OnRank<Console>>(
       "console",
       "a concise log line per metric record (the whole record in run.log), and a progress bar",
-      kOptions);
+      kConsoleOptions);
 }
 
 }  // namespace sinks

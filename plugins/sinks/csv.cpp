@@ -144,7 +144,7 @@ class Csv : public keel::Hook {
   std::map<std::string, Table> tables_;
 };
 
-const keel_option_desc kOptions[] = {
+const keel_option_desc kCsvOptions[] = {
     keel::opt_string("path", "\"metrics_{split}.csv\"",
                      "output file per split; {split} is replaced by the split's name (relative "
                      "paths: inside the run dir)"),
@@ -155,7 +155,7 @@ const keel_option_desc kOptions[] = {
 
 keel_component_desc csv_component() {
   return keel::component<OnRank<Csv>>("csv", "metric records as one CSV file per split",
-                                      kOptions);
+                                      kCsvOptions);
 }
 
 }  // namespace sinks
