@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -46,6 +47,13 @@ std::string parent_of(const std::string& path);
 // The whole content of the file `path`. With follow_links false, a symbolic link is refused
 // (O_NOFOLLOW: FileError "opening", code ELOOP).
 std::string read_file(const std::string& path, bool follow_links = true);
+
+// Reads the open file `fd` from byte `from` to its end with pread (its file offset is left
+// alone), 64 KiB at a time into one buffer allocated once and not cleared, and passes each piece
+// to consume(data, size) in order. Throws FileError "reading <path>" when a read fails; what
+// consume throws passes through.
+void read_chunks(int fd, const std::string& path,
+                 const std::function<void(const char* data, size_t size)>& consume, off_t from = 0);
 
 // Writes all of `size` bytes at `data` to `fd`; false (errno set) on failure.
 bool write_all(int fd, const void* data, size_t size);

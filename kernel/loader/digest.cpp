@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-#include <vector>
 
 #include "error.hpp"
+#include "files/files.hpp"
 
 namespace keel {
 
@@ -35,16 +35,7 @@ std::string Sha256::hex() {
 
 std::string sha256_hex(int fd, const std::string& what) {
   Sha256 sha;
-  std::vector<unsigned char> buf(1 << 20);
-  off_t offset = 0;
-  for (;;) {
-    const ssize_t n = pread(fd, buf.data(), buf.size(), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw Error("cannot read " + what + ": " + std::strerror(errno));
-    if (n == 0) break;
-    sha.update(buf.data(), static_cast<size_t>(n));
-    offset += n;
-  }
+  read_chunks(fd, what, [&](const char* data, size_t size) { sha.update(data, size); });
   return sha.hex();
 }
 

@@ -3,15 +3,16 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "files/files.hpp"
 #include "unique_fd.hpp"
 
 namespace keel {
@@ -53,22 +54,29 @@ class FileSizeLimitAtLeast {
   bool short_by_ = false;
 };
 
-// Copies every byte of `from` into `to`; "" or why not.
+// Copies every byte of `from` into `to` (empty, at offset 0): in the kernel with sendfile(2), no
+// buffer of ours in between, or through read_chunks where sendfile refuses the pair; "" or why
+// not.
 std::string copy_all(int from, int to) {
-  std::vector<char> buf(1 << 20);
-  for (off_t offset = 0;;) {
-    const ssize_t n = pread(from, buf.data(), buf.size(), offset);
+  off_t offset = 0;
+  for (;;) {
+    const ssize_t n = sendfile(to, from, &offset, size_t{1} << 30);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::string("cannot read it: ") + std::strerror(errno);
+    if (n < 0 && (errno == EINVAL || errno == ENOSYS)) break;
+    if (n < 0) return std::string("cannot copy it into memory: ") + std::strerror(errno);
     if (n == 0) return "";
-    for (ssize_t done = 0; done < n;) {
-      const ssize_t w = write(to, buf.data() + done, static_cast<size_t>(n - done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return std::string("cannot copy it into memory: ") + std::strerror(errno);
-      done += w;
-    }
-    offset += n;
   }
+  const char* failed = "cannot read it: ";
+  try {
+    read_chunks(from, "it", [&](const char* data, size_t size) {
+      if (write_all(to, data, size)) return;
+      failed = "cannot copy it into memory: ";
+      throw FileError("writing", "it", errno);
+    }, offset);
+  } catch (const FileError& e) {
+    return failed + std::string(std::strerror(e.code()));
+  }
+  return "";
 }
 
 }  // namespace

@@ -51,17 +51,14 @@ void write_entry_data(struct archive* a, const PackFile& f, const std::string& o
   UniqueFd fd(::open(f.path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) sys_fail("opening", f.path, errno);
   Sha256 sha;
-  std::vector<char> buf(1 << 20);
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) sys_fail("reading", f.path, errno);
-    if (n == 0) break;
-    sha.update(buf.data(), static_cast<size_t>(n));
-    if (archive_write_data(a, buf.data(), static_cast<size_t>(n)) != n)
-      throw Error("writing " + out + " failed: " + archive_error_string(a) +
-                  "; hint: check that its directory is writable and has free space");
-  }
+  add_hint([&] {
+    read_chunks(fd.get(), f.path, [&](const char* data, size_t n) {
+      sha.update(data, n);
+      if (archive_write_data(a, data, n) != static_cast<la_ssize_t>(n))
+        throw Error("writing " + out + " failed: " + archive_error_string(a) +
+                    "; hint: check that its directory is writable and has free space");
+    });
+  }, file_hint);
   if (sha.hex() != f.sha256)
     throw Error(f.path +
                 ": changed while it was packed; hint: pack again once the build has "

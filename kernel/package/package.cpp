@@ -49,15 +49,12 @@ std::string copy_file(const std::string& from, const std::string& to) {
   if (in.get() < 0) sys_fail("opening", from, errno);
   UniqueFd out = create_file(to);
   Sha256 sha;
-  std::vector<char> buf(1 << 20);
-  for (;;) {
-    const ssize_t n = ::read(in.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) sys_fail("reading", from, errno);
-    if (n == 0) break;
-    sha.update(buf.data(), static_cast<size_t>(n));
-    write_data(out.get(), buf.data(), static_cast<size_t>(n), to);
-  }
+  add_hint([&] {
+    read_chunks(in.get(), from, [&](const char* data, size_t n) {
+      sha.update(data, n);
+      write_data(out.get(), data, n, to);
+    });
+  }, file_hint);
   finish_file(out, to, 0644);
   return sha.hex();
 }
