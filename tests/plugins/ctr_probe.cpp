@@ -59,7 +59,7 @@
 #include <utility>
 #include <vector>
 
-namespace {
+namespace ctr_probe {
 
 std::string json(double x) {
   if (std::isnan(x)) return "NaN";
@@ -437,6 +437,6 @@ std::string run(int argc, char** argv) {
       "usage: ctr_probe bce|bce_eval|bce_ranks|dlrm|pool ... (see ctr_probe.cpp)");
 }
 
-}  // namespace
+int entry(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
 
-int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
+}  // namespace ctr_probe

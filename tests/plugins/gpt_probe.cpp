@@ -42,7 +42,7 @@
 #include <sstream>
 #include <string>
 
-namespace {
+namespace gpt_probe {
 
 std::string json_number(double x) {
   char text[64];
@@ -206,6 +206,6 @@ std::string run(int argc, char** argv) {
       json_number(loss.item<double>()).c_str(), graph.c_str(), at::get_num_threads());
 }
 
-}  // namespace
+int entry(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
 
-int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
+}  // namespace gpt_probe

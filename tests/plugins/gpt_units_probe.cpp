@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace gpt_units_probe {
 
 struct Recorder {
   keel_unit_calls calls{};
@@ -120,9 +120,7 @@ void run(const char* path) {
          "a failing enter did not fail forward with its message: " + std::string(err.message));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int entry(int argc, char** argv) {
   try {
     if (argc != 2) throw std::runtime_error("usage: gpt_units_probe PLUGIN.so");
     run(argv[1]);
@@ -133,3 +131,5 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace gpt_units_probe

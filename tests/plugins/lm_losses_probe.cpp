@@ -51,7 +51,7 @@
 #include <sstream>
 #include <string>
 
-namespace {
+namespace lm_losses_probe {
 
 // A "Vm...:  N kB" line of /proc/self/status, in bytes.
 int64_t status_bytes(const std::string& key) {
@@ -245,6 +245,6 @@ std::string run(int argc, char** argv) {
   }
 }
 
-}  // namespace
+int entry(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
 
-int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
+}  // namespace lm_losses_probe

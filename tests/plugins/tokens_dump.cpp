@@ -22,7 +22,7 @@
 #include <iostream>
 #include <string>
 
-namespace {
+namespace tokens_dump {
 
 keel::testing::Value parse_value(const std::string& v) {
   char* end = nullptr;
@@ -95,6 +95,6 @@ std::string run(int argc, char** argv) {
   }
 }
 
-}  // namespace
+int entry(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
 
-int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
+}  // namespace tokens_dump

@@ -19,7 +19,7 @@
 #include <sstream>
 #include <string>
 
-namespace {
+namespace torch_profiler_probe {
 
 // ns per begin+end pair, over n pairs at step `step`.
 double time_marks(const keel::testing::Instance<keel_profiler>& p, int64_t step, int n) {
@@ -85,6 +85,6 @@ std::string run(int argc, char** argv) {
   return out.str();
 }
 
-}  // namespace
+int entry(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
 
-int main(int argc, char** argv) { return probe::main_guard(run, argc, argv); }
+}  // namespace torch_profiler_probe
