@@ -52,7 +52,8 @@ class ProcessGroup {
  public:
   // Rendezvous with every other rank of `launch`; collectives then run on `device`'s backend.
   // Throws keel::Error when the store cannot be reached within the timeout, or the backend
-  // cannot be created.
+  // cannot be created. Sets SIGPIPE to ignored for the whole process, for good (a peer's closed
+  // socket then fails the write with EPIPE instead of killing this rank silently).
   ProcessGroup(const Launch& launch, const DistributedOptions& options, const at::Device& device);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
