@@ -57,8 +57,9 @@ ProcessGroup::ProcessGroup(const Launch& launch, const DistributedOptions& optio
 #endif
   d.backend = backend;
   d.comm = backend == "nccl" ? device : at::Device(at::kCPU);
-  // Gloo writes to its peers' sockets with writev, which raises SIGPIPE once a peer has gone;
-  // its default action ended the process silently, before the error line this class gives
+  // A write to a socket whose peer has closed raises SIGPIPE unless the writer asks otherwise,
+  // and some write of Gloo's (or c10d's) does not: its default action ended the process
+  // silently once a peer had gone, before the error line this class gives
   // (3 of 180 runs of the collectives units' "a peer that exits", two at a time). Python,
   // where torch.distributed runs, ignores SIGPIPE from its start; so does every keel process
   // that joins a group, from here on: the write fails with EPIPE, and Gloo reports it.
