@@ -19,6 +19,10 @@ import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 
+# Whether this test runs under the sanitizers: meson's 'sanitizers' test setup sets ASAN_OPTIONS.
+SANITIZED = "ASAN_OPTIONS" in os.environ
+
+
 class Outcome(NamedTuple):
     returncode: Optional[int]  # None: hung (killed after the timeout); < 0: killed by a signal
     stdout: str

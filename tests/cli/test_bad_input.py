@@ -757,7 +757,7 @@ def _run_in(case: Case, command: str, d: str, mode: str) -> Result:
 PROCESS_SAMPLE = frozenset([c.name for c in CASES[::20]] + [c.name for c in CASES if c.env])
 
 
-SANITIZED = "ASAN_OPTIONS" in os.environ  # meson's 'sanitizers' test setup sets it
+SANITIZED = inproc.SANITIZED
 
 
 def modes(c: Case) -> Tuple[str, ...]:

@@ -235,7 +235,7 @@ def keel(*args):
 # The cases that also run as keel processes: every 6th; none under the sanitizers (meson's
 # 'sanitizers' test setup sets ASAN_OPTIONS), where the sample's point, the in-process runner's
 # fidelity, is not what is checked and each keel process costs seconds to start.
-SANITIZED = "ASAN_OPTIONS" in os.environ
+SANITIZED = inproc.SANITIZED
 PROCESS_SAMPLE = frozenset() if SANITIZED else frozenset(c.name for c in CASES[::6])
 
 
