@@ -45,6 +45,12 @@
 #include "keel/embedding.hpp"
 #include "keel/testing.hpp"
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/from_blob.h>
+
 #include "probe.hpp"
 
 #include <cmath>

@@ -31,6 +31,10 @@
 #include "keel/testing.hpp"
 
 #include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/randn_like.h>
 #include <torch/csrc/autograd/function.h>
 
 #include "probe.hpp"

@@ -42,6 +42,13 @@
 // refuse to run there: each needs a fresh process.
 #include "keel/testing.hpp"
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+
 #include "probe.hpp"
 
 #include <cmath>

@@ -11,6 +11,8 @@
 // many cases (tests/plugins/probe.hpp).
 #include "keel/testing.hpp"  // first: see keel/testing.hpp
 
+#include <ATen/ops/ones.h>
+
 #include "probe.hpp"
 #include <torch/csrc/autograd/profiler_kineto.h>
 

@@ -6,7 +6,9 @@
 //                             back to the mean and "items" must be refused;
 //   my_counted_cross_entropy  overrides count_items, so "items" (and "auto") normalise each
 //                             optimizer step by the item count of its micro-batches.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/log_softmax.h>
+#include <ATen/ops/nll_loss.h>
 
 #include <stdexcept>
 

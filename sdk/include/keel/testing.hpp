@@ -32,9 +32,12 @@
 // dtype, parameter names, ...), parameter groups (the context has none, so an optimizer sees
 // one group), device placement, threads, and the ABI-version negotiation with older plugins.
 // So a component that passes here must still pass the kernel's own checks in `keel train`.
+// Of LibTorch, this header includes <ATen/core/Tensor.h> and <ATen/Context.h> alone: a test
+// includes the <ATen/ops/NAME.h> of each function it calls (<ATen/TensorOperators.h> for a * b).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/Context.h>  // at::manual_seed
+#include <ATen/core/Tensor.h>
 #include <stdlib.h>  // mkdtemp
 
 #include <cerrno>

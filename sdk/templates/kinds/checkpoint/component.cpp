@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 // Each object ("model", "optimizer", ...) is one file, <stem>.tensors: the 8 bytes "KEELTNS1", a
 // byte that is 1 when tensors carry checksums, then per tensor its name length (uint32), name,

@@ -1,5 +1,9 @@
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/stack.h>
 
 // 256 points on a 16 x 16 grid in [-1, 1]^2: inputs [x, y] (float32), target 1 where x * y > 0,
 // else 0 (int64). Each epoch visits them in an order shuffled from the run's seed and the epoch

@@ -1,7 +1,7 @@
 #include <cmath>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 // Clipping by global norm: when the L2 norm of all gradients together exceeds max_norm, every
 // gradient is scaled by max_norm / norm. Returns the norm before clipping; parameters without a

@@ -1,5 +1,8 @@
 #include <cmath>
 
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+
 // Parameters a = [1, 1] and b = [1] with gradients [3, 0] and [4]: global norm 5.
 keel::testing::Setup with_gradients() {
   const at::Tensor a = at::ones({2}, at::kDouble).requires_grad_();

@@ -2,7 +2,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/log_softmax.h>
 
 // Cross-entropy with label smoothing, averaged over the batch: logits [N, C], targets [N]
 // (class indices). Each sample's target distribution puts 1 - label_smoothing on its class and

@@ -3,6 +3,9 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+
 TEST_CASE("@{component}: value and gradient match a hand computation") {
   const double eps = 0.2;
   const std::vector<std::vector<double>> z = {{1.0, -0.5, 2.0, 0.0},

@@ -3,7 +3,11 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/relu.h>
 
 // A multi-layer perceptron: linear layers of the sizes `layers` lists (inputs first, outputs
 // last), a ReLU between two of them; each sample is flattened first. Parameters "fc<i>.weight"

@@ -2,6 +2,11 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
+
 using Instance = keel::testing::Instance<keel_model>;
 
 // The parameters the model reports through its param slot.

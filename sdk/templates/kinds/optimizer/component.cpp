@@ -3,7 +3,8 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/tensor.h>
 
 // Plain stochastic gradient descent: every parameter p with a gradient becomes p - lr * grad. A
 // parameter group ([[optimizer.groups]]) may set its own lr; weight decay is not supported.

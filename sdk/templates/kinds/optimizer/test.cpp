@@ -1,3 +1,9 @@
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+
 using Instance = keel::testing::Instance<keel_optimizer>;
 
 // A parameter w = [1, 2] with gradient [0.5, -1], and one without a gradient.
