@@ -39,16 +39,20 @@ std::string write_part_of_save(CheckpointStore& store, ProcessGroup& group,
 }
 
 // Rank 0: stages, collects the other parts, commits and shares the committed directory. When
-// it fails, it runs the rest of the protocol with "failed" answers so that the others fail now.
+// it fails, it runs the rest of the protocol with "failed" answers so that the others fail now;
+// not when the failure was a step of the protocol itself (another rank died or hangs): its
+// remaining steps would only wait for that rank again, each up to the timeout.
 std::string commit_save(CheckpointStore& store, ProcessGroup& group, const Snapshot& snap,
                         const std::string& at) {
-  enum { kStart, kStaged, kAgreed, kRefused } phase = kStart;
+  enum { kStart, kStaged, kAgreed, kRefused, kGroupFailed } phase = kStart;
   SaveParts parts;
   parts.staged = [&](const std::string& staging) {
+    phase = kGroupFailed;  // until the step returns
     group.share(staging, "sharing the staging directory of" + at);
     phase = kStaged;
   };
   parts.written = [&] {
+    phase = kGroupFailed;  // until the step returns
     const std::vector<std::string> indexes = group.gather("", "collecting the parts of" + at);
     phase = kRefused;
     if (!group.all(true, "agreeing on the parts of" + at))

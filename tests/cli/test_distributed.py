@@ -20,7 +20,7 @@
   epoch's last step both ranks fail with one error line each (rank 1's names its count),
   instead of one of them waiting for the other.
 - A rank killed (SIGKILL) or stopped (SIGSTOP) mid-run: the other exits non-zero with a
-  "distributed:" error line, within [distributed] timeout_s of the loss (plus 15 s of margin).
+  "distributed:" error line, within [distributed] timeout_s of the loss (plus 8 s of margin).
 - SIGTERM to one rank: every rank stops after the same step, commits one checkpoint, exits 143.
 - Resuming a 2-rank checkpoint with one process continues it, the log naming both sizes.
 - [run] device = "cuda" on this CPU build fails validation with file:line:col; "auto" passes.
@@ -345,18 +345,21 @@ class Distributed(unittest.TestCase):
             p.communicate()
 
     def lose_a_rank(self, how):
-        """Rank 1 is killed or stopped once rank 0 has logged step 20: rank 0 must end."""
+        """Rank 1 is killed or stopped once rank 0 has logged step 20: rank 0 must end within
+        timeout_s, plus 8 s for its exit. Where the stop lands in a checkpoint's commit
+        protocol, rank 0 used to wait a second timeout_s there (20.4 to 20.6 s for a 10 s
+        timeout, 3 of 13 runs)."""
         timeout = 10
         procs, out = self.long_run(how, timeout)
         try:
             os.kill(procs[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
             start = time.monotonic()
-            _, err = procs[0].communicate(timeout=timeout + 15)
+            _, err = procs[0].communicate(timeout=timeout + 8)
             elapsed = time.monotonic() - start
         finally:
             self.stop(procs)
         self.assertNotEqual(procs[0].returncode, 0)
-        self.assertLess(elapsed, timeout + 15)
+        self.assertLess(elapsed, timeout + 8)
         self.assertIn("keel: error: rank 0: distributed:", err)
         self.assertIn("timeout_s = 10 s", err)
         self.assertEqual(len(err.strip().splitlines()), 1, err)
