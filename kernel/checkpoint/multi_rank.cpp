@@ -44,17 +44,18 @@ std::string write_part_of_save(CheckpointStore& store, ProcessGroup& group,
 // remaining steps would only wait for that rank again, each up to the timeout.
 std::string commit_save(CheckpointStore& store, ProcessGroup& group, const Snapshot& snap,
                         const std::string& at) {
-  enum { kStart, kStaged, kAgreed, kRefused, kGroupFailed } phase = kStart;
+  // kDone: rank 0 owes the others no more answers: it is in a step of the protocol (which
+  // failed, if the save throws there), or the agreement has answered them.
+  enum { kStart, kStaged, kAgreed, kDone } phase = kStart;
   SaveParts parts;
   parts.staged = [&](const std::string& staging) {
-    phase = kGroupFailed;  // until the step returns
+    phase = kDone;  // until the step returns
     group.share(staging, "sharing the staging directory of" + at);
     phase = kStaged;
   };
   parts.written = [&] {
-    phase = kGroupFailed;  // until the step returns
+    phase = kDone;  // until the step returns
     const std::vector<std::string> indexes = group.gather("", "collecting the parts of" + at);
-    phase = kRefused;
     if (!group.all(true, "agreeing on the parts of" + at))
       throw Error("another rank failed to write its part of" + at +
                   " (its log says why); nothing was committed");
