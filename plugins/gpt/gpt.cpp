@@ -59,6 +59,7 @@
 #include "keel/module_model.hpp"
 #include "keel/plugin.hpp"
 #include "keel/tensor.hpp"
+#include "split_linear.hpp"
 
 namespace {
 
@@ -71,6 +72,7 @@ struct Config {
   double dropout;
   bool bias;
   bool fused_attention;
+  bool split_linear;
 };
 
 // `v` as the shortest JSON number text that reads back the same double ("0", "0.1", "1e-05").
@@ -87,14 +89,16 @@ nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return nn::Linear(nn::LinearOptions(in, out).bias(bias));
 }
 
-// A Linear layer applied as PyTorch's F.linear applies it: ATen's `linear`, which runs a
-// contiguous [B, T, in] input with a bias as one addmm on [B*T, in]. The C++ frontend's
-// LinearImpl::forward (LibTorch 1.13, torch/nn/functional/linear.h) takes that path for 2-D
-// inputs only; for [B, T, in] it runs matmul and then adds the bias in place, which cost the
-// char-GPT about 7% of a training step on the 2-core machine (bench/README.md,
-// bench_char_gpt.py).
-at::Tensor run_linear(const nn::Linear& layer, const at::Tensor& x) {
-  return at::linear(x, layer->weight, layer->bias);  // an undefined bias: none
+// A Linear layer: with `linear = "split"` (the default) its products split by rows over the
+// intra-op threads (split_linear.hpp); with "reference" as PyTorch's F.linear applies it: ATen's
+// `linear`, which runs a contiguous [B, T, in] input with a bias as one addmm on [B*T, in]. (The
+// C++ frontend's LinearImpl::forward, LibTorch 1.13 torch/nn/functional/linear.h, takes that
+// path for 2-D inputs only; for [B, T, in] it runs matmul and then adds the bias in place, which
+// cost the char-GPT about 7% of a training step on the 2-core machine: bench/README.md,
+// bench_char_gpt.py.) An undefined bias: none.
+at::Tensor run_linear(bool split, const at::Tensor& x, const at::Tensor& weight,
+                      const at::Tensor& bias = {}) {
+  return split ? gpt::split_linear(x, weight, bias) : at::linear(x, weight, bias);
 }
 
 // nanoGPT's LayerNorm: a weight and an optional bias (torch::nn::LayerNorm has both or none),
@@ -211,6 +215,7 @@ struct CausalSelfAttentionImpl : nn::Module {
   CausalSelfAttentionImpl(const Config& c)
       : heads(c.heads),
         fused(c.fused_attention),
+        split(c.split_linear),
         c_attn(register_module("c_attn", linear(c.width, 3 * c.width, c.bias))),
         c_proj(register_module("c_proj", linear(c.width, c.width, c.bias))),
         attn_dropout(register_module("attn_dropout", nn::Dropout(c.dropout))),
@@ -218,12 +223,12 @@ struct CausalSelfAttentionImpl : nn::Module {
 
   // `mask`: [T, T], true above the diagonal (the future positions a token may not attend to).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask) {
-    const at::Tensor qkv = run_linear(c_attn, x);
+    const at::Tensor qkv = run_linear(split, x, c_attn->weight, c_attn->bias);
     const bool dropping = is_training() && attn_dropout->options.p() > 0;
     const bool can_fuse = qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat;
     const at::Tensor y = fused && can_fuse && !dropping ? CausalAttention::apply(qkv, heads)
                                                         : reference(qkv, mask);
-    return resid_dropout->forward(run_linear(c_proj, y));
+    return resid_dropout->forward(run_linear(split, y, c_proj->weight, c_proj->bias));
   }
 
   // nanoGPT's attention, in LibTorch operators: [B, T, 3C] -> [B, T, C].
@@ -241,7 +246,7 @@ struct CausalSelfAttentionImpl : nn::Module {
   }
 
   int64_t heads;
-  bool fused;
+  bool fused, split;
   nn::Linear c_attn, c_proj;
   nn::Dropout attn_dropout, resid_dropout;
 };
@@ -249,12 +254,15 @@ TORCH_MODULE(CausalSelfAttention);
 
 struct MlpImpl : nn::Module {
   explicit MlpImpl(const Config& c)
-      : c_fc(register_module("c_fc", linear(c.width, 4 * c.width, c.bias))),
+      : split(c.split_linear),
+        c_fc(register_module("c_fc", linear(c.width, 4 * c.width, c.bias))),
         c_proj(register_module("c_proj", linear(4 * c.width, c.width, c.bias))),
         dropout(register_module("dropout", nn::Dropout(c.dropout))) {}
   at::Tensor forward(const at::Tensor& x) {
-    return dropout->forward(run_linear(c_proj, at::gelu(run_linear(c_fc, x))));
+    const at::Tensor h = at::gelu(run_linear(split, x, c_fc->weight, c_fc->bias));
+    return dropout->forward(run_linear(split, h, c_proj->weight, c_proj->bias));
   }
+  bool split;
   nn::Linear c_fc, c_proj;
   nn::Dropout dropout;
 };
@@ -299,7 +307,8 @@ struct TransformerImpl : nn::Module {
 TORCH_MODULE(Transformer);
 
 struct GptImpl : nn::Module {
-  explicit GptImpl(const Config& c) : transformer(register_module("transformer", Transformer(c))) {
+  explicit GptImpl(const Config& c)
+      : transformer(register_module("transformer", Transformer(c))), split(c.split_linear) {
     at::NoGradGuard no_grad;
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
     for (auto& m : modules(/*include_self=*/false)) {
@@ -317,7 +326,7 @@ struct GptImpl : nn::Module {
   }
   at::Tensor forward(const at::Tensor& tokens, keel::Units& units) {
     // The output layer is the token embedding (weight tying).
-    return at::linear(features(tokens, units), transformer->wte->weight);
+    return run_linear(split, features(tokens, units), transformer->wte->weight);
   }
   at::Tensor forward(const at::Tensor& tokens) {
     keel::Units none;  // no calls: enter and leave do nothing
@@ -338,6 +347,7 @@ struct GptImpl : nn::Module {
     return transformer->ln_f->forward(x);
   }
   Transformer transformer;
+  bool split;
 };
 TORCH_MODULE(Gpt);
 
@@ -456,7 +466,8 @@ class GptModel : public keel::ModuleModel<Gpt> {
   static Config config(const keel::Context& ctx) {
     Config c{ctx.get_int("vocab_size"), ctx.get_int("context"), ctx.get_int("layers"),
              ctx.get_int("heads"),      ctx.get_int("width"),   ctx.get_float("dropout"),
-             ctx.get_bool("bias"),      ctx.get_string("attention") == "fused"};
+             ctx.get_bool("bias"),      ctx.get_string("attention") == "fused",
+             ctx.get_string("linear") == "split"};
     if (c.width % c.heads != 0)
       throw std::runtime_error("gpt: width (" + std::to_string(c.width) +
                                ") is not divisible by heads (" + std::to_string(c.heads) +
@@ -483,6 +494,13 @@ const keel_option_desc kOptions[] = {
                      "'reference') or 'reference' (nanoGPT's LibTorch operators); the same "
                      "function either way",
                      "fused|reference"),
+    keel::opt_string("linear", "\"split\"",
+                     "how the Linear layers and the output layer run: 'split' (each product "
+                     "split by rows over the intra-op threads, one single-threaded BLAS call "
+                     "per thread, for float32 on the CPU; otherwise as 'reference') or "
+                     "'reference' (LibTorch's linear, as PyTorch's F.linear); the same function "
+                     "either way, within float32 rounding",
+                     "split|reference"),
 };
 const keel_component_desc kComponents[] = {
     keel::component<GptModel>("gpt",
@@ -494,4 +512,4 @@ const keel_component_desc kComponents[] = {
 
 }  // namespace
 
-KEEL_PLUGIN("keel-gpt", "0.3.0", "GPT language model", kComponents)
+KEEL_PLUGIN("keel-gpt", "0.4.0", "GPT language model", kComponents)
