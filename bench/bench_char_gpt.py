@@ -9,8 +9,8 @@ the same threads, its pthread build on one). Neither evaluates nor
 saves checkpoints while timed.
 
 Each round trains three times: keel as configured (the gpt plugin's defaults: fused attention,
-split Linear layers), keel with `model.attention = "reference"` and `model.linear = "reference"`
-(nanoGPT's LibTorch operators, the ones the Python loop below calls: what keel's runtime adds or
+split Linear layers, fused GELU), keel with `model.attention`, `model.linear` and `model.gelu`
+set to "reference" (nanoGPT's LibTorch operators, the ones the Python loop below calls: what keel's runtime adds or
 saves with the model's work held equal), and the Python loop; the order rotates from round to round. keel's tokens/s is the `tokens_per_s` of its
 last log window (metrics.jsonl), so start-up and the first window (warm-up) are excluded; the
 Python loop is timed over the same window of steps. keel's MFU (the `transformer` calculator
@@ -176,7 +176,8 @@ def main():
     print(f"bench_char_gpt: {manifest}: {a.steps} steps/run, window of the last {a.window}, "
           f"{a.rounds} rounds, {keel_threads.apply()}, batch {cfg['batch_size']} x "
           f"{cfg['model']['context']} tokens")
-    reference = a.set + ['model.attention="reference"', 'model.linear="reference"']
+    reference = a.set + ['model.attention="reference"', 'model.linear="reference"',
+                         'model.gelu="reference"']
     ratios, ref_ratios, mfus = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):

@@ -1,14 +1,14 @@
 """Operator profile of char-GPT training steps, keel beside the Python loop of bench_char_gpt.py.
 
     bench/profile_char_gpt.py KEEL_BINARY SOURCE_ROOT [--attention reference|fused]
-                              [--linear reference|split] [--warmup W] [--steps S] [--keel-only]
-                              [--top N]
+                              [--linear reference|split] [--gelu reference|fused]
+                              [--warmup W] [--steps S] [--keel-only] [--top N]
 
 keel: `keel train configs/char_gpt.toml` with the `chrome_trace` profiler recording LibTorch's
 operators (operators = true, no shapes, no memory) over steps W+1 .. W+S (the run takes one
 step more: the profiler records a step's operators when the next step starts), and the model's
-attention and Linear layers as given (default "reference" for both: nanoGPT's operators, the
-Python loop's; keel's defaults are --attention fused --linear split). Python: the
+attention, Linear layers and GELU as given (default "reference" for all three: nanoGPT's
+operators, the Python loop's; keel's defaults are --attention fused --linear split --gelu fused). Python: the
 loop of bench_char_gpt.py (same model, data, AdamW, clipping, loss, thread settings) under
 torch.autograd.profiler for S steps after W warm-up steps. Both in this one command, one after
 the other, so the two columns come from the same minute of the machine.
@@ -18,8 +18,8 @@ Prints keel's profiler phases (ms per step), then per operator: calls per step a
 sorted by the larger self time, and the operators whose call counts differ. Self times come
 from the trace's nesting on each thread (keel) and from key_averages (Python); the profilers
 add their own cost to every call, so compare the two columns, not the totals with an
-unprofiled run. With --keel-only, only keel (e.g. --attention fused --linear split, whose
-kernels have no counterpart in the Python loop).
+unprofiled run. With --keel-only, only keel (e.g. with keel's defaults, whose kernels have no
+counterpart in the Python loop).
 """
 import argparse
 import collections
@@ -56,7 +56,7 @@ def self_times(events):
     return agg
 
 
-def keel_side(keel, manifest, attention, linear, warmup, steps):
+def keel_side(keel, manifest, kernels, warmup, steps):
     with tempfile.TemporaryDirectory(prefix="keel-profile-") as out:
         profiler = (f'{{type="chrome_trace", operators=true, record_shapes=false, '
                     f'profile_memory=false, start_step={warmup + 1}, end_step={warmup + steps}}}')
@@ -65,8 +65,9 @@ def keel_side(keel, manifest, attention, linear, warmup, steps):
                 "--set", "train.log_every=1000000",
                 "--set", "train.eval_every_steps=0", "--set", 'run.mode="train"',
                 "--set", f'run.output_dir="{out}"', "--set", "hooks=[]",
-                "--set", f'model.attention="{attention}"', "--set", f'model.linear="{linear}"',
                 "--set", f"profiler={profiler}"]
+        for option, value in kernels.items():
+            args += ["--set", f'model.{option}="{value}"']
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(out, "trace.json")) as f:
             trace = json.load(f)["traceEvents"]
@@ -95,6 +96,7 @@ def main():
     ap.add_argument("root")
     ap.add_argument("--attention", default="reference", choices=["reference", "fused"])
     ap.add_argument("--linear", default="reference", choices=["reference", "split"])
+    ap.add_argument("--gelu", default="reference", choices=["reference", "fused"])
     ap.add_argument("--warmup", type=int, default=12)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--keel-only", action="store_true")
@@ -102,11 +104,11 @@ def main():
     a = ap.parse_args()
     manifest = os.path.join(a.root, "configs/char_gpt.toml")
     cfg, tokens = bench_char_gpt.load(manifest)
-    k, phases = keel_side(os.path.abspath(a.keel), manifest, a.attention, a.linear, a.warmup,
-                          a.steps)
+    kernels = {"attention": a.attention, "linear": a.linear, "gelu": a.gelu}
+    k, phases = keel_side(os.path.abspath(a.keel), manifest, kernels, a.warmup, a.steps)
     p = {} if a.keel_only else python_side(cfg, tokens, a.warmup, a.steps)
     per = lambda us: us / 1000 / a.steps  # noqa: E731  (microseconds in S steps -> ms/step)
-    print(f"profile_char_gpt: attention {a.attention}, linear {a.linear}, "
+    print(f"profile_char_gpt: attention {a.attention}, linear {a.linear}, gelu {a.gelu}, "
           f"steps {a.warmup + 1}..{a.warmup + a.steps}")
     print("keel phases, ms/step: " + ", ".join(f"{n} {per(v):.1f}" for n, v in phases.items()))
     print(f"self time, ms/step: keel {per(sum(v[1] for v in k.values())):.1f}" +

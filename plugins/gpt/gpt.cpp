@@ -7,7 +7,10 @@
 //           masked softmax (LibTorch 1.13 has no scaled_dot_product_attention), dropout on the
 //           attention weights, output Linear(width, width), dropout; computed by CausalAttention
 //           below (attention = "fused", the default) or by nanoGPT's operators ("reference")
-//     mlp:  Linear(width, 4 width), GELU (erf form), Linear(4 width, width), dropout
+//     mlp:  Linear(width, 4 width), GELU (erf form), Linear(4 width, width), dropout; the
+//           GELU by FusedGelu (fused_gelu.hpp; gelu = "fused", the default) or LibTorch's gelu
+//           ("reference"); every Linear by split_linear (split_linear.hpp; linear = "split",
+//           the default) or LibTorch's linear ("reference")
 //   logits [B, T, vocab] = ln_f(x) @ wte^T   (weight tying: the output layer IS wte)
 // With bias = false (nanoGPT's option) the Linear layers and LayerNorms have no bias; the
 // output layer never has one.
@@ -59,6 +62,7 @@
 #include "keel/module_model.hpp"
 #include "keel/plugin.hpp"
 #include "keel/tensor.hpp"
+#include "fused_gelu.hpp"
 #include "split_linear.hpp"
 
 namespace {
@@ -73,6 +77,7 @@ struct Config {
   bool bias;
   bool fused_attention;
   bool split_linear;
+  bool fused_gelu;
 };
 
 // `v` as the shortest JSON number text that reads back the same double ("0", "0.1", "1e-05").
@@ -255,14 +260,16 @@ TORCH_MODULE(CausalSelfAttention);
 struct MlpImpl : nn::Module {
   explicit MlpImpl(const Config& c)
       : split(c.split_linear),
+        gelu_fused(c.fused_gelu),
         c_fc(register_module("c_fc", linear(c.width, 4 * c.width, c.bias))),
         c_proj(register_module("c_proj", linear(4 * c.width, c.width, c.bias))),
         dropout(register_module("dropout", nn::Dropout(c.dropout))) {}
   at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor h = at::gelu(run_linear(split, x, c_fc->weight, c_fc->bias));
+    const at::Tensor pre = run_linear(split, x, c_fc->weight, c_fc->bias);
+    const at::Tensor h = gelu_fused ? gpt::fused_gelu(pre) : at::gelu(pre);
     return dropout->forward(run_linear(split, h, c_proj->weight, c_proj->bias));
   }
-  bool split;
+  bool split, gelu_fused;
   nn::Linear c_fc, c_proj;
   nn::Dropout dropout;
 };
@@ -467,7 +474,7 @@ class GptModel : public keel::ModuleModel<Gpt> {
     Config c{ctx.get_int("vocab_size"), ctx.get_int("context"), ctx.get_int("layers"),
              ctx.get_int("heads"),      ctx.get_int("width"),   ctx.get_float("dropout"),
              ctx.get_bool("bias"),      ctx.get_string("attention") == "fused",
-             ctx.get_string("linear") == "split"};
+             ctx.get_string("linear") == "split", ctx.get_string("gelu") == "fused"};
     if (c.width % c.heads != 0)
       throw std::runtime_error("gpt: width (" + std::to_string(c.width) +
                                ") is not divisible by heads (" + std::to_string(c.heads) +
@@ -501,6 +508,12 @@ const keel_option_desc kOptions[] = {
                      "'reference' (LibTorch's linear, as PyTorch's F.linear); the same function "
                      "either way, within float32 rounding",
                      "split|reference"),
+    keel::opt_string("gelu", "\"fused\"",
+                     "how the MLP's GELU (erf form) runs: 'fused' (one pass computes it and its "
+                     "slope, the backward multiplies by the slope; for float32 on the CPU, "
+                     "otherwise as 'reference') or 'reference' (LibTorch's gelu); the same "
+                     "function either way, within float32 rounding and 1.5e-7 (its erf's error)",
+                     "fused|reference"),
 };
 const keel_component_desc kComponents[] = {
     keel::component<GptModel>("gpt",

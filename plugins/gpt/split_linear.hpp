@@ -9,7 +9,7 @@
 // Why: OpenBLAS 0.3.21 splits one product over its own two threads at 0.57 to 0.81 of the
 // machine's measured float32 matmul peak for the char-GPT's shapes (4096 rows, 113 to 512
 // columns) on the 2-core machine; two single-threaded calls on half the rows each, run at once,
-// reach 0.87 to 0.93 (bench/README.md, "Where the fused step's time goes"). Inside a parallel
+// reach 0.87 to 0.93 (docs/performance.md, "The language model"). Inside a parallel
 // region OpenBLAS's OpenMP build runs single-threaded, as in the fused attention.
 //
 // The same function as ATen's linear within float32 rounding: each row block's product and the

@@ -25,8 +25,9 @@
 // "graph" counts the autograd nodes behind the logits whose names contain "CausalAttention"
 // (the plugin's fused attention), "SoftmaxBackward" (LibTorch's softmax, the reference
 // attention), "AddmmBackward" (a Linear layer with a bias run as one addmm, as PyTorch's
-// F.linear runs it on a contiguous [B, T, in] input) or "SplitLinear" (a Linear layer or the
-// output layer run by the plugin's split_linear, with or without a bias), and N is LibTorch's intra-op thread count
+// F.linear runs it on a contiguous [B, T, in] input), "SplitLinear" (a Linear layer or the
+// output layer run by the plugin's split_linear, with or without a bias), "FusedGelu" (the
+// plugin's GELU) or "GeluBackward" (LibTorch's gelu), and N is LibTorch's intra-op thread count
 // the case ran with. Any failure prints its message on stderr and exits 1. `gpt_probe --batch`
 // runs many cases (tests/plugins/probe.hpp).
 #include "keel/testing.hpp"
@@ -196,7 +197,8 @@ std::string run(int argc, char** argv) {
   model.call(model->forward, keel::peek(tokens), &o);
   const at::Tensor logits = keel::adopt(o);
   const std::string graph =
-      count_nodes(logits, {"CausalAttention", "SoftmaxBackward", "AddmmBackward", "SplitLinear"});
+      count_nodes(logits, {"CausalAttention", "SoftmaxBackward", "AddmmBackward", "SplitLinear",
+                           "FusedGelu", "GeluBackward"});
   const at::Tensor loss =
       at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
   loss.backward();

@@ -7,17 +7,18 @@ Through gpt_probe (tests/plugins/gpt_probe.cpp: the plugin's model driven by kee
   absolute tolerance of 1e-5 (float32; ATOL): at initialisation (context 32, 3 layers, 4 heads,
   width 64), with the weights perturbed by noise of std 0.3, with bias = false on a sequence
   shorter than the context, and with dropout 0.3 in evaluation mode (in training mode dropout
-  changes the logits by more than 1e-3); with attention = "reference" and linear =
-  "reference" (LibTorch's operators) on the perturbed case, with the default fused attention on
-  3 threads (5 (batch, head) pairs split 2, 2, 1), on 1 thread and with a head width of 1, and
-  with the default split Linear layers on 3 threads without biases (98 rows in blocks of 32, 33
-  and 33; the full case runs 64 rows in two blocks of 32 on 2 threads, with biases). Each case
-  also checks which kernels ran, from the autograd graph behind the logits: one CausalAttention
-  node per layer for "fused", one softmax node per layer for "reference" and for dropout in
-  training mode (the fused attention does not drop attention weights); for linear = "split"
-  one SplitLinear node per Linear layer and one for the output layer, and no addmm; for
-  "reference" each block's four Linear layers with a bias as one addmm each (AddmmBackward
-  nodes), as PyTorch's F.linear runs them. The cases run on 2 LibTorch threads (gpt_probe
+  changes the logits by more than 1e-3); with attention, linear and gelu = "reference"
+  (LibTorch's operators) on the perturbed case, with the default fused attention on 3 threads
+  (5 (batch, head) pairs split 2, 2, 1), on 1 thread and with a head width of 1, and with the
+  default split Linear layers and fused GELU on 3 threads without biases (98 rows in blocks of
+  32, 33 and 33; the GELU's 18,816 values in two blocks; the full case runs 64 rows in two
+  blocks of 32 on 2 threads, with biases). Each case also checks which kernels ran, from the
+  autograd graph behind the logits: one CausalAttention node per layer for "fused", one softmax
+  node per layer for "reference" and for dropout in training mode (the fused attention does not
+  drop attention weights); for linear = "split" one SplitLinear node per Linear layer and one
+  for the output layer, and no addmm; for "reference" each block's four Linear layers with a
+  bias as one addmm each (AddmmBackward nodes), as PyTorch's F.linear runs them; one FusedGelu
+  node per layer for gelu = "fused", one GeluBackward node for "reference". The cases run on 2 LibTorch threads (gpt_probe
   --threads) unless said, all of them in one `gpt_probe --batch` process
   (tests/plugins/probe.hpp), which a thread drives beside the keel runs below;
 - parameter and state names are the reference's state_dict keys, in its order; lm_head.weight
@@ -189,14 +190,16 @@ def probe(tmp, tag, seed, mode, tokens, targets, perturb=0.0, threads=2, **optio
 
 def compare(tmp, tag, seed, mode, batch, time, vocab, context, layers, heads, width, bias=True,
             dropout=0.0, perturb=0.0, attention=None, fused=True, linear=None, split=True,
-            threads=2):
+            gelu=None, threads=2):
     """The plugin's logits, loss and every gradient against the reference on the same weights
-    (the plugin's initial ones, plus noise of std `perturb`); the model options `attention` and
-    `linear` when given. `fused`: whether the plugin's fused attention must have run (one
-    CausalAttention autograd node per layer and no softmax node) or its reference attention (one
-    softmax node per layer). `split`: whether its split Linear layers must have run (one
-    SplitLinear node per Linear layer and one for the output layer) or LibTorch's linear."""
-    extra = {k: v for k, v in (("attention", attention), ("linear", linear)) if v is not None}
+    (the plugin's initial ones, plus noise of std `perturb`); the model options `attention`,
+    `linear` and `gelu` when given. `fused`: whether the plugin's fused attention must have run
+    (one CausalAttention autograd node per layer and no softmax node) or its reference attention
+    (one softmax node per layer). `split`: whether its split Linear layers must have run (one
+    SplitLinear node per Linear layer and one for the output layer) or LibTorch's linear. Its
+    GELU is the fused one (one FusedGelu node per layer) unless gelu = "reference"."""
+    extra = {k: v for k, v in (("attention", attention), ("linear", linear), ("gelu", gelu))
+             if v is not None}
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(vocab, (batch, time), generator=g)
     targets = torch.randint(vocab, (batch, time), generator=g)
@@ -211,7 +214,9 @@ def compare(tmp, tag, seed, mode, batch, time, vocab, context, layers, heads, wi
     # separate bias add).
     want = {"CausalAttention": layers if fused else 0, "SoftmaxBackward": 0 if fused else layers,
             "AddmmBackward": 4 * layers if bias and not split else 0,
-            "SplitLinear": 4 * layers + 1 if split else 0}
+            "SplitLinear": 4 * layers + 1 if split else 0,
+            "FusedGelu": 0 if gelu == "reference" else layers,
+            "GeluBackward": layers if gelu == "reference" else 0}
     check(info["graph"] == want and info["threads"] == threads,
           f"{tag}: autograd nodes {info['graph']} on {info['threads']} threads, expected {want} "
           f"on {threads}")
@@ -290,15 +295,17 @@ def probe_checks(tmp):
             heads=4, width=32, perturb=0.3)
     compare(tmp, "no_bias", 7, "train", batch=3, time=5, vocab=13, context=8, layers=2, heads=2,
             width=16, bias=False, perturb=0.3)
-    # The reference attention and Linear layers (LibTorch's operators, as the reference model) on
-    # the perturbed case; the fused attention on 3 threads with 1 x 5 (batch, head) pairs (split
-    # 2, 2, 1), on 1 thread, and with head width 1; the split Linear layers without biases on 3
-    # threads, 7 x 14 = 98 rows in three blocks (rows 0-31, 32-64, 65-97).
+    # The reference attention, Linear layers and GELU (LibTorch's operators, as the reference
+    # model) on the perturbed case; the fused attention on 3 threads with 1 x 5 (batch, head)
+    # pairs (split 2, 2, 1), on 1 thread, and with head width 1; the split Linear layers without
+    # biases on 3 threads, 7 x 14 = 98 rows in three blocks (rows 0-31, 32-64, 65-97), where the
+    # fused GELU's 98 x 192 = 18,816 values make two blocks (at least 16,384 values each but
+    # the last).
     compare(tmp, "perturbed_reference", 9, "train", batch=3, time=16, vocab=29, context=16,
             layers=2, heads=4, width=32, perturb=0.3, attention="reference", fused=False,
-            linear="reference", split=False)
+            linear="reference", split=False, gelu="reference")
     compare(tmp, "split_three_threads", 3, "train", batch=7, time=14, vocab=19, context=14,
-            layers=2, heads=2, width=24, bias=False, perturb=0.3, threads=3)
+            layers=2, heads=2, width=48, bias=False, perturb=0.3, threads=3)
     compare(tmp, "three_threads", 4, "train", batch=1, time=11, vocab=17, context=12, layers=2,
             heads=5, width=40, perturb=0.3, threads=3)
     compare(tmp, "one_thread", 4, "train", batch=2, time=11, vocab=17, context=12, layers=2,
@@ -318,7 +325,8 @@ def probe_checks(tmp):
     # Dropping attention weights is the reference attention's: training mode with dropout takes
     # it (evaluation mode, above, takes the fused one).
     check(info is not None and info["graph"] == {"CausalAttention": 0, "SoftmaxBackward": 2,
-                                                 "AddmmBackward": 0, "SplitLinear": 9},
+                                                 "AddmmBackward": 0, "SplitLinear": 9,
+                                                 "FusedGelu": 2, "GeluBackward": 0},
           f"dropout in training mode runs the reference attention: {info and info['graph']}")
     # Errors: one message naming the expected and the actual shapes, or width and heads.
     _, err = probe(tmp, "bad_heads", 0, "eval", tokens, tokens, vocab_size=13, context=8,
