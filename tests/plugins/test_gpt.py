@@ -11,8 +11,8 @@ Through gpt_probe (tests/plugins/gpt_probe.cpp: the plugin's model driven by kee
   (LibTorch's operators) on the perturbed case, with the default fused attention on 3 threads
   (5 (batch, head) pairs split 2, 2, 1), on 1 thread and with a head width of 1, and with the
   default split Linear layers and fused GELU on 3 threads without biases (98 rows in blocks of
-  32, 33 and 33; the GELU's 18,816 values in two blocks; the full case runs 64 rows in two
-  blocks of 32 on 2 threads, with biases). Each case also checks which kernels ran, from the
+  32, 33 and 33; the GELU's 18,816 values in two blocks of 9,408; the full case runs 64 rows in
+  two blocks of 32 on 2 threads, with biases). Each case also checks which kernels ran, from the
   autograd graph behind the logits: one CausalAttention node per layer for "fused", one softmax
   node per layer for "reference" and for dropout in training mode (the fused attention does not
   drop attention weights); for linear = "split" one SplitLinear node per Linear layer and one
@@ -299,8 +299,8 @@ def probe_checks(tmp):
     # model) on the perturbed case; the fused attention on 3 threads with 1 x 5 (batch, head)
     # pairs (split 2, 2, 1), on 1 thread, and with head width 1; the split Linear layers without
     # biases on 3 threads, 7 x 14 = 98 rows in three blocks (rows 0-31, 32-64, 65-97), where the
-    # fused GELU's 98 x 192 = 18,816 values make two blocks (at least 16,384 values each but
-    # the last).
+    # fused GELU's 98 x 192 = 18,816 values make two blocks of 9,408 (its grain is 16,384
+    # values: at::parallel_for uses min(threads, ceil(18,816 / 16,384)) = 2 threads).
     compare(tmp, "perturbed_reference", 9, "train", batch=3, time=16, vocab=29, context=16,
             layers=2, heads=4, width=32, perturb=0.3, attention="reference", fused=False,
             linear="reference", split=False, gelu="reference")
