@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "distributed/impl.hpp"
@@ -30,7 +31,10 @@ GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
   const size_t cap = static_cast<size_t>(group.options().bucket_bytes);
   // As DistributedDataParallel._ddp_init_helper (torch 1.13): buckets by size in parameter
   // order, the first one small, then reversed to follow the order backward produces gradients.
-  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+  // (std::tie, not a structured binding: C++17 does not let the lambda below capture one.)
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<size_t> limits;
+  std::tie(buckets, limits) = c10d::compute_bucket_assignment_by_size(
       params, {kFirstBucketBytes, cap}, std::vector<bool>(params.size(), false));
   std::reverse(buckets.begin(), buckets.end());
   std::reverse(limits.begin(), limits.end());

@@ -199,7 +199,7 @@ void load_optimizer(Run& run, const ChunkReader& reader, const std::string& dir)
     int64_t begin = 0;
     if (!g.like.empty()) {
       const auto p = std::find_if(layout.begin(), layout.end(),
-                                  [&](const ParamRows& r) { return r.name == g.like; });
+                                  [&like = g.like](const ParamRows& r) { return r.name == like; });
       if (p == layout.end())
         throw Error(dir + ": optimizer state '" + name + "' follows parameter '" + g.like +
                     "', which " + run.components.model.label() + " does not have; hint: "

@@ -39,6 +39,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -391,7 +392,9 @@ class TokenCrossEntropy : public TokenLossBase {
   explicit TokenCrossEntropy(const keel::Context& ctx)
       : TokenLossBase(ctx, "token_cross_entropy") {}
   at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
-    const auto [logits, ids] = rows(output, target);
+    // (Not a structured binding: C++17 does not let the lambda below capture one.)
+    at::Tensor logits, ids;
+    std::tie(logits, ids) = rows(output, target);
     *count = count_targets(ids, ignore_index_);
     return with_target_hint(name_, ignore_index_, [&] {
       return index_cross_entropy(logits, ids, *count,
@@ -405,7 +408,9 @@ class ChunkedCrossEntropy : public TokenLossBase {
   explicit ChunkedCrossEntropy(const keel::Context& ctx)
       : TokenLossBase(ctx, "chunked_cross_entropy"), chunk_(ctx.get_int("chunk_tokens")) {}
   at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
-    const auto [logits, ids] = rows(output, target);
+    // (Not a structured binding: C++17 does not let the lambda below capture one.)
+    at::Tensor logits, ids;
+    std::tie(logits, ids) = rows(output, target);
     *count = count_targets(ids, ignore_index_);
     const bool need_grad = at::GradMode::is_enabled() && logits.requires_grad();
     return with_target_hint(name_, ignore_index_, [&] {

@@ -302,7 +302,11 @@ TEST_CASE("criteo: kill and resume continue at exactly the next record") {
   };
   const Config configs[] = {{false, 1, 1}, {false, 2, 1}, {true, 1, 1}, {true, 2, 1},
                             {false, 2, 2}, {true, 1, 2}};
-  for (const auto [compressed, threads, world] : configs) {
+  for (const Config& config : configs) {
+    // (Not structured bindings: clang rejects one captured by a lambda, CAPTURE's included,
+    // before C++20.)
+    const bool compressed = config.compressed;
+    const int threads = config.threads, world = config.world;
         TempDir t;
         write_windows(t.path, sizes, compressed);
         const Options o = {{"path", t.path.string()},
@@ -342,7 +346,11 @@ TEST_CASE("criteo: kill and resume continue at exactly the next record") {
           for (const int64_t at : {ends[0], ends[1]})
             for (const Stop s : {Stop::kAfterBatch, Stop::kAfterEnd, Stop::kAfterStart})
               kills.emplace_back(at, s);
-          for (const auto& [kill, stop] : kills) {
+          for (const auto& case_ : kills) {
+            // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+            // included, before C++20.)
+            const auto& kill = case_.first;
+            const auto& stop = case_.second;
             CAPTURE(kill);
             CAPTURE(static_cast<int>(stop));
             const std::vector<Row> got = killed_and_resumed(o, rank, world, kill, stop);

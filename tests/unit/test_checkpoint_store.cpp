@@ -168,11 +168,15 @@ TEST_CASE("a resumed checkpoint's file that cannot be read: the error line has a
   fs::remove(dir / "trainer_state.toml");
   fs::remove(dir / "manifest.resolved.toml");
   fs::create_directory(dir / "manifest.resolved.toml");  // opens, but read() fails (EISDIR)
-  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& case_ : std::vector<std::pair<std::string, std::string>>{
            {"trainer_state.toml", "opening " + (dir / "trainer_state.toml").string() +
                                       " failed: No such file or directory"},
            {"manifest.resolved.toml", "reading " + (dir / "manifest.resolved.toml").string() +
                                           " failed: Is a directory"}}) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& name = case_.first;
+    const auto& what = case_.second;
     CAPTURE(name);
     CHECK(keel_test::error_of([&] { keel::read_resume_file(dir.string(), name); }) ==
           what + "; hint: the checkpoint is incomplete or damaged, resume from another one "

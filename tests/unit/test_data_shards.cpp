@@ -323,7 +323,11 @@ TEST_CASE("remainder on 10 samples and 4 ranks: pad repeats the order's first, d
       {"pad", {padded, {3, 3, 3, 3}}},
       {"drop", {Indices(order.begin(), order.begin() + 8), {2, 2, 2, 2}}},
       {"uneven", {order, {3, 3, 2, 2}}}};
-  for (const auto& [mode, expected] : modes) {
+  for (const auto& case_ : modes) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& mode = case_.first;
+    const auto& expected = case_.second;
     for (int r = 0; r < 4; ++r) {
       CAPTURE(mode);
       CAPTURE(r);

@@ -166,8 +166,12 @@ TEST_CASE("a run stopped at an end-of-epoch evaluation records its last steps") 
 // The plugin logs under its section (the SDK's default origin); the kernel names the hook as the
 // user does: its label, else its type, not its position "hooks[0]".
 TEST_CASE("the stop's log line names the hook by its label, else its type") {
-  for (const auto& [label, shown] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& case_ : std::vector<std::pair<std::string, std::string>>{
            {"label = \"stopper\"\n", "[stopper]"}, {"", "[early_stopping]"}}) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& label = case_.first;
+    const auto& shown = case_.second;
     CAPTURE(shown);
     TempDir d;
     train(manifest(d, label + "patience = 0"), {"train.epochs=30", "optimizer.lr=0"});

@@ -497,7 +497,11 @@ TEST_CASE("a plugin's own libraries: RUNPATH entries that could name another use
       {"dep_missing.so", "RUNPATH directory /tmp/keel-fixture-missing-runpath does not exist "
                          "(another user could create it later)"},
   };
-  for (const auto& [file, why] : cases) {
+  for (const auto& case_ : cases) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& file = case_.first;
+    const auto& why = case_.second;
     CAPTURE(file);
     const std::string path = dir.copy(file);
     for (const bool allow : {false, true}) {  // KEEL_ALLOW_WRITABLE_PLUGINS changes nothing
@@ -602,7 +606,11 @@ TEST_CASE("a malformed dependency in a lock is an error at its file:line:col") {
            std::string(64, '0') + "\"\nsize = 3\n",
        ":10:1: unknown key 'size' in [[plugin.dependencies]]"},
   };
-  for (const auto& [text, want] : cases) {
+  for (const auto& case_ : cases) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& text = case_.first;
+    const auto& want = case_.second;
     CAPTURE(text);
     write_bytes(manifest + ".lock", head + text);
     const std::string err = keel_test::error_of([&] { keel::read_lock(manifest); });

@@ -227,7 +227,11 @@ TEST_CASE("every --set error names the argument and the key, with a hint") {
       {"optimizer.groups[0].params=x", "'optimizer.groups' is not in the manifest"},
       {"extends=base.toml", "`extends` cannot be set with --set"},
   };
-  for (const auto& [arg, what] : cases) {
+  for (const auto& case_ : cases) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& arg = case_.first;
+    const auto& what = case_.second;
     CAPTURE(arg);
     const std::string err = error_of([&] { keel::load_manifest(p.string(), {arg}); });
     CHECK(err.rfind("--set " + arg + ": ", 0) == 0);
@@ -285,7 +289,11 @@ TEST_CASE("only regular files are read: directory, FIFO, device, missing") {
       {(d.path / "m.toml" / "x.toml").string(), "manifest not found"},
   };
   d.write("m.toml", "");
-  for (const auto& [path, what] : cases) {
+  for (const auto& case_ : cases) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& path = case_.first;
+    const auto& what = case_.second;
     CAPTURE(path);
     // As the manifest: the message starts with the path.
     const std::string err = error_of([&] { keel::load_manifest(path, {}); });
@@ -408,7 +416,11 @@ TEST_CASE("resume: which changed keys keep the continuation exact") {
       {"data.train.batch_size", false}, {"loss.type", false}, {"lr_scheduler.warmup_steps", false},
       {"grad_clipper.max_norm", false}, {"extends", false}, {"trainer.x", false},
   };
-  for (const auto& [key, safe] : cases) {
+  for (const auto& case_ : cases) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& key = case_.first;
+    const auto& safe = case_.second;
     CAPTURE(key);
     CHECK((keel::on_resume(key) == keel::OnResume::kSafe) == safe);
   }

@@ -193,8 +193,12 @@ TEST_CASE("transformer: MFU from 6N + 12*L*width*T FLOPs per token, N from the p
   // The mlp 784 -> 32 -> 10 stands in for a transformer: the calculator counts its parameters
   // (N) and takes L, width and T from its options.
   const double weights = 784 * 32 + 32 * 10, biases = 32 + 10;
-  for (const auto& [exclude, n] : {std::pair<std::string, double>{"^$", weights + biases},
-                                   std::pair<std::string, double>{"bias", weights}}) {
+  for (const auto& case_ : {std::pair<std::string, double>{"^$", weights + biases},
+                            std::pair<std::string, double>{"bias", weights}}) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& exclude = case_.first;
+    const auto& n = case_.second;
     CAPTURE(exclude);
     TempDir d;
     train(d.write("m.toml", keel_test::small_run(d.path / "run") +

@@ -145,7 +145,11 @@ TEST_CASE("jsonl and csv: rank 0 writes its usual file; rank r > 0 only with eve
   const std::map<std::string, std::pair<std::string, std::string>> sinks = {
       {"jsonl", {"metrics.jsonl", "metrics.rank2.jsonl"}},
       {"csv", {"metrics_train.csv", "metrics_train.rank2.csv"}}};
-  for (const auto& [type, names] : sinks) {
+  for (const auto& case_ : sinks) {
+    // (Not a structured binding: clang rejects one captured by a lambda, CAPTURE's
+    // included, before C++20.)
+    const auto& type = case_.first;
+    const auto& names = case_.second;
     CAPTURE(type);
     TempDir rank0, quiet, every;
     record_on_rank(rank0.path, type, "every_rank = true", 0, 3);
