@@ -1,8 +1,8 @@
 #include "fused_gelu.hpp"
 
 #include "gelu_kernel.hpp"
+#include "parallel.hpp"
 
-#include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mul.h>
@@ -21,7 +21,7 @@ struct FusedGelu : torch::autograd::Function<FusedGelu> {
     const float* xs = x.data_ptr<float>();
     float* ys = y.data_ptr<float>();
     float* ss = slope.data_ptr<float>();
-    at::parallel_for(0, x.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    gpt::parallel_for(0, x.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
       gelu_and_slope(xs + begin, ys + begin, ss + begin, end - begin);
     });
     ctx->save_for_backward({slope});

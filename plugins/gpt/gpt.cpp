@@ -45,7 +45,6 @@
 // multiply-add (2 FLOPs) per token forward and two backward; 12*L*H*Q*T: attention's two
 // matmuls (q k^T and att v) per layer, 2 * 2 * T * width FLOPs per token forward, times 3 for
 // the training step. Counted for full context-length windows (T = context). See docs/mfu.md.
-#include <ATen/Parallel.h>
 #include <ATen/ops/linear.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -63,6 +62,7 @@
 #include "keel/plugin.hpp"
 #include "keel/tensor.hpp"
 #include "fused_gelu.hpp"
+#include "parallel.hpp"
 #include "split_linear.hpp"
 
 namespace {
@@ -139,9 +139,8 @@ TORCH_MODULE(Norm);
 // - the scale and the mask ride on the score matmul (addmm's alpha and its added matrix);
 // - Q, K and V are read where they lie in qkv, and dQ, dK, dV written there (no copies to and
 //   from [B, H, T, D]);
-// - the B*H pairs are split over LibTorch's intra-op threads (at::parallel_for; this file is
-//   compiled with OpenMP for that, see meson.build), and one pair's matmuls run on the thread
-//   that has the pair.
+// - the B*H pairs are split over LibTorch's intra-op threads (gpt::parallel_for, parallel.hpp),
+//   and one pair's matmuls run on the thread that has the pair.
 // Softmax and its backward are ATen's kernels (the reference's), on one pair's [T, T] block at a
 // time. P, [B, H, T, T], is saved for the backward, as the reference's autograd saves
 // softmax's output. bench/bench_char_gpt.py measures a training run with each (bench/README.md).
@@ -164,7 +163,7 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
     at::Tensor y = at::empty({b_n, t, c}, qkv.options());
     const at::Tensor mask = at::full({t, t}, -std::numeric_limits<double>::infinity(),
                                      qkv.options()).triu_(1);
-    at::parallel_for(0, b_n * heads, 1, [&](int64_t begin, int64_t end) {
+    gpt::parallel_for(0, b_n * heads, 1, [&](int64_t begin, int64_t end) {
       // Grad mode is thread-local: the pool's threads have it on. Below autograd, as ATen's
       // own kernels run (and without its per-call dispatch).
       at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -194,7 +193,7 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
     const int64_t b_n = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     at::Tensor dqkv = at::empty_like(qkv);
-    at::parallel_for(0, b_n * heads, 1, [&](int64_t begin, int64_t end) {
+    gpt::parallel_for(0, b_n * heads, 1, [&](int64_t begin, int64_t end) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       at::Tensor dp = at::empty({t, t}, qkv.options());
       at::Tensor ds = at::empty({t, t}, qkv.options());

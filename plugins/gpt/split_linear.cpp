@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "parallel.hpp"
+
 namespace gpt {
 namespace {
 
@@ -31,7 +33,7 @@ int64_t block_count(int64_t rows) {
 // products would refuse inputs that require grad.
 template <typename F>
 void for_each_block(int64_t rows, int64_t n, const F& f) {
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  gpt::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     for (int64_t i = begin; i < end; ++i) f(i, i * rows / n, (i + 1) * rows / n);
   });
