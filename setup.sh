@@ -7,8 +7,9 @@
 #                         keel and the first-party plugins
 #   ./setup.sh --tests    also what `meson test -C build` needs (python3-torch, chromium,
 #                         abigail-tools, fortunes), + build everything
-#   ./setup.sh --ci       also what .ci/run needs beyond that: clang-14 and its sanitizer/libFuzzer
-#                         runtime for the fuzzers (implies --tests), + build
+#   ./setup.sh --ci       also what .ci/run needs beyond that: clang-14, its sanitizer/libFuzzer
+#                         runtime and llvm-14's symbolizer for the sanitizer build and the
+#                         fuzzers (implies --tests), + build
 #   BUILD_DIR=out ./setup.sh [...]
 # doctest-dev stays in the base set: the build compiles the doctest test executables by default,
 # and without the package meson would download doctest (subprojects/doctest.wrap).
@@ -59,7 +60,8 @@ TEST_PACKAGES=(
 )
 # --ci: .ci/run's fuzzers.
 CI_PACKAGES=(
-  clang-14 libclang-rt-14-dev         # the libFuzzer targets (tests/fuzz)
+  clang-14 libclang-rt-14-dev         # the sanitizer build and the libFuzzer targets (tests/fuzz)
+  llvm-14                             # llvm-symbolizer: function names in sanitizer reports
 )
 ((tests)) && PACKAGES+=("${TEST_PACKAGES[@]}")
 ((ci)) && PACKAGES+=("${CI_PACKAGES[@]}")
