@@ -58,7 +58,7 @@ TEST_PACKAGES=(
   abigail-tools                       # abi_diff: abidiff of the ABI against tests/abi/
   fortunes                            # test_gpt.py; text for configs/char_gpt.toml
 )
-# --ci: .ci/run's fuzzers.
+# --ci: .ci/run's sanitizer build and fuzzers.
 CI_PACKAGES=(
   clang-14 libclang-rt-14-dev         # the sanitizer build and the libFuzzer targets (tests/fuzz)
   llvm-14                             # llvm-symbolizer: function names in sanitizer reports
