@@ -9,12 +9,12 @@
 // on GCC's OpenMP runtime, libgomp; GCC compiles the pragma to libgomp's GOMP_parallel. clang
 // compiles it to LLVM's libomp, a second OpenMP runtime in the process: its threads are not
 // LibTorch's, their number is libomp's own (OMP_NUM_THREADS or the cores, not what
-// at::set_num_threads gave libgomp: a two-file test program), and in the sanitizer build
-// (clang 14) LeakSanitizer's tracer crashed at the exit of each of tests/plugins/test_gpt.py's
-// processes (gpt_probe and four keel trainings). Under clang (plugins/gpt/meson.build defines GPT_GOMP_PARALLEL) this header therefore
-// calls GOMP_parallel as GCC's code does, with the body of at::internal::invoke_parallel
-// (ATen/ParallelOpenMP.h, LibTorch 1.13). That assumes LibTorch's runtime is libgomp, as
-// Debian's is.
+// at::set_num_threads gave libgomp: a two-file test program), and in the sanitizer build (clang
+// 14) LeakSanitizer's tracer crashed at the exit of each of tests/plugins/test_gpt.py's processes
+// (gpt_probe and four keel trainings). Under clang (plugins/gpt/meson.build defines
+// GPT_GOMP_PARALLEL) this header therefore calls GOMP_parallel as GCC's code does, with the body
+// of at::internal::invoke_parallel (ATen/ParallelOpenMP.h, LibTorch 1.13). That assumes LibTorch's
+// runtime is libgomp, as Debian's is.
 #pragma once
 
 #include <ATen/Parallel.h>
