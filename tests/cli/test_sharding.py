@@ -62,9 +62,9 @@ from launching import TORCHRUN, free_port, write_tokens
 from safetensors_np import read_arrays, read_checkpoint, read_raw
 
 KEEL, FIXTURES = sys.argv[1], sys.argv[2]
-# Under the sanitizer build, the 2-rank runs with shard = "optimizer" ended with LeakSanitizer's
-# own tracer crashing at exit ("Tracer caught signal 11 ... LeakSanitizer has encountered a
-# fatal error"), every time at 9700915, after training correctly; at 6779e86 the tests
+# Under the sanitizer build (GCC's then), the 2-rank runs with shard = "optimizer" ended with
+# LeakSanitizer's own tracer crashing at exit ("Tracer caught signal 11 ... LeakSanitizer has
+# encountered a fatal error"), every time at 9700915, after training correctly; at 6779e86 the tests
 # `sharding` and `sharding_parameters` passed four times in a row with leak checking on. The
 # cause was not found, so leak checking stays off for the keel processes of this file until it
 # is; AddressSanitizer and UBSan stay on.
