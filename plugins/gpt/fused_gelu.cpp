@@ -8,6 +8,9 @@
 #include <ATen/ops/mul.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <cstdint>
+
 namespace gpt {
 namespace {
 
@@ -21,8 +24,12 @@ struct FusedGelu : torch::autograd::Function<FusedGelu> {
     const float* xs = x.data_ptr<float>();
     float* ys = y.data_ptr<float>();
     float* ss = slope.data_ptr<float>();
-    gpt::parallel_for(0, x.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-      gelu_and_slope(xs + begin, ys + begin, ss + begin, end - begin);
+    const int64_t n = x.numel(), chunk = 1 << 14;
+    gpt::parallel_blocks((n + chunk - 1) / chunk, [&](const gpt::Blocks& chunks) {
+      for (int64_t i = 0; chunks.next(i);) {
+        const int64_t begin = i * chunk;
+        gelu_and_slope(xs + begin, ys + begin, ss + begin, std::min(chunk, n - begin));
+      }
     });
     ctx->save_for_backward({slope});
     return y;

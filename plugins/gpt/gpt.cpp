@@ -139,8 +139,9 @@ TORCH_MODULE(Norm);
 // - the scale and the mask ride on the score matmul (addmm's alpha and its added matrix);
 // - Q, K and V are read where they lie in qkv, and dQ, dK, dV written there (no copies to and
 //   from [B, H, T, D]);
-// - the B*H pairs are split over LibTorch's intra-op threads (gpt::parallel_for, parallel.hpp),
-//   and one pair's matmuls run on the thread that has the pair.
+// - the B*H pairs go to LibTorch's intra-op threads as they ask for them (gpt::parallel_blocks,
+//   parallel.hpp), and one pair's matmuls run on the thread that takes the pair; a pair's
+//   results do not depend on the thread, so they are the same on any number of threads.
 // Softmax and its backward are ATen's kernels (the reference's), on one pair's [T, T] block at a
 // time. P, [B, H, T, T], is saved for the backward, as the reference's autograd saves
 // softmax's output. bench/bench_char_gpt.py measures a training run with each (bench/README.md).
@@ -163,12 +164,12 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
     at::Tensor y = at::empty({b_n, t, c}, qkv.options());
     const at::Tensor mask = at::full({t, t}, -std::numeric_limits<double>::infinity(),
                                      qkv.options()).triu_(1);
-    gpt::parallel_for(0, b_n * heads, 1, [&](int64_t begin, int64_t end) {
+    gpt::parallel_blocks(b_n * heads, [&](const gpt::Blocks& pairs) {
       // Grad mode is thread-local: the pool's threads have it on. Below autograd, as ATen's
       // own kernels run (and without its per-call dispatch).
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       at::Tensor scores = at::empty({t, t}, qkv.options());
-      for (int64_t i = begin; i < end; ++i) {
+      for (int64_t i = 0; pairs.next(i);) {
         const int64_t b = i / heads, col = (i % heads) * d;
         at::Tensor p = probs.select(0, b).select(0, i % heads);
         at::addmm_out(scores, mask, block(qkv, b, col, d), block(qkv, b, c + col, d).t(), 1.0,
@@ -193,11 +194,11 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
     const int64_t b_n = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     at::Tensor dqkv = at::empty_like(qkv);
-    gpt::parallel_for(0, b_n * heads, 1, [&](int64_t begin, int64_t end) {
+    gpt::parallel_blocks(b_n * heads, [&](const gpt::Blocks& pairs) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       at::Tensor dp = at::empty({t, t}, qkv.options());
       at::Tensor ds = at::empty({t, t}, qkv.options());
-      for (int64_t i = begin; i < end; ++i) {
+      for (int64_t i = 0; pairs.next(i);) {
         const int64_t b = i / heads, col = (i % heads) * d;
         const at::Tensor p = probs.select(0, b).select(0, i % heads);
         const at::Tensor dy_block = block(dy, b, col, d);
@@ -502,8 +503,9 @@ const keel_option_desc kOptions[] = {
                      "fused|reference"),
     keel::opt_string("linear", "\"split\"",
                      "how the Linear layers and the output layer run: 'split' (each product "
-                     "split by rows over the intra-op threads, one single-threaded BLAS call "
-                     "per thread, for float32 on the CPU; otherwise as 'reference') or "
+                     "split into blocks of rows that the intra-op threads take as they ask, "
+                     "one single-threaded BLAS call per block, for float32 on the CPU; "
+                     "otherwise as 'reference') or "
                      "'reference' (LibTorch's linear, as PyTorch's F.linear); the same function "
                      "either way, within float32 rounding",
                      "split|reference"),

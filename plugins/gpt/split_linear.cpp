@@ -19,27 +19,33 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-constexpr int64_t kMinRows = 32;  // a block has at least this many rows
+constexpr int64_t kMinRows = 32;          // a block has at least this many rows
+constexpr int64_t kBlockRows = 512;       // and, from 8 blocks on, at most about this many
+constexpr int64_t kBlocksAtLeast = 8;     // the blocks' number, where rows allow
 
-// How many row blocks `rows` rows make: one per intra-op thread, at least kMinRows rows each.
+// How many row blocks `rows` rows make: kBlocksAtLeast of at least kMinRows rows each (fewer
+// when rows are fewer than 8 * 32), one per kBlockRows rows beyond 8 * kBlockRows. It depends
+// on `rows` alone, not on the thread count: the blocks, and so every result, are the same
+// however many threads run them. On the 2-core machine a single-threaded product of the
+// char-GPT's shapes ran as fast on 512 rows as on 2048, within the noise (docs/performance.md).
 int64_t block_count(int64_t rows) {
-  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows / kMinRows));
+  const int64_t wanted = std::max(kBlocksAtLeast, (rows + kBlockRows - 1) / kBlockRows);
+  return std::max<int64_t>(1, std::min(wanted, rows / kMinRows));
 }
 
 // f(block, first row, end row) for each of `n` blocks of `rows` rows (block i: rows
-// i*rows/n .. (i+1)*rows/n - 1), the blocks split over LibTorch's intra-op threads (one each
-// when n is their number; n == 1 runs on the calling thread, where BLAS uses its own threads).
-// Below autograd, as ATen's kernels run: the pool's threads have grad mode on, and the out=
-// products would refuse inputs that require grad.
+// i*rows/n .. (i+1)*rows/n - 1), the blocks shared out over LibTorch's intra-op threads as they
+// ask for them (gpt::parallel_blocks; n == 1 runs on the calling thread, where BLAS uses its own
+// threads). Below autograd, as ATen's kernels run: the pool's threads have grad mode on, and
+// the out= products would refuse inputs that require grad.
 template <typename F>
 void for_each_block(int64_t rows, int64_t n, const F& f) {
-  gpt::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  gpt::parallel_blocks(n, [&](const gpt::Blocks& blocks) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (int64_t i = begin; i < end; ++i) f(i, i * rows / n, (i + 1) * rows / n);
+    for (int64_t i = 0; blocks.next(i);) f(i, i * rows / n, (i + 1) * rows / n);
   });
 }
 
-// The forward and backward of both autograd functions below (bias: whether there is one).
 at::Tensor forward_rows(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight,
                         const at::Tensor& bias) {
   const at::Tensor x = x_in.contiguous();
@@ -69,10 +75,10 @@ tensor_list backward_rows(AutogradContext* ctx, const tensor_list& grads, bool b
   const at::Tensor dy = grads[0].contiguous().view({rows, out});
   const bool want_dx = ctx->needs_input_grad(0), want_dw = ctx->needs_input_grad(1);
   const int64_t n = block_count(rows);
-  at::Tensor dx, dw, partial;  // partial: blocks 1..n-1's shares of dW (block 0 writes dw)
+  at::Tensor dx, dw, partial;  // partial: each block's share of dW (with one block: dw itself)
   if (want_dx) dx = at::empty({rows, in}, x.options());
   if (want_dw) dw = at::empty({out, in}, weight.options());
-  if (want_dw && n > 1) partial = at::empty({n - 1, out, in}, weight.options());
+  if (want_dw && n > 1) partial = at::empty({n, out, in}, weight.options());
   for_each_block(rows, n, [&](int64_t i, int64_t r0, int64_t r1) {
     const at::Tensor dy_rows = dy.slice(0, r0, r1);
     if (want_dx) {
@@ -80,11 +86,11 @@ tensor_list backward_rows(AutogradContext* ctx, const tensor_list& grads, bool b
       at::mm_out(dx_rows, dy_rows, weight);
     }
     if (want_dw) {
-      at::Tensor share = i == 0 ? dw : partial.select(0, i - 1);
+      at::Tensor share = n == 1 ? dw : partial.select(0, i);
       at::mm_out(share, dy_rows.t(), x2.slice(0, r0, r1));
     }
   });
-  if (partial.defined()) dw.add_(partial.sum(0));
+  if (partial.defined()) at::sum_out(dw, partial, 0);  // in block order, whoever computed them
   const bool want_db = bias && ctx->needs_input_grad(2);
   return {want_dx ? dx.view(x.sizes()) : at::Tensor(), dw, want_db ? dy.sum(0) : at::Tensor()};
 }

@@ -9,10 +9,13 @@ Through gpt_probe (tests/plugins/gpt_probe.cpp: the plugin's model driven by kee
   shorter than the context, and with dropout 0.3 in evaluation mode (in training mode dropout
   changes the logits by more than 1e-3); with attention, linear and gelu = "reference"
   (LibTorch's operators) on the perturbed case, with the default fused attention on 3 threads
-  (5 (batch, head) pairs split 2, 2, 1), on 1 thread and with a head width of 1, and with the
-  default split Linear layers and fused GELU on 3 threads without biases (98 rows in blocks of
-  32, 33 and 33; the GELU's 18,816 values in two blocks of 9,408; the full case runs 64 rows in
-  two blocks of 32 on 2 threads, with biases). Each case also checks which kernels ran, from the
+  (5 (batch, head) pairs), on 1 thread and with a head width of 1, and with the default split
+  Linear layers and fused GELU on 3 threads without biases (98 rows in blocks of 32, 33 and 33;
+  the GELU's 18,816 values in chunks of 16,384 and 2,432; the full case runs 64 rows in two
+  blocks of 32 on 2 threads, with biases); one case (320 rows in 8 blocks, 16 pairs, 3 GELU
+  chunks) on 1, 2 and 3 threads, whose logits and gradients must also be equal across the
+  three (torch.equal), the LayerNorm parameters' gradients excepted (ATen's layer_norm
+  backward adds those up in one part per thread). Each case also checks which kernels ran, from the
   autograd graph behind the logits: one CausalAttention node per layer for "fused", one softmax
   node per layer for "reference" and for dropout in training mode (the fused attention does not
   drop attention weights); for linear = "split" one SplitLinear node per Linear layer and one
@@ -297,10 +300,9 @@ def probe_checks(tmp):
             width=16, bias=False, perturb=0.3)
     # The reference attention, Linear layers and GELU (LibTorch's operators, as the reference
     # model) on the perturbed case; the fused attention on 3 threads with 1 x 5 (batch, head)
-    # pairs (split 2, 2, 1), on 1 thread, and with head width 1; the split Linear layers without
-    # biases on 3 threads, 7 x 14 = 98 rows in three blocks (rows 0-31, 32-64, 65-97), where the
-    # fused GELU's 98 x 192 = 18,816 values make two blocks of 9,408 (its grain is 16,384
-    # values: at::parallel_for uses min(threads, ceil(18,816 / 16,384)) = 2 threads).
+    # pairs, on 1 thread, and with head width 1; the split Linear layers without biases on 3
+    # threads, 7 x 14 = 98 rows in three blocks of at least 32 rows (rows 0-31, 32-64, 65-97),
+    # where the fused GELU's 98 x 192 = 18,816 values make two chunks (16,384 and 2,432).
     compare(tmp, "perturbed_reference", 9, "train", batch=3, time=16, vocab=29, context=16,
             layers=2, heads=4, width=32, perturb=0.3, attention="reference", fused=False,
             linear="reference", split=False, gelu="reference")
@@ -312,6 +314,22 @@ def probe_checks(tmp):
             heads=3, width=24, perturb=0.3, threads=1)
     compare(tmp, "head_width_1", 6, "train", batch=2, time=6, vocab=11, context=6, layers=1,
             heads=4, width=4, perturb=0.3)
+    # The thread count does not change the plugin's results: its blocks depend on the shapes
+    # alone (split_linear.cpp, parallel.hpp). 4 x 80 = 320 rows in 8 blocks of 40, 16 (batch,
+    # head) pairs and 3 GELU chunks, more than the threads, taken as the threads ask; on 1, 2
+    # and 3 threads the logits and every gradient are equal (torch.equal), but for the
+    # LayerNorm weights' and biases': ATen's layer_norm backward sums those over rows in one
+    # part per thread, and they differed by up to 1.8e-7 between 1 and 3 threads. (Before the
+    # blocks were shape-only, the logits differed by 3.6e-6.) Each run is also compared with the
+    # reference.
+    runs = [compare(tmp, f"threads_{n}", 11, "train", batch=4, time=80, vocab=23, context=80,
+                    layers=2, heads=4, width=32, perturb=0.3, threads=n)[1] for n in (1, 2, 3)]
+    if all(r is not None for r in runs):
+        for name, v in runs[0].items():
+            if name.startswith("grad/") and ".ln_" in name:  # ln_1, ln_2, ln_f
+                continue
+            check(all(torch.equal(v, r[name]) for r in runs[1:]),
+                  f"threads: {name} differs between 1, 2 and 3 threads")
     # Dropout: in evaluation mode the model is the reference; in training mode it drops.
     _, ev = compare(tmp, "dropout_eval", 8, "eval", batch=2, time=8, vocab=13, context=8,
                     layers=2, heads=2, width=16, dropout=0.3, perturb=0.3)
