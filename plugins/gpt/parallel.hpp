@@ -8,9 +8,9 @@
 // runs once on each of min(n, intra-op threads) threads (on the calling thread alone where
 // parallel_for would) and takes block after block with blocks.next(i) until none is left, so a
 // thread that runs slower than the other takes fewer blocks. On the 2-core machine, in two of
-// three 60-step char-GPT runs, one of the two threads took 16% longer than the other over its
-// halves of the Linear layers' products and 41% longer over its half of the attention's pairs,
-// and with halves fixed in advance the other waited for it at the end of each region
+// four timed 60-step char-GPT runs, one of the two threads took 16% longer than the other over
+// its halves of the Linear layers' products and 41% longer over its half of the attention's
+// pairs, and with halves fixed in advance the other waited for it at the end of each region
 // (docs/performance.md, "Blocks taken as the threads ask"). Which thread takes which block
 // varies from run to run: what a block computes must depend on the block alone, never on the
 // thread or on the blocks that thread took before, so that results are the same whichever

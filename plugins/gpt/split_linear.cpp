@@ -46,6 +46,7 @@ void for_each_block(int64_t rows, int64_t n, const F& f) {
   });
 }
 
+// The forward and backward of both autograd functions below (bias: whether there is one).
 at::Tensor forward_rows(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& weight,
                         const at::Tensor& bias) {
   const at::Tensor x = x_in.contiguous();
