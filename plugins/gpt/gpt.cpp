@@ -164,7 +164,7 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
     at::Tensor y = at::empty({b_n, t, c}, qkv.options());
     const at::Tensor mask = at::full({t, t}, -std::numeric_limits<double>::infinity(),
                                      qkv.options()).triu_(1);
-    gpt::parallel_blocks(b_n * heads, [&](const gpt::Blocks& pairs) {
+    gpt::parallel_blocks(b_n * heads, [&](gpt::Blocks& pairs) {
       // Grad mode is thread-local: the pool's threads have it on. Below autograd, as ATen's
       // own kernels run (and without its per-call dispatch).
       at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -194,7 +194,7 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
     const int64_t b_n = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     at::Tensor dqkv = at::empty_like(qkv);
-    gpt::parallel_blocks(b_n * heads, [&](const gpt::Blocks& pairs) {
+    gpt::parallel_blocks(b_n * heads, [&](gpt::Blocks& pairs) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       at::Tensor dp = at::empty({t, t}, qkv.options());
       at::Tensor ds = at::empty({t, t}, qkv.options());

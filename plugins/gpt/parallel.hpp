@@ -95,7 +95,7 @@ class Blocks {
  public:
   explicit Blocks(int64_t n) : n_(n) {}
   // The next block not yet taken into `i`; false (and `i` untouched) when all are taken.
-  bool next(int64_t& i) const {
+  bool next(int64_t& i) {
     const int64_t j = next_.fetch_add(1, std::memory_order_relaxed);
     if (j >= n_) return false;
     i = j;
@@ -104,13 +104,13 @@ class Blocks {
 
  private:
   int64_t n_;
-  mutable std::atomic<int64_t> next_{0};
+  std::atomic<int64_t> next_{0};
 };
 
 template <typename F>
 void parallel_blocks(int64_t n, const F& f) {
   if (n <= 0) return;
-  const Blocks blocks(n);
+  Blocks blocks(n);
   const int64_t threads = std::min<int64_t>(n, at::get_num_threads());
   gpt::parallel_for(0, threads, 1, [&](int64_t, int64_t) { f(blocks); });
 }

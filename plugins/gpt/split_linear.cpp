@@ -40,7 +40,7 @@ int64_t block_count(int64_t rows) {
 // the out= products would refuse inputs that require grad.
 template <typename F>
 void for_each_block(int64_t rows, int64_t n, const F& f) {
-  gpt::parallel_blocks(n, [&](const gpt::Blocks& blocks) {
+  gpt::parallel_blocks(n, [&](gpt::Blocks& blocks) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     for (int64_t i = 0; blocks.next(i);) f(i, i * rows / n, (i + 1) * rows / n);
   });
