@@ -3,6 +3,7 @@
 #include "gelu_kernel.hpp"
 #include "parallel.hpp"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mul.h>
@@ -25,7 +26,7 @@ struct FusedGelu : torch::autograd::Function<FusedGelu> {
     float* ys = y.data_ptr<float>();
     float* ss = slope.data_ptr<float>();
     const int64_t n = x.numel(), chunk = 1 << 14;
-    gpt::parallel_blocks((n + chunk - 1) / chunk, [&](gpt::Blocks& chunks) {
+    gpt::parallel_blocks(at::divup(n, chunk), [&](gpt::Blocks& chunks) {
       for (int64_t i = 0; chunks.next(i);) {
         const int64_t begin = i * chunk;
         gelu_and_slope(xs + begin, ys + begin, ss + begin, std::min(chunk, n - begin));

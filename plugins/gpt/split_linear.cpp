@@ -29,7 +29,7 @@ constexpr int64_t kBlocksAtLeast = 8;     // the blocks' number, where rows allo
 // however many threads run them. On the 2-core machine a single-threaded product of the
 // char-GPT's shapes ran as fast on 512 rows as on 2048, within the noise (docs/performance.md).
 int64_t block_count(int64_t rows) {
-  const int64_t wanted = std::max(kBlocksAtLeast, (rows + kBlockRows - 1) / kBlockRows);
+  const int64_t wanted = std::max(kBlocksAtLeast, at::divup(rows, kBlockRows));
   return std::max<int64_t>(1, std::min(wanted, rows / kMinRows));
 }
 
