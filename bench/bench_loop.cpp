@@ -620,8 +620,8 @@ int main(int argc, char** argv) try {
               "hand %.4f ms/step (medians); max |last loss keel - hand| %.3g\n",
               ratios.front(), quantile(ratios, 0.25), quantile(ratios, 0.75), ratios.back(),
               median(keel_ms), median(hand_ms), max_loss_diff);
-  // An interval wholly on one side of 1.01 decides, however wide; one that contains 1.01 can
-  // tell nothing, and is worth narrowing only when it is wider than 2% (+-1%).
+  // An interval wholly on one side of 1.01 decides, however wide; one that contains 1.01 leaves
+  // the target undecided, and is called too wide when it is wider than 2% (+-1%).
   std::string verdict;
   if (ci.coverage < 0.95)
     verdict = "too few pairs for a 95% interval: rerun with more --chunks";
