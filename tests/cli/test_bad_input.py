@@ -40,6 +40,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 import zipfile
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -47,6 +48,26 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import inproc
 
 KEEL, ROOT, INPROC = (os.path.abspath(a) for a in sys.argv[1:4])
+NOBODY_KEEL = None  # keel_for_nobody()'s copy (removed at the catalogue's end)
+NOBODY_KEEL_LOCK = threading.Lock()  # the catalogue's cases run on several threads
+
+
+def keel_for_nobody():
+    """A copy of keel that the other user (uid 65534) can run: the build tree is out of their
+    reach when a parent of the checkout is private (a clone in root's home, a mode-0700
+    directory). keel's own libraries are linked in (system ones are found by their system
+    paths); the cases that run it fail before any plugin is searched."""
+    global NOBODY_KEEL
+    with NOBODY_KEEL_LOCK:
+        if NOBODY_KEEL is not None:
+            return NOBODY_KEEL
+        stage = tempfile.mkdtemp(prefix="keel-bad-nobody-")
+        os.chmod(stage, 0o755)
+        NOBODY_KEEL = shutil.copy(KEEL, stage)
+        os.chmod(NOBODY_KEEL, 0o755)
+        return NOBODY_KEEL
+
+
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.toml")
 BUILD = os.path.dirname(os.path.dirname(KEEL))  # KEEL is BUILD/kernel/keel
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -270,6 +291,11 @@ CASES = [
       "did you mean 'test'"),
     M("unknown_key_optimizer", "[optimizer]\nlrr = 1\n", "{m}:2:1", "unknown key 'lrr'",
       "did you mean 'lr'"),
+    # "did you mean": case aside (adamW is adamw, not adam), initials (learning_rate is lr)
+    M("unknown_key_learning_rate", "[optimizer]\nlearning_rate = 1e-3\n", "{m}:2:1",
+      "unknown key 'learning_rate'", "did you mean 'lr'"),
+    M("unknown_key_weight_decay_initials", "[optimizer]\nwd = 0.1\n", "{m}:2:1",
+      "unknown key 'wd'", "did you mean 'weight_decay'"),
     M("unknown_key_run", "[run]\nseeed = 1\n", "{m}:2:1", "unknown key 'seeed'",
       "did you mean 'seed'", "keel options run"),
     M("unknown_key_train", "[train]\nepoch = 3\n", "{m}:2:1", "unknown key 'epoch'",
@@ -325,6 +351,15 @@ CASES = [
     M("range_seed_negative", "[run]\nseed = -1\n", "{m}:2:", "run.seed", "must be"),
     M("range_lr_nan", "[optimizer]\nlr = nan\n", "{m}:2:", "optimizer.lr", "finite"),
     M("range_max_norm_inf", "[grad_clipper]\nmax_norm = inf\n", "{m}:2:", "grad_clipper.max_norm"),
+    # a schema's exclusive bounds, enforced at validation: betas in [0, 1), max_norm > 0
+    M("range_beta1_one", "[optimizer]\nbeta1 = 1.0\n", "{m}:2:9", "optimizer.beta1",
+      "must be in [0, 1), got 1"),
+    M("range_beta2_one_adam", '[optimizer]\ntype = "adam"\nbeta2 = 1\n', "{m}:3:9",
+      "optimizer.beta2", "must be in [0, 1), got 1"),
+    M("range_sparse_beta1_one", '[sparse_optimizer]\ntype = "adamw"\nbeta1 = 1.0\n', "{m}:3:9",
+      "sparse_optimizer.beta1", "must be in [0, 1), got 1"),
+    M("range_max_norm_zero", "[grad_clipper]\nmax_norm = 0.0\n", "{m}:2:12",
+      "grad_clipper.max_norm", "must be > 0, got 0"),
     M("range_warmup_negative", "[lr_scheduler]\nwarmup_steps = -5\n", "{m}:2:",
       "lr_scheduler.warmup_steps", "must be"),
     M("range_class_dim_too_large", "[loss]\nclass_dim = 64\n", "{m}:2:", "loss.class_dim",
@@ -340,6 +375,8 @@ CASES = [
     # manifests: unknown type names
     M("unknown_optimizer", '[optimizer]\ntype = "nadam"\n', "{m}:2:8", "no optimizer named 'nadam'",
       "available: "),
+    M("unknown_optimizer_case", '[optimizer]\ntype = "adamW"\n', "{m}:2:8",
+      "no optimizer named 'adamW'", "did you mean 'adamw'"),
     M("unknown_model", '[model]\ntype = "mpl"\n', "{m}:2:8", "no model named 'mpl'",
       "did you mean 'mlp'"),
     M("unknown_hook", '[[hooks]]\ntype = "consol"\n', "{m}:2:8", "no hook named 'consol'",
@@ -565,20 +602,36 @@ CASES = [
       setup=write_bytes("ckpt/model.pt", crafted_pt(800))),
     X("init_from_damaged_commit_record", (CMD, Q, "--set", "checkpoint.init_from={d}/ckpt"),
       "{d}/ckpt/commit.json", "invalid commit record", setup=write("ckpt/commit.json", "{x")),
-    # resume (train only) ------------------------------------------------------------------------
+    # resume: validate takes train's flags and refuses what train would ---------------------------
     X("resume_path_missing", (CMD, Q, "--resume", "{d}/nope"), "--resume {d}/nope",
-      "not a directory", commands=("train",)),
+      "not a directory"),
     X("resume_path_not_a_checkpoint", (CMD, Q, "--resume", "{d}/ckpt"), "{d}/ckpt/commit.json",
-      "missing", commands=("train",), setup=mkdir("ckpt")),
+      "missing", setup=mkdir("ckpt")),
     X("resume_damaged_commit_record", (CMD, Q, "--resume={d}/ckpt"), "{d}/ckpt/commit.json",
-      "invalid commit record", commands=("train",), setup=write("ckpt/commit.json", "[1, 2]")),
+      "invalid commit record", setup=write("ckpt/commit.json", "[1, 2]")),
     Case("resume_without_checkpoint_table", "files", text=standalone(), standalone=True,
-         argv=(CMD, Q, "--resume"), where="--resume", phrases=("no [checkpoint] table",),
-         commands=("train",)),
+         argv=(CMD, Q, "--resume"), where="--resume", phrases=("no [checkpoint] table",)),
     F("resume_changed_without_resume", (CMD, Q, "--resume-changed"), "--resume-changed",
-      "only applies with --resume", commands=("train",)),
-    F("resume_on_validate", ("validate", Q, "--resume"), "--resume", "unknown flag",
-      commands=("validate",)),
+      "only applies with --resume"),
+    # run directories: what a training run's start refuses, validate refuses with the same line
+    # (issue 42: validate said ok on a directory train then refused) ---------------------------
+    X("run_dir_earlier_records", (CMD, Q), "run directory {d}/run holds an earlier run's records",
+      "(metrics.jsonl, 1 checkpoint in checkpoints/)", "--resume", "--overwrite",
+      setup=lambda d: (write("run/metrics.jsonl", "{}\n")(d), mkdir("run/checkpoints/step-4")(d)),
+      keep_run_dir=True),
+    X("run_dir_checkpoints_symlink", (CMD, Q), "{d}/run/checkpoints: cannot open it as a directory",
+      "keel does not follow symlinks", setup=lambda d: (
+          mkdir("elsewhere")(d), mkdir("run")(d),
+          os.symlink("../elsewhere", f"{d}/run/checkpoints")), keep_run_dir=True),
+    X("overwrite_run_log_symlink", (CMD, Q, "--overwrite"), "{d}/run/run.log is a symbolic link",
+      setup=lambda d: (mkdir("run")(d), os.symlink(f"{d}/elsewhere.log", f"{d}/run/run.log")),
+      keep_run_dir=True),
+    X("overwrite_run_log_fifo", (CMD, Q, "--overwrite"), "{d}/run/run.log", "cannot write it",
+      setup=lambda d: (mkdir("run")(d), os.mkfifo(f"{d}/run/run.log")), keep_run_dir=True),
+    X("resume_plugins_json_directory", (CMD, Q, "--resume"), "cannot write {d}/run/plugins.json",
+      "Is a directory", setup=mkdir("run/plugins.json/x"), keep_run_dir=True),
+    X("evaluate_nothing_to_evaluate", (CMD, Q, "--set", "run.mode=evaluate"), "{m}",
+      "nothing to evaluate", "{d}/run/checkpoints holds no verified checkpoint"),
     # checkpoint keys ----------------------------------------------------------------------------
     M("checkpoint_best_metric_without_split",
       '[checkpoint]\nkeep_best = 1\nbest_metric = "loss"\n', "{m}:3:", "not <split>.<key>"),
@@ -709,7 +762,7 @@ def _run_in(case: Case, command: str, d: str, mode: str) -> Result:
         case.setup(d)
     run_dir = os.path.join(d, "run")
     if case.keep_run_dir:
-        os.makedirs(run_dir)
+        os.makedirs(run_dir, exist_ok=True)  # (setup may have made it)
         with open(os.path.join(run_dir, "keep.txt"), "w") as f:
             f.write("keep me\n")
 
@@ -729,6 +782,7 @@ def _run_in(case: Case, command: str, d: str, mode: str) -> Result:
                 skipped = "running as root and setpriv is missing"
             prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
             os.chmod(d, 0o755)
+    keel = keel_for_nobody() if prefix else KEEL
     env = dict(os.environ)
     env.pop("KEEL_LOG_LEVEL", None)
     env.update(case.env or {})
@@ -743,7 +797,7 @@ def _run_in(case: Case, command: str, d: str, mode: str) -> Result:
         rc, out, err, leaks = o.returncode, o.stdout, o.stderr, tuple(o.leaks)
     else:
         try:
-            p = subprocess.run(prefix + [KEEL, *argv], capture_output=True, text=True, cwd=d,
+            p = subprocess.run(prefix + [keel, *argv], capture_output=True, text=True, cwd=d,
                                env=env, timeout=TIMEOUT_S, errors="replace")
             rc, out, err = p.returncode, p.stdout, p.stderr
         except subprocess.TimeoutExpired as e:
@@ -796,6 +850,8 @@ class Catalogue(unittest.TestCase):
                 cls.results = list(pool.map(lambda w: run_one(*w), work))
         finally:
             cls.runner_problems = POOL.close()
+            if NOBODY_KEEL is not None:
+                shutil.rmtree(os.path.dirname(NOBODY_KEEL))
             POOL = None
         kinds = collections.Counter(c.kind for c in CASES)
         runs = collections.Counter(w[2] for w in work)
@@ -837,6 +893,29 @@ class Catalogue(unittest.TestCase):
                 if r.skipped:
                     self.skipTest(r.skipped)
                 self.check(r)
+
+    def test_validate_agrees_with_train(self):
+        """`keel validate` checks everything `keel train` does before step 1: a case run through
+        both gives the same exit status and the same error line (its case directory, which
+        differs, written as {d}); but usage errors, which name the command."""
+        by_key = collections.defaultdict(dict)
+        for r in self.results:
+            if (r.mode == "inproc" or r.case.as_nobody) and r.case.status == 1:
+                by_key[r.case.name][r.command] = r
+        pairs = [(v["validate"], v["train"]) for v in by_key.values()
+                 if "validate" in v and "train" in v]
+        if SANITIZED:
+            self.skipTest("each case runs through one command under the sanitizers")
+        if os.environ.get("KEEL_CASES") is None:
+            self.assertGreaterEqual(len(pairs), 100)
+
+        def error_line(r):
+            errors = [l for l in r.stderr.splitlines() if l.startswith("keel: error: ")]
+            return r.returncode, [l.replace(r.d, "{d}") for l in errors]
+        for v, t in pairs:
+            with self.subTest(case=v.case.name):
+                self.assertEqual(error_line(v), error_line(t),
+                                 f"\n  validate: {v.stderr!r}\n  train: {t.stderr!r}")
 
     def test_hints(self):
         """The error line ends with `; hint: <what to do>` (the project's format)."""

@@ -49,6 +49,18 @@ def can_be_nobody():
     return os.getuid() == 0 and shutil.which("setpriv") is not None
 
 
+def staged_for_nobody(tmp, path):
+    """A copy of `path` that the other user can read: in `tmp`/for-nobody (mode 0755; `tmp`
+    itself must let them in), never in the build tree, which they cannot reach when a parent of
+    the checkout is private (a clone in root's home, or in a mode-0700 directory)."""
+    stage = os.path.join(tmp, "for-nobody")
+    os.makedirs(stage, exist_ok=True)
+    os.chmod(stage, 0o755)
+    copy = shutil.copy(path, stage)
+    os.chmod(copy, 0o644)
+    return copy
+
+
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -644,8 +656,8 @@ class PluginLibraries(OneErrorLine, unittest.TestCase):
         os.remove(self.mark)
         # The other user replaces the helper in a directory they can write.
         os.chmod(self.plugins, 0o777)
-        subprocess.run(NOBODY + ["sh", "-c", f"rm -f {helper} && cp "
-                                 f"{os.path.join(FIXTURES, HELPER_V2)} {helper}"], check=True)
+        v2 = staged_for_nobody(self.tmp, os.path.join(FIXTURES, HELPER_V2))
+        subprocess.run(NOBODY + ["sh", "-c", f"rm -f {helper} && cp {v2} {helper}"], check=True)
         rc, _, err = self.keel("validate", m,
                                env={**env, "KEEL_ALLOW_WRITABLE_PLUGINS": "1"})
         self.assert_one_error_line(rc, err, "plugin test-dep-plugin 1.0.0", "is locked but was "
@@ -668,7 +680,7 @@ class PluginLibraries(OneErrorLine, unittest.TestCase):
         cwd = os.path.join(self.tmp, "shared")
         os.mkdir(cwd)
         os.chmod(cwd, 0o1777)
-        subprocess.run(NOBODY + ["cp", os.path.join(FIXTURES, HELPER_V2),
+        subprocess.run(NOBODY + ["cp", staged_for_nobody(self.tmp, os.path.join(FIXTURES, HELPER_V2)),
                                  os.path.join(cwd, HELPER)], check=True)
         rc, out, err = self.keel("plugins", cwd=cwd,
                                  env={"KEEL_PLUGIN_PATH": self.plugins,
