@@ -92,6 +92,17 @@ TEST_CASE("did you mean, join, one line, located, number, shape") {
   CHECK(text::did_you_mean_or("datset", kinds, "use one of them") == "did you mean 'dataset'?");
   CHECK(text::did_you_mean_or("zzzzzz", kinds, "use one of them") == "use one of them");
   CHECK(text::did_you_mean_or("modl", kinds, "", '"') == "did you mean \"model\"?");
+  // Case does not count against a candidate: "adamW" is adamw, not adam (1 edit from both).
+  CHECK(text::closest("adamW", {"sgd", "adam", "adamw"}) == "adamw");
+  CHECK(text::closest("ADAM", {"adam", "adamw"}) == "adam");
+  CHECK(text::closest("Modle", kinds) == "model");
+  // A name whose initials are a candidate, or a candidate's initials: learning_rate is lr.
+  const std::vector<std::string> adamw = {"lr", "beta1", "beta2", "eps", "weight_decay"};
+  CHECK(text::closest("learning_rate", adamw) == "lr");
+  CHECK(text::closest("Learning_Rate", adamw) == "lr");
+  CHECK(text::closest("wd", adamw) == "weight_decay");
+  CHECK(text::closest("lr", {"momentum", "learning_rate"}) == "learning_rate");
+  CHECK(text::closest("a_b_c", adamw).empty());
   CHECK(text::join(kinds) == "model, dataset, optimizer");
   CHECK(text::join(kinds, "; ") == "model; dataset; optimizer");
   CHECK(text::join(std::vector<std::string>{}).empty());

@@ -1,6 +1,7 @@
 #include "text/text.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 namespace keel::text {
@@ -20,13 +21,45 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return d[a.size()][b.size()];
 }
 
+std::string lower(const std::string& s) {
+  std::string out = s;
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// The first letters of the parts of a name of two or more parts ("learning_rate": "lr",
+// "log-level": "ll"), lower case; "" for a name of one part.
+std::string initials(const std::string& name) {
+  std::string out;
+  bool start = true;
+  size_t parts = 0;
+  for (char c : name) {
+    if (c == '_' || c == '-') {
+      start = true;
+      continue;
+    }
+    if (start) {
+      out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      ++parts;
+    }
+    start = false;
+  }
+  return parts >= 2 ? out : "";
+}
+
 }  // namespace
 
 std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string w = lower(word);
+  for (const auto& c : candidates)
+    if (lower(c) == w) return c;
+  const std::string w_initials = initials(word);
+  for (const auto& c : candidates)
+    if ((!w_initials.empty() && lower(c) == w_initials) || initials(c) == w) return c;
   std::string best;
   size_t best_distance = std::max<size_t>(2, word.size() / 3) + 1;  // exclusive bound
   for (const auto& c : candidates) {
-    const size_t d = edit_distance(word, c);
+    const size_t d = edit_distance(w, lower(c));
     if (d < best_distance) {
       best_distance = d;
       best = c;

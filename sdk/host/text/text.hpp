@@ -10,9 +10,12 @@
 
 namespace keel::text {
 
-// The candidate closest to `word` by optimal string alignment distance (insertions,
-// deletions, substitutions and transpositions of two adjacent characters cost 1 each: "mpl"
-// is 1 from "mlp", 2 from "gpt"), or "" when none is within max(2, size of word / 3) edits.
+// The candidate closest to `word`, case aside: one equal to it but for case ("adamW":
+// adamw); else one that is its initials or whose initials it is, the parts of a name being
+// separated by '_' or '-' ("learning_rate": lr, "wd": weight_decay); else the closest by optimal
+// string alignment distance (insertions, deletions, substitutions and transpositions of two
+// adjacent characters cost 1 each: "mpl" is 1 from "mlp", 2 from "gpt"), or "" when none is
+// within max(2, size of word / 3) edits. The first candidate wins a tie.
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
 // "did you mean 'x'? " naming the closest candidate, with a trailing space to go before the
