@@ -66,6 +66,12 @@ void check_prefixes(const fs::path& p, const std::string& run_path) {
   }
 }
 
+// write_file's error line: `path` could not be written or renamed into place (`why`).
+std::string cannot_replace(const std::string& path, const std::string& why) {
+  return "cannot write " + path + " (" + why + "); hint: set [run] output_dir to a writable "
+         "directory";
+}
+
 // A unique name for a temporary or probe file of this process.
 std::string own_name(const std::string& stem) {
   static std::atomic<unsigned> counter{0};
@@ -348,8 +354,7 @@ void RunDir::write_file(const std::string& name, const std::string& text,
     const std::string why = errno_text();
     ::unlinkat(fd_, tmp.c_str(), 0);
     created.erase(st.st_dev, st.st_ino);
-    throw Error("cannot write " + path_of(name) + " (" + why +
-                "); hint: set [run] output_dir to a writable directory");
+    throw Error(cannot_replace(path_of(name), why));
   }
   // A file that replaced an earlier one is kept even when the start fails: removing it would
   // not bring the earlier one back.
@@ -357,6 +362,13 @@ void RunDir::write_file(const std::string& name, const std::string& text,
     created.erase(st.st_dev, st.st_ino);
   else
     created.renamed(st.st_dev, st.st_ino, name, path_of(name));
+}
+
+void RunDir::check_replaceable(const std::string& name) const {
+  struct stat st {};
+  // renameat replaces a file or a symlink of that name, and fails on a directory.
+  if (::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+    throw Error(cannot_replace(path_of(name), std::strerror(EISDIR)));
 }
 
 bool RunDir::has(const std::string& name) const {

@@ -121,6 +121,9 @@ class RunDir {
   // there before. Throws keel::Error.
   void write_file(const std::string& name, const std::string& text,
                   CreatedEntries& created) const;
+  // Throws the keel::Error write_file(name, ...) would end with when the entry `name` cannot be
+  // replaced (a directory), writing nothing: how `keel validate` checks a run's files.
+  void check_replaceable(const std::string& name) const;
   // Whether an entry `name` exists (lstat: a symlink counts).
   bool has(const std::string& name) const;
   // The names of the entries of the directory, or of its subdirectory `sub` (not followed when

@@ -39,11 +39,18 @@ const std::vector<Command>& commands() {
        "RUN/exports/<checkpoint>, or <checkpoint>-export outside a run's checkpoints/); an "
        "existing one is refused; docs/checkpoints.md, \"Export\"",
        add_export_flags, export_command},
-      {"validate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
-       "everything train checks (options, plugins, data), without training",
+      // validate takes train's flags: it checks what `keel train` with the same flags would
+      // do before step 1 (a run directory with an earlier run's records is refused without
+      // --resume or --overwrite, a --resume checkpoint is read and checked).
+      {"validate",
+       "MANIFEST [--resume [PATH]] [--resume-changed] [--overwrite] [--set KEY=VALUE]... "
+       "[--log-level LEVEL]",
+       "everything train checks before step 1 (options, plugins, data, the run directory, the "
+       "checkpoint it starts from), without training",
        "MANIFEST: a TOML file (docs/manifest.md); `keel options` and `keel plugins show "
-       "NAME` list the keys of each table",
-       add_set_flag, run_manifest_command},
+       "NAME` list the keys of each table\n(--resume and --overwrite: what `keel train` with "
+       "them would check; nothing is written)",
+       add_train_flags, run_manifest_command},
       {"plugins",
        "[show NAME] [--manifest MANIFEST] | new NAME --kind KIND [--lang c|cpp] DIR | install "
        "PACKAGE [--prefix DIR] [--force] | remove NAME[@VERSION] [--prefix DIR] | pack BUILD_DIR "

@@ -74,8 +74,8 @@ void choose_evaluated_checkpoint(RunConfig& cfg, const std::string& manifest) {
   cfg.checkpointing.init_from = newest->dir;
   if (toml::table* t = cfg.resolved["checkpoint"].as_table())
     t->insert_or_assign("init_from", newest->dir);
-  spdlog::info("evaluating {} (step {}), the newest verified checkpoint of the run; "
-               "[checkpoint] init_from names another",
+  spdlog::info("evaluating {} (step {}), the newest verified checkpoint of the run, as "
+               "[checkpoint] init_from is not set (set it to evaluate another checkpoint)",
                newest->dir, newest->record.step);
 }
 
@@ -166,6 +166,8 @@ int run_manifest_command(const std::string& command, const Parsed& p) {
   log_registry(registry);
   spdlog::debug("run '{}' -> {}", cfg.run.name, cfg.run.output_dir);
   if (command == "validate") {
+    // What `keel evaluate` (run.mode = "evaluate") would evaluate, or its refusal.
+    choose_evaluated_checkpoint(cfg, manifest);
     check_run(cfg);
     std::printf("%s: ok (run '%s' -> %s)\n", cfg.manifest_path.c_str(), cfg.run.name.c_str(),
                 cfg.run.output_dir.c_str());

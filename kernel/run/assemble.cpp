@@ -325,9 +325,11 @@ void create_checkpointing(Run& run, bool validate_only) {
     spdlog::info("removed what interrupted checkpoint saves left in {}", root);
   if (run.resume.active()) {
     load_resume_point(run);
-    spdlog::info("resuming from {} (step {}, epoch {}, batch {} of that epoch)", run.resume.dir,
+    spdlog::info("{} from {} (step {}, epoch {}, batch {} of that epoch)",
+                 validate_only ? "would resume" : "resuming", run.resume.dir,
                  run.resume.meta.step, run.resume.meta.epoch, run.resume.meta.epoch_batches);
-    emit(run, KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, run.resume.dir.c_str());
+    if (!validate_only)
+      emit(run, KEEL_EVENT_CHECKPOINT_LOADED, nullptr, nullptr, run.resume.dir.c_str());
   } else if (!config.checkpointing.init_from.empty()) {
     load_init_from(run);
     if (!validate_only)
@@ -371,7 +373,7 @@ void assemble(Run& run, const RunConfig& config, bool validate_only,
   open_run_directory(run, validate_only);
   run.run_id = on_rank0(run.ranks.group.get(), run.ranks.rank, "choose the run id",
                         [] { return random_token(); });
-  if (!validate_only && config.resume != RunConfig::Resume::kNo) choose_resume_point(run);
+  if (config.resume != RunConfig::Resume::kNo) choose_resume_point(run);
   create_model(run);
   shard_parameters(run);
   create_data(run);
@@ -385,7 +387,10 @@ void assemble(Run& run, const RunConfig& config, bool validate_only,
   run.progress.epochs = config.train.epochs;
   run.progress.grad_norm = NAN;
   create_checkpointing(run, validate_only);
-  if (validate_only) return;
+  if (validate_only) {
+    check_run_files(run.directory);  // what start_run_log would refuse
+    return;
+  }
   share_model_across_ranks(run);
   // shard = "parameters": every rank's rows into its shards, the whole parameters freed.
   if (run.residency) run.residency->start();

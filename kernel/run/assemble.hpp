@@ -12,8 +12,10 @@ namespace keel {
 struct Run;
 
 // Assembles `run` from `config`; `launch`: the launcher's ranks (none: one process).
-// `validate_only`: components get a scratch run directory, nothing is loaded into a resumed
-// run and no run log is started. Throws keel::Error on the first problem.
+// `validate_only`: components get a scratch run directory, a --resume checkpoint is read and
+// checked as a resume would (no event announces it), the run directory's files are checked
+// instead of written (run_directory.hpp: check_run_files) and no run log is started. Throws
+// keel::Error on the first problem.
 void assemble(Run& run, const RunConfig& config, bool validate_only,
               const std::optional<Launch>& launch);
 

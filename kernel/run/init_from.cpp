@@ -5,7 +5,9 @@
 #include <optional>
 #include <regex>
 
+#include "checkpoint/meta.hpp"
 #include "checkpoint/reshard.hpp"
+#include "files/files.hpp"
 #include "keel/tensor.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
@@ -44,6 +46,20 @@ std::optional<CommitRecord> init_from_record(const RunConfig& cfg) {
   spdlog::warn("checkpoint.init_from: {} has no commit record (not committed by keel): its "
                "files are loaded unverified", dir);
   return std::nullopt;
+}
+
+// `keel evaluate`: the model is the checkpoint's, so the progress is put at the checkpoint's
+// step (its commit record's) and at the epoch that step belonged to (trainer_state.toml's epoch
+// is the next one when the checkpoint was saved at an epoch's end, with no batch of it taken),
+// so that the evaluation's record carries the step and epoch of the training record of the
+// same weights.
+void position_at_checkpoint(Run& run, const CommitRecord& rec, const std::string& dir) {
+  keel_trainer_state& p = run.progress;
+  p.step = rec.step;
+  const fs::path meta_path = fs::path(dir) / "trainer_state.toml";
+  if (!fs::exists(meta_path)) return;
+  const CheckpointMeta m = read_checkpoint_meta(read_file(meta_path.string()), meta_path.string());
+  p.epoch = m.epoch > 0 && m.epoch_batches == 0 && m.step > 0 ? m.epoch - 1 : m.epoch;
 }
 
 }  // namespace
@@ -89,6 +105,8 @@ void load_init_from(Run& run) {
   for (const auto& name : kept) spdlog::debug("  kept {}", name);
   if (rec) load_hook_state(run, *rec, dir);
   load_init_tables(run, rec ? &*rec : nullptr, dir);
+  // (Weights without a commit record have no known step: the evaluation records step 0.)
+  if (rec && cfg.run.mode == RunMode::kEvaluate) position_at_checkpoint(run, *rec, dir);
 }
 
 }  // namespace keel

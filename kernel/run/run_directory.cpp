@@ -99,7 +99,22 @@ std::string prepare_run_directory(RunDirectory& directory, const RunConfig& conf
   CreatedEntries& created = *directory.created;
   RunDir run = RunDir::open(out.string(), created);
   run.probe_writable(created);
-  if (validate_only) return out.string();
+  if (validate_only) {
+    // What a training run's start checks here too, with the same error lines, writing nothing
+    // that stays: an earlier run's records refused, checkpoints/ trusted (created when missing,
+    // and removed again with the rest of what validation created). The run's own files are
+    // checked once the components exist (check_run_files), where the start writes them.
+    if (config.run.mode != RunMode::kEvaluate) {
+      if (config.resume == RunConfig::Resume::kNo && !config.overwrite) {
+        const std::string records = earlier_records(run);
+        if (!records.empty()) refuse_earlier_records(out.string(), records);
+      }
+      run.subdir("checkpoints", created);
+      directory.dir = std::move(run);
+      directory.before = directory.dir->identities();
+    }
+    return out.string();
+  }
   if (config.run.mode == RunMode::kEvaluate) {
     // A place of its own: the training run's files stay as they are.
     directory.dir = run.new_subdir("eval-" + utc_stamp(/*compact=*/true), created);
@@ -111,6 +126,14 @@ std::string prepare_run_directory(RunDirectory& directory, const RunConfig& conf
   }
   directory.before = directory.dir->identities();
   return directory.dir->path();
+}
+
+void check_run_files(RunDirectory& directory) {
+  if (!directory.dir) return;  // an evaluation: its eval-<time>/ is new
+  RunDir& dir = *directory.dir;
+  const int log_fd = dir.open_file("run.log", O_APPEND, *directory.created);
+  ::close(log_fd);
+  for (const char* name : {"manifest.resolved.toml", "plugins.json"}) dir.check_replaceable(name);
 }
 
 void start_run_log(RunDirectory& directory, const RunConfig& config,

@@ -60,10 +60,17 @@ struct RunDirectory {
 // Rank 0: opens config.run.output_dir (created when missing, checked trusted and writable). An
 // evaluation gets a new eval-<UTC time>/ inside it; a fresh training run (no --resume, no
 // --overwrite) refuses one holding an earlier run's records and claims it by creating
-// manifest.resolved.toml (`resolved_manifest`). `validate_only`: only probes it. Returns the
-// run directory's path.
+// manifest.resolved.toml (`resolved_manifest`). `validate_only`: probes it, and for a training
+// run refuses what a start would refuse (earlier records without --resume or --overwrite, an
+// untrusted checkpoints/), claiming nothing. Returns the run directory's path.
 std::string prepare_run_directory(RunDirectory& directory, const RunConfig& config,
                                   const std::string& resolved_manifest, bool validate_only);
+
+// Validating a training run, once every component exists: refuses what start_run_log would
+// refuse (a run.log, manifest.resolved.toml or plugins.json keel does not write), with the
+// same error lines, writing nothing (a run.log created for the check is recorded in
+// `created`, and removed again after validation).
+void check_run_files(RunDirectory& directory);
 
 // Rank 0, once every component exists: writes manifest.resolved.toml (when not claimed) and
 // plugins.json, and attaches run.log (appended to) with a header line naming this run.

@@ -37,7 +37,8 @@ class Trainer {
   // created is removed again, by device and inode (run_dir.hpp: CreatedEntries), never what
   // another run put there. `validate_only` (check_run): components get a scratch run
   // directory instead, removed with the Trainer, and nothing is left in the run directory
-  // (created when missing, probed with a file that is removed again).
+  // (created when missing, probed with a file, its checkpoints/ and run.log checked as a start
+  // opens them; what validation created is removed again).
   // Process-wide settings are not touched here: see apply_process_settings.
   explicit Trainer(const RunConfig& config, bool validate_only = false);
   ~Trainer();
@@ -54,11 +55,14 @@ class Trainer {
 };
 
 // Everything `keel train` does before step 1, without training (`keel validate`): checks that
-// the run directory can be trusted, created and written, creates every component with its
-// options (datasets read their data, init_from is loaded into the model), destroys them again,
-// and removes every file and directory it added (missing parents of output_dir included). It
-// does not check for an earlier run's records (train refuses those without --resume or
-// --overwrite). Throws keel::Error on the first problem.
+// the run directory can be trusted, created and written, and, as the start of a training run
+// with the same --resume or --overwrite would, refuses an earlier run's records (without
+// either), an untrusted checkpoints/ and run files keel does not write (run_directory.hpp);
+// reads the --resume checkpoint and checks that the run can continue it; creates every
+// component with its options (datasets read their data, init_from or the resume checkpoint is
+// loaded into the model), destroys them again, and removes every file and directory it added
+// (missing parents of output_dir included). Throws keel::Error on the first problem, with the
+// error line `keel train` would give.
 void check_run(const RunConfig& config);
 
 // The process-wide settings of a run, applied once at start-up by the program that runs it

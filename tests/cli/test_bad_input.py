@@ -1,6 +1,7 @@
 """The bad-input catalogue: manifests, extends, --set, command-line flags, files and data that
 keel must refuse cleanly. Each case runs through `keel validate` and `keel train` (flag cases:
-what applies) and must give
+what applies), which must agree (validate checks everything train does before step 1: the same
+exit status and error line, usage errors aside), and must give
 
 - exactly one stderr line starting with `keel: error: ` (plus, for usage errors, one `usage:`
   line), naming the place: file:line:col, the --set argument, the flag, or the path;
@@ -973,7 +974,8 @@ class ProcessState(unittest.TestCase):
             small = os.path.join(d, "small.toml")
             with open(small, "w") as f:
                 f.write(SMALL.format(quickstart=QUICKSTART, d=d))
-            probe = ["keel", "validate", small]
+            # (--overwrite: after the training run, validate without it refuses its records)
+            probe = ["keel", "validate", small, "--overwrite"]
             pool = inproc.Pool(INPROC, TIMEOUT_S, env=runner_env())
             try:
                 first = pool.run(probe, cwd=d)

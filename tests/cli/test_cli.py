@@ -68,7 +68,7 @@ FLAGS = {
     None: ["--set", "--log-level", "--help", "-h", "--version"],
     "train": ["--set", "--log-level", "--help", "--resume", "--overwrite"],
     "evaluate": ["--set", "--log-level", "--help"],
-    "validate": ["--set", "--log-level", "--help"],
+    "validate": ["--set", "--log-level", "--help", "--resume", "--overwrite"],
     "plugins": ["--log-level", "--help"],
     "options": ["--log-level", "--help"],
 }
@@ -254,6 +254,9 @@ class GoodInput(unittest.TestCase):
         self.assertEqual(rc, 0)
         self.assertIn("weight_decay", out)
         self.assertIn("default 0.01", out)
+        # The range shown is the one validation enforces (beta1 = 1 fails there, located:
+        # test_bad_input.py's range_beta1_one).
+        self.assertRegex(out, r"beta1 +float in \[0, 1\) ")
         rc, _, err = keel("plugins", "show", "adamww")
         self.assertEqual(rc, 1)
         self.assertIn("did you mean 'adamw'?", err)
@@ -299,6 +302,10 @@ class GoodInput(unittest.TestCase):
             self.assertEqual([r["split"] for r in records], ["test"])
             self.assertEqual(records[0]["accuracy"], final["accuracy"])
             self.assertAlmostEqual(records[0]["loss"], final["loss"], places=6)
+            # The record is the checkpoint's: its step and epoch, those of the training run's
+            # evaluation of the same weights (not step 0, epoch 0).
+            self.assertEqual((records[0]["step"], records[0]["epoch"]), (40, final["epoch"]))
+            self.assertEqual(final["step"], 40)
             # A second evaluation gets a directory of its own too.
             rc, out, err = keel("evaluate", *common,
                                 "--set", f"checkpoint.init_from={run}/checkpoints/step-40")
@@ -306,7 +313,9 @@ class GoodInput(unittest.TestCase):
             self.assertEqual(len([e for e in os.listdir(run) if e.startswith("eval-")]), 2)
             self.assertEqual(contents(), before)
 
-            # train again without --resume: refused, one line, nothing changed.
+            # train again without --resume: refused, one line, nothing changed; validate
+            # refuses it with the same line (it checks what train does before step 1), and
+            # with train's flags says ok where train would start, changing nothing either.
             rc, _, err = keel("train", *common, "--set", "train.max_steps=40")
             self.assertEqual(rc, 1)
             self.assertEqual(len(err.splitlines()), 1, err)
@@ -314,6 +323,22 @@ class GoodInput(unittest.TestCase):
             self.assertIn("hint: continue that run with --resume", err)
             self.assertIn("--overwrite", err)
             self.assertEqual(contents(), before)
+            rc, _, verr = keel("validate", *common, "--set", "train.max_steps=40")
+            self.assertEqual((rc, verr), (1, err))
+            listing = sorted(os.listdir(run))
+            for flags in (["--overwrite"], ["--resume"], ["--resume", f"{run}/checkpoints/step-40"]):
+                rc, out, verr = keel("validate", *common, "--set", "train.max_steps=45", *flags)
+                self.assertEqual(rc, 0, verr)
+                self.assertIn(": ok (run ", out)
+            self.assertIn(f"would resume from {run}/checkpoints/step-40 (step 40", out + verr)
+            # A manifest change that breaks the continuation: refused by both, the same line.
+            changed = [*common, "--set", "model.hidden=[17]", "--resume"]
+            rc, _, err = keel("train", *changed)
+            self.assertEqual(rc, 1)
+            self.assertIn("--resume: model.hidden changed since the checkpoint", err)
+            rc, _, verr = keel("validate", *changed)
+            self.assertEqual((rc, verr), (1, err))
+            self.assertEqual((contents(), sorted(os.listdir(run))), (before, listing))
             # --resume continues it: the records up to step 40 stay, run.log is appended to.
             rc, _, err = keel("train", *common, "--set", "train.max_steps=45", "--resume")
             self.assertEqual(rc, 0, err)
@@ -363,6 +388,20 @@ class GoodInput(unittest.TestCase):
                 self.assertIn(part, err)
             self.assertEqual(rc, 1)
             self.assertFalse(os.path.exists(f"{d}/empty/checkpoints"))
+            # A checkpoint saved at an epoch's end (trainer_state.toml's epoch: the next one):
+            # the evaluation's record has the epoch of the training run's at that step.
+            at_end = [*common[:-1], f"run.output_dir={d}/epoch"]
+            rc, _, err = keel("train", *at_end, "--set", "train.epochs=1")
+            self.assertEqual(rc, 0, err)
+            rc, _, err = keel("evaluate", *at_end)
+            self.assertEqual(rc, 0, err)
+            with open(f"{d}/epoch/metrics.jsonl") as f:
+                trained = [json.loads(line) for line in f][-1]
+            (eval_dir,) = [e for e in os.listdir(f"{d}/epoch") if e.startswith("eval-")]
+            with open(f"{d}/epoch/{eval_dir}/metrics.jsonl") as f:
+                (record,) = [json.loads(line) for line in f]
+            self.assertEqual((trained["split"], trained["step"], trained["epoch"]), ("test", 32, 0))
+            self.assertEqual((record["step"], record["epoch"]), (32, 0))
 
     def test_help_lists_every_command_and_flag(self):
         rc, out, err = keel("--help")
