@@ -1,5 +1,6 @@
 #include "report/report.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -51,6 +52,18 @@ fs::path trace_path(const fs::path& run_dir, const std::string& manifest_text) {
   }
   const fs::path tp(path);
   return tp.is_absolute() ? tp : run_dir / tp;
+}
+
+// The checkpoint a `keel evaluate` evaluated: [checkpoint] init_from of its resolved manifest
+// when [run] mode is "evaluate" (`keel evaluate` writes both), else "" (a training run).
+std::string evaluated_checkpoint(const std::string& manifest_text) {
+  try {
+    const auto m = toml::parse(manifest_text);
+    if (m["run"]["mode"].value_or(std::string()) != "evaluate") return "";
+    return m["checkpoint"]["init_from"].value_or(std::string("(freshly initialised weights)"));
+  } catch (const toml::parse_error&) {
+    return "";
+  }
 }
 
 // The chrome_trace profiler's phases (process 0, complete "X" events): per phase, its total
@@ -129,6 +142,9 @@ constexpr const char kScript[] = R"keel_js(
         ['train', 'checkpoint_seconds']]],
     ];
     const counters = new Set(data.counters);
+    // Training keys that repeat another in every record (tokens per second of a dataset that
+    // counts a sample as a token): not charted twice.
+    const repeats = new Set(Object.keys(data.same_as).map(k => 'train:' + k));
     const used = new Set();
     for (const [, series] of groups) for (const [split, key] of series) used.add(split + ':' + key);
     const rest = [];
@@ -147,7 +163,8 @@ constexpr const char kScript[] = R"keel_js(
     // learning rate of 3e-5 to 0).
     const yaxis = {size: 70, values: (u, ticks) => ticks.map(v => v == null ? '' : String(Number(v.toPrecision(3))))};
     for (const [title, series] of groups) {
-      const present = series.filter(([split, key]) => data[split].some(r => typeof r[key] === 'number'));
+      const present = series.filter(([split, key]) => !repeats.has(split + ':' + key) &&
+          data[split].some(r => typeof r[key] === 'number'));
       if (present.length === 0) continue;
       const steps = [...new Set(present.flatMap(([split, key]) =>
           data[split].filter(r => typeof r[key] === 'number').map(r => r.step)))].sort((a, b) => a - b);
@@ -247,6 +264,38 @@ void read_records(const fs::path& metrics, ordered_json& train, ordered_json& te
   }
 }
 
+// The run's `keel evaluate` runs: each eval-*/ directory of `run_dir` (in name order, which is
+// their time order), with the checkpoint its resolved manifest names and its last evaluation
+// record (summary.hpp, evaluations_html). A directory whose metrics.jsonl cannot be read or
+// holds no evaluation record is listed with no metrics.
+ordered_json read_evaluations(const fs::path& run_dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind("eval-", 0) == 0 && it->is_directory(ec))
+      names.push_back(it->path().filename().string());
+  std::sort(names.begin(), names.end());
+  ordered_json out = ordered_json::array();
+  for (const auto& name : names) {
+    const fs::path dir = run_dir / name;
+    const std::string checkpoint = evaluated_checkpoint(read_text(dir / "manifest.resolved.toml"));
+    ordered_json e = {{"dir", name}, {"checkpoint", checkpoint}, {"step", nullptr},
+                      {"metrics", ordered_json::object()}};
+    ordered_json train = ordered_json::array(), test = ordered_json::array();
+    try {
+      read_records(dir / "metrics.jsonl", train, test);
+    } catch (const Error&) {
+    }
+    if (!test.empty()) {
+      e["step"] = test.back()["step"];
+      for (const auto& [k, v] : test.back().items())
+        if (v.is_number() && k != "step" && !is_counter(k)) e["metrics"][k] = v;
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 // The plugins table from plugins.json, or a sentence saying why there is none.
 std::string plugins_html(const fs::path& plugins) {
   std::error_code ec;
@@ -332,12 +381,18 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
   const fs::path manifest = run_dir / "manifest.resolved.toml";
   const std::string manifest_text = fs::exists(manifest, ec) ? read_text(manifest) : "";
   const fs::path run_log = run_dir / "run.log";
+  const std::string checkpoint = evaluated_checkpoint(manifest_text);
   const ordered_json summary =
-      run_summary(train, test, fs::is_regular_file(run_log, ec) ? read_text(run_log) : "");
+      run_summary(train, test, fs::is_regular_file(run_log, ec) ? read_text(run_log) : "",
+                  checkpoint);
+  // A training run's evaluations (an evaluation's own directory holds none).
+  const ordered_json evaluations =
+      checkpoint.empty() ? read_evaluations(run_dir) : ordered_json::array();
 
   const fs::path run_abs = fs::weakly_canonical(fs::absolute(run_dir), ec);  // no "." at the end
   ordered_json data = {{"run_dir", run_abs.string()}, {"summary", summary},
-                       {"counters", counter_keys()},
+                       {"counters", counter_keys()}, {"same_as", same_as(train)},
+                       {"evaluations", evaluations},
                        {"train", train}, {"test", test}, {"phases", nullptr}};
   const std::string phases_html = read_phases(trace_path(run_dir, manifest_text), data);
 
@@ -349,6 +404,9 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
                      "<h2>Summary</h2>\n" + summary_html(summary) +
                      "<p>" + std::to_string(train.size()) + " training records, " +
                      std::to_string(test.size()) + " evaluation records.</p>\n" +
+                     (checkpoint.empty() ? "<h2>Evaluations (keel evaluate)</h2>\n" +
+                                               evaluations_html(evaluations)
+                                         : std::string()) +
                      "<pre id=\"errors\"></pre>\n<h2>Metrics over steps</h2>\n<div id=\"charts\"></div>\n" +
                      "<h2>Phase breakdown of a step</h2>\n<div id=\"phases\">" + phases_html + "</div>\n" +
                      "<h2>Plugins</h2>\n" + plugins_html(run_dir / "plugins.json") +

@@ -7,12 +7,16 @@
 //   the profiler's trace    [profiler] path of the manifest, else trace.json: the chrome_trace
 //                           profiler's phases, as the mean ms per phase of a recorded step
 //   run.log                 where the run stopped and why, and its wall time (summary.hpp)
-// and writes FILE (default RUN_DIR/report.html): a summary (summary.hpp: where and why the run
-// stopped, steps, the last epoch, samples and tokens, wall time, throughput, the final and best
-// value of each evaluation metric), charts over steps of every numeric metric but the counters
-// that only climb (the known ones first: loss, accuracy, bits per character or token, learning
-// rate, gradient norm, throughput, MFU, step time, evaluation and checkpoint time; then any
-// other key), the phase breakdown, the plugins and the manifest. The charts are drawn by uPlot
+//   eval-*/                 the run's `keel evaluate` runs: their checkpoints and records
+// and writes FILE (default RUN_DIR/report.html): a summary (summary.hpp: for the directory of
+// an evaluation the checkpoint it evaluated; where and why the run stopped, steps, the last
+// epoch, samples and tokens, wall time, throughput, the final and best value of each
+// evaluation metric), a training run's evaluations (one row per eval-*/), charts over steps of
+// every numeric metric but the counters that only climb and the training keys that repeat
+// another in every record (tokens per second equal to samples per second: summary.hpp,
+// same_as) (the known ones first: loss, accuracy, bits per character or token, learning rate,
+// gradient norm, throughput, MFU, step time, evaluation and checkpoint time; then any other
+// key), the phase breakdown, the plugins and the manifest. The charts are drawn by uPlot
 // (kernel/report/vendor/, embedded in keel and inlined into the page with its licence), so the
 // page needs no network and no server. After drawing, the page writes what each chart plotted
 // (series, points, last value; the phase chart's values too) as JSON into <pre id="rendered">

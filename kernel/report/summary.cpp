@@ -34,28 +34,43 @@ std::optional<double> line_time(const std::string& line) {
 struct LogFacts {
   std::optional<ordered_json> stop;  // {"step", "reason"} of the last "run finished" line
   std::optional<double> wall_s;
-  int sessions = 0;
+  int sessions = 0;          // the sessions of the run the records are of
+  int earlier_sessions = 0;  // those of earlier runs in the directory, not counted
 };
 
+// One session of run.log: from a "===== keel <command>, run <id>, ... =====" line (or the
+// file's start) to the next.
+struct Session {
+  std::string run_id;  // "" when the header names none (or before the first header)
+  bool has_header = false;
+  std::optional<double> first, last;  // the earliest and latest timestamped line
+  std::optional<ordered_json> stop;
+};
+
+// The run id of a session header "===== keel train, run <id>, <time>, pid <pid> =====".
+std::string header_run_id(const std::string& line) {
+  const size_t at = line.find(", run ");
+  if (at == std::string::npos) return "";
+  const size_t begin = at + 6, end = line.find(',', begin);
+  return line.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+// run.log is appended to by every run in the directory (a resumed run and one started over the
+// records with --overwrite alike). A resumed run keeps its run id, a new one draws another, so
+// the run whose records metrics.jsonl holds is the trailing sessions sharing the last one's
+// run id; the sessions before them are earlier runs' (replaced by --overwrite) and do not count.
 LogFacts read_log(const std::string& run_log) {
-  LogFacts facts;
+  std::vector<Session> sessions(1);  // [0]: lines before any header
   std::istringstream in(run_log);
-  std::optional<double> first, last;  // the session's earliest and latest line
-  double wall = 0;
-  auto close_session = [&] {
-    if (first && last) wall += *last - *first;
-    first.reset();
-    last.reset();
-  };
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("===== keel ", 0) == 0) {
-      close_session();
-      ++facts.sessions;
+      sessions.push_back({header_run_id(line), true, std::nullopt, std::nullopt, std::nullopt});
       continue;
     }
+    Session& s = sessions.back();
     if (const auto t = line_time(line)) {
-      if (!first || *t < *first) first = t;
-      if (!last || *t > *last) last = t;
+      if (!s.first || *t < *s.first) s.first = t;
+      if (!s.last || *t > *s.last) s.last = t;
     }
     // "[time] [level] run finished at step N: reason"
     const size_t level_end = line.find("] ", line.find("] [") + 3);
@@ -65,9 +80,21 @@ LogFacts read_log(const std::string& run_log) {
     const size_t colon = rest.find(": ");
     long long step = 0;
     if (colon != std::string::npos && std::sscanf(rest.c_str(), "%lld", &step) == 1)
-      facts.stop = ordered_json{{"step", step}, {"reason", rest.substr(colon + 2)}};
+      s.stop = ordered_json{{"step", step}, {"reason", rest.substr(colon + 2)}};
   }
-  close_session();
+  // The sessions of the last run: from the end back while the run id is the last one's.
+  size_t from = sessions.size() - 1;
+  while (from > 1 && sessions[from - 1].run_id == sessions.back().run_id) --from;
+  if (!sessions.back().has_header) from = 0;  // no header at all: one session, the whole file
+  LogFacts facts;
+  double wall = 0;
+  for (size_t i = from; i < sessions.size(); ++i) {
+    const Session& s = sessions[i];
+    if (s.first && s.last) wall += *s.last - *s.first;
+    if (s.stop) facts.stop = s.stop;
+    facts.sessions += s.has_header;
+  }
+  facts.earlier_sessions = from > 1 ? static_cast<int>(from - 1) : 0;
   if (facts.sessions > 0 || wall > 0) facts.wall_s = wall;
   return facts;
 }
@@ -120,6 +147,11 @@ std::string row(const std::string& head, const std::string& cell) {
   return "<tr><th>" + head + "</th><td>" + cell + "</td></tr>";
 }
 
+// "1 session", "2 sessions".
+std::string plural(int n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 std::string escaped(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -142,8 +174,34 @@ bool is_counter(const std::string& key) {
   return std::find(counter_keys().begin(), counter_keys().end(), key) != counter_keys().end();
 }
 
+namespace {
+
+// Whether every training record that has `key` or `like` has both, equal, and one has them: a
+// dataset without tokens of its own (the MLP's images) counts each sample as one token.
+bool same_series(const ordered_json& train, const std::string& key, const std::string& like) {
+  bool any = false;
+  for (const auto& r : train) {
+    const bool a = r.contains(key) && r[key].is_number(), b = r.contains(like) && r[like].is_number();
+    if (!a && !b) continue;
+    if (!a || !b || r[key].get<double>() != r[like].get<double>()) return false;
+    any = true;
+  }
+  return any;
+}
+
+}  // namespace
+
+ordered_json same_as(const ordered_json& train) {
+  ordered_json same = ordered_json::object();
+  for (const auto& [key, like] : {std::pair<const char*, const char*>{"tokens", "samples"},
+                                  {"tokens_per_s", "samples_per_s"}})
+    if (same_series(train, key, like)) same[key] = like;
+  return same;
+}
+
 ordered_json run_summary(const ordered_json& train, const ordered_json& test,
-                         const std::string& run_log) {
+                         const std::string& run_log, const std::string& evaluated_checkpoint) {
+  const ordered_json same = same_as(train);
   ordered_json s;
   ordered_json last_step = nullptr;
   for (const ordered_json* records : {&train, &test})
@@ -154,14 +212,20 @@ ordered_json run_summary(const ordered_json& train, const ordered_json& test,
   ordered_json counters = ordered_json::object();
   if (!train.empty())
     for (const std::string& k : counter_keys())
-      if (train.back().contains(k) && train.back()[k].is_number()) counters[k] = train.back()[k];
+      if (train.back().contains(k) && train.back()[k].is_number() && !same.contains(k))
+        counters[k] = train.back()[k];
   s["counters"] = counters;
+  if (!evaluated_checkpoint.empty())
+    s["checkpoint"] = {{"path", evaluated_checkpoint},
+                       {"step", test.empty() ? ordered_json(nullptr) : test.back()["step"]}};
   const LogFacts log = read_log(run_log);
   s["stop"] = log.stop ? *log.stop : ordered_json{{"step", last_step}, {"reason", "unknown"}};
   s["wall_time_s"] = log.wall_s ? ordered_json(*log.wall_s) : ordered_json(nullptr);
   s["sessions"] = log.sessions;
+  s["earlier_sessions"] = log.earlier_sessions;
   ordered_json throughput = ordered_json::object();
   for (const char* k : {"samples_per_s", "tokens_per_s"}) {
+    if (same.contains(k)) continue;
     double sum = 0;
     int n = 0;
     for (const auto& r : train)
@@ -179,6 +243,12 @@ ordered_json run_summary(const ordered_json& train, const ordered_json& test,
 std::string summary_html(const ordered_json& s) {
   std::string html = "<table id=\"summary\">";
   const ordered_json& stop = s["stop"];
+  if (s.contains("checkpoint")) {
+    const ordered_json& c = s["checkpoint"];
+    html += row("evaluated checkpoint", "<code>" + escaped(c["path"].get<std::string>()) +
+                                            "</code>" +
+                                            (c["step"].is_null() ? "" : " (step " + number(c["step"]) + ")"));
+  }
   html += row("stopped", stop["step"].is_null() ? escaped(stop["reason"].get<std::string>())
                                                 : "at step " + number(stop["step"]) + ": " +
                                                       escaped(stop["reason"].get<std::string>()));
@@ -187,8 +257,14 @@ std::string summary_html(const ordered_json& s) {
   html += row("wall time", s["wall_time_s"].is_null()
                                ? "unknown (no run.log)"
                                : number(s["wall_time_s"]) + " s (run.log, " +
-                                     std::to_string(s["sessions"].get<int>()) + " session" +
-                                     (s["sessions"].get<int>() == 1 ? "" : "s") + ")");
+                                     plural(s["sessions"].get<int>(), "session") +
+                                     (s["earlier_sessions"].get<int>() == 0
+                                          ? ""
+                                          : "; not counted: " +
+                                                plural(s["earlier_sessions"].get<int>(),
+                                                       "session") +
+                                                " of earlier runs in the directory") +
+                                     ")");
   std::vector<std::string> rates;
   for (const auto& [k, v] : s["throughput"].items())
     rates.push_back(number(v) + " " + (k == "samples_per_s" ? "samples/s" : "tokens/s"));
@@ -202,6 +278,29 @@ std::string summary_html(const ordered_json& s) {
     html += "<tr><td>" + escaped(m["metric"].get<std::string>()) + "</td><td>" +
             number(m["final"]) + "</td><td>" + number(m["final_step"]) + "</td><td>" +
             number(m["best"]) + "</td><td>" + number(m["best_step"]) + "</td></tr>";
+  return html + "</table>\n";
+}
+
+std::string evaluations_html(const ordered_json& evaluations) {
+  if (evaluations.empty())
+    return "<p>No <code>keel evaluate</code> of this run (no eval-*/ in the run directory).</p>\n";
+  std::vector<std::string> keys;  // the metrics of any evaluation, in order of first appearance
+  for (const auto& e : evaluations)
+    for (const auto& [k, v] : e["metrics"].items())
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  std::string html = "<table id=\"evaluations\"><tr><th>evaluation</th><th>checkpoint</th>"
+                     "<th>step</th>";
+  for (const auto& k : keys) html += "<th>" + escaped(k) + "</th>";
+  html += "</tr>";
+  for (const auto& e : evaluations) {
+    html += "<tr><td>" + escaped(e["dir"].get<std::string>()) + "</td><td><code>" +
+            escaped(e["checkpoint"].get<std::string>()) + "</code></td><td>" +
+            number(e["step"]) + "</td>";
+    for (const auto& k : keys)
+      html += "<td>" + number(e["metrics"].contains(k) ? e["metrics"][k] : ordered_json(nullptr)) +
+              "</td>";
+    html += "</tr>";
+  }
   return html + "</table>\n";
 }
 
