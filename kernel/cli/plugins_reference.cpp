@@ -85,8 +85,9 @@ int plugins_reference(const PluginsArgs& args) {
   std::printf("# Component reference\n\n");
   std::printf(
       "Every component found on keel's plugin search path, grouped by kind. A component's "
-      "options are the keys of the manifest table whose `type` names it; bounds are inclusive, "
-      "and a key marked \"required\" has no default and must be set. `keel plugins show NAME` "
+      "options are the keys of the manifest table whose `type` names it; a bound beside [ or ] "
+      "or after >= is inclusive, one beside ( or ) or after > exclusive, and a key marked "
+      "\"required\" has no default and must be set. `keel plugins show NAME` "
       "prints the options of one component; `sdk/README.md` explains how to write "
       "components.\n\n");
 

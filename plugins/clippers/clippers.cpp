@@ -72,12 +72,7 @@ class Norm : public keel::GradClipper {
       : params_(ctx.params()),
         shards_(ctx.shards()),
         max_norm_(ctx.get_float("max_norm")),
-        norm_type_(ctx.get_float("norm_type")) {
-    if (!(max_norm_ > 0))
-      throw std::invalid_argument(c10::str("norm: max_norm must be > 0, got ", max_norm_,
-                                           "; hint: set [", ctx.section(),
-                                           "] max_norm (e.g. 1.0) or use type = \"none\""));
-  }
+        norm_type_(ctx.get_float("norm_type")) {}  // max_norm > 0: the schema's bound
   // As clip_grad_norm_: grads *= clamp(max_norm / (total + 1e-6), max = 1).
   double clip() override {
     const std::vector<at::Tensor> grads = grads_of(params_);
@@ -136,7 +131,8 @@ class None : public keel::GradClipper {
 };
 
 const keel_option_desc kNormOptions[] = {
-    keel::opt_float("max_norm", "1.0", "largest allowed total gradient norm (> 0)", 0, keel::kInf),
+    keel::opt_float("max_norm", "1.0", "largest allowed total gradient norm", keel::above(0),
+                    keel::kInf),
     keel::opt_float("norm_type", "2.0", "order of the norm (inf: max norm)", 0, keel::kInf),
 };
 const keel_option_desc kValueOptions[] = {

@@ -206,10 +206,6 @@ class AdamLike : public TorchOptimizer {
  public:
   explicit AdamLike(const keel::Context& ctx) : TorchOptimizer(ctx) {
     const double beta1 = ctx.get_float("beta1"), beta2 = ctx.get_float("beta2");
-    check(beta1 < 1.0, c10::str("beta1 = ", beta1, " is not in [0, 1)"),
-          c10::str("set [", ctx.section(), "] beta1 below 1, e.g. 0.9"));
-    check(beta2 < 1.0, c10::str("beta2 = ", beta2, " is not in [0, 1)"),
-          c10::str("set [", ctx.section(), "] beta2 below 1, e.g. 0.999"));
     const auto options = Options(ctx.get_float("lr"))
                              .betas(std::make_tuple(beta1, beta2))
                              .eps(ctx.get_float("eps"))
@@ -264,8 +260,8 @@ class AdamLike : public TorchOptimizer {
 using Adam = AdamLike<optim::Adam, optim::AdamOptions, optim::AdamParamState>;
 using AdamW = AdamLike<optim::AdamW, optim::AdamWOptions, optim::AdamWParamState>;
 
-// lr, momentum, betas, eps and weight_decay bounds (>= 0, betas <= 1) are enforced by the
-// schema; beta < 1 and nesterov's requirements are checked in the constructors.
+// lr, momentum, betas, eps and weight_decay bounds (>= 0, betas in [0, 1)) are enforced by the
+// schema, at validation; nesterov's requirements (two options together) in Sgd's constructor.
 const keel_option_desc kSgdOptions[] = {
     keel::opt_float("lr", "0.01", "learning rate", 0, keel::kInf),
     keel::opt_float("momentum", "0.0", "momentum factor", 0, keel::kInf),
@@ -276,9 +272,9 @@ const keel_option_desc kSgdOptions[] = {
 // Adam and AdamW share every option but the weight-decay default and meaning.
 constexpr keel_option_desc kAdamLr = keel::opt_float("lr", "0.001", "learning rate", 0, keel::kInf);
 constexpr keel_option_desc kBeta1 =
-    keel::opt_float("beta1", "0.9", "decay of the first-moment average, in [0, 1)", 0, 1);
+    keel::opt_float("beta1", "0.9", "decay of the first-moment average", 0, keel::below(1));
 constexpr keel_option_desc kBeta2 =
-    keel::opt_float("beta2", "0.999", "decay of the second-moment average, in [0, 1)", 0, 1);
+    keel::opt_float("beta2", "0.999", "decay of the second-moment average", 0, keel::below(1));
 constexpr keel_option_desc kEps =
     keel::opt_float("eps", "1e-8", "term added to the denominator", 0, keel::kInf);
 constexpr keel_option_desc kAmsgrad = keel::opt_bool("amsgrad", "false", "use the AMSGrad variant");

@@ -142,8 +142,8 @@ const keel_option_desc kAdagradOptions[] = {
 const keel_option_desc kAdamWOptions[] = {
     keel::opt_float("lr", "0.001", "learning rate (the [lr_scheduler]'s factor applies to it)", 0,
                     1e9),
-    keel::opt_float("beta1", "0.9", "decay of the first moment", 0, 0.999999),
-    keel::opt_float("beta2", "0.999", "decay of the second moment", 0, 0.999999),
+    keel::opt_float("beta1", "0.9", "decay of the first moment", 0, keel::below(1)),
+    keel::opt_float("beta2", "0.999", "decay of the second moment", 0, keel::below(1)),
     keel::opt_float("eps", "1e-8", "added to the root of the second moment", 0, 1),
     keel::opt_float("weight_decay", "0.01",
                     "decoupled weight decay, applied to the rows a step touches only", 0, 1e9),

@@ -32,10 +32,29 @@ std::string fmt(double v) {
 
 bool bounded(const keel_option_desc& o) { return o.min <= o.max; }
 
-// ">= 0" or "in [0, 1]".
+// A bound as shown: a float option's bound that is the next double inside a shorter number
+// (keel::below(1.0), 0.9999999999999999) is that number, exclusive ("1" and open): in doubles
+// the two ranges are the same.
+struct Shown {
+  double value;
+  bool open;
+};
+Shown shown(const keel_option_desc& o, double bound, double outward) {
+  const bool floats = o.type == KEEL_OPT_FLOAT || o.type == KEEL_OPT_FLOAT_LIST;
+  if (floats && std::isfinite(bound)) {
+    const double next = std::nextafter(bound, outward);
+    if (std::isfinite(next) && text::number(next).size() < text::number(bound).size())
+      return {next, true};
+  }
+  return {bound, false};
+}
+
+// ">= 0", "> 0", "in [0, 1]" or "in [0, 1)".
 std::string bounds(const keel_option_desc& o) {
-  if (std::isinf(o.max)) return ">= " + fmt(o.min);
-  return "in [" + fmt(o.min) + ", " + fmt(o.max) + "]";
+  const Shown lo = shown(o, o.min, -HUGE_VAL), hi = shown(o, o.max, HUGE_VAL);
+  if (std::isinf(o.max)) return (lo.open ? "> " : ">= ") + fmt(lo.value);
+  return std::string("in ") + (lo.open ? "(" : "[") + fmt(lo.value) + ", " + fmt(hi.value) +
+         (hi.open ? ")" : "]");
 }
 
 std::string show(const toml::node& n) {

@@ -7,7 +7,9 @@
 
 namespace keel {
 
-// Option schema entries. Bounds are inclusive; leave them out for "unbounded".
+// Option schema entries. Bounds are inclusive; leave them out for "unbounded". An exclusive
+// bound is the next double inside it, keel::below(1.0) or keel::above(0.0) (below): in doubles,
+// [0, below(1)] is [0, 1), and keel shows and checks it as that ("float in [0, 1)").
 constexpr double kNoMin = 1.0, kNoMax = 0.0;
 constexpr keel_option_desc opt_bool(const char* key, const char* def, const char* help) {
   return {key, KEEL_OPT_BOOL, def, help, kNoMin, kNoMax, nullptr};
@@ -37,5 +39,31 @@ constexpr keel_option_desc opt_float_list(const char* key, const char* def, cons
   return {key, KEEL_OPT_FLOAT_LIST, def, help, min, max, nullptr};
 }
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The largest double below `x` and the smallest above it (x finite): the inclusive bound that
+// stands for the exclusive bound x. constexpr, so that schemas stay constant tables (C:
+// nextafter(x, -INFINITY), or a literal such as 0x1.fffffffffffffp-1 for below(1)).
+constexpr double above(double x);
+constexpr double below(double x) {
+  constexpr double kTiny = std::numeric_limits<double>::denorm_min();
+  if (x == 0) return -kTiny;
+  if (x < 0) return -above(-x);
+  double p = 1;  // the power of two with p <= x < 2p
+  while (p > x) p /= 2;
+  while (p * 2 <= x) p *= 2;
+  // The doubles in [p, 2p) are p * epsilon apart, those just below p half that.
+  const double gap = (x == p ? p / 2 : p) * std::numeric_limits<double>::epsilon();
+  return x - (gap < kTiny ? kTiny : gap);
+}
+constexpr double above(double x) {
+  constexpr double kTiny = std::numeric_limits<double>::denorm_min();
+  if (x == 0) return kTiny;
+  if (x < 0) return -below(-x);
+  double p = 1;
+  while (p > x) p /= 2;
+  while (p * 2 <= x) p *= 2;
+  const double gap = p * std::numeric_limits<double>::epsilon();
+  return x + (gap < kTiny ? kTiny : gap);
+}
 
 }  // namespace keel
