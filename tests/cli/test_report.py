@@ -18,7 +18,12 @@ profiler and a checkpoint), then `keel report`, opened in headless Chromium (Deb
 - the manifest is shown, escaped (a `</script>` in a manifest string cannot break the page);
 - without plugins.json and trace.json (an older run, no profiler) the page, written with
   --output elsewhere, says that both are absent and still renders without errors;
-- a screenshot is kept in the meson build directory (tests/report-screenshot.png).
+- a screenshot is kept in the meson build directory (tests/report-screenshot.png);
+- first, without a browser, on run directories written here, the page's data: the wall time of
+  a run.log appended across an --overwrite counts the last run's sessions only, the run's
+  eval-*/ evaluations are listed with their checkpoints, an evaluation's page names its
+  checkpoint, and tokens equal to samples are neither summarised nor charted (these run and
+  count without Chromium too).
 The command's bad input (no run directory, no metrics.jsonl, a malformed metrics line) is in
 tests/cli/test_bad_input.py.
 
