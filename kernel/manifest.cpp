@@ -121,15 +121,33 @@ bool changes_type(const toml::table& base, const toml::table& overlay) {
          a->as_string()->get() != b->as_string()->get();
 }
 
-// Moves `overlay` into `base`: tables merge key by key, anything else replaces.
-void merge(toml::table& base, toml::table& overlay) {
+// "console, jsonl": the `type` of each table of `a` ("?" for a table without one).
+std::string types_of(const toml::array& a) {
+  std::string out;
+  for (const toml::node& e : a) {
+    const toml::node* type = e.is_table() ? e.as_table()->get("type") : nullptr;
+    out += (out.empty() ? "" : ", ") +
+           (type && type->is_string() ? type->as_string()->get() : std::string("?"));
+  }
+  return out;
+}
+
+// Moves `overlay` into `base`: tables merge key by key, anything else replaces (an array too,
+// an array of tables included: each replaced array of tables is recorded in `replaced`).
+// `prefix`: the dotted key of `base` ("" for the root, else ending with '.').
+void merge(toml::table& base, toml::table& overlay, const std::string& prefix,
+           std::vector<Manifest::Replaced>& replaced) {
   for (auto&& [k, v] : overlay) {
     toml::node* existing = base.get(k.str());
     if (existing && existing->is_table() && v.is_table() &&
         !changes_type(*existing->as_table(), *v.as_table())) {
-      merge(*existing->as_table(), *v.as_table());
+      merge(*existing->as_table(), *v.as_table(), prefix + std::string(k.str()) + ".", replaced);
       continue;
     }
+    if (existing && existing->is_array() && existing->as_array()->is_array_of_tables() &&
+        !existing->as_array()->empty())
+      replaced.push_back({prefix + std::string(k.str()), where(v.source()),
+                          where(existing->source()), types_of(*existing->as_array())});
     toml::key key(k.str(), k.source());
     base.erase(k.str());
     base.insert(std::move(key), std::move(v));
@@ -144,7 +162,8 @@ struct Include {
 // `where_`/`what`: the `extends` key that names `file` ("" for the command line).
 // `read` gets the canonical path of every file read, the including file before its base.
 toml::table parse_file(const fs::path& file, std::vector<Include>& chain,
-                       std::vector<std::string>& read, const std::string& where_ = "",
+                       std::vector<std::string>& read,
+                       std::vector<Manifest::Replaced>& replaced, const std::string& where_ = "",
                        const std::string& what = "") {
   std::error_code ec;
   fs::path canonical = fs::weakly_canonical(file, ec);
@@ -187,10 +206,10 @@ toml::table parse_file(const fs::path& file, std::vector<Include>& chain,
       throw Error(where(ext->source()) + ": `extends` is empty; hint: name the base manifest, "
                   "relative to this file: extends = \"base.toml\", or remove the key");
     const fs::path base_path = file.parent_path() / base_name->get();
-    toml::table base =
-        parse_file(base_path, chain, read, ext_where, "extends = \"" + base_name->get() + "\"");
+    toml::table base = parse_file(base_path, chain, read, replaced, ext_where,
+                                  "extends = \"" + base_name->get() + "\"");
     table.erase("extends");
-    merge(base, table);
+    merge(base, table, "", replaced);
     table = std::move(base);
   }
   chain.pop_back();
@@ -489,7 +508,7 @@ Manifest load_manifest(const std::string& path, const std::vector<std::string>& 
     throw Error("'': the manifest path is empty; hint: name a .toml file, e.g. "
                 "configs/quickstart.toml");
   std::vector<Include> chain;
-  m.root = parse_file(path, chain, m.files);
+  m.root = parse_file(path, chain, m.files, m.replaced);
   for (const auto& o : overrides) Override(m.root, o).run();
   return m;
 }

@@ -17,6 +17,15 @@ struct Manifest {
   // Every file read, by canonical path: the file named first, then the base it extends, then
   // that base's base, and so on (a lock is looked up along this chain: loader/lock.hpp).
   std::vector<std::string> files;
+  // An array of tables of a base that an including file's value for the same key replaced
+  // (`extends` merges tables key by key, but an array replaces the base's whole array):
+  // `key` ("hooks", "optimizer.groups"), `where` the including file's value (file:line:col),
+  // `base` the base's array and `base_types` the `type` of each of its entries ("console,
+  // jsonl"), for the warning about a run left without metric sinks.
+  struct Replaced {
+    std::string key, where, base, base_types;
+  };
+  std::vector<Replaced> replaced;
 };
 
 // Reads `path`, resolves `extends = "base.toml"` (relative to the including file, recursively)

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "config/resolve_parts.hpp"
+#include "distributed/launch.hpp"
 #include "error.hpp"
 #include "text/text.hpp"
 
@@ -244,6 +245,45 @@ CheckpointKeys checkpoint_keys_of(const toml::table& ct, const keel_options& val
 
 namespace {
 
+// keel's metric sinks: the hooks of kDefaultHooksPlugin that write the metric records.
+bool metric_sink(const ComponentSpec& hook) {
+  const std::string& name = hook.component->name;
+  return hook.component->plugin->name == kDefaultHooksPlugin &&
+         (name == "console" || name == "jsonl" || name == "csv");
+}
+
+// Written [[hooks]] that hold hooks but none of keel's metric sinks: a run that prints no
+// records and leaves `keel report` nothing to read, most often because one [[hooks]] table in
+// a manifest that extends another replaced the base's console and jsonl. One warning line, on
+// rank 0 (or alone). (`hooks = []`, which asks for no hooks at all, is not warned about.)
+void warn_without_metric_sink(const Manifest& m, const toml::node& node,
+                              const std::vector<ComponentSpec>& hooks) {
+  if (hooks.empty()) return;
+  for (const ComponentSpec& h : hooks)
+    if (metric_sink(h)) return;
+  try {
+    if (const auto launch = detect_launch(); launch && launch->rank != 0) return;
+  } catch (const std::exception&) {
+    // A malformed launch fails after resolve with its own error; warn meanwhile.
+  }
+  std::vector<std::string> types;
+  for (const ComponentSpec& h : hooks) types.push_back(h.component->name);
+  const std::string at = where(node.source());
+  const std::string add = "add [[hooks]] type = \"console\" and [[hooks]] type = \"jsonl\"";
+  const std::string effect =
+      "holds none of keel's metric sinks (console, jsonl, csv): keel prints no records and "
+      "writes no metrics.jsonl (`keel report` reads it)";
+  for (const Manifest::Replaced& r : m.replaced)
+    if (r.key == "hooks" && r.where == at) {
+      spdlog::warn("{}: [[hooks]] ({}) replaces the base's ({}; {}) and {}; hint: {} here too "
+                   "(an array of tables replaces the base's whole array)",
+                   at, text::join(types), r.base_types, r.base, effect, add);
+      return;
+    }
+  spdlog::warn("{}: [[hooks]] ({}) {}; hint: {} (without [[hooks]] a run gets both)", at,
+               text::join(types), effect, add);
+}
+
 std::vector<ComponentSpec> written_hooks(const toml::node& node, const Registry& registry) {
   const toml::array* a = node.as_array();
   if (!a || (!a->empty() && !a->is_array_of_tables()))
@@ -265,6 +305,7 @@ std::vector<ComponentSpec> hooks(const Manifest& m, const Registry& registry) {
   const toml::node* node = m.root.get("hooks");
   std::vector<ComponentSpec> out =
       node ? written_hooks(*node, registry) : default_hooks(registry, m.path);
+  if (node) warn_without_metric_sink(m, *node, out);
   for (ComponentSpec& h : out)
     if (h.label.empty()) h.label = h.component->name;  // label's default: the hook's type
   return out;

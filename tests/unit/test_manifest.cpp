@@ -527,4 +527,45 @@ TEST_CASE("no [[hooks]]: keel's own console and jsonl, also when another plugin 
   }
 }
 
+TEST_CASE("[[hooks]] without keel's metric sinks: one warning, naming the base's hooks replaced") {
+  TempDir d;
+  const std::string run = keel_test::small_run(d.path / "run");
+  const std::string sinks = "[[hooks]]\ntype = \"console\"\n[[hooks]]\ntype = \"jsonl\"\n";
+  const auto base = d.write("base.toml", run + sinks);
+  const std::string early = "[[hooks]]\ntype = \"early_stopping\"\n";
+  struct Case {
+    std::string text;     // m.toml
+    std::string warning;  // what the one warning holds after "m.toml:", "" for none
+  };
+  const std::vector<Case> cases = {
+      // One [[hooks]] table in a manifest that extends another replaces the base's array.
+      {"extends = \"base.toml\"\n" + early,
+       ":2:1: [[hooks]] (early_stopping) replaces the base's (console, jsonl; " +
+           base.string() + ":"},
+      {run + early, ":28:1: [[hooks]] (early_stopping) holds none of keel's metric sinks"},
+      {"extends = \"base.toml\"\n" + early + "[[hooks]]\ntype = \"csv\"\n", ""},
+      {"extends = \"base.toml\"\n" + early + sinks, ""},
+      {"extends = \"base.toml\"\n[optimizer]\nlr = 0.5\n", ""},  // the base's hooks
+      {"hooks = []\n" + run, ""},  // asks for no hooks at all
+      {run, ""},                   // keel's console and jsonl
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.text);
+    const auto p = d.write("m.toml", c.text);
+    keel::Registry registry;  // its own: no other case's plugins in the log
+    std::vector<std::string> warnings;
+    for (const std::string& line : logged(
+             [&] { keel::resolve(keel::load_manifest(p.string(), {}), registry); }))
+      if (line.find("metric sinks") != std::string::npos) warnings.push_back(line);
+    if (c.warning.empty()) {
+      CHECK(warnings.empty());
+      continue;
+    }
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0].find(p.string() + c.warning) != std::string::npos);
+    CHECK(warnings[0].find("hint: add [[hooks]] type = \"console\" and [[hooks]] type = "
+                           "\"jsonl\"") != std::string::npos);
+  }
+}
+
 }  // namespace unit_manifest
