@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "run/events.hpp"
 #include "run/run.hpp"
 #include "run/tables.hpp"
@@ -26,8 +28,10 @@ WindowTimes slowest_times(Run& run, const std::vector<double>* slowest) {
   return {v.at(0), v.at(1), v.at(2), v.at(3)};
 }
 
-// The mfu's value for `samples_per_s` (of all ranks), and its peak.
-void add_mfu(const Run& run, double samples_per_s, std::vector<keel_metric>& record) {
+// The mfu's value for `samples_per_s` (of all ranks), and its peak. A value above 1 (more than
+// the peak: the peak is too low, e.g. measured while other processes ran) is left out of the
+// record, with one warning in the run.
+void add_mfu(Run& run, double samples_per_s, std::vector<keel_metric>& record) {
   const Instance<keel_mfu>& mfu = run.components.mfu;
   if (!mfu) return;
   // Per device: the samples of all ranks over the devices of all ranks.
@@ -36,7 +40,20 @@ void add_mfu(const Run& run, double samples_per_s, std::vector<keel_metric>& rec
   if (!std::isfinite(v) || v < 0)
     throw mfu.error("compute returned " + text::number(v) +
                     "; an mfu must be a finite value >= 0 (a fraction of the peak)");
-  record.push_back({"mfu", v});
+  if (v <= 1) {
+    record.push_back({"mfu", v});
+  } else if (!run.records.mfu_above_one && run.ranks.rank == 0) {
+    const std::string type = run.config.mfu ? run.config.mfu->component->name : "";
+    spdlog::warn(
+        "{}: mfu {} at step {} is above 1, so the peak it divides by{} is too low; mfu is left "
+        "out of the records while above 1; hint: give [mfu] the right peak (keel plugins show "
+        "{}; keel-mfu: peak_tflops, or --set mfu.recalibrate=true to measure it again on an "
+        "idle machine)",
+        mfu.label(), text::number(v), run.progress.step,
+        run.plan.mfu_peak > 0 ? " (" + text::number(run.plan.mfu_peak / 1e12) + " TFLOP/s)" : "",
+        type);
+  }
+  if (v > 1) run.records.mfu_above_one = true;
   if (run.plan.mfu_peak > 0) record.push_back({"mfu_peak_tflops", run.plan.mfu_peak / 1e12});
 }
 

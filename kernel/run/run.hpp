@@ -161,6 +161,7 @@ struct Records {
   std::vector<keel_metric> train, eval;
   std::vector<std::string> restored_keys;  // storage of the keys of records a resume restored
   int64_t last_train_step = -1, last_eval_step = -1, last_saved_step = -1;
+  bool mfu_above_one = false;  // an mfu above 1 was left out of a record (and warned about)
 };
 
 // The reason the run ends, once decided (run/trainer.cpp, decide_end).

@@ -4,11 +4,14 @@
 //                 attention term, 6N + 12*L*H*Q*T (below).
 // Both divide by `peak_tflops`, or, when it is 0, by a peak measured on this machine: a short
 // float32 matrix-multiply calibration on the device the parameters live on, with the current
-// LibTorch thread count, cached in $XDG_CACHE_HOME/keel/peak_flops.json (default
-// ~/.cache/keel/) under a key naming the host, CPU model, device and thread counts (LibTorch's
-// and OpenBLAS's: the kernel gives OpenBLAS's OpenMP build LibTorch's count, its pthread build
-// one thread, and a matrix product runs on OpenBLAS's threads), so that
-// later runs on the same machine skip it. The peak used is reported to the kernel
+// thread counts (docs/mfu.md, "The peak"). A measurement is cached in
+// $XDG_CACHE_HOME/keel/peak_flops.json (default ~/.cache/keel/) under a key naming what it
+// depends on: the host, CPU model, device, LibTorch's thread count and the BLAS that runs the
+// products with its thread count (the kernel gives OpenBLAS's OpenMP build LibTorch's count,
+// its pthread build one thread), so that later runs on the same machine skip it. A measurement
+// taken under load (its matmul threads did not get their cores, or its rounds' rates spread
+// widely) is used for that run only: never cached, and said so in the run log. `recalibrate =
+// true` measures again over a cached value. The peak used is reported to the kernel
 // (keel_mfu.peak_flops), which records it in the metrics as mfu_peak_tflops.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -16,16 +19,22 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <dlfcn.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -56,8 +65,71 @@ fs::path cache_file() {
   return {};
 }
 
-// Best FLOP/s of float32 [n, n] x [n, n] matmuls on `device` over about 0.3 s, after warm-up.
-double measure_peak(const at::Device& device) {
+// The BLAS that runs LibTorch's CPU matrix products, as this process loaded it (the plugin
+// looks it up by its symbols, as the kernel's blas.cpp does: any BLAS links).
+struct Blas {
+  bool openblas = false;  // OpenBLAS's openblas_* functions are there
+  int threads = 0;        // OpenBLAS's thread count (0: not OpenBLAS, its threads unknown)
+  std::string text;       // "OpenBLAS 0.3.21 (OpenMP build, /usr/lib/.../libblas.so.3), 2 threads"
+};
+
+Blas blas() {
+  Blas b;
+  const auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const auto parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  const auto config = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  b.openblas = get != nullptr;
+  b.threads = get != nullptr ? get() : 0;
+  std::string name = b.openblas ? "OpenBLAS" : "not OpenBLAS";
+  if (config != nullptr && config() != nullptr) {
+    // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64": the first two words.
+    const std::string text = config();
+    const size_t space = text.find(' ');
+    name = text.substr(0, space == std::string::npos ? space : text.find(' ', space + 1));
+  }
+  std::string notes;
+  if (b.openblas)
+    notes = parallel != nullptr && parallel() == 2 ? "OpenMP build" : "not the OpenMP build";
+  Dl_info where{};
+  if (void* dgemm = dlsym(RTLD_DEFAULT, "dgemm_");
+      dgemm != nullptr && dladdr(dgemm, &where) != 0 && where.dli_fname != nullptr) {
+    char* real = realpath(where.dli_fname, nullptr);
+    notes += (notes.empty() ? "" : ", ") + std::string(real != nullptr ? real : where.dli_fname);
+    free(real);
+  }
+  b.text = name + (notes.empty() ? "" : " (" + notes + ")");
+  if (b.openblas) b.text += ", " + std::to_string(b.threads) + (b.threads == 1 ? " thread" : " threads");
+  return b;
+}
+
+// The cores this process may run on (its CPU affinity), at least 1.
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// This process's CPU time (all its threads), in seconds.
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// One calibration: the rates of its timed rounds and what the process got meanwhile.
+struct Measurement {
+  double best = 0, median = 0;  // FLOP/s of the fastest round and of the median round
+  int rounds = 0;
+  // CPU devices: the process's CPU time over the timed rounds' wall time, divided by the
+  // threads the products run on (at most the usable cores): about 1 when each thread had its
+  // core, lower when other processes took turns on them. -1: not a CPU device.
+  double cpu_share = -1;
+  int threads = 0;  // the threads cpu_share counts
+};
+
+// Float32 [n, n] x [n, n] matmuls on `device` over about 0.3 s (3 to 50 rounds), after warm-up.
+// `threads`: the threads the products run on (CPU).
+Measurement measure_peak(const at::Device& device, int threads) {
   const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
   const at::Tensor a = at::randn({kCalibrationSize, kCalibrationSize}, opts);
   const at::Tensor b = at::randn({kCalibrationSize, kCalibrationSize}, opts);
@@ -66,24 +138,63 @@ double measure_peak(const at::Device& device) {
   for (int i = 0; i < 3; ++i) at::mm_out(c, a, b);
   sync();
   const double flops = 2.0 * kCalibrationSize * kCalibrationSize * kCalibrationSize;
-  double best = 0;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  std::vector<double> rates;
+  const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = process_cpu_s();
+  const auto until = start + std::chrono::milliseconds(300);
   for (int round = 0; round < 50 && (round < 3 || std::chrono::steady_clock::now() < until);
        ++round) {
     const auto t0 = std::chrono::steady_clock::now();
     at::mm_out(c, a, b);
     sync();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, flops / std::max(s, 1e-9));
+    rates.push_back(flops / std::max(s, 1e-9));
   }
-  return best;
+  const double cpu = process_cpu_s() - cpu_start;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Measurement m;
+  std::sort(rates.begin(), rates.end());
+  m.rounds = static_cast<int>(rates.size());
+  m.best = rates.back();
+  m.median = rates[rates.size() / 2];
+  if (device.is_cpu()) {
+    m.threads = std::max(1, std::min(threads, usable_cores()));
+    m.cpu_share = cpu / std::max(wall, 1e-9) / m.threads;
+  }
+  return m;
 }
 
-// OpenBLAS's thread count (it runs the CPU matrix products), or 0 when the BLAS is not OpenBLAS.
-int blas_threads() {
-  using GetThreads = int (*)();
-  const auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return get != nullptr ? get() : 0;
+// Why `m` was measured under load, or "" when it was not: its threads got less than
+// `min_cpu_share` of their cores' time, or its median round ran below 2/3 of its best (the
+// machine's speed changed while it measured). min_cpu_share 0: no check.
+std::string under_load(const Measurement& m, double min_cpu_share) {
+  if (min_cpu_share <= 0) return "";
+  char buf[200];
+  if (m.cpu_share >= 0 && m.cpu_share < min_cpu_share) {
+    std::snprintf(buf, sizeof buf,
+                  "its %d matmul thread%s got %.0f%% of %s cores' time, below min_cpu_share "
+                  "%.2f: other processes were running",
+                  m.threads, m.threads == 1 ? "" : "s", 100 * m.cpu_share,
+                  m.threads == 1 ? "its" : "their", min_cpu_share);
+    return buf;
+  }
+  if (m.median < m.best * 2 / 3) {
+    std::snprintf(buf, sizeof buf,
+                  "its %d rounds' median rate is %.0f%% of the best: the machine's speed "
+                  "changed while it measured", m.rounds, 100 * m.median / m.best);
+    return buf;
+  }
+  return "";
+}
+
+// Now, as "2026-12-06T10:33:13Z".
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 // The peak FLOP/s of one device: `peak_tflops` from the manifest when > 0, else the cached
@@ -100,31 +211,54 @@ class Peak {
     }
     char host[256] = "unknown host";
     gethostname(host, sizeof(host) - 1);
+    const Blas b = blas();
     std::ostringstream key;
     key << host << " | " << cpu_model() << " | " << device.str()
-        << " | threads=" << at::get_num_threads() << " | blas threads=" << blas_threads()
-        << " | float32 mm " << kCalibrationSize;
+        << " | threads=" << at::get_num_threads() << " | BLAS " << b.text << " | float32 mm "
+        << kCalibrationSize;
     const fs::path file = cache_file();
     nlohmann::json cache = nlohmann::json::object();
-    if (!file.empty() && !ctx.get_bool("recalibrate")) {
+    if (!file.empty()) {
       std::ifstream in(file);
       if (in) {
         cache = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
         if (!cache.is_object()) cache = nlohmann::json::object();
-        const auto it = cache.find(key.str());
-        if (it != cache.end() && it->is_object() && it->contains("flops") &&
-            (*it)["flops"].is_number() && (*it)["flops"].get<double>() > 0) {
-          flops_ = (*it)["flops"].get<double>();
-          log(KEEL_LOG_INFO, "peak " + tflops(flops_) + " TFLOP/s per device (measured earlier, "
-                             "cached in " + file.string() + " for '" + key.str() + "')");
-          return;
-        }
       }
     }
-    flops_ = measure_peak(device);
+    if (!ctx.get_bool("recalibrate")) {
+      const auto it = cache.find(key.str());
+      if (it != cache.end() && it->is_object() && it->contains("flops") &&
+          (*it)["flops"].is_number() && (*it)["flops"].get<double>() > 0) {
+        flops_ = (*it)["flops"].get<double>();
+        const auto when = it->find("measured");
+        log(KEEL_LOG_INFO,
+            "peak " + tflops(flops_) + " TFLOP/s per device (measured " +
+                (when != it->end() && when->is_string() ? when->get<std::string>() + ", "
+                                                         : std::string("earlier, ")) +
+                "cached in " + file.string() + " for '" + key.str() +
+                "'; --set mfu.recalibrate=true measures it again)");
+        return;
+      }
+    }
+    // The threads the products run on: OpenBLAS's; another BLAS's are unknown, so count one.
+    const Measurement m = measure_peak(device, b.openblas ? b.threads : 1);
+    flops_ = m.best;
+    const int threads = at::get_num_threads();
+    const std::string how = "float32 " + std::to_string(kCalibrationSize) + "^3 matmuls, " +
+                            std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
+                            ", BLAS " + b.text;
+    const std::string loaded = under_load(m, ctx.get_float("min_cpu_share"));
+    if (!loaded.empty()) {
+      log(KEEL_LOG_WARN,
+          "peak " + tflops(flops_) + " TFLOP/s per device, measured now under load (" + how +
+              "; " + loaded + "): not cached, used for this run only, so its MFU reads high; "
+              "hint: measure on an idle machine (the next run does, or --set "
+              "mfu.recalibrate=true), or set peak_tflops");
+      return;
+    }
     std::string where = "not cached: no $XDG_CACHE_HOME or $HOME";
     if (!file.empty()) {
-      cache[key.str()] = {{"flops", flops_}};
+      cache[key.str()] = {{"flops", flops_}, {"measured", utc_now()}, {"cpu_share", m.cpu_share}};
       std::error_code ec;
       fs::create_directories(file.parent_path(), ec);
       const fs::path tmp = file.string() + "." + std::to_string(getpid()) + ".tmp";
@@ -142,11 +276,8 @@ class Peak {
         where = "cached in " + file.string();
       }
     }
-    log(KEEL_LOG_INFO, "peak " + tflops(flops_) + " TFLOP/s per device, measured now (float32 " +
-                           std::to_string(kCalibrationSize) + "^3 matmuls, " +
-                           std::to_string(at::get_num_threads()) + " threads, OpenBLAS " +
-                           std::to_string(blas_threads()) + "; " + where +
-                           "); set peak_tflops to use a datasheet value instead");
+    log(KEEL_LOG_INFO, "peak " + tflops(flops_) + " TFLOP/s per device, measured now (" + how +
+                           "; " + where + "); set peak_tflops to use a datasheet value instead");
   }
   double flops() const { return flops_; }
 
@@ -227,13 +358,19 @@ class Transformer : public keel::Mfu {
 
 const char* const kPeakHelp =
     "peak TFLOP/s of one device (one rank's; keel hands MFU the samples per second per device); "
-    "0: measure it on this machine (float32 matmuls, cached per host, CPU, device and thread "
-    "count)";
-const char* const kRecalibrateHelp = "measure the peak again even when a cached value exists";
+    "0: measure it on this machine (float32 matmuls, cached per host, CPU, device, threads and "
+    "BLAS)";
+const char* const kRecalibrateHelp =
+    "measure the peak again even when a cached value exists (and cache it unless under load)";
+const char* const kMinCpuShareHelp =
+    "a peak measured on the CPU whose matmul threads got less than this share of their cores' "
+    "time (other processes were running), or whose rounds' rates spread widely, is used for the "
+    "run but not cached; 0: no load check, cache every measurement";
 
 const keel_option_desc kPeakFlopsOptions[] = {
     keel::opt_float("peak_tflops", nullptr, kPeakHelp, 0, keel::kInf),
     keel::opt_bool("recalibrate", "false", kRecalibrateHelp),
+    keel::opt_float("min_cpu_share", "0.8", kMinCpuShareHelp, 0, 1),
 };
 const keel_option_desc kTransformerOptions[] = {
     keel::opt_int("layers", nullptr, "transformer blocks (L)", 1, 1 << 20),
@@ -243,6 +380,7 @@ const keel_option_desc kTransformerOptions[] = {
                      "regex: parameters (by name) not counted in N (lookups, not matmuls)", nullptr),
     keel::opt_float("peak_tflops", "0", kPeakHelp, 0, keel::kInf),
     keel::opt_bool("recalibrate", "false", kRecalibrateHelp),
+    keel::opt_float("min_cpu_share", "0.8", kMinCpuShareHelp, 0, 1),
 };
 const keel_component_desc kComponents[] = {
     keel::component<PeakFlops>("peak_flops",
@@ -255,4 +393,4 @@ const keel_component_desc kComponents[] = {
 
 }  // namespace
 
-KEEL_PLUGIN("keel-mfu", "0.2.0", "Model FLOPs utilisation", kComponents)
+KEEL_PLUGIN("keel-mfu", "0.3.0", "Model FLOPs utilisation", kComponents)

@@ -427,7 +427,7 @@ type = "safetensors"
 initial = true
 [mfu]
 type = "peak_flops"
-peak_tflops = 0.001
+peak_tflops = 1000
 [[hooks]]
 type = "jsonl"
 """)
@@ -489,7 +489,7 @@ type = "jsonl"
     n = n_params - CTX * WIDTH
     flops = CTX * (6 * n + 12 * LAYERS * WIDTH * CTX)
     for rec in train:
-        want = flops * rec["samples_per_s"] / 1e9
+        want = flops * rec["samples_per_s"] / 1e15
         check(abs(rec["mfu"] - want) <= 1e-6 * want, f"mfu {rec['mfu']} vs {want}")
 
     # max_tokens plans the run: 10 steps of 4 x 16 tokens = 640 tokens.

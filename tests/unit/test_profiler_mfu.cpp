@@ -1,17 +1,25 @@
 // The chrome_trace profiler records each phase of the steps in its range as a Chrome trace
 // (each rank its own file); the MFU plugins (peak_flops from the model's FLOPs per sample,
 // transformer from the parameter count) turn throughput into a utilisation of a given or
-// measured and cached peak; throughput covers training steps only.
+// measured and cached peak (keyed by what it depends on, never cached when measured under
+// load); an MFU above 1 is left out of the records; throughput covers training steps only.
 #include <ATen/Parallel.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <regex>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "blas.hpp"
 #include "components.hpp"
 #include "host.hpp"
 #include "manifest.hpp"
@@ -89,8 +97,9 @@ TEST_CASE("chrome_trace: rank 0 writes trace.json, rank r > 0 trace.rank<r>.json
 
 TEST_CASE("peak_flops reports MFU from the model's FLOPs per sample") {
   TempDir d;
+  // A peak of 1000 TFLOP/s, far above the mlp's rate (an mfu above 1 is not recorded).
   const auto p = d.write("m.toml", keel_test::small_run(d.path / "run") +
-                                       "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 0.001\n");
+                                       "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 1000\n");
   keel::Registry registry;
   const keel::RunConfig rc = keel::resolve(keel::load_manifest(p.string(), {}), registry);
   keel::apply_process_settings(rc);
@@ -104,7 +113,7 @@ TEST_CASE("peak_flops reports MFU from the model's FLOPs per sample") {
     REQUIRE(std::regex_search(line, sps, std::regex("\"samples_per_s\": ([-0-9.eE+]+)")));
     // mlp 784 -> 32 -> 10: forward 2*(784*32 + 32*10) FLOPs, training 3x that.
     const double flops = 3.0 * 2.0 * (784 * 32 + 32 * 10);
-    CHECK(std::stod(m[1]) == doctest::Approx(flops * std::stod(sps[1]) / 1e9).epsilon(1e-9));
+    CHECK(std::stod(m[1]) == doctest::Approx(flops * std::stod(sps[1]) / 1e15).epsilon(1e-9));
     ++records;
   }
   CHECK(records == 4);
@@ -160,17 +169,42 @@ TEST_CASE("the peak an mfu divides by is recorded as mfu_peak_tflops") {
   for (double p : peaks) CHECK(p == doctest::Approx(0.001).epsilon(1e-12));
 }
 
-TEST_CASE("peak_tflops = 0 measures the peak once and caches it per machine and thread count") {
+namespace {
+
+// /proc/cpuinfo's first "model name" (the CPU the peak cache's key names).
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown cpu";
+}
+
+}  // namespace
+
+TEST_CASE("peak_tflops = 0 measures the peak once and caches it per CPU, device, threads and BLAS") {
   TempDir d;
   const ScopedEnv cache("XDG_CACHE_HOME", (d.path / "cache").string());
-  const std::string mfu = "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 0\n";
+  // min_cpu_share = 0: cached even when other tests load the machine (the check: below).
+  const std::string mfu = "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 0\nmin_cpu_share = 0\n";
   train(d.write("a.toml", keel_test::small_run(d.path / "a") + mfu));
   const fs::path file = d.path / "cache/keel/peak_flops.json";
   REQUIRE(fs::exists(file));
   const std::string cached = keel_test::read(file);
-  // One entry, keyed by host, CPU, device and thread count, holding the measured FLOP/s.
-  CHECK(cached.find("| cpu | threads=" + std::to_string(at::get_num_threads()) + " |") !=
+  // One entry, keyed by host, CPU model, device, thread count and the BLAS with its threads,
+  // holding the measured FLOP/s and when it was measured.
+  const auto entries = nlohmann::json::parse(cached);
+  REQUIRE(entries.size() == 1);
+  const std::string key = entries.begin().key();
+  CAPTURE(key);
+  CHECK(key.find(" | " + cpu_model() + " | cpu | threads=" +
+                 std::to_string(at::get_num_threads()) + " | BLAS ") != std::string::npos);
+  const keel::BlasInfo blas = keel::blas_info();
+  CHECK(key.find("BLAS " + (blas.openblas ? blas.version : std::string("not OpenBLAS"))) !=
         std::string::npos);
+  if (!blas.library.empty()) CHECK(key.find(blas.library) != std::string::npos);
+  if (blas.openblas)
+    CHECK(key.find(", " + std::to_string(keel::blas_threads()) + " thread") != std::string::npos);
+  CHECK(entries.begin()->contains("measured"));
   const double measured = train_values(d.path / "a/metrics.jsonl", "mfu_peak_tflops").at(0);
   CHECK(measured > 1e-4);  // > 0.1 GFLOP/s: a matmul calibration, not a placeholder
   CHECK(measured < 1e3);
@@ -187,6 +221,72 @@ TEST_CASE("peak_tflops = 0 measures the peak once and caches it per machine and 
   train(d.write("c.toml", keel_test::small_run(d.path / "c") + mfu + "recalibrate = true\n"));
   CHECK(train_values(d.path / "c/metrics.jsonl", "mfu_peak_tflops").at(0) != 0.0025);
   CHECK(keel_test::read(file).find("2.5e9") == std::string::npos);
+  // Another thread count is another key: measured anew, the first entry kept.
+  const std::string other = at::get_num_threads() == 1 ? "2" : "1";
+  train(d.write("e.toml", std::regex_replace(keel_test::small_run(d.path / "e"),
+                                             std::regex("seed = 7\n"),
+                                             "seed = 7\nthreads = " + other + "\n") + mfu));
+  CHECK(nlohmann::json::parse(keel_test::read(file)).size() == 2);
+}
+
+namespace {
+
+// Processes that spin on every core while in scope (load from outside the keel process).
+class Spinners {
+ public:
+  explicit Spinners(int n) {
+    for (int i = 0; i < n; ++i) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        for (volatile uint64_t x = 0;; x = x + 1) {
+        }
+      }
+      if (pid > 0) pids_.push_back(pid);
+    }
+  }
+  ~Spinners() {
+    for (const pid_t pid : pids_) kill(pid, SIGKILL);
+    for (const pid_t pid : pids_) waitpid(pid, nullptr, 0);
+  }
+  Spinners(const Spinners&) = delete;
+  Spinners& operator=(const Spinners&) = delete;
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+}  // namespace
+
+TEST_CASE("a peak measured under load is used for the run but not cached, and the log says so") {
+  TempDir d;
+  const ScopedEnv cache("XDG_CACHE_HOME", (d.path / "cache").string());
+  {
+    // Two spinning processes per core: the calibration's threads get at most half their cores.
+    const Spinners load(2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    train(d.write("a.toml", keel_test::small_run(d.path / "a") +
+                                "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 0\n"));
+  }
+  CHECK_FALSE(fs::exists(d.path / "cache/keel/peak_flops.json"));
+  const double used = train_values(d.path / "a/metrics.jsonl", "mfu_peak_tflops").at(0);
+  CHECK(used > 0);
+  const std::string log = keel_test::read(d.path / "a/run.log");
+  CHECK(log.find("measured now under load") != std::string::npos);
+  CHECK(log.find("of their cores' time, below min_cpu_share 0.80") != std::string::npos);
+  CHECK(log.find("not cached, used for this run only") != std::string::npos);
+}
+
+TEST_CASE("an mfu above 1 (a peak too low) is left out of the records, with one warning") {
+  TempDir d;
+  // A peak of 1 kFLOP/s: the mlp's training runs far above it.
+  train(d.write("m.toml", keel_test::small_run(d.path / "run") +
+                              "[mfu]\ntype = \"peak_flops\"\npeak_tflops = 1e-9\n"));
+  const std::string metrics = keel_test::read(d.path / "run/metrics.jsonl");
+  CHECK(metrics.find("\"mfu\"") == std::string::npos);
+  CHECK(train_values(d.path / "run/metrics.jsonl", "mfu_peak_tflops").size() == 4);
+  const std::string log = keel_test::read(d.path / "run/run.log");
+  CHECK(count(log, "is above 1, so the peak it divides by (") == 1);
+  CHECK(std::regex_search(log, std::regex(R"(by \(1(\.0*[0-9]?)?e-09 TFLOP/s\) is too low)")));
+  CHECK(log.find("--set mfu.recalibrate=true") != std::string::npos);
 }
 
 TEST_CASE("transformer: MFU from 6N + 12*L*width*T FLOPs per token, N from the parameters") {
@@ -203,14 +303,14 @@ TEST_CASE("transformer: MFU from 6N + 12*L*width*T FLOPs per token, N from the p
     TempDir d;
     train(d.write("m.toml", keel_test::small_run(d.path / "run") +
                                 "[mfu]\ntype = \"transformer\"\nlayers = 2\nwidth = 8\n"
-                                "context = 4\npeak_tflops = 0.001\nexclude = '" +
+                                "context = 4\npeak_tflops = 1000\nexclude = '" +
                                 exclude + "'\n"));
     const auto mfu = train_values(d.path / "run/metrics.jsonl", "mfu");
     const auto sps = train_values(d.path / "run/metrics.jsonl", "samples_per_s");
     REQUIRE(mfu.size() == 4);
     const double per_token = 6 * n + 12.0 * 2 * 8 * 4;
     for (size_t i = 0; i < mfu.size(); ++i)
-      CHECK(mfu[i] == doctest::Approx(per_token * 4 * sps[i] / 1e9).epsilon(1e-9));
+      CHECK(mfu[i] == doctest::Approx(per_token * 4 * sps[i] / 1e15).epsilon(1e-9));
   }
 }
 
