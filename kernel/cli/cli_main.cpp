@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 #include <unistd.h>
 
 #include "blas.hpp"
@@ -35,6 +37,36 @@ namespace keel::cli {
 CallState& call_state() {
   static CallState state;
   return state;
+}
+
+std::string shell_quoted(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of(
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,/:=+@%") == std::string::npos;
+  if (plain) return word;
+  std::string quoted = "'";
+  for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// A command to run is "keel" at the start of a word, then a command's name, --help, --version
+// or COMMAND: "keel options train", "`keel plugins show NAME`"; not "keel's" or "keel-sdk".
+std::string with_program(const std::string& text, size_t from) {
+  const std::string& program = call_state().program;
+  if (program == "keel" || from >= text.size()) return text;
+  std::vector<std::string> words = command_names();
+  words.insert(words.end(), {"--help", "--version", "COMMAND"});
+  std::string out = text.substr(0, from);
+  size_t i = from;
+  for (size_t at; (at = text.find("keel ", i)) != std::string::npos; i = at + 4) {
+    out.append(text, i, at - i);
+    const size_t start = at + 5;
+    const size_t end = std::min(text.find_first_of(" `)'\",;", start), text.size());
+    const bool word_start = at == 0 || std::string(" `('\"").find(text[at - 1]) != std::string::npos;
+    const bool command =
+        std::find(words.begin(), words.end(), text.substr(start, end - start)) != words.end();
+    out += word_start && command ? program : "keel";
+  }
+  return out + text.substr(i);
 }
 
 void log_registry(const Registry& registry) {
@@ -73,6 +105,11 @@ void start_logging(const Parsed& p, const std::string& command,
 }
 
 int run(int argc, char** argv) {
+  // The one place that names the program for messages: argv[0] as the user typed it.
+  if (argc > 0 && argv[0] != nullptr && argv[0][0] != '\0') {
+    call_state().argv0 = argv[0];
+    call_state().program = shell_quoted(argv[0]);
+  }
   const std::vector<std::string> argv_all(argv, argv + argc);
   const std::vector<std::string> args(argv + 1, argv + argc);
   call_state().activity = "while parsing the command line";
@@ -145,6 +182,13 @@ int run(int argc, char** argv) {
   return c->run(command, p);
 }
 
+// An error's message on one line, the commands its hint names to run naming the program as it
+// was run (with_program; the message's start names what failed: "keel report: needs RUN_DIR").
+std::string error_text(const keel::Error& e) {
+  const std::string line = keel::text::one_line(e.what());
+  return with_program(line, std::min(line.find("hint: "), line.size()));
+}
+
 [[noreturn]] void internal_error(const std::string& what) {
   std::fprintf(stderr,
                "keel: internal error: %s: %s; this is a bug in keel, please report it with the "
@@ -202,12 +246,12 @@ int keel::cli_main(int argc, char** argv) {
   try {
     status = run(argc, argv);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", keel::text::one_line(e.what()).c_str(),
+    std::fprintf(stderr, "keel: error: %s\nusage: %s\n", error_text(e).c_str(),
                  usage_line(e.command()).c_str());
     status = kExitUsage;
   } catch (const keel::Error& e) {
     std::fprintf(stderr, "keel: error: %s%s\n", call_state().rank_prefix.c_str(),
-                 keel::text::one_line(e.what()).c_str());
+                 error_text(e).c_str());
     status = kExitError;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "keel: error: out of memory %s; hint: lower batch_size or the model "

@@ -92,11 +92,12 @@ std::vector<std::string> command_names() {
 }
 
 std::string usage_line(const std::string& command) {
+  const std::string& keel = call_state().program;
   if (const Command* c = find_command(command))
-    return std::string("keel ") + c->name + " " + c->args + "  (`keel " + c->name +
+    return keel + " " + c->name + " " + c->args + "  (`" + keel + " " + c->name +
            " --help` for more)";
-  return "keel COMMAND [ARGS] [FLAGS], COMMAND one of " + text::join(command_names()) +
-         "  (`keel --help` for more)";
+  return keel + " COMMAND [ARGS] [FLAGS], COMMAND one of " + text::join(command_names()) +
+         "  (`" + keel + " --help` for more)";
 }
 
 // keel report RUN_DIR [--output FILE].

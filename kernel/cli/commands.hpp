@@ -72,7 +72,8 @@ void add_report_flags(po::options_description& d);
 void add_prepare_flags(po::options_description& d);
 void add_export_flags(po::options_description& d);
 void add_log_level_flag(po::options_description& d);
-// The flags `keel --help` lists; those of one command.
+// keel's own flags, before the command (`keel --help` lists them after train's); those of one
+// command.
 po::options_description global_flags();
 po::options_description command_flags(const Command& c);
 // The program_options parse of `args` against `visible` (positional arguments into
@@ -109,6 +110,11 @@ int export_command(const std::string& name, const Parsed& p);
 // ---- shared by the commands ----
 // What one cli_main call is doing and what it changed in the process (cli_main.cpp).
 struct CallState {
+  // keel as the user ran it, one shell word (argv[0] as typed: "build/kernel/keel", or "keel"
+  // when the shell found it on PATH): every message that names a keel command to run names it
+  // so (the usage line, the help, hints of error lines, the continue line of a stopped run).
+  std::string program = "keel";
+  std::string argv0;  // argv[0] itself ("" when none)
   std::string activity = "while starting";  // for the internal-error message
   std::string rank_prefix;                  // "rank N: " in front of one process's error line
   // LibTorch's and OpenBLAS's thread counts before apply_process_settings changed them (-1: not
@@ -117,6 +123,13 @@ struct CallState {
   int blas_threads_before = -1;
 };
 CallState& call_state();
+
+// `word` as one shell word: as it is when no shell treats a character of it specially, else in
+// single quotes (cli_main.cpp).
+std::string shell_quoted(const std::string& word);
+// `text` with each keel command it names to run ("keel train M", "`keel plugins show NAME`",
+// "keel --help") naming call_state().program instead of "keel", from byte `from` on (cli_main.cpp).
+std::string with_program(const std::string& text, size_t from = 0);
 
 // The registry's components and refusals, at debug level.
 void log_registry(const Registry& registry);

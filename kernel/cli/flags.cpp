@@ -44,7 +44,6 @@ void add_log_level_flag(po::options_description& d) {
 
 po::options_description global_flags() {
   po::options_description d("flags", kHelpWidth);
-  add_set_flag(d);
   add_log_level_flag(d);
   d.add_options()("help,h", "show this help; `keel COMMAND --help` shows a command's")(
       "version", "print keel's version, its plugin ABI and LibTorch version");

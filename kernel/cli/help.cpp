@@ -1,4 +1,6 @@
 // `keel --help` and `keel COMMAND --help`, and the column layout of the command line's tables.
+#include <boost/program_options.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -26,21 +28,45 @@ std::string wrapped(const std::string& text, size_t indent, size_t width) {
   return out + line;
 }
 
-// A row of the help's two-column lists: the head (a command and its operands, or a variable)
-// and what it is.
+// A row of the help's two-column lists: the head (a command and its operands, a flag, or a
+// variable) and what it is.
 struct HelpRow {
   std::string head, text;
 };
 
-// The rows under each other, the texts in one column two spaces after the widest head,
-// wrapped to kHelpWidth.
-void print_help_rows(const std::vector<HelpRow>& rows) {
-  size_t head = 0;
+// The rows under each other, the texts in one column two spaces after the widest head (at
+// least `head` wide, so that several lists can share the column), wrapped to kHelpWidth.
+std::string help_rows(const std::vector<HelpRow>& rows, size_t head = 0) {
   for (const auto& r : rows) head = std::max(head, r.head.size());
   const size_t column = 2 + head + 2;
+  std::string out;
   for (const auto& r : rows)
-    std::printf("  %-*s  %s\n", static_cast<int>(head), r.head.c_str(),
-                wrapped(r.text, column, kHelpWidth).c_str());
+    out += "  " + r.head + std::string(head - r.head.size() + 2, ' ') +
+           wrapped(r.text, column, kHelpWidth) + "\n";
+  return out;
+}
+
+// The flags of `d` as help rows, written as the command line takes them: "-h, --help",
+// "--set KEY=VALUE", "--resume [PATH]" (a value that may be left out), "--overwrite".
+std::vector<HelpRow> flag_rows(const po::options_description& d) {
+  std::vector<HelpRow> rows;
+  for (const auto& o : d.options()) {
+    std::string head;
+    const std::string shorter = o->canonical_display_name(po::command_line_style::allow_dash_for_short);
+    if (shorter.size() == 2 && shorter[0] == '-') head = shorter + ", ";
+    head += "--" + o->long_name();
+    const po::value_semantic& value = *o->semantic();
+    if (value.max_tokens() > 0)  // name(): the value_name (flags.cpp gives none a default)
+      head += value.min_tokens() == 0 ? " [" + value.name() + "]" : " " + value.name();
+    rows.push_back({head, o->description()});
+  }
+  return rows;
+}
+
+size_t widest_head(const std::vector<HelpRow>& rows) {
+  size_t head = 0;
+  for (const auto& r : rows) head = std::max(head, r.head.size());
+  return head;
 }
 
 }  // namespace
@@ -65,38 +91,42 @@ std::string columns(const std::vector<std::vector<std::string>>& rows, const std
 }
 
 void print_main_help() {
-  std::printf("keel %s: a C++ training runtime on LibTorch, built from plugins\n\n", KEEL_VERSION);
-  std::printf("usage: keel COMMAND [ARGS] [FLAGS]\n\ncommands:\n");
+  std::string out = std::string("keel ") + KEEL_VERSION + ": a C++ training runtime on LibTorch, "
+                    "built from plugins\n\nusage: keel COMMAND [ARGS] [FLAGS]\n\ncommands:\n";
   std::vector<HelpRow> rows;
   for (const Command& c : commands()) {
     const std::string args = c.args;
     rows.push_back({std::string(c.name) + " " + args.substr(0, args.find(" [-")), c.summary});
   }
-  print_help_rows(rows);
-  std::ostringstream flags;
-  flags << global_flags();
-  std::printf("\n%s", flags.str().c_str());
-  std::printf("\nenvironment:\n");
-  print_help_rows({{"KEEL_LOG_LEVEL", "default of --log-level"},
-                   {"KEEL_PLUGIN_PATH", "colon-separated directories searched for plugins after a "
-                                       "manifest's [plugins] paths, before the installed packages"}});
-  std::printf("\n%s\n",
-              wrapped("exit status: 0 success; 1 bad input or a failed run; 2 command-line usage; "
-                      "70 an internal error (a bug in keel)",
-                      0, kHelpWidth)
-                  .c_str());
+  out += help_rows(rows);
+  // train's own flags (the flags of its table, add_train_flags), then keel's, in one column.
+  po::options_description train("train");
+  add_train_flags(train);
+  const std::vector<HelpRow> train_rows = flag_rows(train);
+  const std::vector<HelpRow> own_rows = flag_rows(global_flags());
+  const size_t head = std::max(widest_head(train_rows), widest_head(own_rows));
+  out += "\nflags of train (`keel COMMAND --help` lists each command's):\n" +
+         help_rows(train_rows, head) +
+         "\nflags of keel itself (--log-level and --help also after any command):\n" +
+         help_rows(own_rows, head);
+  out += "\nenvironment:\n" +
+         help_rows({{"KEEL_LOG_LEVEL", "default of --log-level"},
+                    {"KEEL_PLUGIN_PATH", "colon-separated directories searched for plugins after "
+                                         "a manifest's [plugins] paths, before the installed "
+                                         "packages"}});
+  out += "\n" + wrapped("exit status: 0 success; 1 bad input or a failed run; 2 command-line "
+                        "usage; 70 an internal error (a bug in keel)", 0, kHelpWidth) + "\n";
+  std::fputs(with_program(out).c_str(), stdout);
 }
 
 void print_command_help(const Command& c) {
-  std::printf("usage: keel %s %s\n%s\n", c.name, c.args,
-              wrapped(c.summary, 0, kHelpWidth).c_str());
+  std::string out = "usage: keel " + std::string(c.name) + " " + c.args + "\n" +
+                    wrapped(c.summary, 0, kHelpWidth) + "\n";
   std::istringstream operands(c.operands);
-  for (std::string line; std::getline(operands, line);)
-    std::printf("%s\n", wrapped(line, 0, kHelpWidth).c_str());
-  if (!c.run) return;  // `help` has no flags
-  std::ostringstream flags;
-  flags << command_flags(c);
-  std::printf("\n%s", flags.str().c_str());
+  for (std::string line; std::getline(operands, line);) out += wrapped(line, 0, kHelpWidth) + "\n";
+  if (c.run)  // `help` has no flags
+    out += "\nflags:\n" + help_rows(flag_rows(command_flags(c)));
+  std::fputs(with_program(out).c_str(), stdout);
 }
 
 }  // namespace keel::cli

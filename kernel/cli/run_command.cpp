@@ -90,10 +90,10 @@ std::string shell_word(const std::string& word) {
   return quoted + "'";
 }
 
-// The command that continues a stopped training run: its manifest and every --set, then
-// --resume (the newest checkpoint of the run directory those name).
+// The command that continues a stopped training run: keel as it was run, its manifest and every
+// --set, then --resume (the newest checkpoint of the run directory those name).
 std::string continue_command(const std::string& manifest, const std::vector<std::string>& sets) {
-  std::string command = "keel train " + shell_word(manifest);
+  std::string command = call_state().program + " train " + shell_word(manifest);
   for (const auto& set : sets) command += " --set " + shell_word(set);
   return command + " --resume";
 }

@@ -798,8 +798,11 @@ def _run_in(case: Case, command: str, d: str, mode: str) -> Result:
         rc, out, err, leaks = o.returncode, o.stdout, o.stderr, tuple(o.leaks)
     else:
         try:
-            p = subprocess.run(prefix + [keel, *argv], capture_output=True, text=True, cwd=d,
-                               env=env, timeout=TIMEOUT_S, errors="replace")
+            # argv[0] "keel", as in-process (hints name keel as it was run), except as another
+            # user, where setpriv starts that keel.
+            p = subprocess.run(prefix + [keel, *argv] if prefix else ["keel", *argv],
+                               executable=None if prefix else keel, capture_output=True,
+                               text=True, cwd=d, env=env, timeout=TIMEOUT_S, errors="replace")
             rc, out, err = p.returncode, p.stdout, p.stderr
         except subprocess.TimeoutExpired as e:
             rc, out, err = None, str(e.stdout or ""), str(e.stderr or "")

@@ -441,14 +441,16 @@ class StopSignals(CheckpointTest):
     def test_sigint(self):
         with tempfile.TemporaryDirectory() as tmp:
             # --set run.output_dir (with a space and a quote to quote): the command the run
-            # prints continues this run, in that directory, not the manifest's.
+            # prints continues this run, in that directory, not the manifest's, with keel as it
+            # was run (argv[0], here the absolute path KEEL), not a `keel` that may not be on
+            # PATH.
             other = os.path.join(tmp, "the other's dir")
             rc, out, _, path, _ = self.stop(tmp, signal.SIGINT, output_dir=other)
             self.assertEqual(rc, 130, out)
             m = re.search(r"stopped by SIGINT; continue with: (.*)", out)
             self.assertIsNotNone(m, out)
             self.assertEqual(shlex.split(m.group(1)),
-                             ["keel", "train", path, "--set", f"run.output_dir={other}",
+                             [KEEL, "train", path, "--set", f"run.output_dir={other}",
                               "--resume"])
 
 

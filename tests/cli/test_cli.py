@@ -48,10 +48,12 @@ def tearDownModule():
         raise AssertionError("keel_inproc did not exit clean:\n" + "\n".join(problems))
 
 
-def keel(*args, cwd=None, env=None):
+def keel(*args, cwd=None, env=None, argv0="keel"):
     """keel ARGS in keel_inproc, in cwd (default: ours), with the environment without
-    KEEL_LOG_LEVEL plus env; fails when it hangs or leaves process-global state changed."""
-    return POOL.keel([KEEL, *args], cwd=cwd or os.getcwd(), env=env, unset=["KEEL_LOG_LEVEL"])
+    KEEL_LOG_LEVEL plus env; fails when it hangs or leaves process-global state changed.
+    argv0: the program name it gets (default "keel", as a shell finds keel on PATH: the
+    commands messages name to run are "keel ..."; Program tests other names)."""
+    return POOL.keel([argv0, *args], cwd=cwd or os.getcwd(), env=env, unset=["KEEL_LOG_LEVEL"])
 
 
 def keel_process(*args, cwd=None, env=None):
@@ -135,6 +137,27 @@ class BadInput(unittest.TestCase):
             self.assertTrue(lines[0].startswith("keel: error: "), err)
             self.assertTrue(lines[1].startswith("usage: keel "), err)
             self.assertEqual(out, "")
+
+    def test_messages_name_keel_as_it_was_run(self):
+        # The commands messages tell the user to run (usage lines, help, hints) name keel as it
+        # was run (argv[0]), quoted for the shell where it must be; the names of what failed
+        # ("keel: error:", "keel plugins show NAME:") stay keel's.
+        for argv0, shown in (("build/kernel/keel", "build/kernel/keel"),
+                             ("/opt/my keel/keel", "'/opt/my keel/keel'"), ("keel", "keel")):
+            rc, out, err = keel("trian", argv0=argv0)
+            self.assertEqual(rc, 2, err)
+            self.assertEqual(err.splitlines()[1],
+                             f"usage: {shown} COMMAND [ARGS] [FLAGS], COMMAND one of train, "
+                             f"evaluate, export, validate, plugins, options, prepare, report, help"
+                             f"  (`{shown} --help` for more)")
+            rc, _, err = keel("plugins", "show", "train", argv0=argv0)
+            self.assert_one_error_line(rc, err, "keel plugins show train: ",
+                                       f"hint: [train] is a kernel table: `{shown} options train`")
+            rc, out, err = keel("--help", argv0=argv0)
+            self.assertIn(f"\nusage: {shown} COMMAND [ARGS] [FLAGS]\n", out)
+            self.assertIn(f"`{shown} COMMAND --help`", out)
+            rc, out, err = keel("options", "--help", argv0=argv0)
+            self.assertTrue(out.startswith(f"usage: {shown} options [TABLE]"), out)
 
     def test_did_you_mean_for_flags(self):
         rc, _, err = keel("train", f"{ROOT}/configs/quickstart.toml", "--sett", "x=1")
@@ -402,6 +425,27 @@ class GoodInput(unittest.TestCase):
                 (record,) = [json.loads(line) for line in f]
             self.assertEqual((trained["split"], trained["step"], trained["epoch"]), ("test", 32, 0))
             self.assertEqual((record["step"], record["epoch"]), (32, 0))
+
+    def test_help_lists_every_flag_of_train(self):
+        # keel --help lists every flag train takes, as `keel train --help` lists them (from
+        # train's flags table, add_train_flags) and as the usage line writes them
+        # ("--resume [PATH]"), in keel's own format: "-h, --help", not program_options'
+        # "-h [ --help ]".
+        rc, main_help, err = keel("--help")
+        self.assertEqual(rc, 0, err)
+        rc, train_help, err = keel("train", "--help")
+        self.assertEqual(rc, 0, err)
+        usage = train_help.splitlines()[0]
+        heads = re.findall(r"^  (-\S.*?)(?:  +|$)", train_help.split("\nflags:\n")[1], re.M)
+        self.assertIn("--resume [PATH]", heads)
+        self.assertIn("--overwrite", heads)
+        self.assertIn("-h, --help", heads)
+        for head in heads:
+            self.assertRegex(main_help, rf"\n  {re.escape(head)}  ", head)
+            if head != "-h, --help":
+                self.assertIn(f"[{head}]", usage)
+        for text in (main_help, train_help):
+            self.assertNotIn("[ --", text)
 
     def test_help_lists_every_command_and_flag(self):
         rc, out, err = keel("--help")

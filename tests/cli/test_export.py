@@ -407,7 +407,8 @@ def bad_input(tmp, checkpoints, pool):
     ]
     before = sorted(os.listdir(tmp)), sorted(os.listdir(os.path.join(run, "exports")))
     for argv, status, says in cases:
-        rc, out, err = pool.keel([KEEL, *argv], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
+        # argv[0] "keel" (keel on PATH): the hints and the usage line name "keel export".
+        rc, out, err = pool.keel(["keel", *argv], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
         shown = " ".join(argv)
         check(rc == status, f"keel {shown}: exit {rc}, expected {status}: {err}")
         check(says in err, f"keel {shown}: stderr says {says!r}: {err}")

@@ -81,8 +81,9 @@ class LockScope(unittest.TestCase):
                 if k not in ("KEEL_LOG_LEVEL", "KEEL_PLUGIN_PATH", "KEEL_ALLOW_WRITABLE_PLUGINS")}
         full["KEEL_TEST_CONSTRUCTOR_MARK"] = self.mark
         full.update(env or {})
-        p = subprocess.run([KEEL, *args], capture_output=True, text=True, env=full, cwd=self.d,
-                           timeout=120)
+        # argv[0] "keel" (keel on PATH): the usage line and the hints name "keel ...".
+        p = subprocess.run(["keel", *args], executable=KEEL, capture_output=True, text=True,
+                           env=full, cwd=self.d, timeout=120)
         return p.returncode, p.stdout, p.stderr
 
     def ok(self, *args, env=None):

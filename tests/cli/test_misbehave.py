@@ -228,7 +228,9 @@ def component_table(section, type_, fault):
 
 
 def keel(*args):
-    p = subprocess.run([KEEL, *args], capture_output=True, text=True, timeout=TIMEOUT_S)
+    # argv[0] "keel", as the in-process cases get: hints name keel as it was run.
+    p = subprocess.run(["keel", *args], executable=KEEL, capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
     return p.returncode, p.stdout, p.stderr
 
 

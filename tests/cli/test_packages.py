@@ -125,7 +125,8 @@ class Packages(OneErrorLine, unittest.TestCase):
             return p.returncode, p.stdout, p.stderr
         if max_file_bytes not in self.pools:
             self.pools[max_file_bytes] = inproc.Pool(INPROC, TIMEOUT_S, env=full, preexec_fn=limit)
-        return self.pools[max_file_bytes].keel([KEEL, *args], cwd=cwd or self.tmp, env=env)
+        # argv[0] "keel" (keel on PATH): the commands hints name to run are "keel ...".
+        return self.pools[max_file_bytes].keel(["keel", *args], cwd=cwd or self.tmp, env=env)
 
     def ok(self, *args, **kw):
         rc, out, err = self.keel(*args, **kw)
