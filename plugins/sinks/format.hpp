@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <unistd.h>
+
 #include "../rank_path.hpp"
 #include "keel/plugin.hpp"
 
@@ -110,11 +112,15 @@ inline bool keep_records_until(const std::string& path, int64_t resume_step,
   return true;
 }
 
-// A text file a sink writes; flush() reports a failed write.
+// A text file a sink writes; flush() reports a failed write. Opened (created when missing) when
+// the sink is created, so that a path that cannot be written fails the run's start; a file that
+// is not appended to is emptied only at the first write, so that a run whose start fails after
+// its sinks were created (`--overwrite` over a run.log that is refused, say) leaves an earlier
+// run's records as they were.
 class OutputFile {
  public:
-  OutputFile(std::string path, bool append) : path_(std::move(path)) {
-    file_ = std::fopen(path_.c_str(), append ? "a" : "w");
+  OutputFile(std::string path, bool append) : path_(std::move(path)), start_afresh_(!append) {
+    file_ = std::fopen(path_.c_str(), "a");
     if (file_ == nullptr)
       throw std::runtime_error("cannot open '" + path_ +
                                "' for writing; check that its directory exists and is writable");
@@ -124,7 +130,15 @@ class OutputFile {
   OutputFile& operator=(const OutputFile&) = delete;
 
   const std::string& path() const { return path_; }
-  void write(const std::string& text) { std::fputs(text.c_str(), file_); }
+  void write(const std::string& text) {
+    if (start_afresh_) {  // append mode: the writes after it start at offset 0
+      start_afresh_ = false;
+      if (std::fflush(file_) != 0 || ftruncate(fileno(file_), 0) != 0)
+        throw std::runtime_error("cannot empty '" + path_ + "' for this run's records; check "
+                                 "permissions");
+    }
+    std::fputs(text.c_str(), file_);
+  }
   void flush() {
     if (std::fflush(file_) != 0 || std::ferror(file_))
       throw std::runtime_error("writing '" + path_ + "' failed; check free space and permissions");
@@ -132,6 +146,7 @@ class OutputFile {
 
  private:
   std::string path_;
+  bool start_afresh_;  // empty the file at the first write
   std::FILE* file_ = nullptr;
 };
 

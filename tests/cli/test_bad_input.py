@@ -624,8 +624,11 @@ CASES = [
       "keel does not follow symlinks", setup=lambda d: (
           mkdir("elsewhere")(d), mkdir("run")(d),
           os.symlink("../elsewhere", f"{d}/run/checkpoints")), keep_run_dir=True),
+    # The earlier run's records stay as they were: the jsonl sink, created before run.log is
+    # refused, starts its file afresh only at its first record (it truncated it to 0 bytes).
     X("overwrite_run_log_symlink", (CMD, Q, "--overwrite"), "{d}/run/run.log is a symbolic link",
-      setup=lambda d: (mkdir("run")(d), os.symlink(f"{d}/elsewhere.log", f"{d}/run/run.log")),
+      setup=lambda d: (write("run/metrics.jsonl", '{"split": "train", "step": 1}\n')(d),
+                       os.symlink(f"{d}/elsewhere.log", f"{d}/run/run.log")),
       keep_run_dir=True),
     X("overwrite_run_log_fifo", (CMD, Q, "--overwrite"), "{d}/run/run.log", "cannot write it",
       setup=lambda d: (mkdir("run")(d), os.mkfifo(f"{d}/run/run.log")), keep_run_dir=True),
