@@ -13,6 +13,10 @@
 #   BUILD_DIR=out ./setup.sh [...]
 # doctest-dev stays in the base set: the build compiles the doctest test executables by default,
 # and without the package meson would download doctest (subprojects/doctest.wrap).
+# The plugin SDK needs no install: the build holds it uninstalled (BUILD_DIR/meson-uninstalled/:
+# keel-sdk, keel-testing and keel-embedding, over sdk/ and the libraries keel and the plugins
+# link), and `BUILD_DIR/kernel/keel plugins new` prints the line that builds a new project
+# against it (docs/plugins.md, "Writing a plugin in C++").
 # The fortunes corpus of configs/char_gpt.toml (not the quickstart): the package is test-only
 # (tests/plugins/test_gpt.py); when it is installed, data/fortunes/ is tokenized once after the build
 # (a few seconds), otherwise one line says how to get it.
@@ -103,7 +107,8 @@ for t in json.load(sys.stdin):
 fi
 s=$((SECONDS - build_start))
 printf 'setup: build took %dm %02ds\n' $((s / 60)) $((s % 60))
-echo "setup: built into $BUILD_DIR (keel: $BUILD_DIR/kernel/keel)"
+echo "setup: built into $BUILD_DIR (keel: $BUILD_DIR/kernel/keel; a plugin of your own:" \
+     "$BUILD_DIR/kernel/keel plugins new NAME --kind KIND DIR, then the line it prints)"
 
 # The character-level corpus of configs/char_gpt.toml (once; a few seconds).
 if [ ! -f data/fortunes/tokens.bin ]; then

@@ -6,6 +6,12 @@
 // test.cpp, a C++ test for both languages), plus README.md and keel-plugin.toml.in. A kind can
 // be written in C when kinds/KIND/component.c exists. Templates use @{key} placeholders; the
 // leading preprocessor lines of a kind's file go where its skeleton says @{includes}.
+//
+// It prints the next step, a shell line that builds the project and runs its test: its
+// `meson setup` finds the SDK of this keel (sdk_location: the build's uninstalled SDK when keel
+// runs from its build tree, else the installed one beside it), with PKG_CONFIG_PATH when
+// pkg-config would not find that by itself.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +22,7 @@
 #include <system_error>
 #include <vector>
 
+#include "cli/commands.hpp"
 #include "manifest.hpp"
 #include "plugins_commands.hpp"
 #include "scaffold_templates.hpp"
@@ -211,11 +218,77 @@ fs::path checked_target(const std::string& dir, const std::string& name, bool* e
   return target;
 }
 
+// Where pkg-config finds the keel SDK that matches this keel, for the project's `meson setup`.
+struct SdkLocation {
+  std::string pc_dir;  // the directory of keel-sdk.pc, or of keel-sdk-uninstalled.pc
+  bool uninstalled;    // this keel runs from its build tree (pc_dir: BUILD/meson-uninstalled)
+  bool searched;       // pkg-config searches pc_dir by default: no PKG_CONFIG_PATH needed
+};
+
+// A keel running from its build tree (its executable under KEEL_BUILD_ROOT, the rule of the
+// plugin search path in loader/registry.cpp) has the uninstalled SDK of that build: sdk/include
+// and sdk/plugin.map of the source tree, libkeel-host and libkeel-embedding of the build
+// (sdk/meson.build). An installed keel has the SDK installed beside it: <prefix>/<libdir>/
+// pkgconfig, <prefix> found from its own path (<prefix>/<bindir>/keel), so that a staged or
+// moved installation finds its own SDK.
+SdkLocation sdk_location() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const std::string build_root = KEEL_BUILD_ROOT;
+  if (!ec && exe.string().rfind(build_root + "/", 0) == 0)
+    return {(fs::path(build_root) / "meson-uninstalled").string(), true, false};
+  fs::path prefix = KEEL_PREFIX;
+  const fs::path bindir = KEEL_BINDIR;
+  if (!ec && bindir.is_relative()) {
+    prefix = exe.parent_path();
+    for (auto it = bindir.begin(); it != bindir.end(); ++it) prefix = prefix.parent_path();
+  }
+  const fs::path pc_dir = (prefix / KEEL_PKGCONFIG_DIR).lexically_normal();
+  bool searched = false;
+  std::string path = KEEL_PKG_CONFIG_PATH;  // pkg-config's own search path, when keel was built
+  for (size_t i = 0; i <= path.size();) {
+    const size_t end = std::min(path.find(':', i), path.size());
+    searched |= fs::path(path.substr(i, end - i)).lexically_normal() == pc_dir;
+    i = end + 1;
+  }
+  return {pc_dir.string(), false, searched};
+}
+
+// The project's `meson setup`: with PKG_CONFIG_PATH when pkg-config would not find this
+// keel's SDK by itself (meson keeps it for `meson compile` and `meson test`).
+std::string setup_command(const SdkLocation& sdk) {
+  return (sdk.searched ? "" : "PKG_CONFIG_PATH=" + shell_quoted(sdk.pc_dir) + " ") +
+         "meson setup build";
+}
+
+// What the README says of that SDK.
+std::string sdk_note(const SdkLocation& sdk) {
+  if (sdk.uninstalled)
+    return "The keel that wrote this project runs from its build directory, whose SDK is not "
+           "installed: `PKG_CONFIG_PATH=" + sdk.pc_dir + "` names the build's uninstalled .pc "
+           "files (the headers and `plugin.map` of keel's source tree `sdk/`, the libraries of "
+           "its build).";
+  if (!sdk.searched)
+    return "The keel that wrote this project has its SDK's .pc files in " + sdk.pc_dir +
+           ", where pkg-config does not look by default: `PKG_CONFIG_PATH` names it.";
+  return "The keel that wrote this project has them in " + sdk.pc_dir +
+         ", where pkg-config looks by default.";
+}
+
+// The keel the README's commands run: the one that wrote the project, as an absolute path (the
+// README's commands run in the project's directory), or `keel` when it was found on PATH.
+std::string readme_keel() {
+  const std::string& typed = call_state().argv0;
+  if (typed.find('/') == std::string::npos) return "keel";
+  return shell_quoted(fs::absolute(typed).lexically_normal().string());
+}
+
 // The plugin's files (path in DIR, text), rendered in memory: a template problem leaves
-// nothing behind.
+// nothing behind. `sdk`: where the project's `meson setup` finds the SDK.
 std::vector<std::pair<std::string, std::string>> rendered_files(const std::string& name,
                                                                 const KindInfo& kind,
                                                                 const std::string& lang,
+                                                                const SdkLocation& sdk,
                                                                 std::string* component_out) {
   std::string component = name;
   for (char& c : component)
@@ -238,6 +311,9 @@ std::vector<std::pair<std::string, std::string>> rendered_files(const std::strin
                                    "(keel/testing.hpp runs the component over at::Tensor)."
                                  : "Build with the LibTorch the loading keel was built with: "
                                    "keel refuses a C++ plugin built with another."},
+      {"meson_setup", setup_command(sdk)},
+      {"sdk_note", sdk_note(sdk)},
+      {"keel", readme_keel()},
   };
   auto with_kind_file = [&](const std::string& skeleton, const std::string& kind_file) {
     const auto [includes, body] = split_includes(template_text(kind_dir + kind_file));
@@ -304,15 +380,19 @@ int plugins_new(const PluginsArgs& args) {
   bool existed = false;
   const fs::path target = checked_target(dir, name, &existed);
   std::string component;
-  const auto files = rendered_files(name, kind, lang, &component);
+  const SdkLocation sdk = sdk_location();
+  const auto files = rendered_files(name, kind, lang, sdk, &component);
   write_files(target, existed, files);
 
   std::vector<std::string> written;
   for (const auto& f : files) written.push_back(f.first);
-  std::printf("wrote the %s plugin %s (%s `%s`) into %s: %s\nnext: cd %s && meson setup build "
-              "&& meson test -C build\n",
+  // The next line runs as printed, in the directory keel ran in (tests/sdk/test_plugins_new.sh).
+  std::printf("wrote the %s plugin %s (%s `%s`) into %s: %s\nnext: cd %s && %s && meson compile "
+              "-C build && meson test -C build\n(its README.md says how keel loads it, and how to "
+              "pack and install it)\n",
               lang == "c" ? "C" : "C++", name.c_str(), kind.kind, component.c_str(),
-              target.c_str(), text::join(written).c_str(), dir.c_str());
+              target.c_str(), text::join(written).c_str(), shell_quoted(dir).c_str(),
+              setup_command(sdk).c_str());
   return 0;
 }
 

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# `keel plugins new` writes projects that build and pass their own tests against the installed
-# SDK alone. Installs keel into a staging directory; then the staged keel writes a project for
-# each LANG:KIND given. Every build is configured with nothing but PKG_CONFIG_PATH pointing at
-# the staged keel-sdk.pc and keel-testing.pc (no --define-variable, no include path into this
-# tree).
-#  - The first project is built standalone, as a third party builds it: the commands of its
-#    README's "Build and test" section, run in the project's directory, at the project's own
-#    build type (release).
-#  - The others are built together, in one build at -O0: a wrapper meson project whose
-#    subprojects/ holds them; each keeps its own meson.build and its own test.
+# `keel plugins new` writes projects that build and pass their own tests, and that keel loads.
+#  - The first project is written by the build tree's keel (BUILD_DIR/kernel/keel, as the
+#    README's set-up leaves it, nothing installed), and built as its author would: the `next:`
+#    line keel prints, run verbatim with bash in the directory keel ran in, with no
+#    PKG_CONFIG_PATH of ours (the line names the build's uninstalled SDK); then the commands of
+#    its README's "Build and test" section, in the project's directory (the setup is the next
+#    line's, already done; its test runs again); then the first command of its README's "Use it"
+#    section, which must show the component.
+#  - The others (when more than one LANG:KIND is given) are built against the installed SDK
+#    alone: keel is installed into a staging directory, the staged keel writes them (its `next:`
+#    line names the staged keel-sdk.pc's directory), and they are built together with nothing but
+#    PKG_CONFIG_PATH pointing at the staged keel-sdk.pc and keel-testing.pc (no
+#    --define-variable, no include path into this tree), in one build at -O0: a wrapper meson
+#    project whose subprojects/ holds them; each keeps its own meson.build and its own test.
 # For every project: its own doctest test ran and passed, the plugin exports keel_plugin_entry
-# alone, a C plugin does not link LibTorch, and the staged keel loads it and shows its one
+# alone, a C plugin does not link LibTorch, and the keel that wrote it loads it and shows its one
 # documented option with the project's version. With --bad-input it also checks that bad
 # arguments (unknown kind, non-empty DIR, bad NAME, C for a kind C cannot do) exit 2 with one
 # error line and write nothing, and that the project's version has one source (meson.build):
@@ -32,24 +36,16 @@ phase() {  # phase WHAT: prints the seconds since the last phase
   t0=$now
 }
 
-meson install -C "$build" --destdir "$work/stage" --no-rebuild --quiet
-prefix=$(meson introspect "$build" --buildoptions |
-         /usr/bin/python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
-keel="$work/stage$prefix/bin/keel"
-pc=$(dirname "$(find "$work/stage" -name keel-sdk.pc)")
-# The staged keel-sdk.pc is relocatable: read as it lies, its paths lead into the stage.
-for var in includedir plugin_map; do
-  path=$(PKG_CONFIG_PATH="$pc" pkg-config --variable="$var" keel-sdk)
-  [[ -e "$path" && "$(realpath "$path")" == "$work/stage/"* ]] ||
-    fail "keel-sdk.pc's $var ($path) does not lead into the stage $work/stage"
-done
-# No installed packages of the user's may join in (keel also searches the XDG data dir).
+# The build tree's keel, as the README's set-up leaves it.
+keel="$build/kernel/keel"
+# No installed packages of the user's may join in (keel also searches the XDG data dir), and no
+# PKG_CONFIG_PATH of the caller's may help the printed line.
 export HOME="$work/home" XDG_DATA_HOME=""
+unset PKG_CONFIG_PATH
 mkdir -p "$HOME"
 # A compiler cache could only miss (each file is compiled once, into a cache in that HOME) and
 # would preprocess each file a second time to look.
 export CCACHE_DISABLE=1
-phase "keel installed into the stage"
 
 # The option each kind's component documents, as `keel plugins show` prints its line.
 declare -A option=(
@@ -69,10 +65,10 @@ bad_input=0
 if [ "${1:-}" = --bad-input ]; then bad_input=1; shift; fi
 [ $# -ge 1 ] || fail "no LANG:KIND given"
 
-# check_plugin SPEC NAME COMPONENT PLUGIN_DIR: the built plugin's exports and libraries, and
-# what the staged keel shows of it.
+# check_plugin SPEC NAME COMPONENT PLUGIN_DIR KEEL: the built plugin's exports and libraries, and
+# what KEEL (the keel that wrote it) shows of it.
 check_plugin() {
-  local spec=$1 name=$2 component=$3 plugin_dir=$4 lang=${1%%:*} kind=${1#*:}
+  local spec=$1 name=$2 component=$3 plugin_dir=$4 keel=$5 lang=${1%%:*} kind=${1#*:}
   local so="$plugin_dir/lib$name.so" exported out
   [ -f "$so" ] || fail "$spec: no $so"
   exported=$(nm -D --defined-only "$so" | awk '{print $3}')
@@ -87,37 +83,74 @@ check_plugin() {
     { echo "$out"; fail "$spec: keel plugins show does not show the option ${option[$kind]}"; }
 }
 
-# Generate every project: the first into $work, the others into the wrapper's subprojects/.
-shared="$work/shared"
-mkdir -p "$shared/subprojects"
 specs=() names=() components=()
 for spec in "$@"; do
   lang=${spec%%:*} kind=${spec#*:}
   [ -n "${option[$kind]:-}" ] || fail "$spec: unknown kind in this test"
-  name="acme-$lang-${kind//_/-}" component="acme_${lang}_$kind"
-  if [ ${#specs[@]} -eq 0 ]; then dir="$work/$name"; else dir="$shared/subprojects/$name"; fi
-  "$keel" plugins new "$name" --kind "$kind" --lang "$lang" "$dir" >/dev/null
-  specs+=("$spec") names+=("$name") components+=("$component")
+  specs+=("$spec") names+=("acme-$lang-${kind//_/-}") components+=("acme_${lang}_$kind")
 done
-phase "${#specs[@]} projects generated"
 
-# The standalone project: the commands its README gives.
+# The standalone project: written by the build tree's keel into a directory named relative to
+# where it runs, and built by the `next:` line it prints, verbatim.
 spec=${specs[0]} name=${names[0]} component=${components[0]} dir="$work/${names[0]}"
-mapfile -t commands < <(awk '/^## / { section = $0 } section == "## Build and test" && /^    [^ ]/ {
-                               sub(/^    /, ""); print }' "$dir/README.md")
-[ ${#commands[@]} -gt 0 ] || fail "$spec: its README gives no commands under 'Build and test'"
-(cd "$dir" && export PKG_CONFIG_PATH="$pc" &&
-  for command in "${commands[@]}"; do echo "\$ $command"; bash -ec "$command" || exit 1; done
-) >"$work/log" 2>&1 ||
+(cd "$work" && "$keel" plugins new "$name" --kind "${spec#*:}" --lang "${spec%%:*}" "$name") \
+  >"$work/new.out" || { cat "$work/new.out"; fail "$spec: keel plugins new failed"; }
+next=$(sed -n 's/^next: //p' "$work/new.out")
+[ "$next" = "cd $name && PKG_CONFIG_PATH=$build/meson-uninstalled meson setup build && meson compile -C build && meson test -C build" ] ||
+  { cat "$work/new.out"; fail "$spec: the next line is not the build tree's"; }
+(cd "$work" && echo "\$ $next" && bash -ec "$next") >"$work/log" 2>&1 ||
   { cat "$work/log" "$dir/build/meson-logs/testlog.txt" 2>/dev/null
-    fail "$spec: the generated project does not build and pass its test with its README's commands"; }
+    fail "$spec: the next line keel plugins new printed does not build and pass the project's test"; }
 grep -q "^1/1 $component *OK" "$work/log" || { cat "$work/log"; fail "$spec: its test did not run"; }
-check_plugin "$spec" "$name" "$component" "$dir/build"
-phase "$spec built standalone (its README's commands) and tested"
+check_plugin "$spec" "$name" "$component" "$dir/build" "$keel"
+phase "$spec written and built by the next line of the build tree's keel"
+
+# Its README: the commands of "Build and test" (its setup, the next line's, is done: `meson
+# setup` says so and exits 0), and the first of "Use it", which shows the component.
+readme_commands() {  # readme_commands SECTION: the indented lines of that section
+  awk -v want="## $1" '/^## / { section = $0 } section == want && /^    [^ ]/ {
+                         sub(/^    /, ""); print }' "$dir/README.md"
+}
+mapfile -t commands < <(readme_commands "Build and test")
+[ ${#commands[@]} -gt 0 ] || fail "$spec: its README gives no commands under 'Build and test'"
+[[ "$next" == *" && ${commands[0]} && "* ]] ||
+  fail "$spec: the README's setup (${commands[0]}) is not the next line's ($next)"
+mapfile -t use < <(readme_commands "Use it")
+(cd "$dir" &&
+  for command in "${commands[@]}" "${use[0]}"; do echo "\$ $command"; bash -ec "$command" || exit 1; done
+) >"$work/log" 2>&1 ||
+  { cat "$work/log"; fail "$spec: the commands of its README fail"; }
+grep -q "^1/1 $component *OK" "$work/log" || { cat "$work/log"; fail "$spec: its test did not run"; }
+grep -q "^${spec#*:} $component  (plugin $name 0.1.0, " "$work/log" ||
+  { cat "$work/log"; fail "$spec: the README's '${use[0]}' does not show the component"; }
+phase "$spec: its README's commands run"
 
 # The others: one build at -O0, each project a subproject of a wrapper.
 n=$(( ${#specs[@]} - 1 ))
 if [ "$n" -gt 0 ]; then
+  meson install -C "$build" --destdir "$work/stage" --no-rebuild --quiet
+  prefix=$(meson introspect "$build" --buildoptions |
+           /usr/bin/python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
+  staged_keel="$work/stage$prefix/bin/keel"
+  pc=$(dirname "$(find "$work/stage" -name keel-sdk.pc)")
+  # The staged keel-sdk.pc is relocatable: read as it lies, its paths lead into the stage.
+  for var in includedir plugin_map; do
+    path=$(PKG_CONFIG_PATH="$pc" pkg-config --variable="$var" keel-sdk)
+    [[ -e "$path" && "$(realpath "$path")" == "$work/stage/"* ]] ||
+      fail "keel-sdk.pc's $var ($path) does not lead into the stage $work/stage"
+  done
+  phase "keel installed into the stage"
+  shared="$work/shared"
+  mkdir -p "$shared/subprojects"
+  for i in $(seq 1 "$n"); do
+    spec=${specs[i]} name=${names[i]}
+    "$staged_keel" plugins new "$name" --kind "${spec#*:}" --lang "${spec%%:*}" \
+      "$shared/subprojects/$name" >"$work/new.out"
+    # The staged keel finds its own SDK, where pkg-config does not look by default.
+    grep -qxF "next: cd $shared/subprojects/$name && PKG_CONFIG_PATH=$pc meson setup build && meson compile -C build && meson test -C build" \
+      "$work/new.out" || { cat "$work/new.out"; fail "$spec: the staged keel's next line"; }
+  done
+  phase "$n projects generated by the staged keel"
   {
     echo "project('plugins-new-shared', default_options : ['optimization=0', 'debug=false'])"
     for name in "${names[@]:1}"; do echo "subproject('$name')"; done
@@ -138,7 +171,7 @@ if [ "$n" -gt 0 ]; then
     spec=${specs[i]} name=${names[i]} component=${components[i]}
     grep -Eq "^ *[0-9]+/$n ([^ ]+ / )?$component +OK" "$work/log" ||
       { cat "$work/log"; fail "$spec: its test did not run"; }
-    check_plugin "$spec" "$name" "$component" "$shared/build/subprojects/$name"
+    check_plugin "$spec" "$name" "$component" "$shared/build/subprojects/$name" "$staged_keel"
     echo "ok: $spec built, tested and shown"
   done
   phase "$n projects tested and shown"
@@ -177,7 +210,7 @@ expect_usage_error "--lang c: a loss needs LibTorch .*; hint: --lang cpp, or a k
 name=${names[0]} dir="$work/${names[0]}"
 sed -i "s/version : '0.1.0'/version : '0.2.0'/" "$dir/meson.build"
 grep -q "version : '0.2.0'" "$dir/meson.build" || fail "$name: no version : '0.1.0' in meson.build"
-(cd "$dir" && PKG_CONFIG_PATH="$pc" meson compile -C build >"$work/log" 2>&1) ||
+(cd "$dir" && meson compile -C build >"$work/log" 2>&1) ||
   { cat "$work/log"; fail "$name: does not rebuild with version 0.2.0"; }
 KEEL_PLUGIN_PATH="$dir/build" "$keel" plugins show "${components[0]}" | grep -q "(plugin $name 0.2.0, " ||
   fail "the plugin's version is not meson.build's"
