@@ -85,8 +85,10 @@ int options_command(const std::string& command, const Parsed& p) {
                                   ? "[[" + name + "]]" : "[" + name + "]";
     print_options(title, t.description, *t.schema);
     if (name == "checkpoint" || name == "hooks")
-      std::printf("  (beside these, the options of the plugin `type` names: `keel plugins "
-                  "show %s`)\n", name == "checkpoint" ? "safetensors" : "console");
+      std::printf("%s", with_program(std::string("  (beside these, the options of the plugin "
+                                                 "`type` names: `keel plugins show ") +
+                                     (name == "checkpoint" ? "safetensors" : "console") + "`)\n")
+                            .c_str());
     std::printf("\n");
   }
   if (!plugins_table && (want.empty() || want == "plugins")) {

@@ -158,6 +158,8 @@ class BadInput(unittest.TestCase):
             self.assertIn(f"`{shown} COMMAND --help`", out)
             rc, out, err = keel("options", "--help", argv0=argv0)
             self.assertTrue(out.startswith(f"usage: {shown} options [TABLE]"), out)
+            rc, out, err = keel("options", "hooks", argv0=argv0)
+            self.assertIn(f"`{shown} plugins show console`", out)
 
     def test_did_you_mean_for_flags(self):
         rc, _, err = keel("train", f"{ROOT}/configs/quickstart.toml", "--sett", "x=1")
