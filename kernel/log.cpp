@@ -98,7 +98,18 @@ struct Logging {
   std::shared_ptr<spdlog::sinks::sink> console;
   std::shared_ptr<RunLogSink> run_log;
   std::shared_ptr<spdlog::logger> logger;
+  spdlog::level::level_enum console_level = spdlog::level::info;  // as asked for
+  // Rank r > 0 before its training starts (set_log_rank until log_setup_done): its setup
+  // lines repeat rank 0's, so its console shows them only at debug level.
+  bool quiet_setup = false;
 };
+
+// The console's level: the one asked for, and during a quiet setup warn at least unless debug
+// lines were asked for (info lines then count as debug).
+void apply_console_level(Logging& l) {
+  const bool quiet = l.quiet_setup && l.console_level > spdlog::level::debug;
+  l.console->set_level(quiet ? std::max(l.console_level, spdlog::level::warn) : l.console_level);
+}
 
 // The console's pattern, with `tag` before each message. On a terminal each line first clears
 // the line, so it replaces the console hook's progress bar (which the hook redraws below it)
@@ -126,7 +137,8 @@ Logging& setup(std::optional<spdlog::level::level_enum> console_level) {
   }
   Logging& l = *g_logging;
   if (console_level) {
-    l.console->set_level(*console_level);
+    l.console_level = *console_level;
+    apply_console_level(l);
     // run.log: debug detail, and trace too when the console asks for it.
     l.run_log->set_level(std::min(*console_level, spdlog::level::debug));
     l.logger->set_level(std::min(*console_level, spdlog::level::debug));
@@ -156,6 +168,16 @@ void set_log_rank(int rank) {
   Logging& l = setup(std::nullopt);
   const std::string tag = "[rank " + std::to_string(rank) + "] ";
   l.console->set_pattern(console_pattern(tag));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  l.quiet_setup = rank > 0;
+  apply_console_level(l);
+}
+
+void log_setup_done() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_logging || !g_logging->quiet_setup) return;
+  g_logging->quiet_setup = false;
+  apply_console_level(*g_logging);
 }
 
 void reset_logging() {
@@ -164,6 +186,7 @@ void reset_logging() {
     if (!g_logging) return;
     g_logging->run_log->reset();
     g_logging->console->set_pattern(console_pattern(""));
+    g_logging->quiet_setup = false;
   }
   setup(spdlog::level::info);
 }

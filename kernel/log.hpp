@@ -27,8 +27,14 @@ const char* log_level_names();
 void init_logging(spdlog::level::level_enum console_level);
 
 // One process of several (data parallelism): console lines carry "[rank N] ". (Rank 0 alone
-// writes run.log: the trainer attaches it there only.)
+// writes run.log: the trainer attaches it there only.) On rank N > 0 the console shows only
+// warnings and errors until log_setup_done, unless the console is at debug level: every
+// rank's setup lines (components, shards, resume) repeat rank 0's.
 void set_log_rank(int rank);
+
+// The run's setup is over (the trainer calls it as training or the evaluation starts): the
+// console of a rank N > 0 shows info lines again (its records with every_rank, its done line).
+void log_setup_done();
 
 // Starts writing run.log at `path` (created when missing, else appended to; not through a
 // symlink): every message at debug level or above (trace too when the console is at trace),

@@ -61,7 +61,9 @@ void GradSync::before_forward() {
   // Once, after the first step: buckets in the order that backward produced the gradients.
   if (!rebuilt) return;
   impl_->buckets = static_cast<int64_t>(impl_->reducer->get_grad_buckets().size());
-  spdlog::info("gradient buckets rebuilt in backward's order: {}", describe());
+  // Every rank rebuilds the same buckets: rank 0 says so, the others in debug detail.
+  spdlog::log(impl_->group->launch.rank == 0 ? spdlog::level::info : spdlog::level::debug,
+              "gradient buckets rebuilt in backward's order: {}", describe());
 }
 
 void GradSync::before_backward(const at::Tensor& loss) {

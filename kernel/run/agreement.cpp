@@ -72,7 +72,10 @@ void log_collectives(const Run& run) {
       run.shards ? ", " + std::to_string(t.shard_ops) + " shard collectives (gradient "
                    "reduce-scatters, parameter all-gathers, the clipper's norm)"
                  : "";
-  spdlog::info("collectives: {} in {} steps ({} per step: {} agreements, {} gradient bucket "
+  // The console gets the totals; run.log the breakdown (the line tests and bench_ddp.py read).
+  spdlog::info("collectives: {} in {} steps ({} per step), {} outside steps; the breakdown is in "
+               "run.log", in_steps, t.steps, per_step, outside);
+  spdlog::debug("collectives: {} in {} steps ({} per step: {} agreements, {} gradient bucket "
                "all-reduces{}); {} outside steps (setup, records, evaluations, checkpoints, "
                "epoch ends, the end); not counted: the reducer's broadcasts of its rebuilt "
                "buckets (once), exchanges through the store and the components' keel_comm "

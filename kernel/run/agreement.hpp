@@ -85,7 +85,9 @@ struct CollectiveTally {
 
 // With several ranks, on rank 0: one line "collectives: N in S steps (X per step: A
 // agreements, B gradient bucket all-reduces[, C shard collectives (...)]); M outside steps
-// (...); not counted: ...", the shard collectives only with [distributed] shard.
+// (...); not counted: ...", the shard collectives only with [distributed] shard, at debug
+// level (run.log), after its totals at info ("collectives: N in S steps (X per step), M
+// outside steps; ...").
 void log_collectives(const Run& run);
 
 }  // namespace keel

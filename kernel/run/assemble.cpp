@@ -142,11 +142,13 @@ int64_t plan_length(const Run& run, int64_t batches) {
 // max_samples and max_tokens, still end the run; they plan nothing, having no known size.
 int64_t stream_length(const Run& run) {
   const int64_t steps = run.config.train.max_steps;
-  spdlog::info("{}: a stream (batches_per_epoch -1): each epoch is a window that ends when the "
-               "data says so, and the run plans {}", run.components.train_data.label(),
-               steps > 0 ? "max_steps = " + std::to_string(steps) + " steps"
-                         : std::string("no length (schedules get total_steps = 0; set "
-                                       "train.max_steps for one that needs it)"));
+  spdlog::info("{}: a stream: each epoch is a window that ends when the data says so; the run "
+               "plans {}", run.components.train_data.label(),
+               steps > 0 ? "max_steps = " + std::to_string(steps) + " steps" : "no length");
+  if (steps <= 0)
+    spdlog::debug("{}: batches_per_epoch -1, so schedules get total_steps = 0 (set "
+                  "train.max_steps for one that needs a length)",
+                  run.components.train_data.label());
   return steps;
 }
 

@@ -57,9 +57,10 @@ void collect_parameters(Run& run) {
       throw model.error(what + " '" + n + "' is not a floating-point tensor that requires "
                         "grad; parameters are the tensors the optimizer trains");
     // A parameter shared between modules (weight tying: lm_head.weight is wte.weight) is
-    // trained, counted and saved once, under its first name.
+    // trained, counted and saved once, under its first name (said in run.log: the model's
+    // design, the same on every run).
     if (const int64_t first = same_tensor_as(p.tensors, tensor); first >= 0) {
-      spdlog::info("{}: parameter '{}' is '{}' (shared): trained and saved once, as '{}'",
+      spdlog::debug("{}: parameter '{}' is '{}' (shared): trained and saved once, as '{}'",
                    model.label(), n, p.names[first], p.names[first]);
       continue;
     }

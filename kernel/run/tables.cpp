@@ -184,8 +184,16 @@ void create_sparse_optimizer(Run& run) {
   if (!std::isfinite(s.base_lr) || s.base_lr < 0)
     throw opt.error("get_lr returned " + text::number(s.base_lr) +
                     "; a learning rate is finite and >= 0");
-  spdlog::info("{} updates {} sparse table(s): {}", opt.label(), s.tables.size(),
-               table_names(s.tables));
+  // The names in full in run.log; on the console the first two and the last (26 for dlrm).
+  const std::string names = table_names(s.tables);
+  const size_t n = s.tables.size();
+  if (n <= 3) {
+    spdlog::info("{} updates {} sparse table(s): {}", opt.label(), n, names);
+  } else {
+    spdlog::info("{} updates {} sparse tables: {}, {}, ..., {}", opt.label(), n,
+                 s.tables[0]->name, s.tables[1]->name, s.tables[n - 1]->name);
+    spdlog::debug("{} updates {} sparse tables: {}", opt.label(), n, names);
+  }
 }
 
 double sparse_grad_squares(const Run& run) {

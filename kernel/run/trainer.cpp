@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "log.hpp"
 #include "run/agreement.hpp"
 #include "run/assemble.hpp"
 #include "run/checkpointing.hpp"
@@ -185,6 +186,7 @@ RunSummary evaluate_only(Run& run) {
 }  // namespace
 
 RunSummary Trainer::train() {
+  log_setup_done();  // a rank N > 0 kept its setup lines off the console (log.hpp)
   Run& run = *run_;
   if (run.config.run.mode == RunMode::kEvaluate) return evaluate_only(run);
   const StopSignals signals;

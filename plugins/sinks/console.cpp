@@ -4,7 +4,8 @@
 //   eval test step 1875: loss 0.41 accuracy 0.8512
 // A train line shows the step (of the planned steps), epoch, loss (mean over the log window),
 // lr, throughput (tokens/s when the data's tokens are not its samples, else samples/s) and the
-// time left at the run's pace so far; an eval line the loss and the loss plugin's task metrics.
+// time left at the run's pace so far; an eval line the loss and the loss plugin's task metrics
+// (less one that only repeats the loss: bce's logloss).
 // The whole record (every key) goes to run.log at debug level, and to metrics.jsonl through
 // the jsonl sink. Lines carry no origin prefix (keel_host.log with origin ""): they are the
 // run's own output.
@@ -172,9 +173,19 @@ class Console : public keel::Hook {
 
   static std::string eval_line(const keel_event& ev, int64_t step) {
     std::string line = "eval " + std::string(ev.split) + " step " + std::to_string(step) + ":";
+    const keel_metric* loss = find(ev, "loss");
     for (size_t i = 0; i < ev.metric_count; ++i)
-      if (!eval_bookkeeping(ev.metrics[i].key)) line += text(ev.metrics[i]);
+      if (!eval_bookkeeping(ev.metrics[i].key) && !repeats_loss(ev.metrics[i], loss))
+        line += text(ev.metrics[i]);
     return line;
+  }
+  // A task metric that is the loss again under its task's name (bce's logloss): another key
+  // ending in "loss" whose value reads the same on the line. It stays in the record (run.log,
+  // metrics.jsonl).
+  static bool repeats_loss(const keel_metric& m, const keel_metric* loss) {
+    const size_t n = std::strlen(m.key);
+    return loss && &m != loss && n > 4 && std::strcmp(m.key + n - 4, "loss") == 0 &&
+           text(m).substr(n + 1) == text(*loss).substr(5);
   }
 
   keel::Logger log_;

@@ -213,6 +213,17 @@ class Distributed(unittest.TestCase):
                 self.assertEqual(code, 0, f"{name} rank {rank}: {text[-3000:]}")
             self.assertIn(f"rank 0 of 2 ({name}", results[0][1])
             self.assert_same(self.model(out), ref)
+            # Rank 0 alone prints the setup lines, which rank 1's would repeat (log.hpp,
+            # set_log_rank); rank 1 prints its own done line. No console line is long: the
+            # `collectives:` line's breakdown goes to run.log.
+            rank0, rank1 = results[0][1], results[1][1]
+            for setup in ("gradients all-reduced in", "gradient buckets rebuilt"):
+                self.assertIn(setup, rank0)
+                self.assertNotIn(setup, rank1)
+            self.assertNotIn("rank 1 of 2", rank1)
+            self.assertIn("[rank 1] done: 20 steps", rank1)
+            self.assertIn("[rank 0] collectives: ", rank0)
+            self.assertEqual([x for x in rank0.splitlines() if len(x) > 160], [])
 
         # torchrun restarts the job after rank 1 crashes at step 12; --resume continues from
         # step-10 (the restarted workers run the same command).

@@ -524,6 +524,11 @@ type = "jsonl"
              "--set", "mfu.peak_tflops=0.1",
              "--set", f"run.output_dir=\"{os.path.join(tmp, 'char_gpt')}\"")
     check(r.returncode == 0, f"char_gpt.toml: {r.stderr[-1500:]}")
+    # The console: the tied weight's line in run.log only (the golden run above reads it there),
+    # and no long line.
+    check("(shared)" not in r.stdout, "the shared-weight line stays off the console")
+    long_lines = [x for x in r.stdout.splitlines() if len(x) > 160]
+    check(not long_lines, f"console lines longer than 160 characters: {long_lines}")
     records = [json.loads(l) for l in open(os.path.join(tmp, "char_gpt", "metrics.jsonl"))]
     evals = [x for x in records if x.get("split") == "test"]
     check(len(evals) == 1 and abs(evals[0]["bits_per_token"] - evals[0]["loss"] / math.log(2)) < 1e-9,

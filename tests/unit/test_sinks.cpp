@@ -85,9 +85,11 @@ std::string console_run(const std::string& progress) {
 }
 
 // Sink `type` with `options` created as rank `rank` of `world_size` writing into `run_dir`, as
-// the kernel creates it, sent one train record (step 3 of 10) and TRAIN_END.
+// the kernel creates it, sent one record of `split` (step 3 of 10; by default a train record
+// with loss 0.5) and TRAIN_END.
 void record_on_rank(const fs::path& run_dir, const std::string& type, const std::string& options,
-                    int rank, int world_size) {
+                    int rank, int world_size, const char* split = "train",
+                    std::vector<keel_metric> record = {{"step", 3}, {"loss", 0.5}}) {
   const keel::Component* c = keel_test::default_registry().find(KEEL_KIND_HOOK, type);
   REQUIRE(c != nullptr);
   const keel_options values = keel::validate_options(toml::parse(options), "hooks[0]",
@@ -104,14 +106,13 @@ void record_on_rank(const fs::path& run_dir, const std::string& type, const std:
   state.struct_size = sizeof state;
   state.step = 3;
   state.max_steps = 10;
-  std::vector<keel_metric> record = {{"step", 3}, {"loss", 0.5}};
   keel_event ev{};
   ev.struct_size = sizeof ev;
   ev.state = &state;
   for (const keel_event_kind kind :
        {KEEL_EVENT_TRAIN_START, KEEL_EVENT_METRICS, KEEL_EVENT_TRAIN_END}) {
     ev.kind = kind;
-    ev.split = kind == KEEL_EVENT_METRICS ? "train" : nullptr;
+    ev.split = kind == KEEL_EVENT_METRICS ? split : nullptr;
     ev.metrics = kind == KEEL_EVENT_METRICS ? record.data() : nullptr;
     ev.metric_count = kind == KEEL_EVENT_METRICS ? record.size() : 0;
     hook.call("on_event", hook->on_event, &ev);
@@ -187,6 +188,23 @@ TEST_CASE("console: rank r > 0 prints only with every_rank") {
   CHECK(rank0.find("[rank") == std::string::npos);
   CHECK(printed(1, "") == "");
   CHECK(std::regex_search(printed(1, "every_rank = true"), line));
+}
+
+TEST_CASE("console: an eval line leaves out a task metric that repeats the loss (bce's logloss)") {
+  keel::init_logging(spdlog::level::info);
+  TempDir d;
+  const auto eval_line = [&](double logloss) {
+    return captured_stdout(d.path / "stdout.txt", [&] {
+      record_on_rank(d.path, "console", "progress = \"never\"\n", 0, 1, "test",
+                     {{"step", 3}, {"epoch", 0}, {"loss", 0.65761}, {"auc", 0.753},
+                      {"logloss", logloss}, {"samples", 100}});
+    });
+  };
+  CHECK(std::regex_search(eval_line(0.657612),
+                          std::regex(R"(\] eval test step 3: loss 0\.6576 auc 0\.753\n)")));
+  // Another value (its own reduction, say) is the metric's own: shown.
+  CHECK(std::regex_search(
+      eval_line(0.7), std::regex(R"(\] eval test step 3: loss 0\.6576 auc 0\.753 logloss 0\.7\n)")));
 }
 
 TEST_CASE("console: a concise line per record on the console, the whole record in run.log") {
