@@ -88,6 +88,17 @@ Error not_verified(const std::string& dir, const Error& e) {
                "one");
 }
 
+// Whether run directory `dir`'s manifest.resolved.toml has a [checkpoint] table (true when it
+// cannot be read: then nothing is known).
+bool saves_checkpoints(const std::string& dir) {
+  try {
+    return toml::parse_file((fs::path(dir) / "manifest.resolved.toml").string())
+        .contains("checkpoint");
+  } catch (const std::exception&) {
+    return true;
+  }
+}
+
 // CHECKPOINT verified, or RUN_DIR's newest checkpoint that verifies.
 Source choose_checkpoint(const std::string& path) {
   std::error_code ec;
@@ -109,9 +120,17 @@ Source choose_checkpoint(const std::string& path) {
       root, [](const std::string& dir, const Error& e) {
         spdlog::warn("export: skipping {}: {}", dir, e.what());
       });
-  if (!newest)
+  if (!newest) {
+    if (!saves_checkpoints(path))
+      throw Error(root + " holds no checkpoint to export: the run's manifest (" +
+                  (fs::path(path) / "manifest.resolved.toml").string() + ") has no "
+                  "[checkpoint] table, so its training saves none; hint: add [checkpoint] with "
+                  "type = \"safetensors\" to the manifest (at_end = true, the default, saves "
+                  "when training ends; every_steps = N or every_epochs = N also saves during "
+                  "it), train it (keel train MANIFEST --overwrite), then export");
     throw Error(root + " holds no verified checkpoint to export; hint: train the run first "
                 "(keel train MANIFEST), or name a checkpoint directory");
+  }
   spdlog::info("exporting {} (step {}), the newest verified checkpoint of {}", newest->dir,
                newest->record.step, path);
   return {newest->dir, newest->record};

@@ -61,6 +61,13 @@ const std::string& manifest_argument(const std::string& command, const Parsed& p
 // manifest; with none, it is refused (freshly initialised weights are not worth evaluating).
 void choose_evaluated_checkpoint(RunConfig& cfg, const std::string& manifest) {
   if (cfg.run.mode != RunMode::kEvaluate || !cfg.checkpointing.init_from.empty()) return;
+  // No [checkpoint] table: its training saved nothing, and no backend could read weights.
+  if (!cfg.checkpoint)
+    throw Error(manifest + ": nothing to evaluate: the manifest has no [checkpoint] table, so "
+                "training it saves no checkpoint (and no backend reads one); hint: add "
+                "[checkpoint] with type = \"safetensors\" (at_end = true, the default, saves "
+                "when training ends; every_steps = N or every_epochs = N also saves during it), "
+                "train it (keel train " + manifest + " --overwrite), then evaluate");
   const std::string root = (fs::path(cfg.run.output_dir) / "checkpoints").string();
   const auto newest = CheckpointStore::newest_verified(
       root, [](const std::string& dir, const Error& e) {

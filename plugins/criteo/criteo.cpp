@@ -91,13 +91,7 @@ class Criteo : public keel::Dataset {
     struct stat st {};
     dir_mode_ = ::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
     windows_ = list();
-    if (windows_.empty() && !follow_)
-      throw std::runtime_error(
-          "criteo: " + path_ + ": no window files" +
-          (dir_mode_ ? " matching pattern '" + pattern_ + "'" : std::string(" match this glob")) +
-          " (dotfiles and *.tmp files are never windows); hint: set " + o_.section +
-          " path to a directory of Criteo-format files or a glob, or follow = true to wait "
-          "for files");
+    if (windows_.empty() && !follow_) no_windows();
     if (o_.threads > 1) pool_ = std::make_unique<criteo::ParsePool>(o_.threads);
   }
   ~Criteo() override { reader_.reset(); }  // stops the reader before the pool goes
@@ -197,6 +191,10 @@ class Criteo : public keel::Dataset {
   keel::Logger log_;
   criteo::ReaderOptions o_;
   bool dir_mode_ = false;
+  // Why no file is a window, naming the option that is wrong: `pattern` when the directory
+  // holds files that it matches none of, else `path`.
+  [[noreturn]] void no_windows() const;
+
   std::mutex windows_mu_;              // windows_ and base_ (the reader's thread resolves)
   std::vector<std::string> windows_;   // windows_[i] is window base_ + i
   int64_t base_ = 0;
@@ -210,6 +208,35 @@ class Criteo : public keel::Dataset {
   int64_t skipped_done_ = 0, dropped_done_ = 0;  // over the windows that ended
   std::unique_ptr<Saved> loaded_;
 };
+
+void Criteo::no_windows() const {
+  std::vector<std::string> others;  // the directory's files that could be windows
+  if (dir_mode_) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(path_, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (candidate(name) && regular_file(it->path().string())) others.push_back(name);
+    }
+    std::sort(others.begin(), others.end());
+  }
+  if (!others.empty()) {
+    std::string names;
+    for (size_t i = 0; i < others.size() && i < 3; ++i) names += (i ? ", " : "") + others[i];
+    if (others.size() > 3) names += ", ...";
+    throw std::runtime_error(
+        "criteo: " + path_ + ": no file matches pattern '" + pattern_ + "' (the directory " +
+        "holds " + std::to_string(others.size()) + " other file" +
+        (others.size() > 1 ? "s: " : ": ") + names + "); hint: set " + o_.section +
+        " pattern to a glob that matches the window files' names (e.g. \"day_*.tsv*\")");
+  }
+  throw std::runtime_error(
+      "criteo: " + path_ + ": no window files" +
+      (dir_mode_ ? std::string(" in the directory") : std::string(" match this glob")) +
+      " (dotfiles and *.tmp files are never windows); hint: set " + o_.section +
+      " path to a directory of Criteo-format files or a glob (keel-criteo-generate --output "
+      "DIR writes one), or follow = true to wait for files");
+}
 
 // The window files now, in name order.
 std::vector<std::string> Criteo::list() const {

@@ -636,6 +636,23 @@ CASES = [
       "Is a directory", setup=mkdir("run/plugins.json/x"), keep_run_dir=True),
     X("evaluate_nothing_to_evaluate", (CMD, Q, "--set", "run.mode=evaluate"), "{m}",
       "nothing to evaluate", "{d}/run/checkpoints holds no verified checkpoint"),
+    # issue 42: a manifest without [checkpoint] saves nothing, so "train the run first" would
+    # not help: the hint says how to add the table
+    Case("evaluate_without_checkpoint_table", "files", text=standalone(), standalone=True,
+         argv=(CMD, Q, "--set", "run.mode=evaluate"), where="{m}",
+         phrases=("nothing to evaluate: the manifest has no [checkpoint] table",
+                  'hint: add [checkpoint] with type = "safetensors"')),
+    X("export_run_without_checkpoint_table", ("export", "{d}/r", "--format", "safetensors"),
+      "{d}/r/checkpoints holds no checkpoint to export",
+      "({d}/r/manifest.resolved.toml) has no [checkpoint] table",
+      'hint: add [checkpoint] with type = "safetensors" to the manifest', commands=("-",),
+      setup=lambda d: (write("r/manifest.resolved.toml", '[run]\nname = "r"\n')(d),
+                       mkdir("r/checkpoints")(d))),
+    X("export_run_without_checkpoints", ("export", "{d}/r", "--format", "safetensors"),
+      "{d}/r/checkpoints holds no verified checkpoint to export", "train the run first",
+      commands=("-",),
+      setup=lambda d: (write("r/manifest.resolved.toml", '[checkpoint]\ntype = "safetensors"\n')(d),
+                       mkdir("r/checkpoints")(d))),
     # checkpoint keys ----------------------------------------------------------------------------
     M("checkpoint_best_metric_without_split",
       '[checkpoint]\nkeep_best = 1\nbest_metric = "loss"\n', "{m}:3:", "not <split>.<key>"),

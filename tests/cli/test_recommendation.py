@@ -18,6 +18,10 @@ sparse adagrad beside adam, loss bce, dataset criteo on windows that keel-criteo
 - two ranks: the same global batch (2 x 128 against 1 x 256) gives every evaluation's AUC and
   loss within 2e-3 of one rank's, and the exported tables hold the same ids, their rows within
   1e-3; both ranks' parts are in the checkpoint (tables, rank1.tables).
+- walkthrough: docs/recommendation.md's commands for the small data set as written
+  (configs/ctr_small.toml on 8 generated windows of 20,000 records: 7 evaluations, the last AUC
+  above 0.75 and not above the window's Bayes AUC plus 0.01, a checkpoint per window, an export
+  with the 26 tables), and its overrides for 4 windows (3 trained, 3 evaluations).
 - max_rows: with max_rows below the distinct ids of the largest table but above half of them,
   one rank fails with one error line naming the table and max_rows; two ranks train.
 
@@ -25,6 +29,7 @@ Usage: test_recommendation.py KEEL_BINARY GENERATOR"""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +42,7 @@ from launching import TORCHRUN, free_port  # noqa: E402
 from safetensors_np import read_arrays  # noqa: E402
 
 KEEL, GENERATOR = sys.argv[1], sys.argv[2]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDS = 3072
 
 MANIFEST = """
@@ -256,6 +262,48 @@ class Recommendation(unittest.TestCase):
         self.assertRegex(errors[0], r"C\d+")
         self.assertNotIn("Traceback", r.stderr)
         self.torchrun("rows2", 128, *extra)
+
+
+class Walkthrough(unittest.TestCase):
+    """docs/recommendation.md's small data set (and the README's first ctr commands) as written,
+    in a directory holding a copy of configs/: keel-criteo-generate --output data/ctr-small
+    --records 20000, keel train configs/ctr_small.toml (7 windows trained, day_007 evaluated
+    after each, a checkpoint after each), keel export runs/ctr_small; then the documented
+    overrides for --windows 4 (3 windows trained, the 4th evaluated)."""
+
+    def run_in(self, d, *args):
+        r = subprocess.run(list(args), cwd=d, capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, f"{' '.join(args)}:\n{r.stderr[-3000:]}")
+        return r
+
+    def test_small_data_set(self):
+        with tempfile.TemporaryDirectory(prefix="keel-walk-") as d:
+            shutil.copytree(os.path.join(ROOT, "configs"), os.path.join(d, "configs"))
+            self.run_in(d, GENERATOR, "--output", "data/ctr-small", "--records", "20000")
+            self.run_in(d, KEEL, "train", "configs/ctr_small.toml")
+            run = os.path.join(d, "runs", "ctr_small")
+            evals = records(run, "test")
+            self.assertEqual(len(evals), 7)
+            with open(os.path.join(d, "data", "ctr-small", "truth.json")) as f:
+                bayes = json.load(f)["per_window"][7]["bayes_auc"]
+            self.assertGreater(evals[-1]["auc"], 0.75, evals[-1])
+            self.assertLess(evals[-1]["auc"], bayes + 0.01, (evals[-1], bayes))
+            self.assertEqual(records(run, "train")[-1]["samples"], 7 * 20000)
+            self.assertEqual(len(os.listdir(os.path.join(run, "checkpoints"))), 7)
+            self.run_in(d, KEEL, "export", "runs/ctr_small", "--format", "safetensors")
+            exported = os.path.join(run, "exports", f"step-{last_step(run)}")
+            self.assertEqual(len(read_arrays(os.path.join(exported, "tables.safetensors"))), 52)
+        with tempfile.TemporaryDirectory(prefix="keel-walk4-") as d:
+            shutil.copytree(os.path.join(ROOT, "configs"), os.path.join(d, "configs"))
+            self.run_in(d, GENERATOR, "--output", "data/ctr-small", "--windows", "4", "--records",
+                        "2000")
+            r = self.run_in(d, KEEL, "train", "configs/ctr_small.toml", "--set",
+                            'data.train.pattern="day_00[0-2].tsv*"', "--set",
+                            'data.test.pattern="day_003.tsv*"', "--set", "train.epochs=3")
+            run = os.path.join(d, "runs", "ctr_small")
+            self.assertEqual(len(records(run, "test")), 3)
+            self.assertEqual(records(run, "train")[-1]["samples"], 3 * 2000)
+            self.assertIn("epochs done", r.stdout + r.stderr)
 
 
 if __name__ == "__main__":

@@ -454,3 +454,31 @@ TEST_CASE("criteo: follow = false ends after the last file; stops are clean") {
   CHECK_THROWS_WITH(make({{"path", (t.path / "none*").string()}}),
                     doctest::Contains("no window files"));
 }
+
+TEST_CASE("criteo: no window file: the hint names the option that is wrong") {
+  TempDir t;
+  write_windows(t.path, {10, 10}, false);  // day_000.tsv, day_001.tsv
+  write(t.path / ".day_002.tsv", "");      // never a window
+  const fs::path empty = t.path / "empty";
+  fs::create_directories(empty);
+  struct Case {
+    std::string path, pattern;
+    const char* says;  // the error holds this
+  };
+  const std::vector<Case> cases = {
+      // Files the pattern matches none of: `pattern` is wrong.
+      {t.path.string(), "day_00[3-6].tsv*",
+       "no file matches pattern 'day_00[3-6].tsv*' (the directory holds 2 other files: "
+       "day_000.tsv, day_001.tsv); hint: set [data.train] pattern to a glob"},
+      // No file at all (dotfiles are none): `path` is.
+      {empty.string(), "*", "no window files in the directory"},
+      {empty.string(), "day_*", "hint: set [data.train] path to a directory"},
+      {(t.path / "nothing*").string(), "*", "no window files match this glob"},
+      {(t.path / "nothing*").string(), "*", "hint: set [data.train] path to a directory"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.path);
+    CAPTURE(c.pattern);
+    CHECK_THROWS_WITH(make({{"path", c.path}, {"pattern", c.pattern}}), doctest::Contains(c.says));
+  }
+}
