@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 
 #include "config/resolve_parts.hpp"
+#include "config/toml_text.hpp"
 #include "error.hpp"
 #include "loader/lock.hpp"
 #include "text/text.hpp"
@@ -192,7 +194,11 @@ toml::table resolved_manifest(const Manifest& m, const Registry& registry, const
   toml::table require;
   for (const auto& q : rc.plugins.require) require.insert_or_assign(q.name, q.requirement);
   r.insert("plugins", toml::table{{"paths", std::move(paths)}, {"require", std::move(require)}});
-  r.insert("train", train_keys().resolved(rc.train));
+  toml::table train = train_keys().resolved(rc.train);
+  // With global_batch, grad_accum is derived from it at assembly (batch_size, ranks): written,
+  // it would be refused beside global_batch when the resolved manifest is read again.
+  if (rc.train.global_batch > 0) train.erase("grad_accum");
+  r.insert("train", std::move(train));
   r.insert("distributed", distributed_keys().resolved(rc.distributed));
   r.insert("model", resolved_table(registry, rc.model));
   toml::table data_t;
@@ -231,6 +237,13 @@ toml::table resolved_manifest(const Manifest& m, const Registry& registry, const
 }
 
 }  // namespace
+
+std::string resolved_text(const RunConfig& config) {
+  std::ostringstream text;
+  text << "# Resolved from " << config.manifest_path << " (extends, --set and defaults applied)\n"
+       << toml_text(config.resolved);
+  return text.str();
+}
 
 RunConfig resolve(const Manifest& m, Registry& registry, bool use_lock) {
   RunConfig rc;

@@ -93,6 +93,10 @@ struct RunConfig {
 // given `registry` one (keel plugins lock does, to relock).
 RunConfig resolve(const Manifest& manifest, Registry& registry, bool use_lock = true);
 
+// manifest.resolved.toml's text: a comment naming config.manifest_path, then config.resolved,
+// which resolves again to the same run (floats in their shortest form that reads back).
+std::string resolved_text(const RunConfig& config);
+
 // The manifest's [plugins] table, checked (PluginsTable above).
 PluginsTable manifest_plugins(const Manifest& manifest);
 

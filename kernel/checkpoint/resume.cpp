@@ -1,10 +1,10 @@
 #include "checkpoint/resume.hpp"
 
 #include <map>
-#include <sstream>
 
 #include <toml++/toml.h>
 
+#include "config/toml_text.hpp"
 #include "error.hpp"
 
 namespace keel {
@@ -16,9 +16,7 @@ void flatten(const toml::node& n, const std::string& key, std::map<std::string, 
   } else if (const auto* a = n.as_array(); a && !a->empty() && a->is_array_of_tables()) {
     for (size_t i = 0; i < a->size(); ++i) flatten(*a->get(i), key + "[" + std::to_string(i) + "]", out);
   } else {
-    std::ostringstream s;
-    n.visit([&](const auto& v) { s << toml::toml_formatter{v, toml::format_flags::none}; });
-    out[key] = s.str();
+    out[key] = value_text_of(n, toml::format_flags::none);  // floats in their shortest form
   }
 }
 

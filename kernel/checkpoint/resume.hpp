@@ -20,7 +20,8 @@ struct ManifestChange {
 // (config/resume_check.hpp).
 std::vector<ManifestChange> manifest_changes(const std::string& saved, const std::string& now);
 
-// A TOML value ("0", "\"auto\"", "1e-3") as manifest_changes writes it; "" when it is not one.
+// A TOML value ("0", "\"auto\"", "0.001") as manifest_changes writes it (floats in their
+// shortest form); "" when it is not one.
 std::string value_text(const std::string& toml_value);
 
 }  // namespace keel

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <variant>
 
@@ -84,11 +83,7 @@ void join_ranks(Run& run, const std::optional<Launch>& launch) {
 // Rank 0 prepares the run directory; the components get its path, or a scratch directory
 // when only validating (so that validating never touches a run directory's files).
 void open_run_directory(Run& run, bool validate_only) {
-  std::ostringstream text;
-  text << "# Resolved from " << run.config.manifest_path
-       << " (extends, --set and defaults applied)\n"
-       << run.config.resolved << "\n";
-  run.resolved_manifest = text.str();
+  run.resolved_manifest = resolved_text(run.config);
   const std::string dir = on_rank0(
       run.ranks.group.get(), run.ranks.rank,
       "prepare the run directory " + run.config.run.output_dir, [&] {

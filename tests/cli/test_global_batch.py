@@ -7,6 +7,9 @@
   1e-6 (absolute, per element), and every step's loss within 1e-6. Both logs name the derived
   micro-batches. The same 2-rank run with accum_normalization = "mean" (each micro-batch's
   mean weighted 1/k) differs by more than 1e-4: the data makes the normalisation matter.
+- The resolved manifest: a 1-process run's manifest.resolved.toml (grad_accum derived, so not
+  written beside global_batch) trains the same parameters again, bit for bit, and `keel export`
+  of the run reads its checkpoint.
 - Bad input (exit 1, one `keel: error:` line): global_batch 24 with batch_size 8 under a
   launcher of 2 ranks (`keel validate` with the launcher's variables) names 24, 8, 2 and 16;
   global_batch 20 with batch_size 8 on one process names 20, 8, 1 and 8; global_batch beside
@@ -130,6 +133,29 @@ class GlobalBatch(unittest.TestCase):
         d_mean = self.max_diff(one, mean)
         print(f"2 ranks with accum_normalization = \"mean\": max |param diff| {d_mean:.3g}")
         self.assertGreater(d_mean, 1e-4)
+
+    def test_resolved_manifest_reruns_and_exports(self):
+        # The run's own manifest.resolved.toml (global_batch set, grad_accum derived from it)
+        # trains the same run again, bit for bit, and `keel export` (which resolves it) reads
+        # the run's checkpoint.
+        one, _, _ = self.train("resolved", "global_batch = 16", 1)
+        out = os.path.join(self.dir, "resolved")
+        again = os.path.join(self.dir, "rerun")
+        r = subprocess.run([KEEL, "train", os.path.join(out, "manifest.resolved.toml"), "--set",
+                            f"run.output_dir={again}"], capture_output=True, text=True,
+                           timeout=240)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertIn("train.global_batch = 16: 4 micro-batch(es) of 4 per rank and step",
+                      r.stdout + r.stderr)
+        rerun = read_arrays(os.path.join(again, "checkpoints", "step-3", "model.safetensors"))
+        self.assertEqual(sorted(one), sorted(rerun))
+        for k in one:
+            self.assertTrue(np.array_equal(one[k], rerun[k]), k)
+        r = subprocess.run([KEEL, "export", out, "--format", "safetensors"], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertTrue(os.path.isfile(os.path.join(out, "exports", "step-3",
+                                                    "model.safetensors")))
 
     def error_of(self, cmd, env=None):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
