@@ -35,14 +35,15 @@ struct HelpRow {
 };
 
 // The rows under each other, the texts in one column two spaces after the widest head (at
-// least `head` wide, so that several lists can share the column), wrapped to kHelpWidth.
+// least `head` wide, so that several lists can share the column), wrapped to kHelpWidth after
+// the commands they name to run name keel as it was run.
 std::string help_rows(const std::vector<HelpRow>& rows, size_t head = 0) {
   for (const auto& r : rows) head = std::max(head, r.head.size());
   const size_t column = 2 + head + 2;
   std::string out;
   for (const auto& r : rows)
     out += "  " + r.head + std::string(head - r.head.size() + 2, ' ') +
-           wrapped(r.text, column, kHelpWidth) + "\n";
+           wrapped(with_program(r.text), column, kHelpWidth) + "\n";
   return out;
 }
 
@@ -90,9 +91,12 @@ std::string columns(const std::vector<std::vector<std::string>>& rows, const std
   return out;
 }
 
+// The commands the help names to run name keel as it was run (call_state().program).
 void print_main_help() {
+  const std::string& keel = call_state().program;
   std::string out = std::string("keel ") + KEEL_VERSION + ": a C++ training runtime on LibTorch, "
-                    "built from plugins\n\nusage: keel COMMAND [ARGS] [FLAGS]\n\ncommands:\n";
+                    "built from plugins\n\nusage: " + keel + " COMMAND [ARGS] [FLAGS]\n\n"
+                    "commands:\n";
   std::vector<HelpRow> rows;
   for (const Command& c : commands()) {
     const std::string args = c.args;
@@ -105,7 +109,7 @@ void print_main_help() {
   const std::vector<HelpRow> train_rows = flag_rows(train);
   const std::vector<HelpRow> own_rows = flag_rows(global_flags());
   const size_t head = std::max(widest_head(train_rows), widest_head(own_rows));
-  out += "\nflags of train (`keel COMMAND --help` lists each command's):\n" +
+  out += "\nflags of train (`" + keel + " COMMAND --help` lists each command's):\n" +
          help_rows(train_rows, head) +
          "\nflags of keel itself (--log-level and --help also after any command):\n" +
          help_rows(own_rows, head);
@@ -116,17 +120,18 @@ void print_main_help() {
                                          "packages"}});
   out += "\n" + wrapped("exit status: 0 success; 1 bad input or a failed run; 2 command-line "
                         "usage; 70 an internal error (a bug in keel)", 0, kHelpWidth) + "\n";
-  std::fputs(with_program(out).c_str(), stdout);
+  std::fputs(out.c_str(), stdout);
 }
 
 void print_command_help(const Command& c) {
-  std::string out = "usage: keel " + std::string(c.name) + " " + c.args + "\n" +
-                    wrapped(c.summary, 0, kHelpWidth) + "\n";
+  std::string out = "usage: " + call_state().program + " " + c.name + " " + c.args + "\n" +
+                    wrapped(with_program(c.summary), 0, kHelpWidth) + "\n";
   std::istringstream operands(c.operands);
-  for (std::string line; std::getline(operands, line);) out += wrapped(line, 0, kHelpWidth) + "\n";
+  for (std::string line; std::getline(operands, line);)
+    out += wrapped(with_program(line), 0, kHelpWidth) + "\n";
   if (c.run)  // `help` has no flags
     out += "\nflags:\n" + help_rows(flag_rows(command_flags(c)));
-  std::fputs(with_program(out).c_str(), stdout);
+  std::fputs(out.c_str(), stdout);
 }
 
 }  // namespace keel::cli
