@@ -25,9 +25,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The bar on stdout, redrawn on STEP_END at most every 0.1 s. A frame is "\r\033[K" + text +
-// "\r": the cursor stays in column 0, so a log line from elsewhere overwrites the bar instead
-// of being glued to its end. above() clears the bar, prints a line and redraws the bar.
+// The bar on stdout: drawn when training starts, redrawn on STEP_END at most every 0.25 s (and
+// at the last planned step), and with "evaluating" when an evaluation starts. A frame is
+// "\r\033[K" + text + "\r": the cursor stays in column 0, so a log line from elsewhere
+// overwrites the bar instead of being glued to its end (the kernel's console lines start with
+// "\r\033[K" on a terminal, kernel/log.cpp). above() clears the bar, prints a line and redraws
+// the bar. The frames go to stdout only, never through the log: run.log holds none.
 class LiveBar {
  public:
   LiveBar(bool enabled, std::string prefix) : enabled_(enabled), prefix_(std::move(prefix)) {}
@@ -35,13 +38,24 @@ class LiveBar {
   void start(const keel_trainer_state* s) {
     start_time_ = last_draw_ = Clock::now();
     start_step_ = s ? s->step : 0;
+    start_epoch_ = s ? s->epoch : 0;
+    if (enabled_ && s) draw(*s, start_time_);
   }
   void update(const keel_trainer_state* s) {
     if (!enabled_ || s == nullptr) return;
     const auto now = Clock::now();
-    if (shown_ && now - last_draw_ < std::chrono::milliseconds(100) && s->step != s->max_steps)
+    if (shown_ && now - last_draw_ < std::chrono::milliseconds(250) && s->step != s->max_steps)
       return;
     draw(*s, now);
+  }
+  // An epoch ended: the pace per epoch that a stream's ETA uses.
+  void epoch_end(const keel_trainer_state* s) {
+    if (s == nullptr) return;
+    epochs_done_ = s->epoch + 1 - start_epoch_;
+    epochs_done_s_ = std::chrono::duration<double>(Clock::now() - start_time_).count();
+  }
+  void evaluating(const keel_trainer_state* s) {
+    if (enabled_ && s) draw(*s, Clock::now(), "evaluating");
   }
   template <class Print>
   void above(const keel_trainer_state* s, Print&& print) {
@@ -61,11 +75,21 @@ class LiveBar {
   }
 
  private:
-  void draw(const keel_trainer_state& s, Clock::time_point now) {
-    const double secs = std::chrono::duration<double>(now - start_time_).count();
-    const double rate = secs > 0 ? static_cast<double>(s.step - start_step_) / secs : 0.0;
-    const std::string frame =
-        "\r\033[K" + prefix_ + progress_text(s.step, s.max_steps, rate, s.loss) + "\r";
+  void draw(const keel_trainer_state& s, Clock::time_point now, const char* note = nullptr) {
+    Progress p;
+    p.step = s.step;
+    p.max_steps = s.max_steps;
+    p.epoch = s.epoch;
+    p.epochs = s.epochs;
+    p.elapsed_s = std::chrono::duration<double>(now - start_time_).count();
+    p.steps_per_s = p.elapsed_s > 0 && s.step > start_step_
+                        ? static_cast<double>(s.step - start_step_) / p.elapsed_s
+                        : 0.0;
+    p.epochs_done = epochs_done_;
+    p.epochs_done_s = epochs_done_s_;
+    p.loss = s.step > start_step_ ? s.loss : NAN;  // none before this process's first step
+    p.note = note;
+    const std::string frame = "\r\033[K" + prefix_ + progress_text(p) + "\r";
     std::fputs(frame.c_str(), stdout);
     std::fflush(stdout);
     last_draw_ = now;
@@ -75,7 +99,9 @@ class LiveBar {
   bool enabled_, shown_ = false;
   std::string prefix_;
   Clock::time_point start_time_ = Clock::now(), last_draw_ = start_time_;
-  int64_t start_step_ = 0;
+  int64_t start_step_ = 0, start_epoch_ = 0;
+  int64_t epochs_done_ = 0;    // epochs ended since TRAIN_START
+  double epochs_done_s_ = 0;   // seconds from TRAIN_START to the end of the last of them
 };
 
 bool wants_bar(const std::string& progress) {
@@ -134,6 +160,8 @@ class Console : public keel::Hook {
         bar_.start(ev.state);
         break;
       case KEEL_EVENT_STEP_END: bar_.update(ev.state); break;
+      case KEEL_EVENT_EPOCH_END: bar_.epoch_end(ev.state); break;
+      case KEEL_EVENT_EVAL_START: bar_.evaluating(ev.state); break;
       case KEEL_EVENT_METRICS: print(ev); break;
       case KEEL_EVENT_TRAIN_END:
       case KEEL_EVENT_EXCEPTION: bar_.finish(ev.state); break;
@@ -202,7 +230,8 @@ const keel_option_desc kConsoleOptions[] = {
                   "always; run.log gets every record whole)",
                   1, 1e12),
     keel::opt_string("progress", "\"auto\"",
-                     "live progress bar on stdout (auto: only when stdout is a terminal)",
+                     "live progress bar on stdout between the lines: steps, elapsed time, rate, "
+                     "ETA (auto: only when stdout is a terminal)",
                      "auto|always|never"),
     kEveryRank,
 };

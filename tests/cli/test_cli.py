@@ -8,11 +8,14 @@ runner must exit 0 at the end (under the sanitizers: LeakSanitizer's report). Ke
 remain where the process is the point: the BLAS loaded by path whatever LD_LIBRARY_PATH says (the
 dynamic loader reads it at start-up) and the mapped files of a running keel (test_blas_by_path),
 and a run whose start waits, in a process of its own, while another run trains
-(test_failed_start_keeps_other_runs_work).
+(test_failed_start_keeps_other_runs_work), and a run on a terminal (a pseudo-terminal:
+test_progress_line_on_a_terminal_only).
 Usage: test_cli.py KEEL_BINARY SOURCE_ROOT MISBEHAVE_FIXTURE_DIR KEEL_INPROC"""
 import json
 import os
+import pty
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -548,6 +551,59 @@ class GoodInput(unittest.TestCase):
                 log = f.read()
             self.assertIn("] [info] done: ", log)
             self.assertIn("] [debug] ", log)
+
+    def test_progress_line_on_a_terminal_only(self):
+        # On a terminal (here a pseudo-terminal, so keel runs as a process of its own) the
+        # console hook draws a live progress line from the start of training, rewritten in
+        # place ("\r\033[K" + frame + "\r") and cleared by every log line; run.log holds none.
+        with tempfile.TemporaryDirectory() as d:
+            args = small_args(f"{d}/tty", steps=8)
+            master, slave = pty.openpty()
+            env = {k: v for k, v in os.environ.items() if k != "KEEL_LOG_LEVEL"}
+            p = subprocess.Popen([KEEL, "train", *args], stdin=slave, stdout=slave,
+                                 stderr=slave, env=env)
+            os.close(slave)
+            chunks, deadline = [], time.monotonic() + TIMEOUT_S
+            try:
+                while time.monotonic() < deadline:
+                    if not select.select([master], [], [], 1)[0]:
+                        continue
+                    try:
+                        data = os.read(master, 65536)
+                    except OSError:  # EIO: the terminal's last writer exited
+                        break
+                    if not data:
+                        break
+                    chunks.append(data)
+            finally:
+                os.close(master)
+                if p.poll() is None:
+                    p.kill()
+            self.assertEqual(p.wait(), 0)
+            out = b"".join(chunks).decode()
+            frames = re.findall(r"\r\x1b\[K(\[[#.]{20}\] \d+/8 \d+% \| \d+:\d\d elapsed "
+                                r"\| [^\r\n]*)\r", out)
+            self.assertTrue(frames, repr(out))
+            self.assertTrue(frames[0].startswith("[....................] 0/8 0% | 0:00 elapsed"),
+                            frames)  # drawn before the first step
+            self.assertTrue(any(f.startswith("[####################] 8/8 100% | ") and "| ETA "
+                                in f for f in frames), frames)
+            # Every log line first clears the line the frame is on.
+            lines = [m.start() for m in re.finditer(r"\[\d\d:\d\d:\d\d\] ", out)]
+            self.assertTrue(any(out[i:].startswith(out[i:i + 11] + "done: ") for i in lines))
+            for i in lines:
+                self.assertEqual(out[i - 4:i], "\r\x1b[K", repr(out[max(0, i - 80):i + 40]))
+            with open(f"{d}/tty/run.log") as f:
+                log = f.read()
+            self.assertIn("] [info] done: ", log)
+            for text in ("elapsed", "\x1b", "\r"):
+                self.assertNotIn(text, log)
+            # Without a terminal (keel_inproc's output is a file) nothing of it is printed.
+            rc, out, err = keel("train", *small_args(f"{d}/file", steps=8))
+            self.assertEqual(rc, 0, err)
+            self.assertRegex(out, r"\] step 8/8 ")
+            for text in ("elapsed", "\x1b", "\r", "ETA 0:00 |"):
+                self.assertNotIn(text, out + err)
 
     def test_version(self):
         rc, out, _ = keel("--version")

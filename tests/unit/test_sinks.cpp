@@ -287,10 +287,25 @@ TEST_CASE("console: progress bar frames only with progress = always") {
 }
 
 TEST_CASE("console: the progress bar's text") {
-  CHECK(sinks::progress_text(1234, 4690, 850, 0.312) ==
-        "[#####...............] 1234/4690 26% | 850 it/s | ETA 0:04 | loss 0.3120");
-  CHECK(sinks::progress_text(0, 10, 0, NAN) == "[....................] 0/10 0% | ? it/s");
-  CHECK(sinks::progress_text(7, 0, 2.5, 1.0) == "7 steps | 2.5 it/s | loss 1.0000");
+  sinks::Progress p;
+  p.step = 1234, p.max_steps = 4690, p.elapsed_s = 62, p.steps_per_s = 850, p.loss = 0.312;
+  CHECK(sinks::progress_text(p) ==
+        "[#####...............] 1234/4690 26% | 1:02 elapsed | 850 it/s | ETA 0:04 | loss 0.3120");
+  p.note = "evaluating";
+  CHECK(sinks::progress_text(p).rfind(" | loss 0.3120 | evaluating") != std::string::npos);
+  sinks::Progress start;  // before the first step
+  start.max_steps = 10;
+  CHECK(sinks::progress_text(start) == "[....................] 0/10 0% | 0:00 elapsed | ? it/s");
+  // A stream without max_steps: no bar; with planned epochs, an ETA at the pace of the epochs
+  // that ended: 2 of 7 done in 60 s, 10 s into the third: 5 x 30 s - 10 s = 2:20.
+  sinks::Progress stream;
+  stream.step = 7, stream.steps_per_s = 2.5, stream.loss = 1.0, stream.elapsed_s = 3;
+  CHECK(sinks::progress_text(stream) ==
+        "7 steps | 0 epochs done | 0:03 elapsed | 2.5 it/s | loss 1.0000");
+  stream.epoch = 2, stream.epochs = 7, stream.epochs_done = 2, stream.epochs_done_s = 60;
+  stream.elapsed_s = 70;
+  CHECK(sinks::progress_text(stream) ==
+        "7 steps | 2/7 epochs done | 1:10 elapsed | 2.5 it/s | ETA 2:20 | loss 1.0000");
   CHECK(sinks::rate_text(0.25) == "4.0 s/it");
   CHECK(sinks::clock_text(59.6) == "1:00");
   CHECK(sinks::clock_text(3723) == "1:02:03");
