@@ -34,9 +34,46 @@ namespace keel {
 
 namespace {
 
+// `--set KEY=VALUE` as one shell word each: the argument as it is when no shell treats a
+// character of it specially, else in single quotes (a ' inside written '\'').
+std::string set_argument(const std::string& key, const std::string& value) {
+  const std::string arg = key + "=" + value;
+  if (arg.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                            "_-.,/:=+@%") == std::string::npos)
+    return "--set " + arg;
+  std::string quoted = "'";
+  for (const char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return "--set " + quoted + "'";
+}
+
+// What sets the breaking changes back as the checkpoint has them: a --set of the saved value
+// for each key (a key the checkpoint's manifest lacks has to be removed from the manifest). Where
+// a component's `type` changed, the options only one of the two plugins has come and go with it.
+std::string set_back(const std::vector<ManifestChange>& breaking) {
+  std::vector<std::string> retyped;  // "optimizer." for a changed optimizer.type
+  for (const ManifestChange& c : breaking)
+    if (c.key.size() > 5 && c.key.compare(c.key.size() - 5, 5, ".type") == 0)
+      retyped.push_back(c.key.substr(0, c.key.size() - 4));
+  std::vector<std::string> sets, removals;
+  for (const ManifestChange& c : breaking) {
+    const bool with_type = std::any_of(retyped.begin(), retyped.end(), [&](const std::string& s) {
+      return c.key.rfind(s, 0) == 0 && c.key != s + "type";
+    });
+    if (with_type && (c.before == kAbsent || c.after == kAbsent)) continue;
+    (c.before == kAbsent ? removals : sets)
+        .push_back(c.before == kAbsent ? c.key : set_argument(c.key, c.before));
+  }
+  std::string out;
+  for (const std::string& s : sets) out += (out.empty() ? "" : " ") + s;
+  if (!removals.empty())
+    out += (out.empty() ? "remove " : " and remove ") + text::join(removals) +
+           " from the manifest";
+  return out;
+}
+
 // Manifest changes since the checkpoint: safe ones (config/resume_check.hpp: by the key rows)
 // are named in a warning; one that breaks an exact continuation is refused, unless
-// --resume-changed accepts it.
+// --resume-changed accepts it. The refusal's hint sets them back as the checkpoint has them.
 void check_manifest_changes(const Run& run, const std::string& saved) {
   const auto [safe, breaking] = resume_changes(saved, run.resolved_manifest);
   for (const ManifestChange& c : safe)
@@ -57,8 +94,10 @@ void check_manifest_changes(const Run& run, const std::string& saved) {
   throw Error("--resume: " + c.key + " changed since the checkpoint " + run.resume.dir + " (" +
               c.before + " -> " + c.after + ")" +
               (more.empty() ? "" : "; also changed: " + more) +
-              ". That breaks an exact continuation; hint: set it back, or add --resume-changed "
-              "to accept the change");
+              ". That breaks an exact continuation; hint: set " +
+              (breaking.size() > 1 ? "them" : "it") + " back as the checkpoint has " +
+              (breaking.size() > 1 ? "them" : "it") + " (" + set_back(breaking) +
+              "), or add --resume-changed to accept the change");
 }
 
 // At another world size, the saved data position (the global sample cursor, epoch_samples) in

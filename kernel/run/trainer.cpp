@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "log.hpp"
@@ -72,8 +73,18 @@ void decide_end(Run& run, Moment moment) {
       run.requests.stop())
     reason = "stop requested by a hook";
   if (reason.empty()) return;
-  if (moment == Moment::kStart)
-    spdlog::info("--resume: the run had already reached its end at step {}", run.progress.step);
+  if (moment == Moment::kStart) {
+    // The stop target it reached, and twice its value: a --set that trains on from here.
+    std::pair<std::string, int64_t> target{"train.epochs", c.train.epochs};
+    if (reason == "max_steps reached") target = {"train.max_steps", c.train.max_steps};
+    if (reason == "max_samples reached") target = {"train.max_samples", c.train.max_samples};
+    if (reason == "max_tokens reached") target = {"train.max_tokens", c.train.max_tokens};
+    const auto& [key, value] = target;
+    spdlog::warn("--resume: the run had already reached its end at step {} ({}): nothing left to "
+                 "train; hint: to train on from its checkpoint, raise {} (e.g. --resume --set "
+                 "{}={})",
+                 run.progress.step, reason, key, key, value * 2);
+  }
   run.end.reason = reason;
 }
 

@@ -6,14 +6,20 @@ machine) as a run that never stopped. The run has AdamW, a warmup-cosine schedul
 grad_accum = 2: exactness needs the optimizer's moments, the data position (shuffle order and
 offset), LibTorch's generator (dropout), the counters, the log window and the schedule position.
 
-The stopped run stops through train.max_steps; the schedule's length is fixed with
-lr_scheduler.total_steps, so that max_steps changes nothing but where the run stops.
+The stopped run stops through train.max_steps (or, as the README's quickstart does, a lower
+train.epochs that the resume raises back); the schedule's length is fixed with
+lr_scheduler.total_steps, so that the stop target changes nothing but where the run stops.
+The hints of --resume are followed as printed: a changed optimizer.lr is refused with the --set
+that sets it back (which then resumes), and a run resumed at its end names the --set that trains
+on (which then does).
 
 Usage: test_resume.py KEEL_BINARY SOURCE_ROOT FIXTURE_DIR (Debian's /usr/bin/python3; numpy
 only). FIXTURE_DIR holds noisy_model.so (tests/fixtures/noisy_model.cpp)."""
 import csv
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -164,6 +170,44 @@ class ExactResume(unittest.TestCase):
         self.assertIn("checkpoints/step-12 (step 12, epoch 1, batch 4 of that epoch)",
                       r.stdout + r.stderr)
         self.resume_to_end_and_compare(run, 15)
+
+    def test_epochs_raised_on_resume(self):
+        # Stopped by a lower epochs target (--set train.epochs=1: step 10, the end of epoch 0), a
+        # plain --resume continues to the manifest's 2 epochs, warning of the change, exactly as
+        # a run that never stopped (the README's quickstart does this; here the schedule's length
+        # is total_steps, so the lower target changes nothing but where the run stopped).
+        run = os.path.join(self.tmp.name, "epochs")
+        keel("train", self.manifest, "--set", f"run.output_dir={run}", "--set", "train.epochs=1",
+             "--log-level", "warn")
+        self.resume_to_end_and_compare(run, 10)
+        with open(os.path.join(run, "run.log")) as f:
+            self.assertIn("--resume: train.epochs changed since the checkpoint (1 -> 2)", f.read())
+
+    def test_refusals_name_the_set_that_follows(self):
+        # A changed optimizer.lr is refused; the hint's --set (the checkpoint's value, in its
+        # shortest form) resumes. A run resumed at its end says so; the hint's --set trains on.
+        run = os.path.join(self.tmp.name, "hints")
+        out = ("--set", f"run.output_dir={run}")
+        keel("train", self.manifest, *out, "--set", "optimizer.lr=1e-3", "--set",
+             "train.max_steps=3", "--log-level", "warn")
+        r = keel("train", self.manifest, *out, "--resume", ok=False)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        m = re.search(r"optimizer\.lr changed since the checkpoint \S+ \(0\.001 -> 0\.003\)\. "
+                      r".*hint: set it back as the checkpoint has it \((.*)\), or add "
+                      r"--resume-changed", r.stderr)
+        self.assertIsNotNone(m, r.stderr)
+        back = shlex.split(m.group(1))
+        self.assertEqual(back, ["--set", "optimizer.lr=0.001"])
+        r = keel("train", self.manifest, *out, "--resume", *back, "--set", "train.max_steps=4")
+        self.assertIn(f"checkpoints/step-3 (step 3,", r.stdout + r.stderr)
+        r = keel("train", self.manifest, *out, "--resume", *back, "--set", "train.max_steps=4")
+        m = re.search(r"--resume: the run had already reached its end at step 4 \(max_steps "
+                      r"reached\): nothing left to train; hint: .* \(e\.g\. --resume (.*)\)",
+                      r.stdout + r.stderr)
+        self.assertIsNotNone(m, r.stdout + r.stderr)
+        self.assertEqual(shlex.split(m.group(1)), ["--set", "train.max_steps=8"])
+        keel("train", self.manifest, *out, *back, "--resume", *shlex.split(m.group(1)))
+        self.assertTrue(os.path.isdir(os.path.join(run, "checkpoints", "step-8")))
 
     def test_async_saves(self):
         self.resume_and_compare(13, "async", "--set", "checkpoint.async=true")
