@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -166,15 +167,24 @@ class Readme(unittest.TestCase):
         for line in self.block("Recommendation training"):
             self.run_line(line)
         run = "runs/ctr_small"
+        # 7 windows trained, the held-out 8th evaluated after each, near its Bayes AUC.
         evals = self.records(run, split="test")
-        self.assertTrue(evals and "auc" in evals[-1], evals[-1:] or "no eval record")
-        ckpts = sorted(n for n in os.listdir(os.path.join(self.clone, run, "checkpoints"))
-                       if n.startswith("step-"))
-        self.assertTrue(ckpts, "configs/ctr_small.toml saved no checkpoint")
+        self.assertEqual(len(evals), 7)
+        with open(os.path.join(self.clone, "data/ctr-small/truth.json")) as f:
+            bayes = json.load(f)["per_window"][7]["bayes_auc"]
+        self.assertGreater(evals[-1]["auc"], 0.75, evals[-1])
+        self.assertLess(evals[-1]["auc"], bayes + 0.01, (evals[-1], bayes))
+        self.assertEqual(self.records(run)[-1]["samples"], 7 * 20000)
+        # A checkpoint after each window; the export holds the newest one's 26 tables.
+        ckpts = [n for n in os.listdir(os.path.join(self.clone, run, "checkpoints"))
+                 if n.startswith("step-")]
+        self.assertEqual(len(ckpts), 7, ckpts)
         newest = max(ckpts, key=lambda n: int(n.split("-")[1]))
         export = os.path.join(self.clone, run, "exports", newest)
-        for f in ("model.safetensors", "tables.safetensors"):
-            self.assertTrue(os.path.isfile(os.path.join(export, f)), f"{export}/{f} missing")
+        self.assertTrue(os.path.isfile(os.path.join(export, "model.safetensors")))
+        with open(os.path.join(export, "tables.safetensors"), "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        self.assertEqual(len([k for k in header if k != "__metadata__"]), 2 * 26)
 
     def test_3_several_processes(self):
         for line in self.block("Several processes"):
