@@ -39,15 +39,6 @@ CallState& call_state() {
   return state;
 }
 
-std::string shell_quoted(const std::string& word) {
-  const bool plain = !word.empty() && word.find_first_not_of(
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,/:=+@%") == std::string::npos;
-  if (plain) return word;
-  std::string quoted = "'";
-  for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
 // A command to run is "keel" at the start of a word, then a command's name, --help, --version
 // or COMMAND: "keel options train", "`keel plugins show NAME`"; not "keel's" or "keel-sdk".
 std::string with_program(const std::string& text, size_t from) {
@@ -108,7 +99,7 @@ int run(int argc, char** argv) {
   // The one place that names the program for messages: argv[0] as the user typed it.
   if (argc > 0 && argv[0] != nullptr && argv[0][0] != '\0') {
     call_state().argv0 = argv[0];
-    call_state().program = shell_quoted(argv[0]);
+    call_state().program = keel::text::shell_word(argv[0]);
   }
   const std::vector<std::string> argv_all(argv, argv + argc);
   const std::vector<std::string> args(argv + 1, argv + argc);

@@ -124,9 +124,6 @@ struct CallState {
 };
 CallState& call_state();
 
-// `word` as one shell word: as it is when no shell treats a character of it specially, else in
-// single quotes (cli_main.cpp).
-std::string shell_quoted(const std::string& word);
 // `text` with each keel command it names to run ("keel train M", "`keel plugins show NAME`",
 // "keel --help") naming call_state().program instead of "keel", from byte `from` on (cli_main.cpp).
 std::string with_program(const std::string& text, size_t from = 0);

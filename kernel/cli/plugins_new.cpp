@@ -257,7 +257,7 @@ SdkLocation sdk_location() {
 // The project's `meson setup`: with PKG_CONFIG_PATH when pkg-config would not find this
 // keel's SDK by itself (meson keeps it for `meson compile` and `meson test`).
 std::string setup_command(const SdkLocation& sdk) {
-  return (sdk.searched ? "" : "PKG_CONFIG_PATH=" + shell_quoted(sdk.pc_dir) + " ") +
+  return (sdk.searched ? "" : "PKG_CONFIG_PATH=" + text::shell_word(sdk.pc_dir) + " ") +
          "meson setup build";
 }
 
@@ -280,7 +280,7 @@ std::string sdk_note(const SdkLocation& sdk) {
 std::string readme_keel() {
   const std::string& typed = call_state().argv0;
   if (typed.find('/') == std::string::npos) return "keel";
-  return shell_quoted(fs::absolute(typed).lexically_normal().string());
+  return text::shell_word(fs::absolute(typed).lexically_normal().string());
 }
 
 // The plugin's files (path in DIR, text), rendered in memory: a template problem leaves
@@ -391,7 +391,7 @@ int plugins_new(const PluginsArgs& args) {
               "-C build && meson test -C build\n(its README.md says how keel loads it, and how to "
               "pack and install it)\n",
               lang == "c" ? "C" : "C++", name.c_str(), kind.kind, component.c_str(),
-              target.c_str(), text::join(written).c_str(), shell_quoted(dir).c_str(),
+              target.c_str(), text::join(written).c_str(), text::shell_word(dir).c_str(),
               setup_command(sdk).c_str());
   return 0;
 }

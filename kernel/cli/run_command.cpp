@@ -86,22 +86,11 @@ void choose_evaluated_checkpoint(RunConfig& cfg, const std::string& manifest) {
                newest->dir, newest->record.step);
 }
 
-// `word` as one shell word: as it is when it holds only characters no shell treats specially,
-// else in single quotes (a ' inside written '\'').
-std::string shell_word(const std::string& word) {
-  const bool plain = !word.empty() && word.find_first_not_of(
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,/:=+@%") == std::string::npos;
-  if (plain) return word;
-  std::string quoted = "'";
-  for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
 // The command that continues a stopped training run: keel as it was run, its manifest and every
 // --set, then --resume (the newest checkpoint of the run directory those name).
 std::string continue_command(const std::string& manifest, const std::vector<std::string>& sets) {
-  std::string command = call_state().program + " train " + shell_word(manifest);
-  for (const auto& set : sets) command += " --set " + shell_word(set);
+  std::string command = call_state().program + " train " + text::shell_word(manifest);
+  for (const auto& set : sets) command += " --set " + text::shell_word(set);
   return command + " --resume";
 }
 

@@ -34,16 +34,9 @@ namespace keel {
 
 namespace {
 
-// `--set KEY=VALUE` as one shell word each: the argument as it is when no shell treats a
-// character of it specially, else in single quotes (a ' inside written '\'').
+// `--set KEY=VALUE`, the argument as one shell word.
 std::string set_argument(const std::string& key, const std::string& value) {
-  const std::string arg = key + "=" + value;
-  if (arg.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-                            "_-.,/:=+@%") == std::string::npos)
-    return "--set " + arg;
-  std::string quoted = "'";
-  for (const char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return "--set " + quoted + "'";
+  return "--set " + text::shell_word(key + "=" + value);
 }
 
 // What sets the breaking changes back as the checkpoint has them: a --set of the saved value

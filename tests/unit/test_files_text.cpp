@@ -82,7 +82,7 @@ TEST_CASE("read_file: whole files, links refused on request; add_hint appends a 
   CHECK(keel::parent_of("/a/b") == "/a");
 }
 
-TEST_CASE("did you mean, join, one line, located, number, shape") {
+TEST_CASE("did you mean, join, one line, located, number, shape, shell word") {
   namespace text = keel::text;
   const std::vector<std::string> kinds = {"model", "dataset", "optimizer"};
   CHECK(text::closest("modle", kinds) == "model");
@@ -120,6 +120,13 @@ TEST_CASE("did you mean, join, one line, located, number, shape") {
   CHECK(text::number(std::numeric_limits<double>::quiet_NaN()) == "nan");
   CHECK(text::shape({2, 3}) == "[2, 3]");
   CHECK(text::shape({}) == "[]");
+  // One shell word: as it is when no shell reads a character of it specially, else quoted.
+  CHECK(text::shell_word("build/kernel/keel") == "build/kernel/keel");
+  CHECK(text::shell_word("optimizer.lr=0.0003") == "optimizer.lr=0.0003");
+  CHECK(text::shell_word("my runs/keel") == "'my runs/keel'");
+  CHECK(text::shell_word("model.hidden=[256, 128]") == "'model.hidden=[256, 128]'");
+  CHECK(text::shell_word("it's") == "'it'\\''s'");
+  CHECK(text::shell_word("") == "''");
 }
 
 TEST_CASE("one dtype table: keel_dtype, LibTorch scalar type and name agree both ways") {

@@ -482,7 +482,9 @@ TEST_CASE("manifest.resolved.toml: a float is written in the shortest form that 
       {1.7976931348623157e308, "1.7976931348623157e+308"}, {inf, "inf"}, {-inf, "-inf"},
       {std::nan(""), "nan"},
   };
-  for (const auto& [value, text] : cases) {
+  for (const auto& c : cases) {  // no structured binding: clang 14 cannot capture one (CAPTURE)
+    const double value = c.first;
+    const char* const text = c.second;
     CAPTURE(text);
     CHECK(keel::float_text(value) == text);
     // It reads back as the same double, in a document too.

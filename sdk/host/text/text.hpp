@@ -1,5 +1,5 @@
 // Text for messages, in one place: the closest match and "did you mean", lists joined, one
-// line, a place in a TOML file, a number. (A tensor's shape as text is keel::text::shape in the
+// line, a place in a TOML file, a number, a shell word. (A tensor's shape as text is keel::text::shape in the
 // SDK's keel/tensor.hpp, for the plugins too.) LibTorch-free.
 #pragma once
 
@@ -48,5 +48,10 @@ std::string located(const std::string& path, const Region& region) {
 
 // A number as the shortest text that reads back the same ("0.1", "3", "1e-08"), and "nan".
 std::string number(double v);
+
+// `word` as one shell word in a command a message tells the user to run: as it is when it is
+// not empty and holds only characters no shell treats specially (letters, digits and
+// `_-.,/:=+@%`), else in single quotes, a ' inside written '\''.
+std::string shell_word(const std::string& word);
 
 }  // namespace keel::text
