@@ -13,9 +13,9 @@
 // and gradients within 1e-5). LibTorch's gelu backward computes erf and exp again from the saved
 // input; on the 2-core machine it took about twice its forward (docs/performance.md).
 //
-// On x86-64 the loop is compiled for the x86-64-v4 (AVX-512) and x86-64-v3 (AVX2, FMA) levels
-// as well as the baseline, one of them chosen when the plugin loads by what the CPU supports
-// (target_clones). Float32 on the CPU only; `fused_gelu` runs ATen's gelu otherwise. Memory:
+// On x86-64 with GCC the loop is compiled for the x86-64-v4 (AVX-512) and x86-64-v3 (AVX2,
+// FMA) levels as well as the baseline, one of them chosen when the plugin loads by what the CPU
+// supports (target_clones); with clang, for the baseline alone (gelu_kernel.cpp says why). Float32 on the CPU only; `fused_gelu` runs ATen's gelu otherwise. Memory:
 // the slope is saved instead of x (the same size). No double backward.
 #pragma once
 

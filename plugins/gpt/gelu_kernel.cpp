@@ -18,8 +18,11 @@ namespace gpt {
 // vectorises it only with -fno-trapping-math (plugins/gpt/meson.build compiles this file alone
 // so, without LibTorch's headers): otherwise it keeps a branch for conditionals whose arms
 // compute in floating point, and did not vectorise this loop even without them. clang 14
-// vectorises it either way.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// vectorises it either way, but gets no clones: its resolver chose the AVX-512 clone on a
+// 2-core AMD EPYC VM whose kernel does not enable AVX-512 (/proc/cpuinfo lists avx and avx2
+// alone), which died of SIGILL (also with target_clones("avx512f", ...)); GCC 12's resolver
+// chose right there. keel's clang builds are the sanitizer and fuzzer builds.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void gelu_and_slope(const float* __restrict x, float* __restrict y, float* __restrict slope,
