@@ -120,6 +120,15 @@ TEST_CASE("did you mean, join, one line, located, number, shape, shell word") {
   CHECK(text::number(std::numeric_limits<double>::quiet_NaN()) == "nan");
   CHECK(text::shape({2, 3}) == "[2, 3]");
   CHECK(text::shape({}) == "[]");
+  // Data bytes in a message: control bytes, C1 controls and invalid UTF-8 as \xNN.
+  CHECK(text::printable("plain text, caf\xc3\xa9, \xe4\xb8\xad, \xf0\x9f\x98\x80 a\\b") ==
+        "plain text, caf\xc3\xa9, \xe4\xb8\xad, \xf0\x9f\x98\x80 a\\b");
+  CHECK(text::printable("\x1b[2Jred\x07") == "\\x1b[2Jred\\x07");
+  CHECK(text::printable(std::string("a\0b\n\x7f", 5)) == "a\\x00b\\x0a\\x7f");
+  CHECK(text::printable("\xc2\x9b" "31m") == "\\xc2\\x9b" "31m");  // C1 CSI in UTF-8
+  CHECK(text::printable("\x9b\xff\xc0\xaf") == "\\x9b\\xff\\xc0\\xaf");  // invalid, overlong
+  CHECK(text::printable("\xed\xa0\x80") == "\\xed\\xa0\\x80");  // a surrogate
+  CHECK(text::printable("cut\xe4\xb8") == "cut\\xe4\\xb8");  // truncated at the end
   // One shell word: as it is when no shell reads a character of it specially, else quoted.
   CHECK(text::shell_word("build/kernel/keel") == "build/kernel/keel");
   CHECK(text::shell_word("optimizer.lr=0.0003") == "optimizer.lr=0.0003");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 
 namespace keel::text {
 namespace {
@@ -91,6 +92,49 @@ std::string one_line(const std::string& s) {
     if (space && !out.empty()) out += ' ';
     space = false;
     out += c;
+  }
+  return out;
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  const auto escape = [&out](unsigned char c) { out += fmt::format("\\x{:02x}", c); };
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) escape(c); else out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // The length of a well-formed UTF-8 sequence starting at i (RFC 3629: no overlong forms,
+    // no surrogates, nothing above U+10FFFF), or 0.
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
+    if (len != 0 && i + len <= n) {
+      for (size_t k = 1; k < len; ++k) {
+        if ((p[i + k] & 0xc0) != 0x80) { len = 0; break; }
+        cp = (cp << 6) | (p[i + k] & 0x3f);
+      }
+    } else {
+      len = 0;
+    }
+    const bool valid = len != 0 && !(len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) &&
+                       !(len == 4 && (cp < 0x10000 || cp > 0x10ffff));
+    if (!valid || (cp >= 0x80 && cp <= 0x9f)) {
+      // An invalid byte alone; a C1 control as its two bytes.
+      const size_t bad = valid ? len : 1;
+      for (size_t k = 0; k < bad; ++k) escape(p[i + k]);
+      i += bad;
+      continue;
+    }
+    out.append(s, i, len);
+    i += len;
   }
   return out;
 }

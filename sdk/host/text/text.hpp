@@ -37,6 +37,12 @@ std::string join(const Range& range, fmt::string_view sep = ", ") {
 // becomes one space, none at the start or the end.
 std::string one_line(const std::string& s);
 
+// `s` safe to show on a terminal, one line: each byte that is a control character (below 0x20,
+// 0x7f), each C1 control written in UTF-8 (U+0080 to U+009F) and each byte that does not belong
+// to a valid UTF-8 sequence becomes "\xNN" (a NUL too, so that nothing cuts the line); a
+// backslash stays as it is. For bytes from data (a field, a file name) in a message.
+std::string printable(const std::string& s);
+
 // "path:line:col" of a place in a TOML file (a toml::source_region, or anything with
 // begin.line and begin.column), or `path` alone when the place has no line.
 template <class Region>
