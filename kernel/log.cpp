@@ -17,19 +17,43 @@
 #include <mutex>
 
 #include "error.hpp"
+#include "text/text.hpp"
 
 namespace keel {
 namespace {
 
-constexpr const char* kFilePattern = "[%Y-%m-%d %T.%e] [%l] %v";
+// %* is a message as keel::text::printable shows it, on one line (see Printable).
+constexpr const char* kFilePattern = "[%Y-%m-%d %T.%e] [%l] %*";
 // Messages kept while no run log is attached (the oldest are dropped beyond this).
 constexpr size_t kMaxPending = 10000;
+
+// The pattern flag %*: the message on one line with its control bytes, C1 controls and invalid
+// UTF-8 written as \xNN, so that bytes from data (a field, a file name, a plugin's text) cannot
+// move the cursor, recolour or clear a terminal showing the console or run.log.
+class Printable final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const std::string text =
+        text::printable(text::one_line(std::string(msg.payload.data(), msg.payload.size())));
+    dest.append(text.data(), text.data() + text.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<Printable>();
+  }
+};
+
+std::unique_ptr<spdlog::formatter> formatter(const std::string& pattern) {
+  auto f = std::make_unique<spdlog::pattern_formatter>();
+  f->add_flag<Printable>('*').set_pattern(pattern);
+  return f;
+}
 
 // The run-log sink: writes to run.log while one is attached, else keeps the messages in memory
 // so that the start of the run (command line, manifest, plugins) still reaches run.log.
 class RunLogSink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
-  RunLogSink() : formatter_(std::make_unique<spdlog::pattern_formatter>(kFilePattern)) {}
+  RunLogSink() : formatter_(formatter(kFilePattern)) {}
   ~RunLogSink() override { close(); }
 
   void attach(int fd, const std::string& path) {
@@ -115,7 +139,7 @@ void apply_console_level(Logging& l) {
 // the line, so it replaces the console hook's progress bar (which the hook redraws below it)
 // instead of mixing with it.
 std::string console_pattern(const std::string& tag) {
-  return (isatty(fileno(stdout)) ? "\r\033[K[%T] " : "[%T] ") + tag + "%v";
+  return (isatty(fileno(stdout)) ? "\r\033[K[%T] " : "[%T] ") + tag + "%*";
 }
 
 std::mutex g_mutex;
@@ -126,7 +150,7 @@ Logging& setup(std::optional<spdlog::level::level_enum> console_level) {
   if (!g_logging) {
     auto l = std::make_unique<Logging>();
     l->console = std::make_shared<spdlog::sinks::stdout_sink_mt>();
-    l->console->set_pattern(console_pattern(""));
+    l->console->set_formatter(formatter(console_pattern("")));
     l->run_log = std::make_shared<RunLogSink>();
     l->logger = std::make_shared<spdlog::logger>(
         "keel", spdlog::sinks_init_list{l->console, l->run_log});
@@ -167,7 +191,7 @@ void init_logging(spdlog::level::level_enum console_level) { setup(console_level
 void set_log_rank(int rank) {
   Logging& l = setup(std::nullopt);
   const std::string tag = "[rank " + std::to_string(rank) + "] ";
-  l.console->set_pattern(console_pattern(tag));
+  l.console->set_formatter(formatter(console_pattern(tag)));
   std::lock_guard<std::mutex> lock(g_mutex);
   l.quiet_setup = rank > 0;
   apply_console_level(l);
@@ -185,7 +209,7 @@ void reset_logging() {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (!g_logging) return;
     g_logging->run_log->reset();
-    g_logging->console->set_pattern(console_pattern(""));
+    g_logging->console->set_formatter(formatter(console_pattern("")));
     g_logging->quiet_setup = false;
   }
   setup(spdlog::level::info);

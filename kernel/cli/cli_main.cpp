@@ -173,10 +173,12 @@ int run(int argc, char** argv) {
   return c->run(command, p);
 }
 
-// An error's message on one line, the commands its hint names to run naming the program as it
-// was run (with_program; the message's start names what failed: "keel report: needs RUN_DIR").
+// An error's message on one line, its control bytes and invalid UTF-8 as \xNN
+// (keel::text::printable: bytes from data cannot drive the terminal), the commands its hint
+// names to run naming the program as it was run (with_program; the message's start names what
+// failed: "keel report: needs RUN_DIR").
 std::string error_text(const keel::Error& e) {
-  const std::string line = keel::text::one_line(e.what());
+  const std::string line = keel::text::printable(keel::text::one_line(e.what()));
   return with_program(line, std::min(line.find("hint: "), line.size()));
 }
 
@@ -184,7 +186,8 @@ std::string error_text(const keel::Error& e) {
   std::fprintf(stderr,
                "keel: internal error: %s: %s; this is a bug in keel, please report it with the "
                "command line\n",
-               call_state().activity.c_str(), keel::text::one_line(what).c_str());
+               call_state().activity.c_str(),
+               keel::text::printable(keel::text::one_line(what)).c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   // No cleanup that could wait on a lock the failing thread holds: exit now.

@@ -283,6 +283,9 @@ CASES = [
     M("toml_unclosed_array", "[model]\nhidden = [1, 2\n", "{m}:", "invalid TOML"),
     M("toml_bare_string", "[run]\nname = quick\n", "{m}:2:", "invalid TOML", "quoted"),
     M("toml_binary_garbage", "[run]\nname = \"\x01\x02\"\n", "{m}:2:", "invalid TOML"),
+    # bytes from the input that would drive a terminal are shown as \xNN (escape: clear screen)
+    M("unknown_type_terminal_escape", '[model]\ntype = "mlp\\u001b[2J\\u009b"\n', "{m}:2:",
+      "'mlp\\x1b[2J\\xc2\\x9b'"),
     M("toml_unclosed_header", "[optimizer\nlr = 1\n", "{m}:1:", "invalid TOML"),
     # manifests: unknown sections and keys
     M("unknown_section", "[optimiser]\nlr = 1.0\n", "{m}:", "unknown section 'optimiser'",
@@ -975,6 +978,8 @@ class Catalogue(unittest.TestCase):
         self.assertIn(fill(shift_lines(c)), line, "names the place" + context)
         for phrase in c.phrases:
             self.assertIn(fill(phrase), line, context)
+        self.assertIsNone(re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", r.stderr),
+                          "no control byte on stderr (data bytes quoted as \\xNN)" + context)
         for bad in FORBIDDEN:
             self.assertNotIn(bad, r.stderr, context)
             self.assertNotIn(bad, r.stdout, context)

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 
@@ -188,6 +190,27 @@ TEST_CASE("console: rank r > 0 prints only with every_rank") {
   CHECK(rank0.find("[rank") == std::string::npos);
   CHECK(printed(1, "") == "");
   CHECK(std::regex_search(printed(1, "every_rank = true"), line));
+}
+
+// Bytes from data in a log line (a file name, a field, a plugin's text) reach neither the
+// console nor run.log as control bytes: an escape sequence is shown as \x1b, a line break as a
+// space.
+TEST_CASE("log lines: control bytes from data are shown as \\xNN on the console and in run.log") {
+  keel::init_logging(spdlog::level::info);
+  TempDir d;
+  const std::string log_path = (d.path / "run.log").string();
+  keel::attach_run_log(log_path);
+  const std::string out = captured_stdout(d.path / "stdout.txt", [&] {
+    keel::host()->log(KEEL_LOG_WARN, "criteo", "window 'a\x1b[2Jb\nc\x07' skipped");
+  });
+  keel::detach_run_log();
+  const std::string expected = "[criteo] window 'a\\x1b[2Jb c\\x07' skipped";
+  CHECK(out.find(expected) != std::string::npos);
+  CHECK(out.find('\x1b') == std::string::npos);
+  std::ifstream f(log_path);
+  const std::string logged((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK(logged.find(expected) != std::string::npos);
+  CHECK(logged.find('\x1b') == std::string::npos);
 }
 
 TEST_CASE("console: an eval line leaves out a task metric that repeats the loss (bce's logloss)") {
