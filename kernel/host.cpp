@@ -5,6 +5,7 @@
 #include <string>
 
 #include "bounded.hpp"
+#include "run/signals.hpp"
 
 namespace keel {
 namespace {
@@ -20,10 +21,13 @@ void log(keel_log_level level, const char* origin, const char* message) {
   }
 }
 
+// keel_host.stop_requested (1.10): a SIGTERM or SIGINT reached `keel train`'s loop.
+int stop_requested() { return StopSignals::received() != 0 ? 1 : 0; }
+
 }  // namespace
 
 const keel_host* host() {
-  static const keel_host table = host_table(log);
+  static const keel_host table = host_table(log, stop_requested);
   return &table;
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
+#include <spdlog/spdlog.h>
 
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "run/events.hpp"
 #include "run/model_calls.hpp"
 #include "run/run.hpp"
+#include "run/signals.hpp"
 
 namespace keel {
 
@@ -28,7 +30,11 @@ void run_test_split(Run& run) {
     keel_batch b{};
     int has = 0;
     data.call("next", data->next, &b, &has);
-    if (!has) break;
+    const NextResult result = next_result(data, has);
+    if (result == NextResult::kStopped)
+      spdlog::warn("evaluation at step {}: {} stopped while waiting for data; the record covers "
+                   "the {} batch(es) read before", run.progress.step, data.label(), batches);
+    if (result != NextResult::kBatch) break;
     const MicroBatch mb = on_device(run, checked_batch(data, b));
     at::Tensor out;
     int64_t count = 0;

@@ -143,6 +143,9 @@ struct EpochPosition {
   // With several ranks: micro-batches of the agreed count that this rank's data did not yield
   // for the current step (its data ended early; the step fails on every rank).
   int64_t missing = 0;
+  // The signal with which the training data stopped while waiting for data
+  // (KEEL_BATCH_STOPPED, ABI 1.10; with several ranks, agreed by them); 0: it did not.
+  int stopped = 0;
   bool finished = false;  // its end events ran: a checkpoint saved now points at the next epoch
 };
 

@@ -14,6 +14,7 @@
 #include "run/autocast.hpp"
 #include "run/events.hpp"
 #include "run/run.hpp"
+#include "run/signals.hpp"
 #include "run/tables.hpp"
 #include "text/text.hpp"
 
@@ -328,7 +329,9 @@ std::vector<MicroBatch> next_micro_batches(Run& run, int64_t count) {
     keel_batch b{};
     int has = 0;
     data.call("next", data->next, &b, &has);
-    if (!has) break;
+    const NextResult result = next_result(data, has);
+    if (result == NextResult::kStopped) run.epoch.stopped = StopSignals::received();
+    if (result != NextResult::kBatch) break;
     out.push_back(on_device(run, checked_batch(data, b)));
   }
   return out;
@@ -352,13 +355,18 @@ void agree_on_fetched(Run& run, std::vector<MicroBatch>& out) {
 
 // A stream (no agreed count): every rank must take as many micro-batches as every other, so
 // that all end each epoch at the same step. One all-reduce (a max over one field per rank,
-// rank r's count in field r and -1 in the others) gives every rank each rank's count; unequal
-// counts fail every rank at once with one line naming them.
+// rank r's count in field r and -1 in the others) gives every rank each rank's count, and in
+// one more field the signal with which a rank's data stopped while waiting (0: none), which
+// every rank then takes as its own; unequal counts fail every rank at once with one line naming
+// them.
 void agree_on_stream(Run& run, const std::vector<MicroBatch>& out) {
   const int64_t step = run.progress.step + 1;
-  std::vector<double> counts(static_cast<size_t>(run.ranks.world), -1.0);
+  std::vector<double> counts(static_cast<size_t>(run.ranks.world) + 1, -1.0);
   counts[static_cast<size_t>(run.ranks.rank)] = static_cast<double>(out.size());
+  counts.back() = run.epoch.stopped;
   counts = run.ranks.group->max(counts, "agreeing on the batches of step " + std::to_string(step));
+  run.epoch.stopped = static_cast<int>(counts.back());
+  counts.pop_back();
   if (std::all_of(counts.begin(), counts.end(), [&](double c) { return c == counts[0]; })) return;
   std::string each;
   for (size_t r = 0; r < counts.size(); ++r)
@@ -368,8 +376,13 @@ void agree_on_stream(Run& run, const std::vector<MicroBatch>& out) {
       "a stream whose ranks' data ends epoch " + std::to_string(run.progress.epoch) +
       " at different steps: micro-batches for step " + std::to_string(step) + " (up to " +
       std::to_string(run.plan.grad_accum) + "): " + each + ", after " +
-      std::to_string(run.epoch.batches) + " in this epoch; hint: a stream (batches_per_epoch "
-      "-1) must give every rank the same number of batches in each window");
+      std::to_string(run.epoch.batches) + " in this epoch" +
+      (run.epoch.stopped ? " (a rank's data stopped while waiting for data, another's did not)"
+                         : "") +
+      "; hint: a stream (batches_per_epoch -1) must give every rank the same number of batches "
+      "in each window" +
+      (run.epoch.stopped ? ", and a stop while waiting for data needs the signal on every rank"
+                         : ""));
 }
 
 }  // namespace
@@ -384,6 +397,12 @@ std::vector<MicroBatch> fetch_micro_batches(Run& run) {
   const int64_t want = within ? std::min(run.plan.grad_accum, left) : run.plan.grad_accum;
   std::vector<MicroBatch> out = next_micro_batches(run, want);
   profile_end(run, "data");
+  if (run.epoch.stopped && run.ranks.group && !run.plan.stream)
+    throw run.components.train_data.error(
+        "stopped while waiting for data (KEEL_BATCH_STOPPED) in a run of " +
+        std::to_string(run.ranks.world) + " ranks, which only a stream (batches_per_epoch -1) "
+        "may do: the ranks could not agree on where the epoch stands; hint: run it on one "
+        "process, or make the dataset a stream");
   run.epoch.missing = within ? want - static_cast<int64_t>(out.size()) : 0;
   if (run.ranks.group && !within) {
     if (run.plan.stream)

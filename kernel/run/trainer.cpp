@@ -38,12 +38,14 @@ std::string stop_target_reached(const Run& run) {
   return "";
 }
 
-// A SIGTERM / SIGINT that arrived during the step just taken (agreed by the ranks): stop after
-// it, with a checkpoint.
-void stop_on_signal(Run& run, int sig) {
+// A SIGTERM / SIGINT that arrived during the step just taken (agreed by the ranks), or while
+// the training data waited for data and gave up (`waiting`, KEEL_BATCH_STOPPED): stop after
+// the last step taken, with a checkpoint.
+void stop_on_signal(Run& run, int sig, bool waiting = false) {
   if (sig == 0 || run.end.stop_signal) return;
   run.end.stop_signal = sig;
-  spdlog::warn("{} received: stopping after step {}{}", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+  spdlog::warn("{} received{}: stopping after step {}{}", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+               waiting ? " while " + run.components.train_data.label() + " waited for data" : "",
                run.progress.step,
                run.components.store ? " and saving a checkpoint" : " (no [checkpoint]: nothing saved)");
   run.requests.add_agreed(KEEL_REQUEST_STOP | (run.components.store ? KEEL_REQUEST_CHECKPOINT : 0u));
@@ -211,6 +213,14 @@ RunSummary Trainer::train() {
         // Step.
         run.collectives.step_starts(run);
         const std::vector<MicroBatch> batches = fetch_micro_batches(run);
+        if (batches.empty() && run.epoch.stopped) {
+          // The data stopped while waiting for data (KEEL_BATCH_STOPPED): no step; the run ends
+          // after the last one taken, as for a signal received during it. (With micro-batches
+          // fetched before it, they make a step, after which the signal stops the run.)
+          stop_on_signal(run, run.epoch.stopped, /*waiting=*/true);
+          decide_end(run, Moment::kStepEnd);
+          break;
+        }
         epoch_complete = batches.empty() && run.epoch.missing == 0;
         if (epoch_complete) {
           // A stream's window without a batch is no epoch: the stream ended (decide_end).

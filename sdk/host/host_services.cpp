@@ -119,6 +119,9 @@ void report_error(const char* message) {
   if (reported_error.empty()) reported_error = "(no message)";
 }
 
+// keel_host.stop_requested of a host that never stops a run (keel::testing's by default).
+int never_stopped() { return 0; }
+
 }  // namespace
 
 std::string take_reported_error() {
@@ -127,14 +130,15 @@ std::string take_reported_error() {
   return std::move(reported_error);
 }
 
-keel_host host_table(void (*log)(keel_log_level level, const char* origin, const char* message)) {
+keel_host host_table(void (*log)(keel_log_level level, const char* origin, const char* message),
+                     int (*stop_requested)()) {
   return {
       sizeof(keel_host),   KEEL_ABI_MAJOR,      KEEL_ABI_MINOR,      TORCH_VERSION,
       tensor_dtype,        tensor_ndim,         tensor_size,         tensor_numel,
       tensor_cpu_data,     tensor_contiguous_cpu, tensor_from_buffer, tensor_retain,
       tensor_release,      option_bool,         option_int,          option_float,
       option_string,       option_list_size,    option_list_int,     option_list_float,
-      log,                 report_error,
+      log,                 report_error,        stop_requested ? stop_requested : never_stopped,
   };
 }
 

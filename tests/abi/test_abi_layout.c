@@ -27,7 +27,7 @@ VALUE(KEEL_ABI_MAJOR, 1);
 SIZE(keel_error, 1024);
 AT(keel_error, message, 0, 1024);
 
-SIZE(keel_host, 168);
+SIZE(keel_host, 176);
 AT(keel_host, struct_size, 0, 4);
 AT(keel_host, abi_major, 4, 4);
 AT(keel_host, abi_minor, 8, 4);
@@ -50,6 +50,7 @@ AT(keel_host, option_list_int, 136, 8);
 AT(keel_host, option_list_float, 144, 8);
 AT(keel_host, log, 152, 8);
 AT(keel_host, report_error, 160, 8);
+AT(keel_host, stop_requested, 168, 8);
 
 SIZE(keel_option_desc, 56);
 AT(keel_option_desc, key, 0, 8);
@@ -376,5 +377,6 @@ VALUE(KEEL_EVENT_EXCEPTION, 15);
 VALUE(KEEL_REQUEST_STOP, 1u);
 VALUE(KEEL_REQUEST_EVAL, 2u);
 VALUE(KEEL_REQUEST_CHECKPOINT, 4u);
+VALUE(KEEL_BATCH_STOPPED, 2);
 
 int main(void) { return 0; }

@@ -1,13 +1,13 @@
-// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7 and 1.8 headers (tests/abi/),
+// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7, 1.8 and 1.9 headers (tests/abi/),
 // asserted at compile time:
 // a plugin built against an older minor keeps finding every field where it was, and the kernel
 // keeps asking it for no more than that minor had. This is a compile-time test: the executable
 // only builds when every static_assert holds, and main() has nothing left to check.
 //
 // The frozen headers are included under other names: the build generates keel10_abi.h,
-// keel11_abi.h, keel15_abi.h, keel16_abi.h, keel17_abi.h and keel18_abi.h from them, with
-// keel_ -> keel10_ / keel11_ / keel15_ / keel16_ / keel17_ / keel18_ and KEEL_ -> KEEL10_ /
-// KEEL11_ / KEEL15_ / KEEL16_ / KEEL17_ / KEEL18_.
+// keel11_abi.h, keel15_abi.h, keel16_abi.h, keel17_abi.h, keel18_abi.h and keel19_abi.h from
+// them, with keel_ -> keel10_ / keel11_ / keel15_ / keel16_ / keel17_ / keel18_ / keel19_ and
+// KEEL_ -> KEEL10_ / KEEL11_ / KEEL15_ / KEEL16_ / KEEL17_ / KEEL18_ / KEEL19_.
 #include <cstddef>
 
 #include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
@@ -17,6 +17,7 @@
 #include "keel16_abi.h"
 #include "keel17_abi.h"
 #include "keel18_abi.h"
+#include "keel19_abi.h"
 
 static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
 static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
@@ -24,9 +25,10 @@ static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
                   KEEL15_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL15_ABI_MINOR == 5 &&
                   KEEL16_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL16_ABI_MINOR == 6 &&
                   KEEL17_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL17_ABI_MINOR == 7 &&
-                  KEEL18_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL18_ABI_MINOR == 8,
-              "tests/abi/1.0, 1.1, 1.5, 1.6, 1.7 and 1.8 must hold the frozen 1.0, 1.1, 1.5, "
-              "1.6, 1.7 and 1.8 headers");
+                  KEEL18_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL18_ABI_MINOR == 8 &&
+                  KEEL19_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL19_ABI_MINOR == 9,
+              "tests/abi/1.0, 1.1, 1.5, 1.6, 1.7, 1.8 and 1.9 must hold the frozen 1.0, 1.1, "
+              "1.5, 1.6, 1.7, 1.8 and 1.9 headers");
 
 #define ABI_10 "1.0"
 #define ABI_11 "1.1"
@@ -34,8 +36,9 @@ static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
 #define ABI_16 "1.6"
 #define ABI_17 "1.7"
 #define ABI_18 "1.8"
-// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6, 17: 1.7, 18: 1.8) keeps its offset
-// and size.
+#define ABI_19 "1.9"
+// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6, 17: 1.7, 18: 1.8, 19: 1.9) keeps its
+// offset and size.
 #define SAME(V, T, field)                                                                    \
   static_assert(offsetof(keel_##T, field) == offsetof(keel##V##_##T, field) &&               \
                     sizeof(keel_##T::field) == sizeof(keel##V##_##T::field),                 \
@@ -85,6 +88,7 @@ SAME(10, host, option_list_int);
 SAME(10, host, option_list_float);
 SAME(10, host, log);
 APPENDED(host, report_error, 11);
+APPENDED(host, stop_requested, 19);
 
 // keel_option_desc
 GROWN(option_desc);
@@ -1258,6 +1262,300 @@ SAME(18, plugin_descriptor, fingerprint);
 SAME(18, plugin_descriptor, components);
 SAME(18, plugin_descriptor, component_count);
 SAME(18, plugin_descriptor, component_size);
+
+// Every field of ABI 1.9 (the minor before the current one) keeps its offset and size, in every
+// struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.10).
+// keel_error
+SAME(19, error, message);
+
+// keel_host
+SAME(19, host, struct_size);
+SAME(19, host, abi_major);
+SAME(19, host, abi_minor);
+SAME(19, host, torch_version);
+SAME(19, host, tensor_dtype);
+SAME(19, host, tensor_ndim);
+SAME(19, host, tensor_size);
+SAME(19, host, tensor_numel);
+SAME(19, host, tensor_cpu_data);
+SAME(19, host, tensor_contiguous_cpu);
+SAME(19, host, tensor_from_buffer);
+SAME(19, host, tensor_retain);
+SAME(19, host, tensor_release);
+SAME(19, host, option_bool);
+SAME(19, host, option_int);
+SAME(19, host, option_float);
+SAME(19, host, option_string);
+SAME(19, host, option_list_size);
+SAME(19, host, option_list_int);
+SAME(19, host, option_list_float);
+SAME(19, host, log);
+SAME(19, host, report_error);
+
+// keel_option_desc
+SAME(19, option_desc, key);
+SAME(19, option_desc, type);
+SAME(19, option_desc, default_toml);
+SAME(19, option_desc, help);
+SAME(19, option_desc, min);
+SAME(19, option_desc, max);
+SAME(19, option_desc, choices);
+
+// keel_named_tensor
+SAME(19, named_tensor, name);
+SAME(19, named_tensor, tensor);
+
+// keel_state_writer
+SAME(19, state_writer, struct_size);
+SAME(19, state_writer, host_data);
+SAME(19, state_writer, put);
+
+// keel_create_context
+SAME(19, create_context, struct_size);
+SAME(19, create_context, host);
+SAME(19, create_context, options);
+SAME(19, create_context, section);
+SAME(19, create_context, seed);
+SAME(19, create_context, rank);
+SAME(19, create_context, world_size);
+SAME(19, create_context, run_dir);
+SAME(19, create_context, params);
+SAME(19, create_context, param_names);
+SAME(19, create_context, param_count);
+SAME(19, create_context, total_steps);
+SAME(19, create_context, param_group);
+SAME(19, create_context, group_count);
+SAME(19, create_context, group_lr);
+SAME(19, create_context, group_weight_decay);
+SAME(19, create_context, resume_step);
+SAME(19, create_context, shards);
+SAME(19, create_context, comm);
+SAME(19, create_context, tables);
+SAME(19, create_context, table_count);
+
+// keel_shard_group
+SAME(19, shard_group, struct_size);
+SAME(19, shard_group, host_data);
+SAME(19, shard_group, all_reduce);
+
+// keel_comm
+SAME(19, comm, struct_size);
+SAME(19, comm, host_data);
+SAME(19, comm, rank);
+SAME(19, comm, world_size);
+SAME(19, comm, all_to_all);
+SAME(19, comm, all_gather);
+
+// keel_sparse_rows
+SAME(19, sparse_rows, struct_size);
+SAME(19, sparse_rows, count);
+SAME(19, sparse_rows, ids);
+SAME(19, sparse_rows, values);
+SAME(19, sparse_rows, grads);
+SAME(19, sparse_rows, slots);
+SAME(19, sparse_rows, slot_width);
+
+// keel_table_stats
+SAME(19, table_stats, struct_size);
+SAME(19, table_stats, rows);
+SAME(19, table_stats, admitted);
+SAME(19, table_stats, evicted);
+
+// keel_sparse_table
+SAME(19, sparse_table, struct_size);
+SAME(19, sparse_table, self);
+SAME(19, sparse_table, name);
+SAME(19, sparse_table, dim);
+SAME(19, sparse_table, reserve_slots);
+SAME(19, sparse_table, touched);
+SAME(19, sparse_table, end_step);
+SAME(19, sparse_table, stats);
+SAME(19, sparse_table, save);
+SAME(19, sparse_table, load);
+
+// keel_unit_calls
+SAME(19, unit_calls, struct_size);
+SAME(19, unit_calls, host_data);
+SAME(19, unit_calls, enter);
+SAME(19, unit_calls, leave);
+
+// keel_model
+SAME(19, model, struct_size);
+SAME(19, model, self);
+SAME(19, model, destroy);
+SAME(19, model, forward);
+SAME(19, model, set_training);
+SAME(19, model, param_count);
+SAME(19, model, param);
+SAME(19, model, state_count);
+SAME(19, model, state);
+SAME(19, model, flops_per_sample);
+SAME(19, model, state_save);
+SAME(19, model, state_load);
+SAME(19, model, forward_features);
+SAME(19, model, export_state);
+SAME(19, model, param_unit);
+SAME(19, model, set_unit_calls);
+SAME(19, model, table_count);
+SAME(19, model, table);
+
+// keel_batch
+SAME(19, batch, inputs);
+SAME(19, batch, targets);
+SAME(19, batch, samples);
+SAME(19, batch, tokens);
+
+// keel_dataset
+SAME(19, dataset, struct_size);
+SAME(19, dataset, self);
+SAME(19, dataset, destroy);
+SAME(19, dataset, size);
+SAME(19, dataset, batches_per_epoch);
+SAME(19, dataset, start_epoch);
+SAME(19, dataset, next);
+SAME(19, dataset, seek);
+SAME(19, dataset, state_save);
+SAME(19, dataset, state_load);
+SAME(19, dataset, tokens_per_sample);
+
+// keel_optimizer
+SAME(19, optimizer, struct_size);
+SAME(19, optimizer, self);
+SAME(19, optimizer, destroy);
+SAME(19, optimizer, step);
+SAME(19, optimizer, zero_grad);
+SAME(19, optimizer, group_count);
+SAME(19, optimizer, get_lr);
+SAME(19, optimizer, set_lr);
+SAME(19, optimizer, state_save);
+SAME(19, optimizer, state_load);
+
+// keel_sparse_optimizer
+SAME(19, sparse_optimizer, struct_size);
+SAME(19, sparse_optimizer, self);
+SAME(19, sparse_optimizer, destroy);
+SAME(19, sparse_optimizer, step);
+SAME(19, sparse_optimizer, get_lr);
+SAME(19, sparse_optimizer, set_lr);
+SAME(19, sparse_optimizer, state_save);
+SAME(19, sparse_optimizer, state_load);
+
+// keel_lr_scheduler
+SAME(19, lr_scheduler, struct_size);
+SAME(19, lr_scheduler, self);
+SAME(19, lr_scheduler, destroy);
+SAME(19, lr_scheduler, factor);
+
+// keel_metric_writer
+SAME(19, metric_writer, struct_size);
+SAME(19, metric_writer, host_data);
+SAME(19, metric_writer, put);
+
+// keel_loss
+SAME(19, loss, struct_size);
+SAME(19, loss, self);
+SAME(19, loss, destroy);
+SAME(19, loss, compute);
+SAME(19, loss, count_items);
+SAME(19, loss, compute_linear);
+SAME(19, loss, metric_state_size);
+SAME(19, loss, metric_update);
+SAME(19, loss, metric_finish);
+
+// keel_grad_clipper
+SAME(19, grad_clipper, struct_size);
+SAME(19, grad_clipper, self);
+SAME(19, grad_clipper, destroy);
+SAME(19, grad_clipper, clip);
+
+// keel_mfu
+SAME(19, mfu, struct_size);
+SAME(19, mfu, self);
+SAME(19, mfu, destroy);
+SAME(19, mfu, compute);
+SAME(19, mfu, peak_flops);
+
+// keel_profiler
+SAME(19, profiler, struct_size);
+SAME(19, profiler, self);
+SAME(19, profiler, destroy);
+SAME(19, profiler, begin);
+SAME(19, profiler, end);
+SAME(19, profiler, flush);
+
+// keel_checkpoint
+SAME(19, checkpoint, struct_size);
+SAME(19, checkpoint, self);
+SAME(19, checkpoint, destroy);
+SAME(19, checkpoint, save);
+SAME(19, checkpoint, load);
+
+// keel_metric
+SAME(19, metric, key);
+SAME(19, metric, value);
+
+// keel_trainer_state
+SAME(19, trainer_state, struct_size);
+SAME(19, trainer_state, step);
+SAME(19, trainer_state, epoch);
+SAME(19, trainer_state, samples);
+SAME(19, trainer_state, tokens);
+SAME(19, trainer_state, max_steps);
+SAME(19, trainer_state, epochs);
+SAME(19, trainer_state, lr);
+SAME(19, trainer_state, loss);
+SAME(19, trainer_state, skipped_steps);
+SAME(19, trainer_state, grad_norm);
+SAME(19, trainer_state, train_metrics);
+SAME(19, trainer_state, train_metric_count);
+SAME(19, trainer_state, eval_metrics);
+SAME(19, trainer_state, eval_metric_count);
+
+// keel_event
+SAME(19, event, struct_size);
+SAME(19, event, kind);
+SAME(19, event, state);
+SAME(19, event, split);
+SAME(19, event, metrics);
+SAME(19, event, metric_count);
+SAME(19, event, path);
+SAME(19, event, requests);
+SAME(19, event, micro_batch);
+SAME(19, event, message);
+
+// keel_hook
+SAME(19, hook, struct_size);
+SAME(19, hook, self);
+SAME(19, hook, destroy);
+SAME(19, hook, on_event);
+SAME(19, hook, state_count);
+SAME(19, hook, state);
+
+// keel_component_desc
+SAME(19, component_desc, kind);
+SAME(19, component_desc, name);
+SAME(19, component_desc, description);
+SAME(19, component_desc, options);
+SAME(19, component_desc, option_count);
+SAME(19, component_desc, option_size);
+SAME(19, component_desc, create);
+
+// keel_build_fingerprint
+SAME(19, build_fingerprint, torch_version);
+SAME(19, build_fingerprint, compiler);
+SAME(19, build_fingerprint, cxx11_abi);
+
+// keel_plugin_descriptor
+SAME(19, plugin_descriptor, abi_major);
+SAME(19, plugin_descriptor, abi_minor);
+SAME(19, plugin_descriptor, struct_size);
+SAME(19, plugin_descriptor, name);
+SAME(19, plugin_descriptor, version);
+SAME(19, plugin_descriptor, description);
+SAME(19, plugin_descriptor, fingerprint);
+SAME(19, plugin_descriptor, components);
+SAME(19, plugin_descriptor, component_count);
+SAME(19, plugin_descriptor, component_size);
 
 // The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
 // NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never

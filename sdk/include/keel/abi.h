@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 9
+#define KEEL_ABI_MINOR 10
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.9)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.10)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -183,6 +183,15 @@ typedef struct keel_host {
    * from inside a slot, on the thread that called the slot. `message` is read up to
    * KEEL_ERROR_CAPACITY - 1 bytes. [train|setup] */
   void (*report_error)(const char* message);
+
+  /* (1.10) Nonzero once the run has been asked to stop by a signal (the first SIGTERM or SIGINT
+   * that `keel train` received during its loop; the kernel's signal handler sets a flag that
+   * this reads), else 0; it stays nonzero until the process ends, and is 0 outside a training
+   * run (keel evaluate, keel export). One atomic load: cheap, and async-signal-safe. A slot that
+   * waits for something that may never come (a dataset's next waiting for data to arrive) polls
+   * it, every 10 to 100 ms, and gives up when it turns nonzero (see KEEL_BATCH_STOPPED); a slot
+   * that does not wait needs no check, since the kernel stops after the current step. [any] */
+  int (*stop_requested)(void);
 } keel_host;
 
 /* ------------------------------------------------------------------------------------------
@@ -600,6 +609,24 @@ typedef struct keel_model {
 } keel_model;
 
 /* dataset ---------------------------------------------------------------------------------- */
+
+/* (1.10) A value of keel_dataset.next's *has_batch: "stopped while waiting". A dataset that
+ * waits in next for data that has not arrived yet (a followed stream's next window) polls
+ * keel_host.stop_requested while it waits, and when that turns nonzero returns KEEL_OK with
+ * *has_batch = KEEL_BATCH_STOPPED instead of waiting on. It produced no batch (`out` is not
+ * read; nothing is owned), and its position, the one state_save saves, is still after the last
+ * batch it returned, so that the next call of next would continue there. The kernel then takes
+ * no more micro-batches: those it already fetched for the step, if any, make the step (as at
+ * an epoch's end), else none is taken; the run then ends as for a signal received during the
+ * last finished step: the epoch's end events (no EPOCH_END), a checkpoint of that step, exit
+ * status 128 + the signal (docs/loop.md, "Stopping"). Set it only after stop_requested returned
+ * nonzero (the kernel fails the run naming the dataset otherwise). Only a plugin declaring ABI
+ * 1.10 or later may set it: from an older plugin, any nonzero value means a batch, as before.
+ * In an evaluation it ends the evaluated data early, with a warning. With several ranks only a
+ * stream (batches_per_epoch -1) may set it, and the ranks agree on it with the step's count of
+ * micro-batches: every rank must stop (a launcher sends the signal to every rank). */
+#define KEEL_BATCH_STOPPED 2
+
 typedef struct keel_batch {
   keel_tensor* inputs;  /* new */
   keel_tensor* targets; /* new */
@@ -621,7 +648,9 @@ typedef struct keel_dataset {
   keel_status (*start_epoch)(void* self, int64_t epoch, keel_error* err);
   /* Fills `out` with the next batch and sets *has_batch = 1, or sets *has_batch = 0 at the
    * end of the epoch. A batch has both tensors, the same first (batch) dimension in both,
-   * samples >= 1 and tokens >= 0 (checked by the kernel). [train] */
+   * samples >= 1 and tokens >= 0 (checked by the kernel). (1.10) Or sets *has_batch =
+   * KEEL_BATCH_STOPPED: it was waiting for data and keel_host.stop_requested turned nonzero
+   * (see there). [train] */
   keel_status (*next)(void* self, keel_batch* out, int* has_batch, keel_error* err);
   /* (1.3) Optional: positions the dataset exactly where start_epoch(epoch) followed by `batch`
    * calls of next would leave it (the same shuffle order), without producing those batches.
@@ -850,7 +879,8 @@ typedef struct keel_checkpoint {
  *     EPOCH_START
  *     for each optimizer step:
  *       (fetch up to grad_accum micro-batches; none left: the epoch is complete, leave the
- *        step loop)
+ *        step loop; (1.10) the dataset stopped while waiting (KEEL_BATCH_STOPPED) before the
+ *        first: leave the step loop as for a stop after the last step, the epoch not complete)
  *       STEP_START
  *       AFTER_DATA, once per micro-batch       event.micro_batch = 0, 1, ... (all fetched)
  *       for each micro-batch: (forward, loss, backward); with the model's forward_features
@@ -904,7 +934,9 @@ typedef struct keel_checkpoint {
  * waits for the copy before BEFORE_OPTIMIZER_STEP, so a hook must not change parameters or
  * optimizer state from the save until then (buffers and everything else are copied at the
  * save). A SIGTERM or SIGINT acts as STOP and
- * CHECKPOINT requested at the STEP_END of the step during which it arrived.
+ * CHECKPOINT requested at the STEP_END of the step during which it arrived, or (1.10), when
+ * the training data was waiting for data and stopped (KEEL_BATCH_STOPPED), at once: after the
+ * step made of the micro-batches fetched before it, or, with none, after the last finished step.
  * Any hook may set bits of `requests`; the kernel acts on them after
  * the current step, or after the epoch-end events when set during those (KEEL_REQUEST_STOP
  * ends the run, _EVAL evaluates, _CHECKPOINT saves); other bits are an error. Requests set

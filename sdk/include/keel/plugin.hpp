@@ -213,6 +213,27 @@ class Logger {
   std::string origin_;
 };
 
+// Whether the run has been asked to stop (keel_host.stop_requested, ABI 1.10; always false with
+// an older kernel). A dataset that waits in next() for data that has not arrived polls it (every
+// 10 to 100 ms) and, once it holds, throws keel::StoppedWhileWaiting. Keep one as a member; it
+// may be called from any thread.
+class StopRequest {
+ public:
+  explicit StopRequest(const Context& ctx) : host_(&ctx.host()) {}
+  bool operator()() const {
+    return KEEL_HAS_FIELD(host_, keel_host, stop_requested) && host_->stop_requested &&
+           host_->stop_requested() != 0;
+  }
+
+ private:
+  const keel_host* host_;
+};
+
+// Thrown by Dataset::next while it waits for data, once StopRequest holds: the kernel gets
+// *has_batch = KEEL_BATCH_STOPPED (ABI 1.10): no batch, and the dataset's position (what
+// state_save saves) stays after the last batch next returned.
+struct StoppedWhileWaiting {};
+
 // ---------------------------------------------------------------------------------------------
 // Component base classes. Each maps one-to-one onto the C struct of its kind in abi.h.
 // ---------------------------------------------------------------------------------------------
@@ -323,7 +344,8 @@ class Dataset {
   virtual int64_t size() = 0;
   virtual int64_t batches_per_epoch() = 0;
   virtual void start_epoch(int64_t epoch) = 0;
-  // Returns false at the end of the epoch.
+  // Returns false at the end of the epoch. (ABI 1.10) Throws StoppedWhileWaiting instead of
+  // waiting on for data once a StopRequest holds.
   virtual bool next(Batch& out) = 0;
   // Optional (abi.h, keel_dataset.seek): where start_epoch(epoch) and `batch` calls of next
   // would leave the dataset. Override it to offer the slot; without it a resumed run replays
@@ -666,7 +688,12 @@ inline void fill(BoxOf<Dataset>& b) {
   b.vt.next = [](void* s, keel_batch* out, int* has, keel_error* e) noexcept {
     return guard(e, [&] {
       Batch batch;
-      *has = X::of(s)->obj->next(batch) ? 1 : 0;
+      try {
+        *has = X::of(s)->obj->next(batch) ? 1 : 0;
+      } catch (const StoppedWhileWaiting&) {
+        *has = KEEL_BATCH_STOPPED;
+        return;
+      }
       if (*has) {
         out->samples = batch.samples;
         out->tokens = batch.tokens;
