@@ -8,7 +8,8 @@
 // end. batches_per_epoch() and size() are -1 (a stream, ABI 1.9). With follow = false the
 // stream ends after the last file (start_epoch past it gives an empty window); with
 // follow = true a window past the last file waits, polling every poll_s seconds, for a file
-// whose name sorts after the last window's. A file is taken as complete when it is seen, so a
+// whose name sorts after the last window's; a stop requested meanwhile (a SIGTERM, ABI 1.10)
+// ends next()'s wait within kStopPollS with keel::StoppedWhileWaiting. A file is taken as complete when it is seen, so a
 // writer must publish window files whole: write a dotfile or a *.tmp file and rename it (the
 // generator does). A file that appears later but sorts before the current window is not read.
 //
@@ -76,7 +77,8 @@ class Criteo : public keel::Dataset {
         follow_(ctx.get_bool("follow")),
         poll_s_(ctx.get_float("poll_s")),
         max_windows_(ctx.get_int("max_windows")),
-        log_(ctx) {
+        log_(ctx),
+        stop_requested_(ctx) {
     o_.batch_size = ctx.get_int("batch_size");
     o_.rank = ctx.rank();
     o_.world = ctx.world_size();
@@ -123,7 +125,11 @@ class Criteo : public keel::Dataset {
 
   bool next(keel::Batch& out) override {
     if (done_ || !reader_) return false;
-    Item item = reader_->pop();
+    Item item;
+    // A followed stream's next window may be long in coming: while the reader waits for its
+    // file, a stop request ends the wait (no batch; the position stays after the last one).
+    while (!reader_->pop_for(kStopPollS, &item))
+      if (reader_->waiting_for_file() && stop_requested_()) throw keel::StoppedWhileWaiting{};
     if (item.kind == Item::kError) throw std::runtime_error("criteo: " + item.message);
     file_ = item.path;
     if (item.kind == Item::kEnd) {
@@ -189,6 +195,9 @@ class Criteo : public keel::Dataset {
   double poll_s_;
   int64_t max_windows_;
   keel::Logger log_;
+  keel::StopRequest stop_requested_;
+  // Seconds between looks at stop_requested_ while next() waits for a window's file.
+  static constexpr double kStopPollS = 0.05;
   criteo::ReaderOptions o_;
   bool dir_mode_ = false;
   // Why no file is a window, naming the option that is wrong: `pattern` when the directory

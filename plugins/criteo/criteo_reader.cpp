@@ -81,9 +81,20 @@ WindowReader::~WindowReader() {
 }
 
 Item WindowReader::pop() {
+  Item item;
+  while (!pop_for(3600, &item)) {
+  }
+  return item;
+}
+
+bool WindowReader::pop_for(double seconds, Item* out) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (finished_) return last_;
-  cv_.wait(lock, [&] { return !queue_.empty(); });
+  if (finished_) {
+    *out = last_;
+    return true;
+  }
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return !queue_.empty(); }))
+    return false;
   Item item = std::move(queue_.front());
   queue_.pop_front();
   cv_.notify_all();
@@ -91,13 +102,21 @@ Item WindowReader::pop() {
     finished_ = true;
     last_ = item;
   }
-  return item;
+  *out = std::move(item);
+  return true;
 }
 
 bool WindowReader::wait(double seconds) {
   std::unique_lock<std::mutex> lock(mu_);
+  waiting_ = true;
   cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return stop_; });
+  waiting_ = false;
   return !stop_;
+}
+
+bool WindowReader::waiting_for_file() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_;
 }
 
 bool WindowReader::push(Item item) {

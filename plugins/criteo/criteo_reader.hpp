@@ -62,8 +62,13 @@ class WindowReader {
   WindowReader(const WindowReader&) = delete;
   WindowReader& operator=(const WindowReader&) = delete;
   Item pop();  // blocks until the next item; after kEnd or kError returns it again
+  // As pop, but gives up after `seconds` without an item: false then (*out untouched).
+  bool pop_for(double seconds, Item* out);
   // Sleeps `seconds` unless stopped first; false when stopped.
   bool wait(double seconds);
+  // Whether the thread is waiting for the window's file to appear (in wait, called by the
+  // resolver of a followed stream).
+  bool waiting_for_file();
 
  private:
   void run();
@@ -83,6 +88,7 @@ class WindowReader {
   std::deque<Item> queue_;
   bool stop_ = false;
   bool finished_ = false;
+  bool waiting_ = false;  // in wait()
   Item last_;
   std::thread thread_;
 };
