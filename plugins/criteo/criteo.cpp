@@ -3,7 +3,7 @@
 //
 // Windows: a window is one file. `path` is a directory (its regular files whose names match the
 // glob `pattern`) or a glob; names starting with '.' or ending in ".tmp" are never windows
-// (files in the making). Windows are taken in name order (the full path's byte order) and each
+// (files in the making), nor are symbolic links (a window is opened without following one). Windows are taken in name order (the full path's byte order) and each
 // is one epoch of the keel loop: start_epoch(e) starts window e, next() returns false at its
 // end. batches_per_epoch() and size() are -1 (a stream, ABI 1.9). With follow = false the
 // stream ends after the last file (start_epoch past it gives an empty window); with
@@ -17,7 +17,8 @@
 // criteo_reader.cpp. Reading and parsing run on background threads (criteo_reader.hpp): the
 // queue holds up to `prefetch` batches.
 //
-// IO state (state_save/state_load, int64 tensors): the window index, its file (as bytes), the
+// IO state (state_save/state_load, int64 tensors): the window index, its file (as bytes: its
+// path relative to `path`, below; loading requires it to be one of the windows listed now), the
 // byte offset of the next record not yet handed to the loop (after the last batch next()
 // returned; batches prefetched but not returned do not count; for a .zst file the offset is in
 // the decompressed stream, and resuming decompresses the file from its start and discards the
@@ -27,6 +28,12 @@
 // record when (epoch, batch) is the saved position, and at the start of the window after it
 // for (window + 1, 0); without a loaded state it reads and drops `batch` batches of window
 // `epoch` (exact while the files are unchanged).
+//
+// The saved file is relative to `path` (relative_name): a directory `path`'s window is its
+// name; a glob's is its path after the glob's leading directories without a wildcard. A
+// checkpoint holds no path out of the data, and resuming after the data directory moved finds
+// the window under the new `path`. A checkpoint of the keel before (which saved the listed
+// path, absolute) is read when that path is one of the windows listed now (the data not moved).
 #include <ATen/ops/empty.h>
 #include <fnmatch.h>
 #include <glob.h>
@@ -43,6 +50,7 @@
 #include "criteo_format.hpp"
 #include "criteo_reader.hpp"
 #include "keel/plugin.hpp"
+#include "text/text.hpp"
 
 namespace {
 
@@ -58,9 +66,19 @@ bool candidate(const std::string& name) {
   return !name.empty() && name[0] != '.' && !ends_with(name, ".tmp");
 }
 
+// A regular file, not a symbolic link to one (lstat): what may be a window.
 bool regular_file(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The leading directories of glob `pattern` that hold no wildcard, with their '/' ("data/" of
+// "data/day_*.tsv" and of "data/day.tsv", "" of "day_*"): the start every path the glob lists
+// shares (glob(3) returns them as the pattern spells them).
+std::string glob_directory(const std::string& pattern) {
+  const size_t wild = pattern.find_first_of("*?[\\");
+  const size_t slash = pattern.rfind('/', wild == std::string::npos ? std::string::npos : wild);
+  return slash == std::string::npos ? std::string() : pattern.substr(0, slash + 1);
 }
 
 at::Tensor int64s(const std::vector<int64_t>& v) {
@@ -85,6 +103,7 @@ class Criteo : public keel::Dataset {
     o_.threads = static_cast<int>(ctx.get_int("threads"));
     o_.prefetch = static_cast<size_t>(ctx.get_int("prefetch"));
     o_.skip_bad = ctx.get_string("on_bad_record") == "skip";
+    o_.max_line = static_cast<size_t>(ctx.get_int("max_line_bytes"));
     o_.section = "[" + ctx.section() + "]";
     if (o_.world < 1 || o_.rank < 0 || o_.rank >= o_.world)
       throw std::runtime_error("criteo: rank " + std::to_string(o_.rank) + " of world_size " +
@@ -92,6 +111,7 @@ class Criteo : public keel::Dataset {
                                "must pass 0 <= rank < world_size");
     struct stat st {};
     dir_mode_ = ::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    glob_dir_ = dir_mode_ ? std::string() : glob_directory(path_);
     windows_ = list();
     if (windows_.empty() && !follow_) no_windows();
     if (o_.threads > 1) pool_ = std::make_unique<criteo::ParsePool>(o_.threads);
@@ -146,8 +166,9 @@ class Criteo : public keel::Dataset {
   }
 
   keel::NamedTensors state_save() override {
-    std::vector<int64_t> file{static_cast<int64_t>(file_.size())};
-    for (const unsigned char c : file_) file.push_back(c);
+    const std::string name = file_.empty() ? std::string() : relative_name(file_);
+    std::vector<int64_t> file{static_cast<int64_t>(name.size())};
+    for (const unsigned char c : name) file.push_back(c);
     return {{"window", int64s({window_})},
             {"batches", int64s({batches_})},
             {"done", int64s({done_ ? 1 : 0})},
@@ -171,6 +192,14 @@ class Criteo : public keel::Dataset {
   };
 
   std::vector<std::string> list() const;
+  // A listed window's path relative to `path`, as the IO state holds it.
+  std::string relative_name(const std::string& window) const {
+    if (dir_mode_) return std::filesystem::path(window).filename().string();
+    return window.compare(0, glob_dir_.size(), glob_dir_) == 0 ? window.substr(glob_dir_.size())
+                                                               : window;
+  }
+  // The listed window a loaded IO state's file names, or an error.
+  std::string listed_window(const std::string& saved) const;
   std::string resolve(int64_t window, criteo::WindowReader& reader);
   void finish(const Item& end);
 
@@ -200,6 +229,7 @@ class Criteo : public keel::Dataset {
   static constexpr double kStopPollS = 0.05;
   criteo::ReaderOptions o_;
   bool dir_mode_ = false;
+  std::string glob_dir_;  // a glob `path`: glob_directory(path_)
   // Why no file is a window, naming the option that is wrong: `pattern` when the directory
   // holds files that it matches none of, else `path`.
   [[noreturn]] void no_windows() const;
@@ -231,16 +261,18 @@ void Criteo::no_windows() const {
   }
   if (!others.empty()) {
     std::string names;
-    for (size_t i = 0; i < others.size() && i < 3; ++i) names += (i ? ", " : "") + others[i];
+    for (size_t i = 0; i < others.size() && i < 3; ++i)
+      names += (i ? ", " : "") + keel::text::printable(others[i]);
     if (others.size() > 3) names += ", ...";
     throw std::runtime_error(
-        "criteo: " + path_ + ": no file matches pattern '" + pattern_ + "' (the directory " +
+        "criteo: " + keel::text::printable(path_) + ": no file matches pattern '" +
+        keel::text::printable(pattern_) + "' (the directory " +
         "holds " + std::to_string(others.size()) + " other file" +
         (others.size() > 1 ? "s: " : ": ") + names + "); hint: set " + o_.section +
         " pattern to a glob that matches the window files' names (e.g. \"day_*.tsv*\")");
   }
   throw std::runtime_error(
-      "criteo: " + path_ + ": no window files" +
+      "criteo: " + keel::text::printable(path_) + ": no window files" +
       (dir_mode_ ? std::string(" in the directory") : std::string(" match this glob")) +
       " (dotfiles and *.tmp files are never windows); hint: set " + o_.section +
       " path to a directory of Criteo-format files or a glob (keel-criteo-generate --output "
@@ -259,7 +291,8 @@ std::vector<std::string> Criteo::list() const {
         out.push_back(it->path().string());
     }
     if (ec)
-      throw std::runtime_error("criteo: " + path_ + ": cannot list the directory (" +
+      throw std::runtime_error("criteo: " + keel::text::printable(path_) +
+                               ": cannot list the directory (" +
                                ec.message() + "); hint: check that it exists and is readable");
   } else {
     glob_t g{};
@@ -303,7 +336,8 @@ void Criteo::finish(const Item& end) {
   skipped_done_ += skipped;
   dropped_done_ += dropped;
   if (end.path.empty()) return;  // an empty window: the stream is over
-  std::string line = "window " + std::to_string(window_) + " (" + end.path + ") ended: " +
+  std::string line = "window " + std::to_string(window_) + " (" +
+                     keel::text::printable(end.path) + ") ended: " +
                      std::to_string(pos_.records) + " records";
   if (skipped > 0)
     line += ", " + std::to_string(skipped) + " bad records skipped (the first: " + end.message +
@@ -341,6 +375,7 @@ void Criteo::state_load(const keel::NamedTensors& state) {
   s.pos.skipped = one("skipped");
   skipped_done_ = one("skipped_before");
   dropped_done_ = one("dropped_before");
+  if (!s.file.empty()) s.file = listed_window(s.file);
   reader_.reset();
   {
     std::lock_guard<std::mutex> lock(windows_mu_);
@@ -350,6 +385,22 @@ void Criteo::state_load(const keel::NamedTensors& state) {
     }
   }
   loaded_ = std::make_unique<Saved>(s);
+}
+
+std::string Criteo::listed_window(const std::string& saved) const {
+  const std::vector<std::string> windows = list();
+  for (const std::string& w : windows)
+    if (relative_name(w) == saved) return w;
+  // A checkpoint of the keel before: the listed path itself (absolute, as `path` is).
+  if (!saved.empty() && saved[0] == '/')
+    for (const std::string& w : windows)
+      if (w == saved) return w;
+  throw std::runtime_error(
+      "criteo: the checkpoint's IO state names the window file '" + keel::text::printable(saved) +
+      "', which is not one of " + o_.section + " path's windows (" +
+      std::to_string(windows.size()) + " files listed under " + keel::text::printable(path_) +
+      "); hint: resume with the data the checkpoint was saved from, under any path: the "
+      "window is found by its name relative to path");
 }
 
 const keel_option_desc kOptions[] = {
@@ -378,6 +429,10 @@ const keel_option_desc kOptions[] = {
                   4096),
     keel::opt_int("max_windows", "0",
                   "end the stream after this many windows (0: no limit)", 0, 1e12),
+    keel::opt_int("max_line_bytes", "1048576",
+                  "the longest line (bytes before its newline): a longer one, or that many bytes "
+                  "without a newline, stops the run naming FILE:LINE (the reader's memory bound)",
+                  64, 1e9),
 };
 const keel_component_desc kComponents[] = {
     keel::component<Criteo>(

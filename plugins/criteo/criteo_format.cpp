@@ -4,22 +4,27 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 
+#include "text/text.hpp"
+
 namespace criteo {
 namespace {
 
-// The field's text for a message, cut to 32 bytes.
+// The field's text for a message, cut to 32 bytes, control bytes (a NUL among them) and bytes
+// that are not UTF-8 as \xNN: one line that a terminal shows as it is.
 std::string shown(const char* b, const char* e) {
   const size_t n = static_cast<size_t>(e - b);
-  return "'" + std::string(b, n > 32 ? 32 : n) + (n > 32 ? "...'" : "'");
+  return "'" + keel::text::printable(std::string(b, n > 32 ? 32 : n)) + (n > 32 ? "...'" : "'");
 }
 
 std::string field_name(int i) {  // i: 0 label, 1..13 I, 14..39 C
@@ -27,18 +32,39 @@ std::string field_name(int i) {  // i: 0 label, 1..13 I, 14..39 C
   return i <= kNumeric ? "I" + std::to_string(i) : "C" + std::to_string(i - kNumeric);
 }
 
+// Any int64: up to INT64_MAX, down to INT64_MIN (whose magnitude is INT64_MAX + 1).
 bool parse_int(const char* b, const char* e, int64_t* v) {
   bool neg = false;
   if (b < e && (*b == '-' || *b == '+')) neg = *b++ == '-';
   if (b == e) return false;
+  const uint64_t limit = static_cast<uint64_t>(INT64_MAX) + (neg ? 1 : 0);
   uint64_t x = 0;
   for (; b < e; ++b) {
     if (*b < '0' || *b > '9') return false;
-    if (x > (static_cast<uint64_t>(INT64_MAX) - static_cast<uint64_t>(*b - '0')) / 10) return false;
+    if (x > (limit - static_cast<uint64_t>(*b - '0')) / 10) return false;
     x = x * 10 + static_cast<uint64_t>(*b - '0');
   }
-  *v = neg ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
+  if (neg) *v = x == limit ? INT64_MIN : -static_cast<int64_t>(x);
+  else *v = static_cast<int64_t>(x);
   return true;
+}
+
+// The window size a zstd frame header asks for (its first bytes in `h`), 0 when `h` does not
+// hold enough of it: the Window_Descriptor, or the content size of a single-segment frame
+// (RFC 8878, 3.1.1.1).
+uint64_t frame_window(const std::string& h) {
+  if (h.size() < 6) return 0;
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(h[i]); };
+  if ((byte(0) | byte(1) << 8 | byte(2) << 16 | static_cast<uint32_t>(byte(3)) << 24) !=
+      ZSTD_MAGICNUMBER)
+    return 0;
+  if ((byte(4) & 0x20) == 0) {  // Single_Segment_flag unset: a Window_Descriptor follows
+    const unsigned exponent = byte(5) >> 3, mantissa = byte(5) & 7;
+    const uint64_t base = uint64_t{1} << (10 + exponent);
+    return base + base / 8 * mantissa;
+  }
+  const unsigned long long size = ZSTD_getFrameContentSize(h.data(), h.size());
+  return size == ZSTD_CONTENTSIZE_UNKNOWN || size == ZSTD_CONTENTSIZE_ERROR ? 0 : size;
 }
 
 // 0: ok, 1: not hexadecimal, 2: 2^53 or more.
@@ -118,18 +144,50 @@ bool parse_record(const char* begin, const char* end, double* out, float* label,
   return true;
 }
 
-Source::Source(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+Source::Source(std::string path)
+    : path_(std::move(path)), shown_(keel::text::printable(path_)) {
+  // Not following a link (O_NOFOLLOW: a link as the last component fails with ELOOP), not
+  // blocking on a FIFO's open (O_NONBLOCK, cleared once the file is known to be regular).
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd_ < 0 && errno == ELOOP)
+    throw std::runtime_error(shown_ + ": is a symbolic link, and window files are opened "
+                             "without following links; hint: put the file itself in the data "
+                             "directory (a link to the directory is followed)");
   if (fd_ < 0)
-    throw std::runtime_error(path_ + ": cannot open (" + std::strerror(errno) +
+    throw std::runtime_error(shown_ + ": cannot open (" + std::strerror(errno) +
                              "); hint: check that the window file exists and is readable");
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw std::runtime_error(shown_ + ": is not a regular file (" +
+                             (S_ISFIFO(st.st_mode) ? std::string("a FIFO")
+                              : S_ISDIR(st.st_mode) ? std::string("a directory")
+                              : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? std::string("a device")
+                              : st.st_mode != 0 ? std::string("a socket or other special file")
+                                                : std::string("fstat: ") + std::strerror(err)) +
+                             "); hint: a window must be a regular file: publish window files "
+                             "by renaming a finished file into the data directory");
+  }
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw std::runtime_error(shown_ + ": cannot set blocking reads (" + std::strerror(err) + ")");
+  }
   const std::string ext = ".zst";
   if (path_.size() > ext.size() && path_.compare(path_.size() - ext.size(), ext.size(), ext) == 0) {
     zstd_ = ZSTD_createDStream();
-    if (zstd_ == nullptr || ZSTD_isError(ZSTD_initDStream(static_cast<ZSTD_DStream*>(zstd_)))) {
+    if (zstd_ == nullptr || ZSTD_isError(ZSTD_initDStream(static_cast<ZSTD_DStream*>(zstd_))) ||
+        ZSTD_isError(ZSTD_DCtx_setParameter(static_cast<ZSTD_DStream*>(zstd_),
+                                            ZSTD_d_windowLogMax, kZstdWindowLogMax))) {
       ::close(fd_);
+      fd_ = -1;
       if (zstd_) ZSTD_freeDStream(static_cast<ZSTD_DStream*>(zstd_));
-      throw std::runtime_error(path_ + ": cannot start a zstd decompressor");
+      zstd_ = nullptr;
+      throw std::runtime_error(shown_ + ": cannot start a zstd decompressor");
     }
   }
 }
@@ -144,7 +202,7 @@ size_t Source::read_raw(char* buf, size_t n) {
     const ssize_t r = ::read(fd_, buf, n);
     if (r >= 0) return static_cast<size_t>(r);
     if (errno != EINTR)
-      throw std::runtime_error(path_ + ": read failed (" + std::strerror(errno) + ")");
+      throw std::runtime_error(shown_ + ": read failed (" + std::strerror(errno) + ")");
   }
 }
 
@@ -164,16 +222,34 @@ size_t Source::read(char* buf, size_t n) {
         break;
       }
     }
+    // The first bytes consumed of a frame (18: the longest frame header), kept for a message.
+    if (last_hint_ == 0) header_.clear();
+    const size_t have = header_.size();
+    if (have < 18) header_.append(in_, in_pos_, 18 - have);
     ZSTD_inBuffer in{in_.data(), in_.size(), in_pos_};
     const size_t r = ZSTD_decompressStream(ds, &out, &in);
+    // (On an error the bytes offered stay: in.pos does not tell how many were read.)
+    if (have < 18 && !ZSTD_isError(r))
+      header_.resize(std::min(header_.size(), have + (in.pos - in_pos_)));
     in_pos_ = in.pos;
+    if (ZSTD_isError(r) && ZSTD_getErrorCode(r) == ZSTD_error_frameParameter_windowTooLarge) {
+      const uint64_t window = frame_window(header_);
+      const uint64_t limit_mib = (uint64_t{1} << kZstdWindowLogMax) >> 20;
+      throw std::runtime_error(
+          shown_ + ": needs a zstd window" +
+          (window ? " of " + std::to_string((window + (1 << 20) - 1) >> 20) + " MiB," : "") +
+          " over keel's limit of " + std::to_string(limit_mib) + " MiB (the memory one reader "
+          "may take); hint: compress it again with a window of at most " +
+          std::to_string(limit_mib) + " MiB (zstd --long=" + std::to_string(kZstdWindowLogMax) +
+          " or less, or without --long)");
+    }
     if (ZSTD_isError(r))
-      throw std::runtime_error(path_ + ": corrupt zstd data (" + ZSTD_getErrorName(r) +
+      throw std::runtime_error(shown_ + ": corrupt zstd data (" + ZSTD_getErrorName(r) +
                                "); hint: write the file again");
     last_hint_ = r;
   }
   if (out.pos == 0 && last_hint_ != 0)
-    throw std::runtime_error(path_ + ": truncated zstd file (it ends inside a frame); hint: the "
+    throw std::runtime_error(shown_ + ": truncated zstd file (it ends inside a frame); hint: the "
                              "file is incomplete: write it again, and publish window files by "
                              "rename");
   return out.pos;
@@ -184,11 +260,11 @@ void Source::skip_to(uint64_t offset) {
   if (zstd_ == nullptr) {
     struct stat st {};
     if (::fstat(fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) < offset)
-      throw std::runtime_error(path_ + ": has " + std::to_string(st.st_size) +
+      throw std::runtime_error(shown_ + ": has " + std::to_string(st.st_size) +
                                " bytes, fewer than the resume offset " + std::to_string(offset) +
                                "; hint: the window file changed since the checkpoint");
     if (::lseek(fd_, static_cast<off_t>(offset), SEEK_SET) < 0)
-      throw std::runtime_error(path_ + ": cannot seek to byte " + std::to_string(offset) + " (" +
+      throw std::runtime_error(shown_ + ": cannot seek to byte " + std::to_string(offset) + " (" +
                                std::strerror(errno) + ")");
     return;
   }
@@ -197,7 +273,7 @@ void Source::skip_to(uint64_t offset) {
   while (left > 0) {
     const size_t got = read(scratch.data(), left < scratch.size() ? left : scratch.size());
     if (got == 0)
-      throw std::runtime_error(path_ + ": has " + std::to_string(offset - left) +
+      throw std::runtime_error(shown_ + ": has " + std::to_string(offset - left) +
                                " bytes, fewer than the resume offset " + std::to_string(offset) +
                                "; hint: the window file changed since the checkpoint");
     left -= got;

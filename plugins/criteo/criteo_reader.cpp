@@ -32,14 +32,21 @@ struct Part {
   std::vector<uint32_t> ends;  // each line's end (after its '\n'), from the part's begin
   std::vector<int32_t> bad;    // per line: -1 good, else index into errors
   std::vector<std::string> errors;
+  size_t max_line = 0;
+  bool too_long = false;  // the line after the last in `ends` is longer than max_line
 
   void parse() {
     values.clear(), labels.clear(), ends.clear(), bad.clear(), errors.clear();
+    too_long = false;
     double row[kColumns];
     std::string error;
     for (const char* b = begin; b < end;) {
       const char* nl = static_cast<const char*>(std::memchr(b, '\n', static_cast<size_t>(end - b)));
       const char* e = nl ? nl : end;
+      if (static_cast<size_t>(e - b) > max_line) {  // not parsed: the read stops there
+        too_long = true;
+        return;
+      }
       float label = 0;
       if (parse_record(b, e, row, &label, &error)) {
         values.insert(values.end(), row, row + kColumns);
@@ -179,6 +186,14 @@ void WindowReader::read_all() {
   }
   Source source(path_);
   source.skip_to(start_.offset);
+  // A line of more than max_line bytes, line `line` of the file.
+  const auto too_long = [&](int64_t line) {
+    return std::runtime_error(
+        source.shown() + ":" + std::to_string(line) + ": the line is longer than max_line_bytes = " +
+        std::to_string(o_.max_line) + " bytes; hint: a Criteo-format line is a few hundred "
+        "bytes: check that this is a Criteo-format file (a .zst one compressed), or raise " +
+        o_.section + " max_line_bytes");
+  };
   const int64_t group_size = o_.batch_size * o_.world;
   Group g;
   g.end = start_;
@@ -186,6 +201,7 @@ void WindowReader::read_all() {
   std::string first_skipped;
   std::string data;
   std::vector<Part> parts(static_cast<size_t>(pool_ ? pool_->threads() : 1));
+  for (Part& part : parts) part.max_line = o_.max_line;
   bool eof = false;
   while (!eof) {
     {
@@ -197,10 +213,16 @@ void WindowReader::read_all() {
     const size_t got = source.read(data.data() + kept, kBlock);
     data.resize(kept + got);
     eof = got == 0;
-    // The whole lines in data (all of it at the end: a last line without '\n').
-    const size_t nl = data.rfind('\n');
-    const size_t whole = eof ? data.size() : (nl == std::string::npos ? 0 : nl + 1);
-    if (whole == 0) continue;
+    // The whole lines in data (all of it at the end: a last line without '\n'). Only the new
+    // bytes are searched: the kept ones hold no '\n' (they are what followed the last one).
+    const void* nl = got ? ::memrchr(data.data() + kept, '\n', got) : nullptr;
+    const size_t whole = eof ? data.size()
+                         : nl ? static_cast<size_t>(static_cast<const char*>(nl) - data.data()) + 1
+                              : 0;
+    if (whole == 0) {
+      if (data.size() > o_.max_line) throw too_long(pos.line + 1);
+      continue;
+    }
     // Cut [0, whole) into parts at line ends, parse them (in parallel with a pool).
     const size_t k = parts.size();
     size_t at = 0;
@@ -223,7 +245,7 @@ void WindowReader::read_all() {
         const uint64_t end = pos.offset + (part.begin - data.data()) + part.ends[l];
         const int64_t line = pos.line + 1;
         if (part.bad[l] >= 0) {
-          const std::string where = path_ + ":" + std::to_string(line) + ": " +
+          const std::string where = source.shown() + ":" + std::to_string(line) + ": " +
                                     part.errors[static_cast<size_t>(part.bad[l])];
           if (!o_.skip_bad)
             throw std::runtime_error(where + "; hint: fix or remove the line, or set " +
@@ -247,9 +269,11 @@ void WindowReader::read_all() {
           if (static_cast<int64_t>(g.size()) == group_size && !emit(g, false)) return;
         }
       }
+      if (part.too_long) throw too_long(pos.line + 1);
     }
     pos.offset += whole;
     data.erase(0, whole);
+    if (data.size() > o_.max_line) throw too_long(pos.line + 1);
   }
   Item end;
   end.kind = Item::kEnd;

@@ -33,7 +33,8 @@ struct Item {
   Position after;             // kBatch: after the batch's global group; kEnd: the window's end
   int64_t dropped = 0;        // kEnd: records of a final group too small to share (see below)
   std::string message;        // kError: the error; kEnd: the first skipped record's error
-  std::string path;           // kBatch, kEnd: the window's file ("" for an empty window)
+  std::string path;           // kBatch, kEnd: the window's file ("" for an empty window), as
+                              // listed (for a message: keel::text::printable)
 };
 
 struct ReaderOptions {
@@ -42,6 +43,10 @@ struct ReaderOptions {
   int threads = 1;
   size_t prefetch = 4;
   bool skip_bad = false;
+  // The longest line read (bytes before its '\n'): a longer one, or that many bytes without a
+  // '\n', is an error, skipped or not, so that the reader holds at most max_line + 1 MiB of a
+  // window's text.
+  size_t max_line = size_t{1} << 20;
   std::string section;  // for hints: "[data.train]"
 };
 

@@ -5,10 +5,14 @@
 // reading, and clean stops (destroy while the reader waits on a full queue or polls).
 #include "keel/testing.hpp"  // before doctest.h (glog's CHECK macros)
 
+#include <ATen/ops/empty.h>
+
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -481,4 +485,240 @@ TEST_CASE("criteo: no window file: the hint names the option that is wrong") {
     CAPTURE(c.pattern);
     CHECK_THROWS_WITH(make({{"path", c.path}, {"pattern", c.pattern}}), doctest::Contains(c.says));
   }
+}
+
+namespace {
+
+// The error of reading window `epoch` of `d` to its end ("" when there is none).
+std::string read_error(const Dataset& d, int64_t epoch = 0) {
+  d.call(d->start_epoch, epoch);
+  std::vector<Row> rows;
+  try {
+    while (next_rows(d, &rows)) {
+    }
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A zstd stream of `text` whose frame header asks for a window of 2^window_log bytes (streamed
+// with no pledged size, so the header holds the window, not the content size).
+std::string zstd_window(const std::string& text, int window_log) {
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  REQUIRE(!ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_windowLog, window_log)));
+  std::string out(ZSTD_compressBound(text.size()) + 64, '\0');
+  ZSTD_outBuffer o{out.data(), out.size(), 0};
+  ZSTD_inBuffer i{text.data(), text.size(), 0};
+  REQUIRE(!ZSTD_isError(ZSTD_compressStream2(c, &o, &i, ZSTD_e_continue)));  // size unknown
+  REQUIRE(i.pos == i.size);
+  size_t r;
+  do {
+    r = ZSTD_compressStream2(c, &o, &i, ZSTD_e_end);
+    REQUIRE(!ZSTD_isError(r));
+  } while (r != 0);
+  ZSTD_freeCCtx(c);
+  out.resize(o.pos);
+  return out;
+}
+
+// The IO state `state` with its entry 'file' holding `file`.
+keel::testing::NamedTensors with_file(keel::testing::NamedTensors state, const std::string& file) {
+  std::vector<int64_t> v{static_cast<int64_t>(file.size())};
+  for (const unsigned char c : file) v.push_back(c);
+  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kLong));
+  std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
+  for (auto& entry : state)
+    if (entry.first == "file") entry.second = t;
+  return state;
+}
+
+std::string saved_file(const keel::testing::NamedTensors& state) {
+  std::string s;
+  for (const auto& entry : state)
+    if (entry.first == "file") {
+      const at::Tensor t = entry.second;
+      for (int64_t i = 1; i < t.numel(); ++i) s.push_back(static_cast<char>(t[i].item<int64_t>()));
+    }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("criteo: a line longer than max_line_bytes stops the read (issue 43, finding 4)") {
+  TempDir t;
+  const std::string good = line(0, 0);
+  const std::string x(3000, 'x');
+  for (const std::string& text : {good + x, good + x + "\n" + good}) {
+    const fs::path file = t.path / "w.tsv";
+    write(file, text);
+    for (const int threads : {1, 2}) {
+      CAPTURE(threads);
+      Dataset d = make({{"path", file.string()}, {"max_line_bytes", 1000}, {"threads", threads},
+                        {"on_bad_record", "skip"}});  // not skippable: no record is that long
+      const std::string m = read_error(d);
+      CHECK(m.find(file.string() + ":2: ") != std::string::npos);
+      CHECK(m.find("longer than max_line_bytes = 1000 bytes") != std::string::npos);
+      CHECK(m.find("[data.train] max_line_bytes") != std::string::npos);
+      CHECK(m.find('\n') == std::string::npos);
+    }
+  }
+  // A .zst bomb: 64 MiB of one line from a few KB, stopped at the default cap (1 MiB).
+  const fs::path bomb = t.path / "bomb.tsv.zst";
+  write(bomb, zstd(std::string(size_t{64} << 20, 'a')));
+  REQUIRE(fs::file_size(bomb) < 65536);
+  Dataset d = make({{"path", bomb.string()}});
+  const std::string m = read_error(d);
+  CHECK(m.find(bomb.string() + ":1: ") != std::string::npos);
+  CHECK(m.find("longer than max_line_bytes = 1048576 bytes") != std::string::npos);
+  // A line of exactly the cap is read.
+  const fs::path exact = t.path / "exact.tsv";
+  write(exact, good);
+  Dataset e = make({{"path", exact.string()}, {"max_line_bytes", static_cast<int64_t>(good.size() - 1)}});
+  CHECK(read_error(e).empty());
+}
+
+TEST_CASE("criteo: a window replaced by a FIFO or a symlink is refused when opened (finding 5)") {
+  TempDir t;
+  write_windows(t.path, {10, 10}, false);  // day_000.tsv, day_001.tsv
+  const fs::path secret = t.path / "secret";
+  fs::create_directories(secret);
+  write(secret / "key", "TOPSECRET\tline\n");
+  // A symlink at listing time is not a window.
+  fs::create_symlink(secret / "key", t.path / "day_002.tsv");
+  {
+    Dataset d = make({{"path", t.path.string()}, {"pattern", "day_*"}});
+    CHECK(read_error(d, 2).empty());
+    std::vector<Row> rows;
+    CHECK(!next_rows(d, &rows));  // window 2 is the stream's end
+  }
+  struct Case {
+    std::string kind;
+    const char* says;
+  };
+  for (const Case& c : {Case{"fifo", "is not a regular file"},
+                        Case{"secret", "is a symbolic link"},
+                        Case{"zero", "is a symbolic link"}}) {
+    CAPTURE(c.kind);
+    for (const std::string zst : {"", ".zst"}) {
+      CAPTURE(zst);
+      TempDir u;
+      write_windows(u.path, {10, 10}, !zst.empty());
+      Dataset d = make({{"path", u.path.string()}});  // lists both windows
+      const fs::path window = u.path / ("day_001.tsv" + zst), swap = u.path / ".swap";
+      if (c.kind == "fifo") REQUIRE(::mkfifo(swap.c_str(), 0600) == 0);
+      if (c.kind == "secret") fs::create_symlink(secret / "key", swap);
+      if (c.kind == "zero") fs::create_symlink("/dev/zero", swap);
+      fs::rename(swap, window);
+      const std::string m = read_error(d, 1);
+      CHECK(m.find(window.string() + ": ") != std::string::npos);
+      CHECK(m.find(c.says) != std::string::npos);
+      CHECK(m.find("TOPSECRET") == std::string::npos);
+      CHECK(m.find('\n') == std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("criteo: the IO state's file is a listed window, saved relative to path (finding 6)") {
+  TempDir t;
+  const fs::path a = t.path / "a", b = t.path / "b";
+  fs::create_directories(a);
+  write_windows(a, {50, 50}, false);
+  write(t.path / "outside.tsv", line(7, 0) + line(7, 1));
+  const Options o = {{"path", a.string()}, {"batch_size", 8}};
+  keel::testing::NamedTensors state;
+  std::vector<Row> all, first;
+  {
+    Dataset d = make(o);
+    d.call(d->start_epoch, int64_t{0});
+    REQUIRE(next_rows(d, &first, nullptr, true));
+    state = keel::testing::save_state(d);
+    all = first;
+    read_rest(d, 0, &all);
+  }
+  CHECK(saved_file(state) == "day_000.tsv");
+  auto resumed = [&](const Options& opts, const keel::testing::NamedTensors& s) {
+    Dataset d = make(opts);
+    keel::testing::load_state(d, s);
+    d.call(d->seek, int64_t{0}, int64_t{1});
+    std::vector<Row> rows = first;
+    read_rest(d, 0, &rows);
+    return rows;
+  };
+  CHECK(resumed(o, state) == all);
+  // A checkpoint of the keel before (the absolute path saved): read when it names a listed
+  // window by its path under `path`.
+  CHECK(resumed(o, with_file(state, (a / "day_000.tsv").string())) == all);
+  // Anything else is refused before a byte is read.
+  const std::string bad[] = {"/dev/zero", (t.path / "outside.tsv").string(), "../outside.tsv",
+                             "day_000.tsv/", "day_009.tsv", "./day_000.tsv"};
+  for (const std::string& file : bad) {
+    CAPTURE(file);
+    std::string m;
+    try {
+      resumed(o, with_file(state, file));
+    } catch (const std::runtime_error& e) {
+      m = e.what();
+    }
+    CHECK(m.find("is not one of [data.train] path's windows") != std::string::npos);
+    CHECK(m.find('\n') == std::string::npos);
+  }
+  // The data directory moved: the window is found under the new path.
+  fs::rename(a, b);
+  CHECK(resumed({{"path", b.string()}, {"batch_size", 8}}, state) == all);
+}
+
+TEST_CASE("criteo: messages quote data bytes printably; INT64_MIN; a large zstd window (12)") {
+  TempDir t;
+  const std::string good = line(0, 0);
+  const std::string tail = good.substr(1);  // the good line without its label
+  struct Case {
+    std::string bad, message;
+  };
+  const std::vector<Case> cases = {
+      {"\x1b[2J" + tail, "label: '\\x1b[2J' is not 0 or 1"},
+      {std::string("1\0x", 3) + tail, "label: '1\\x00x' is not 0 or 1"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.message);
+    const fs::path file = t.path / "w.tsv";
+    write(file, good + c.bad);
+    Dataset d = make({{"path", file.string()}});
+    const std::string m = read_error(d);
+    CHECK(m.find(file.string() + ":2: " + c.message) != std::string::npos);
+    CHECK(m.find("hint: fix or remove the line") != std::string::npos);
+  }
+  // A window's file name with control bytes.
+  const fs::path dir = t.path / "dir";
+  fs::create_directories(dir);
+  write(dir / "day\x1b]0;x\a.tsv", "2" + tail);
+  {
+    Dataset d = make({{"path", dir.string()}});
+    const std::string m = read_error(d);
+    CHECK(m.find("day\\x1b]0;x\\x07.tsv:1: label") != std::string::npos);
+    for (const char ch : m) CHECK(static_cast<unsigned char>(ch) >= 0x20);
+  }
+  // INT64_MIN is an integer; one below it is not.
+  {
+    std::string f = good.substr(0, good.find('\t', 2));  // label and I1
+    const fs::path file = t.path / "min.tsv";
+    write(file, "1\t-9223372036854775808" + good.substr(f.size()));
+    Dataset d = make({{"path", file.string()}});
+    CHECK(read_error(d).empty());
+    write(file, "1\t-9223372036854775809" + good.substr(f.size()));
+    Dataset e = make({{"path", file.string()}});
+    CHECK(read_error(e).find("I1: '-9223372036854775809' is not an integer") != std::string::npos);
+  }
+  // A .zst whose frame asks for a window of 2^27 bytes is read; 2^28 is over keel's limit.
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += line(0, i);
+  write(t.path / "w27.tsv.zst", zstd_window(text, 27));
+  Dataset ok = make({{"path", (t.path / "w27.tsv.zst").string()}});
+  CHECK(read_error(ok).empty());
+  write(t.path / "w28.tsv.zst", zstd_window(text, 28));
+  Dataset big = make({{"path", (t.path / "w28.tsv.zst").string()}});
+  const std::string m = read_error(big);
+  CHECK(m.find("w28.tsv.zst: needs a zstd window of 256 MiB, over keel's limit of 128 MiB") !=
+        std::string::npos);
+  CHECK(m.find("corrupt") == std::string::npos);
 }
