@@ -29,6 +29,19 @@ constexpr const char* kOwnHint =
     "directories that belong to you or root and that others cannot write (or that are sticky, "
     "like /tmp)";
 
+// kOwnHint for a directory of `use`.
+std::string own_hint(const DirUse& use) {
+  if (use.flag.empty()) return kOwnHint;
+  return "; hint: give " + use.flag + " a directory that only you can write, under directories "
+         "that belong to you or root and that others cannot write (or that are sticky, like "
+         "/tmp)";
+}
+
+// "set [run] output_dir to `what`", or for a directory of another use "give --output `what`".
+std::string set_hint(const DirUse& use, const std::string& what) {
+  return (use.flag.empty() ? "set [run] output_dir to " : "give " + use.flag + " ") + what;
+}
+
 std::string mode_text(mode_t mode) {
   char m[8];
   std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(mode & 07777));
@@ -53,7 +66,7 @@ bool private_group(gid_t gid) {
 std::string errno_text() { return std::strerror(errno); }
 
 // Checks the existing prefixes of `p` (absolute) as directories on the way to a run directory.
-void check_prefixes(const fs::path& p, const std::string& run_path) {
+void check_prefixes(const fs::path& p, const std::string& run_path, const DirUse& use) {
   fs::path prefix;
   for (const auto& part : p) {
     prefix /= part;
@@ -61,15 +74,14 @@ void check_prefixes(const fs::path& p, const std::string& run_path) {
     if (::stat(prefix.c_str(), &st) != 0) return;  // missing from here on: keel creates it
     const std::string why = untrusted_directory(st, false);
     if (!why.empty())
-      throw Error("run directory " + run_path + ": " + prefix.string() + " on the way to it " +
-                  why + kOwnHint);
+      throw Error(use.what + " " + run_path + ": " + prefix.string() + " on the way to it " +
+                  why + own_hint(use));
   }
 }
 
 // write_file's error line: `path` could not be written or renamed into place (`why`).
-std::string cannot_replace(const std::string& path, const std::string& why) {
-  return "cannot write " + path + " (" + why + "); hint: set [run] output_dir to a writable "
-         "directory";
+std::string cannot_replace(const std::string& path, const std::string& why, const DirUse& use) {
+  return "cannot write " + path + " (" + why + "); hint: " + set_hint(use, "a writable directory");
 }
 
 // A unique name for a temporary or probe file of this process.
@@ -173,23 +185,23 @@ void CreatedEntries::forget() {
 
 // ---- RunDir ----
 
-RunDir RunDir::open(const std::string& path_text, CreatedEntries& created) {
+RunDir RunDir::open(const std::string& path_text, CreatedEntries& created, const DirUse& use) {
   fs::path path = fs::path(path_text).lexically_normal();
   if (!path.has_filename() && path.has_relative_path()) path = path.parent_path();  // "/a/b/"
   const std::string shown = path.string();
   if (!path.is_absolute())
-    throw Error("run directory " + shown + ": not an absolute path" + kOwnHint);
+    throw Error(use.what + " " + shown + ": not an absolute path" + own_hint(use));
   if (!path.has_filename())
-    throw Error("run directory " + shown + ": the root directory cannot be a run directory; "
-                "hint: set [run] output_dir to a directory of its own");
+    throw Error(use.what + " " + shown + ": the root directory cannot be a " + use.what +
+                "; hint: " + set_hint(use, "a directory of its own"));
   // The directories a symlink on the way leads through: every prefix of the parent's canonical
   // path. (Those of the path as given are checked below, on the descriptors the walk opens.)
   std::error_code ec;
   const fs::path canonical_parent = fs::weakly_canonical(path.parent_path(), ec);
-  if (!ec) check_prefixes(canonical_parent, shown);
+  if (!ec) check_prefixes(canonical_parent, shown, use);
 
   UniqueFd dir(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() < 0) throw Error("run directory " + shown + ": cannot open /: " + errno_text());
+  if (dir.get() < 0) throw Error(use.what + " " + shown + ": cannot open /: " + errno_text());
   fs::path at = "/";
   std::vector<fs::path> parts(++path.begin(), path.end());
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -199,19 +211,19 @@ RunDir RunDir::open(const std::string& path_text, CreatedEntries& created) {
     {
       struct stat st {};
       if (::fstat(dir.get(), &st) != 0)
-        throw Error("run directory " + shown + ": cannot read " + at.string() + ": " +
+        throw Error(use.what + " " + shown + ": cannot read " + at.string() + ": " +
                     errno_text());
       const std::string why = untrusted_directory(st, false);
       if (!why.empty())
-        throw Error("run directory " + shown + ": " + at.string() + " on the way to it " + why +
-                    kOwnHint);
+        throw Error(use.what + " " + shown + ": " + at.string() + " on the way to it " + why +
+                    own_hint(use));
     }
     bool made = false;
     if (::mkdirat(dir.get(), name.c_str(), 0755) == 0) {
       made = true;
     } else if (errno != EEXIST) {
-      throw Error("run directory " + shown + ": cannot create " + here.string() + " (" +
-                  errno_text() + "); hint: set [run] output_dir to a writable directory");
+      throw Error(use.what + " " + shown + ": cannot create " + here.string() + " (" +
+                  errno_text() + "); hint: " + set_hint(use, "a writable directory"));
     }
     // Directories on the way may be symlinks (checked through their canonical path above);
     // the run directory itself may not.
@@ -223,39 +235,40 @@ RunDir RunDir::open(const std::string& path_text, CreatedEntries& created) {
       const bool link = ::fstatat(dir.get(), name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
                         S_ISLNK(lst.st_mode);
       if (last && link)
-        throw Error("run directory " + shown + " is a symbolic link; keel does not follow one "
-                    "for a run directory; hint: set [run] output_dir to the directory it points "
-                    "to, after checking who made it");
+        throw Error(use.what + " " + shown + " is a symbolic link; keel does not follow one "
+                    "for " + (use.flag.empty() ? "a run directory" : use.flag) + "; hint: " +
+                    set_hint(use, "the directory it points to, after checking who made it"));
       if (err == ENOTDIR)
-        throw Error("run directory " + shown + ": cannot create it (" + here.string() +
-                    " is a file, not a directory); hint: set [run] output_dir to a writable "
-                    "directory");
-      throw Error("run directory " + shown + ": cannot open " + here.string() + " (" +
-                  std::strerror(err) + "); hint: set [run] output_dir to a writable directory");
+        throw Error(use.what + " " + shown + ": cannot create it (" + here.string() +
+                    " is a file, not a directory); hint: " +
+                    set_hint(use, "a writable directory"));
+      throw Error(use.what + " " + shown + ": cannot open " + here.string() + " (" +
+                  std::strerror(err) + "); hint: " + set_hint(use, "a writable directory"));
     }
     struct stat st {};
     if (::fstat(next.get(), &st) != 0)
-      throw Error("run directory " + shown + ": cannot read " + here.string() + ": " +
+      throw Error(use.what + " " + shown + ": cannot read " + here.string() + ": " +
                   errno_text());
     if (made) created.add(dir.get(), name, here.string(), st.st_dev, st.st_ino, true);
     if (last) {
-      const std::string why = untrusted_directory(st, true);
-      if (!why.empty()) throw Error("run directory " + shown + " " + why + kOwnHint);
+      const std::string why = untrusted_directory(st, !use.sticky_ok);
+      if (!why.empty()) throw Error(use.what + " " + shown + " " + why + own_hint(use));
     }
     dir.reset(next.release());
     at = here;
   }
-  return RunDir(dir.release(), shown);
+  return RunDir(dir.release(), shown, use);
 }
 
 RunDir::RunDir(RunDir&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)), use_(std::move(other.use_)) {}
 
 RunDir& RunDir::operator=(RunDir&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = std::exchange(other.fd_, -1);
     path_ = std::move(other.path_);
+    use_ = std::move(other.use_);
   }
   return *this;
 }
@@ -269,7 +282,7 @@ RunDir RunDir::subdir(const std::string& name, CreatedEntries& created) const {
   const bool made = ::mkdirat(fd_, name.c_str(), 0755) == 0;
   if (!made && errno != EEXIST)
     throw Error(shown + ": cannot create it (" + errno_text() +
-                "); hint: set [run] output_dir to a writable directory");
+                "); hint: " + set_hint(use_, "a writable directory"));
   UniqueFd fd(::openat(fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0)
     throw Error(shown + ": cannot open it as a directory (" +
@@ -280,8 +293,8 @@ RunDir RunDir::subdir(const std::string& name, CreatedEntries& created) const {
   if (::fstat(fd.get(), &st) != 0) throw Error(shown + ": cannot read it: " + errno_text());
   if (made) created.add(fd_, name, shown, st.st_dev, st.st_ino, true);
   const std::string why = untrusted_directory(st, true);
-  if (!why.empty()) throw Error(shown + " " + why + kOwnHint);
-  return RunDir(fd.release(), shown);
+  if (!why.empty()) throw Error(shown + " " + why + own_hint(use_));
+  return RunDir(fd.release(), shown, use_);
 }
 
 RunDir RunDir::new_subdir(const std::string& stem, CreatedEntries& created) const {
@@ -290,7 +303,7 @@ RunDir RunDir::new_subdir(const std::string& stem, CreatedEntries& created) cons
     if (::mkdirat(fd_, name.c_str(), 0755) != 0) {
       if (errno == EEXIST) continue;
       throw Error(path_of(name) + ": cannot create it (" + errno_text() +
-                  "); hint: set [run] output_dir to a writable directory");
+                  "); hint: " + set_hint(use_, "a writable directory"));
     }
     UniqueFd fd(::openat(fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     struct stat st {};
@@ -298,7 +311,7 @@ RunDir RunDir::new_subdir(const std::string& stem, CreatedEntries& created) cons
       throw Error(path_of(name) + ": cannot open the directory keel just created (" +
                   errno_text() + "); hint: check who else writes " + path_);
     created.add(fd_, name, path_of(name), st.st_dev, st.st_ino, true);
-    return RunDir(fd.release(), path_of(name));
+    return RunDir(fd.release(), path_of(name), use_);
   }
   throw Error(path_of(stem) + "-999 exists too; hint: move earlier ones out of " + path_);
 }
@@ -316,10 +329,11 @@ int RunDir::open_file(const std::string& name, int flags, CreatedEntries& create
   }
   if (fd.get() < 0) {
     if (errno == ELOOP)
-      throw Error(shown + " is a symbolic link; keel does not write through symlinks in a run "
-                  "directory; hint: remove it, after checking who made it and where it points");
+      throw Error(shown + " is a symbolic link; keel does not write through symlinks in " +
+                  (use_.flag.empty() ? "a run directory" : "the directory of " + use_.flag) +
+                  "; hint: remove it, after checking who made it and where it points");
     throw Error(shown + ": cannot write it (" + errno_text() +
-                "); hint: set [run] output_dir to a writable directory");
+                "); hint: " + set_hint(use_, "a writable directory"));
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw Error(shown + ": cannot read it: " + errno_text());
@@ -348,13 +362,14 @@ void RunDir::write_file(const std::string& name, const std::string& text,
   struct stat st {}, old {};
   ::fstat(fd.get(), &st);
   const bool replacing = ::fstatat(fd_, name.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0;
-  const bool ok = write_all(fd.get(), text);
+  // fsync before the rename and of the directory after it (files/files.hpp's durable_rename).
+  const bool ok = write_all(fd.get(), text) && ::fsync(fd.get()) == 0;
   if (!ok || ::close(fd.release()) != 0 ||
-      ::renameat(fd_, tmp.c_str(), fd_, name.c_str()) != 0) {
+      ::renameat(fd_, tmp.c_str(), fd_, name.c_str()) != 0 || ::fsync(fd_) != 0) {
     const std::string why = errno_text();
     ::unlinkat(fd_, tmp.c_str(), 0);
     created.erase(st.st_dev, st.st_ino);
-    throw Error(cannot_replace(path_of(name), why));
+    throw Error(cannot_replace(path_of(name), why, use_));
   }
   // A file that replaced an earlier one is kept even when the start fails: removing it would
   // not bring the earlier one back.
@@ -368,7 +383,7 @@ void RunDir::check_replaceable(const std::string& name) const {
   struct stat st {};
   // renameat replaces a file or a symlink of that name, and fails on a directory.
   if (::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
-    throw Error(cannot_replace(path_of(name), std::strerror(EISDIR)));
+    throw Error(cannot_replace(path_of(name), std::strerror(EISDIR), use_));
 }
 
 bool RunDir::has(const std::string& name) const {
@@ -413,8 +428,8 @@ void RunDir::probe_writable(CreatedEntries& created) const {
   const std::string why = errno_text();
   if (::unlinkat(fd_, name.c_str(), 0) == 0 && written) created.erase(st.st_dev, st.st_ino);
   if (!written)
-    throw Error("run directory " + path_ + ": cannot write to it (" + why +
-                "); hint: set [run] output_dir to a writable directory");
+    throw Error(use_.what + " " + path_ + ": cannot write to it (" + why +
+                "); hint: " + set_hint(use_, "a writable directory"));
 }
 
 }  // namespace keel

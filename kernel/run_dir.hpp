@@ -38,6 +38,22 @@ namespace keel {
 
 class RunDir;
 
+// What a directory RunDir opens is for: how its messages name it and which rule applies to the
+// directory itself. The defaults are a run directory's. keel's other outputs (keel report's
+// page, keel prepare's token files, keel export's directory) are opened with their own.
+struct DirUse {
+  std::string what = "run directory";  // how messages name it
+  // What hints tell the user to change: empty for a run directory ([run] output_dir), else the
+  // command's flag ("--output").
+  std::string flag;
+  // Whether the directory itself may be writable by others when sticky (/tmp), like a directory
+  // on the way. True where keel only writes single files into it with write_file (each created
+  // exclusively, then renamed into place: in a sticky directory renaming over another user's
+  // entry fails) or creates one new subdirectory it then renames (keel export), never a tree of
+  // files that plugins open by path.
+  bool sticky_ok = false;
+};
+
 // What one process created in and around a run directory, each entry identified by device and
 // inode when it was created, so that a failed start removes only those: an entry whose name now
 // refers to something else is left alone, and a directory is removed only when it is empty
@@ -89,7 +105,8 @@ class RunDir {
   // Opens directory `path` (absolute), creating it and its missing parents (each with mkdirat
   // relative to its parent's descriptor); refuses, with one line and a hint, a directory the
   // rule above does not trust. What it creates is recorded in `created`. Throws keel::Error.
-  static RunDir open(const std::string& path, CreatedEntries& created);
+  // `use`: what the directory is for (messages; the sticky exception for the directory itself).
+  static RunDir open(const std::string& path, CreatedEntries& created, const DirUse& use = {});
 
   RunDir(RunDir&& other) noexcept;
   RunDir& operator=(RunDir&& other) noexcept;
@@ -116,9 +133,9 @@ class RunDir {
   int open_file(const std::string& name, int flags, CreatedEntries& created,
                 bool* existed = nullptr) const;
   // Writes `text` as file `name`, replacing what has that name: written to a new temporary file
-  // (open_file with O_EXCL) first, then renamed over `name` (renameat replaces a symlink of
-  // that name itself, never its target). Recorded in `created` when no file of that name was
-  // there before. Throws keel::Error.
+  // (open_file with O_EXCL) first, fsync'd, then renamed over `name` (renameat replaces a
+  // symlink of that name itself, never its target), and the directory fsync'd. Recorded in
+  // `created` when no file of that name was there before. Throws keel::Error.
   void write_file(const std::string& name, const std::string& text,
                   CreatedEntries& created) const;
   // Throws the keel::Error write_file(name, ...) would end with when the entry `name` cannot be
@@ -136,9 +153,11 @@ class RunDir {
   void probe_writable(CreatedEntries& created) const;
 
  private:
-  RunDir(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  RunDir(int fd, std::string path, DirUse use)
+      : fd_(fd), path_(std::move(path)), use_(std::move(use)) {}
   int fd_ = -1;
   std::string path_;
+  DirUse use_;
 };
 
 // Why a directory on the way to a run directory (`is_run_dir` false) or the run directory

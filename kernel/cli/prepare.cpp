@@ -2,7 +2,6 @@
 #include "prepare.hpp"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -12,6 +11,7 @@
 
 #include "cli/usage.hpp"
 #include "files/files.hpp"
+#include "run_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -97,30 +97,6 @@ void append_id(std::string& out, uint32_t id, int bytes) {
   if (bytes == 4) {
     out += static_cast<char>((id >> 16) & 0xFF);
     out += static_cast<char>((id >> 24) & 0xFF);
-  }
-}
-
-// Writes `data` to `path` through a temporary name in the same directory: write, fsync,
-// rename. The temporary file is removed when any step fails.
-void write_replacing(const std::string& path, const std::string& data) {
-  const fs::path p(path);
-  const std::string tmp =
-      (p.parent_path() / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid())))
-          .string();
-  ::unlink(tmp.c_str());  // left by a killed run of the same pid
-  try {
-    add_hint(
-        [&] {
-          write_file_durably(tmp, data);
-          durable_rename(tmp, path);
-        },
-        [](int code) {
-          return code == ENOSPC || code == EDQUOT ? "free some space, or choose another --output"
-                                                  : "choose a writable --output";
-        });
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
   }
 }
 
@@ -215,16 +191,27 @@ int prepare(const PrepareArgs& args) {
   meta["tokens"] = ids.size();
   meta["vocab"] = std::move(tokens.vocab);
 
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir))
-    throw Error(dir + ": cannot create the output directory (" +
-                (ec ? ec.message() : std::string("a file of that name exists")) +
-                "); hint: choose another --output");
-  const std::string tokens_path = (fs::path(dir) / "tokens.bin").string();
-  const std::string vocab_path = (fs::path(dir) / "vocab.json").string();
-  write_replacing(tokens_path, data);
-  write_replacing(vocab_path, meta.dump(1) + "\n");
+  // The output directory under a run directory's rules (run_dir.hpp): created when missing,
+  // not a symlink, yours, and others cannot write it (or it is sticky) nor a directory on the
+  // way to it; each file is written into a new temporary file there (O_EXCL, O_NOFOLLOW),
+  // fsync'd and renamed over its name (a symlink of that name is replaced, not followed). A
+  // failure removes the directories it created.
+  DirUse use;
+  use.what = "output directory";
+  use.flag = "--output";
+  use.sticky_ok = true;
+  CreatedEntries created;
+  std::string tokens_path, vocab_path;
+  try {
+    const RunDir out = RunDir::open(fs::absolute(dir).lexically_normal().string(), created, use);
+    tokens_path = out.path_of("tokens.bin");
+    vocab_path = out.path_of("vocab.json");
+    out.write_file("tokens.bin", data, created);
+    out.write_file("vocab.json", meta.dump(1) + "\n", created);
+  } catch (const Error&) {
+    created.remove_all();
+    throw;
+  }
   std::printf("%s: %zu tokens, vocabulary of %zu (%s level), %s -> %s, %s\n", input.c_str(),
               ids.size(), size, level.c_str(), dtype.c_str(), tokens_path.c_str(),
               vocab_path.c_str());

@@ -1,10 +1,13 @@
 #include "report/report.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "error.hpp"
 #include "files/files.hpp"
 #include "report/summary.hpp"
+#include "run_dir.hpp"
 #include "report_assets.hpp"
 #include "text/text.hpp"
 
@@ -25,13 +29,42 @@ using nlohmann::ordered_json;
 
 namespace {
 
-// The file's content, or "" when it cannot be read.
-std::string read_text(const fs::path& p) {
+// Whether `p` names an entry of `run_dir` or of a directory inside it, once the symlinks on
+// the way to its directory are resolved (the entry itself is not followed: read_text).
+bool inside(const fs::path& run_dir, const fs::path& p) {
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(fs::absolute(run_dir), ec);
+  if (ec) return false;
+  const fs::path dir = fs::weakly_canonical(fs::absolute(p).parent_path(), ec);
+  if (ec) return false;
+  auto r = root.begin(), d = dir.begin();
+  for (; r != root.end(); ++r, ++d)
+    if (d == dir.end() || *r != *d) return false;
+  return true;
+}
+
+// The content of the run directory's file `p`, or "" when it cannot be read: a file out of
+// `run_dir`, a symbolic link (O_NOFOLLOW), or anything but a regular file (a FIFO is opened
+// with O_NONBLOCK, then refused) is not read. A run directory may come from someone else: no
+// name in it leads keel report to read a file of yours into the page.
+std::string read_text(const fs::path& run_dir, const fs::path& p) {
+  if (!inside(run_dir, p)) return "";
+  const UniqueFd fd(::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat st {};
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  std::string text;
   try {
-    return read_file(p.string());
+    read_chunks(fd.get(), p.string(), [&](const char* data, size_t n) { text.append(data, n); });
   } catch (const FileError&) {
     return "";
   }
+  return text;
+}
+
+// Whether the run directory's file `p` is a regular file read_text reads.
+bool readable(const fs::path& run_dir, const fs::path& p) {
+  std::error_code ec;
+  return inside(run_dir, p) && fs::symlink_status(p, ec).type() == fs::file_type::regular;
 }
 
 // j[key] when j is an object whose key holds a string, else "".
@@ -42,7 +75,8 @@ std::string string_at(const nlohmann::json& j, const char* key) {
 }
 
 // The chrome_trace profiler's trace: the [profiler] path of the resolved manifest (relative
-// paths: inside the run directory), else trace.json.
+// paths: inside the run directory), else trace.json. A path that leaves the run directory (an
+// absolute one, or one through "..") is returned as written, and read_phases does not read it.
 fs::path trace_path(const fs::path& run_dir, const std::string& manifest_text) {
   std::string path = "trace.json";
   try {
@@ -70,8 +104,9 @@ std::string evaluated_checkpoint(const std::string& manifest_text) {
 // milliseconds over the recorded steps divided by the number of recorded steps (the steps that
 // have any phase event), so that the means of phases that do not nest add up to the mean
 // recorded step. null when the file is not a Chrome trace or holds no phase event.
-ordered_json phase_breakdown(const fs::path& trace) {
-  const auto j = nlohmann::json::parse(read_text(trace), nullptr, /*allow_exceptions=*/false);
+ordered_json phase_breakdown(const fs::path& run_dir, const fs::path& trace) {
+  const auto j =
+      nlohmann::json::parse(read_text(run_dir, trace), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array()) return nullptr;
   std::map<std::string, double> total_us;  // phase -> us over all recorded steps
   std::vector<std::string> order;          // phases in order of first appearance
@@ -243,13 +278,14 @@ std::string escape_html(const std::string& s) {
 }
 
 // metrics.jsonl's records, split into training and evaluation records (file order).
-void read_records(const fs::path& metrics, ordered_json& train, ordered_json& test) {
-  std::error_code ec;
-  std::ifstream in(metrics);
-  if (!fs::is_regular_file(metrics, ec) || !in)
+void read_records(const fs::path& run_dir, const fs::path& metrics, ordered_json& train,
+                  ordered_json& test) {
+  if (!readable(run_dir, metrics))
     throw Error("keel report: " + metrics.string() +
-                " does not exist; hint: the run must have the jsonl hook (the default hooks "
-                "include it)");
+                " does not exist (or is not a regular file of the run directory: keel report "
+                "follows no symbolic link); hint: the run must have the jsonl hook (the default "
+                "hooks include it)");
+  std::istringstream in(read_text(run_dir, metrics));
   std::string line;
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -272,18 +308,20 @@ ordered_json read_evaluations(const fs::path& run_dir) {
   std::vector<std::string> names;
   std::error_code ec;
   for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().filename().string().rfind("eval-", 0) == 0 && it->is_directory(ec))
+    if (it->path().filename().string().rfind("eval-", 0) == 0 &&
+        it->symlink_status(ec).type() == fs::file_type::directory)  // a symlink is not followed
       names.push_back(it->path().filename().string());
   std::sort(names.begin(), names.end());
   ordered_json out = ordered_json::array();
   for (const auto& name : names) {
     const fs::path dir = run_dir / name;
-    const std::string checkpoint = evaluated_checkpoint(read_text(dir / "manifest.resolved.toml"));
+    const std::string checkpoint =
+        evaluated_checkpoint(read_text(run_dir, dir / "manifest.resolved.toml"));
     ordered_json e = {{"dir", name}, {"checkpoint", checkpoint}, {"step", nullptr},
                       {"metrics", ordered_json::object()}};
     ordered_json train = ordered_json::array(), test = ordered_json::array();
     try {
-      read_records(dir / "metrics.jsonl", train, test);
+      read_records(run_dir, dir / "metrics.jsonl", train, test);
     } catch (const Error&) {
     }
     if (!test.empty()) {
@@ -297,11 +335,12 @@ ordered_json read_evaluations(const fs::path& run_dir) {
 }
 
 // The plugins table from plugins.json, or a sentence saying why there is none.
-std::string plugins_html(const fs::path& plugins) {
+std::string plugins_html(const fs::path& run_dir, const fs::path& plugins) {
   std::error_code ec;
   const bool have_plugins = fs::exists(plugins, ec);
-  const auto pj = have_plugins ? nlohmann::json::parse(read_text(plugins), nullptr, false)
-                               : nlohmann::json();
+  const auto pj = have_plugins
+                      ? nlohmann::json::parse(read_text(run_dir, plugins), nullptr, false)
+                      : nlohmann::json();
   if (!have_plugins)
     return "<p>No plugins.json in the run directory (a run from before keel recorded "
            "its plugins): the plugins are not known.</p>";
@@ -328,42 +367,44 @@ std::string plugins_html(const fs::path& plugins) {
 
 // The phase chart's data into data["phases"]; returns the sentence shown instead ("" when
 // the chart is drawn).
-std::string read_phases(const fs::path& trace, ordered_json& data) {
+std::string read_phases(const fs::path& run_dir, const fs::path& trace, ordered_json& data) {
   std::error_code ec;
-  if (!fs::is_regular_file(trace, ec))
+  if (!inside(run_dir, trace))
+    return "<p>The profiler trace " + escape_html(trace.string()) + " is outside the run "
+           "directory: keel report reads only the run directory's own files.</p>";
+  if (!readable(run_dir, trace))
     return "<p>No profiler trace (" + escape_html(trace.string()) +
            " does not exist): run with a [profiler] type = \"chrome_trace\" table to "
            "record the phases of a step.</p>";
-  if ((data["phases"] = phase_breakdown(trace)).is_null())
+  if ((data["phases"] = phase_breakdown(run_dir, trace)).is_null())
     return "<p>" + escape_html(trace.string()) +
            " is not a Chrome trace with phase events (complete events of process 0).</p>";
   return "";
 }
 
-// Writes `html` to `output` under a temporary name, renamed into place.
+// Writes `html` to `output` under the rules of a run directory's files (run_dir.hpp): its
+// directory (created when missing) belongs to you, and others cannot write it unless it is
+// sticky; the page goes into a new temporary file there (O_EXCL, O_NOFOLLOW), fsync'd, and is
+// renamed over `output` (a symlink of that name is replaced, never written through).
 void write_page(const fs::path& output, const std::string& html) {
   std::error_code ec;
-  if (fs::is_directory(output, ec))
+  const fs::path target = fs::absolute(output, ec).lexically_normal();
+  const std::string name = target.filename().string();
+  if (fs::is_directory(output, ec) || name.empty() || name == "." || name == "..")
     throw Error("keel report: cannot write " + output.string() +
                 ": it is a directory; hint: pass --output FILE, a file name");
-  const fs::path tmp = output.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << html;
-    out.close();
-    if (!out) {
-      fs::remove(tmp, ec);
-      throw Error("keel report: cannot write " + output.string() +
-                  "; hint: check that its directory exists and is writable, or pass --output");
-    }
-  }
-  fs::rename(tmp, output, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw Error("keel report: cannot write " + output.string() + ": " + why +
-                "; hint: check that it is not a directory and that its directory is writable, or "
-                "pass --output");
+  DirUse use;
+  use.what = "output directory";
+  use.flag = "--output";
+  use.sticky_ok = true;
+  CreatedEntries created;
+  try {
+    const RunDir dir = RunDir::open(target.parent_path().string(), created, use);
+    dir.check_replaceable(name);
+    dir.write_file(name, html, created);
+  } catch (const Error&) {
+    created.remove_all();
+    throw;
   }
 }
 
@@ -377,13 +418,13 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
                 " is not a directory; hint: give the run directory of a `keel train` run "
                 "([run] output_dir, default runs/<name>)");
   ordered_json train = ordered_json::array(), test = ordered_json::array();
-  read_records(run_dir / "metrics.jsonl", train, test);
+  read_records(run_dir, run_dir / "metrics.jsonl", train, test);
   const fs::path manifest = run_dir / "manifest.resolved.toml";
-  const std::string manifest_text = fs::exists(manifest, ec) ? read_text(manifest) : "";
+  const std::string manifest_text = read_text(run_dir, manifest);
   const fs::path run_log = run_dir / "run.log";
   const std::string checkpoint = evaluated_checkpoint(manifest_text);
   const ordered_json summary =
-      run_summary(train, test, fs::is_regular_file(run_log, ec) ? read_text(run_log) : "",
+      run_summary(train, test, read_text(run_dir, run_log),
                   checkpoint);
   // A training run's evaluations (an evaluation's own directory holds none).
   const ordered_json evaluations =
@@ -394,7 +435,8 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
                        {"counters", counter_keys()}, {"same_as", same_as(train)},
                        {"evaluations", evaluations},
                        {"train", train}, {"test", test}, {"phases", nullptr}};
-  const std::string phases_html = read_phases(trace_path(run_dir, manifest_text), data);
+  const std::string phases_html =
+      read_phases(run_dir, trace_path(run_dir, manifest_text), data);
 
   std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\n<title>keel report: " +
                      escape_html(run_abs.filename().string()) + "</title>\n<style>" + kUplotCss +
@@ -409,7 +451,7 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
                                          : std::string()) +
                      "<pre id=\"errors\"></pre>\n<h2>Metrics over steps</h2>\n<div id=\"charts\"></div>\n" +
                      "<h2>Phase breakdown of a step</h2>\n<div id=\"phases\">" + phases_html + "</div>\n" +
-                     "<h2>Plugins</h2>\n" + plugins_html(run_dir / "plugins.json") +
+                     "<h2>Plugins</h2>\n" + plugins_html(run_dir, run_dir / "plugins.json") +
                      "\n<h2>Resolved manifest</h2>\n" +
                      (manifest_text.empty() ? std::string("<p>No manifest.resolved.toml.</p>")
                                             : "<pre class=\"text\">" + escape_html(manifest_text) + "</pre>") +

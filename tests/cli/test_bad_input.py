@@ -706,6 +706,16 @@ CASES = [
     X("prepare_invalid_utf8", ("prepare", "{d}/in.txt", "--output", "{d}/out"), "{d}/in.txt",
       "invalid UTF-8 at byte offset 3", "--level byte", commands=("-",),
       setup=write_bytes("in.txt", b"abc\xff\n")),
+    # keel prepare's output directory gets the run directory's rules (issue 43, finding 7): not
+    # a symlink (another user's, into your files), not under a directory others can write.
+    X("prepare_output_symlinked", ("prepare", "{d}/in.txt", "--output", "{d}/out"), "{d}/out",
+      "is a symbolic link", "--output", commands=("-",),
+      setup=lambda d: (write("in.txt", "abc\n")(d), write("victim/tokens.bin", "old")(d),
+                       os.symlink(f"{d}/victim", f"{d}/out"))),
+    X("prepare_output_in_world_writable", ("prepare", "{d}/in.txt", "--output", "{d}/shared/out"),
+      "{d}/shared", "is writable by every user", "hint: give --output", commands=("-",),
+      setup=lambda d: (write("in.txt", "abc\n")(d), mkdir("shared")(d),
+                       os.chmod(f"{d}/shared", 0o777))),
     # files: keel report (not the case's run directory: the check wants that one absent)
     X("report_run_dir_missing", ("report", "{d}/nope"), "{d}/nope", "is not a directory",
       commands=("-",)),

@@ -150,6 +150,68 @@ with tempfile.TemporaryDirectory() as tmp:
           and "tokens" in s.get("counters", {}), f"distinct tokens kept: {s}")
     check("No <code>keel evaluate</code> of this run" in dom, "the page says there are none")
 
+# A handed run directory (issue 43, finding 1's report part) and the page written through
+# another user's names (finding 7), without a browser:
+# - its manifest's [profiler] path naming a trace outside it (absolute, or through ".."), and
+#   run.log, manifest.resolved.toml and plugins.json as symlinks to a private file: none of
+#   those files is read into the page (their marker strings never appear), and the page says
+#   that the trace is outside the run directory;
+# - a symlink planted as <output>.tmp (the temporary name keel report used) and one planted as
+#   the output itself: the files they point to stay as they were; the output is a new regular
+#   file (the planted symlink replaced, not followed);
+# - an output directory others can write (0777, no sticky bit) is one error line, nothing
+#   written; a sticky one (0777 plus the sticky bit, like /tmp) is written.
+with tempfile.TemporaryDirectory() as tmp:
+    private = os.path.join(tmp, "private.txt")
+    with open(private, "w") as f:
+        f.write("PRIVATE-MARKER-1234\n")
+    trace = {"traceEvents": [{"pid": 0, "ph": "X", "name": "SECRET_PHASE", "dur": 5, "ts": 0,
+                              "args": {"step": 1}}]}
+    outside = os.path.join(tmp, "outside.json")
+    with open(outside, "w") as f:
+        json.dump(trace, f)
+    rec = [{"split": "train", "step": 1, "loss": 1.0}]
+    for name, path in (("absolute", outside), ("dotdot", "../outside.json")):
+        run = os.path.join(tmp, "handed-" + name)
+        write_run(run, rec, manifest=f'[profiler]\ntype = "chrome_trace"\npath = "{path}"\n')
+        dom, data = report(run)
+        check("SECRET_PHASE" not in dom and data.get("phases") is None,
+              f"{name}: the trace out of the run directory is not read: {data.get('phases')}")
+        check("is outside the run directory" in dom, f"{name}: the page says why")
+    run = os.path.join(tmp, "linked")
+    write_run(run, rec)
+    for name in ("run.log", "manifest.resolved.toml", "plugins.json"):
+        os.symlink(private, os.path.join(run, name))
+    dom, data = report(run)
+    check(dom and "PRIVATE-MARKER" not in dom, "files symlinked out of the run directory are not read")
+    # --output through planted symlinks.
+    victim = os.path.join(tmp, "victim.txt")
+    for planted in ("page.html.tmp", "page.html"):
+        out_dir = os.path.join(tmp, "out-" + planted.replace(".", "-"))
+        os.makedirs(out_dir)
+        with open(victim, "w") as f:
+            f.write("victim's file\n")
+        os.symlink(victim, os.path.join(out_dir, planted))
+        out = os.path.join(out_dir, "page.html")
+        r = subprocess.run([KEEL, "report", run, "--output", out], capture_output=True, text=True)
+        with open(victim) as f:
+            check(f.read() == "victim's file\n", f"{planted} planted as a symlink: written through")
+        check(r.returncode == 0 and not os.path.islink(out) and os.path.isfile(out),
+              f"{planted} planted: the page is a new file: {r.returncode} {r.stderr}")
+    for mode, ok in ((0o777, False), (0o1777, True)):
+        shared = os.path.join(tmp, f"shared-{mode:o}")
+        os.makedirs(shared)
+        os.chmod(shared, mode)
+        out = os.path.join(shared, "page.html")
+        r = subprocess.run([KEEL, "report", run, "--output", out], capture_output=True, text=True)
+        lines = r.stderr.strip().splitlines()
+        if ok:
+            check(r.returncode == 0 and os.path.isfile(out), f"sticky {mode:o}: {r.stderr}")
+        else:
+            check(r.returncode == 1 and len(lines) == 1 and "is writable by every user" in lines[0]
+                  and "hint: give --output" in lines[0] and os.listdir(shared) == [],
+                  f"an output directory others can write: one line, nothing written: {r.stderr}")
+
 if not os.path.exists(CHROMIUM):
     print("SKIP: /usr/bin/chromium is not installed (./setup.sh installs Debian's chromium); "
           f"the checks without it: {len(failures)} failure(s)")
