@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <toml++/toml.h>
 
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -38,6 +40,7 @@
 #include "run/resume.hpp"
 #include "run/run.hpp"
 #include "run_config.hpp"
+#include "run_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -77,6 +80,20 @@ void check_arguments(const ExportArgs& a) {
   if (a.output && a.output->empty())
     throw UsageError("--output: an empty path; hint: name a new directory, or leave --output "
                      "out for the default", "export");
+}
+
+// --plugins DIR...: absolute, each an existing directory.
+std::vector<std::string> plugin_dirs(const ExportArgs& a) {
+  std::vector<std::string> out;
+  for (const std::string& d : a.plugin_dirs) {
+    std::error_code ec;
+    if (d.empty() || !fs::is_directory(d, ec))
+      throw Error("--plugins " + d + ": " + (d.empty() ? "an empty path" : fs::exists(d, ec) ?
+                  "not a directory" : "no such directory") + "; hint: name a directory that "
+                  "holds plugin files (`keel plugins` lists what is found)");
+    out.push_back(fs::absolute(d).lexically_normal().string());
+  }
+  return out;
 }
 
 // A verification error with its hint (written for resume) replaced by export's own.
@@ -153,11 +170,53 @@ void refuse_existing(const std::string& out) {
 }
 
 // The checkpoint's run resolved from its manifest.resolved.toml, on the CPU (run.device = cpu,
-// so that a checkpoint saved on a GPU exports on a machine without one).
-RunConfig checkpoint_config(const Source& src, Registry& registry) {
+// so that a checkpoint saved on a GPU exports on a machine without one). The manifest came with
+// the checkpoint, so it names no code and no other file: a manifest with `extends` is refused
+// before the base is read, and its [plugins] paths are dropped (said on the console). The
+// plugins are searched for in `plugin_dirs` (--plugins, absolute, checked to be directories),
+// KEEL_PLUGIN_PATH and the installed packages, as plugin_search_path does for any manifest.
+RunConfig checkpoint_config(const Source& src, Registry& registry,
+                            const std::vector<std::string>& plugin_dirs) {
   const std::string manifest = (fs::path(src.dir) / "manifest.resolved.toml").string();
-  RunConfig cfg =
-      resolve(load_manifest(manifest, {"run.device=cpu"}), registry, /*use_lock=*/false);
+  try {
+    if (toml::parse_file(manifest).contains("extends"))
+      throw Error(manifest + ": has `extends`, which keel train never writes into a checkpoint's "
+                  "manifest; keel export reads no other file the checkpoint names; hint: the "
+                  "directory was not written by keel train");
+  } catch (const toml::parse_error&) {
+    // load_manifest below says where, with its own line.
+  }
+  Manifest m = load_manifest(manifest, {"run.device=cpu"});
+  bool dropped = false;
+  if (toml::table* plugins = m.root["plugins"].as_table()) {
+    dropped = plugins->contains("paths");
+    if (dropped)
+      spdlog::info("export: the checkpoint's manifest names plugin directories ([plugins] paths "
+                   "in {}): not searched, since a checkpoint names no code to run; keel export "
+                   "searches --plugins DIR, KEEL_PLUGIN_PATH, the installed packages and keel's "
+                   "own plugins", manifest);
+    plugins->erase("paths");
+  }
+  if (!plugin_dirs.empty()) {
+    toml::array dirs;
+    for (const std::string& d : plugin_dirs) dirs.push_back(d);
+    m.root.insert("plugins", toml::table{});  // kept when there is one
+    if (toml::table* plugins = m.root["plugins"].as_table())
+      plugins->insert_or_assign("paths", std::move(dirs));
+  }
+  RunConfig cfg;
+  try {
+    cfg = resolve(m, registry, /*use_lock=*/false);
+  } catch (const Error& e) {
+    if (!dropped || !plugin_dirs.empty()) throw;
+    // A component missing because its plugin sat in one of the dropped directories: say how
+    // to name it.
+    std::string what = e.what();
+    if (const size_t h = what.find("; hint: "); h != std::string::npos) what.erase(h);
+    throw Error(what + "; hint: the checkpoint's run found plugins in its [plugins] paths, "
+                "which keel export does not search: review that directory, then name it with "
+                "--plugins DIR (or add it to KEEL_PLUGIN_PATH)");
+  }
   if (!cfg.checkpoint)
     throw Error(manifest + ": has no [checkpoint] table, so nothing says how the checkpoint's "
                 "files are read; hint: the directory was not written by keel train");
@@ -284,8 +343,36 @@ struct ExportFiles {
   std::vector<std::pair<std::string, std::string>> texts;
 };
 
+// The directory that will hold DIR, opened (and created when missing) under a run directory's
+// rules (run_dir.hpp): not a symlink, yours, others cannot write it unless it is sticky, nor a
+// directory on the way to it. Opened before anything is loaded; what it created is in
+// `created`, removed when the export fails.
+struct OutputParent {
+  CreatedEntries created;
+  std::optional<RunDir> dir;
+  std::string name;  // DIR's name in it
+  bool done = false;
+  ~OutputParent() {
+    if (!done) created.remove_all();
+  }
+};
+
+void open_output_parent(const std::string& out, OutputParent& parent) {
+  fs::path target = fs::absolute(out).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // a trailing '/'
+  parent.name = target.filename().string();
+  if (parent.name.empty() || parent.name == "." || parent.name == "..")
+    throw Error(out + ": not a name for a new directory; hint: name a new directory with "
+                "--output DIR");
+  DirUse use;
+  use.what = "output directory";
+  use.flag = "--output";
+  use.sticky_ok = true;
+  parent.dir.emplace(RunDir::open(target.parent_path().string(), parent.created, use));
+}
+
 void write_export(const Registry& registry, const Run& run, const std::string& out,
-                  const ExportFiles& files) {
+                  const OutputParent& parent, const ExportFiles& files) {
   const Component* writer = registry.find(KEEL_KIND_CHECKPOINT, "keel-safetensors:safetensors");
   if (writer == nullptr)
     throw Error("keel export writes model.safetensors with the safetensors component of the "
@@ -299,19 +386,14 @@ void write_export(const Registry& registry, const Run& run, const std::string& o
   const Instance<keel_checkpoint> instance = make_instance<keel_checkpoint>(run, spec);
   const PluginCheckpointBackend backend(instance);
 
-  fs::path target = fs::absolute(out).lexically_normal();
-  if (target.filename().empty()) target = target.parent_path();  // a trailing '/'
-  const fs::path parent = target.parent_path();
-  std::error_code ec;
-  fs::create_directories(parent, ec);
-  if (ec)
-    throw Error("creating " + parent.string() + " failed: " + ec.message() + "; hint: check "
-                "that the output directory's parent can be created and written");
+  const RunDir& dir = *parent.dir;
+  const std::string target = dir.path_of(parent.name);
   Staging staging;
-  staging.path = (parent / ("." + target.filename().string() + ".tmp-" + random_token())).string();
-  if (::mkdir(staging.path.c_str(), 0755) != 0)
-    throw Error("creating " + staging.path + " failed: " + std::strerror(errno) + "; hint: "
-                "check that " + parent.string() + " is writable");
+  const std::string staging_name = "." + parent.name + ".tmp-" + random_token();
+  if (::mkdirat(dir.fd(), staging_name.c_str(), 0755) != 0)
+    throw Error("creating " + dir.path_of(staging_name) + " failed: " + std::strerror(errno) +
+                "; hint: check that " + dir.path() + " is writable");
+  staging.path = dir.path_of(staging_name);
   for (const auto& [stem, tensors] : files.objects) {
     std::vector<keel_named_tensor> named;
     for (const auto& [n, t] : tensors) named.push_back({n.c_str(), peek(t)});
@@ -327,7 +409,7 @@ void write_export(const Registry& registry, const Run& run, const std::string& o
       },
       [](int) { return "check that the output's file system has space"; });
   const bool renamed =
-      add_hint([&] { return durable_rename_new(staging.path, target.string()); },
+      add_hint([&] { return durable_rename_new(staging.path, target); },
                [](int) { return "check that the output's directory is writable"; });
   if (!renamed)  // created while keel export wrote
     throw Error(out + ": exists (created while keel export wrote); keel export replaces "
@@ -389,13 +471,16 @@ void add_delta(const ExportArgs& args, const Run& run, const Source& src,
 
 int export_checkpoint(const ExportArgs& args) {
   check_arguments(args);
+  const std::vector<std::string> plugins = plugin_dirs(args);
   const Source src = choose_checkpoint(args.positional[0]);
   const std::string out = args.output ? *args.output : default_output(src.dir);
   refuse_existing(out);
+  OutputParent parent;
+  open_output_parent(out, parent);
 
   Registry registry;  // declared first: libraries outlive every instance
   Run run;
-  run.config = checkpoint_config(src, registry);
+  run.config = checkpoint_config(src, registry, plugins);
   load_model(run, src);
   std::string config;
   ExportFiles files;
@@ -411,7 +496,8 @@ int export_checkpoint(const ExportArgs& args) {
     summary = "; tables.safetensors: " + std::to_string(tables.size()) + " table(s), " +
               std::to_string(rows) + " rows";
   }
-  write_export(registry, run, out, files);
+  write_export(registry, run, out, parent, files);
+  parent.done = true;
   const TensorList& tensors = files.objects.front().second;
   int64_t values = 0;
   for (const auto& nt : tensors) values += nt.second.numel();

@@ -6,8 +6,11 @@
 // the newest checkpoint of RUN_DIR/checkpoints that verifies (CheckpointStore::newest_verified,
 // as `keel evaluate` picks one). One process, no process group.
 //
-// How: the checkpoint's manifest.resolved.toml is resolved with run.device = cpu (its [plugins]
-// paths and the default search path; no lock), only its [model] is created (on the CPU, with a
+// How: the checkpoint's manifest.resolved.toml is resolved with run.device = cpu and no lock.
+// That manifest came with the checkpoint and is data: its [plugins] paths are never searched
+// (a console line says so) and a manifest with `extends` is refused; plugins come from
+// --plugins DIR (repeatable), KEEL_PLUGIN_PATH, the installed packages and keel's own plugin
+// directory, each file under the loader's checks (docs/security.md). Only its [model] is created (on the CPU, with a
 // scratch directory as its run directory), and the checkpoint's `model` object is read into the model's state with the
 // checkpoint's own backend ([checkpoint] type), after its shapes were checked against the commit
 // record. Rank 0 writes the whole model there today, so a checkpoint saved by several ranks
@@ -20,11 +23,14 @@
 //
 // Where: DIR (--output), else RUN/exports/<checkpoint>/ for a checkpoint in RUN/checkpoints/,
 // else <checkpoint>-export beside the checkpoint. DIR must not exist: keel export writes a new
-// directory and never replaces anything. The files are written into a staging directory beside
-// DIR (.<DIR's name>.tmp-<token>) with the keel-safetensors plugin's safetensors component
+// directory and never replaces anything. The directory that holds DIR is opened first, before
+// anything is loaded, under a run directory's rules (run_dir.hpp, DirUse::sticky_ok): created
+// when missing, not a symlink (a RUN/exports planted as one is refused), yours, and nobody else
+// can write it unless it is sticky, nor any directory on the way. The files are written into a
+// staging directory created in it (mkdirat, .<DIR's name>.tmp-<token>) with the keel-safetensors plugin's safetensors component
 // (model.safetensors) and the kernel (config.json), fsync'd, and the staging directory is renamed
 // to DIR (without replacing: a DIR created meanwhile is an error too). A failure removes the
-// staging directory. On success it prints one line: DIR, the tensors, the checkpoint and its
+// staging directory and the directories the export created. On success it prints one line: DIR, the tensors, the checkpoint and its
 // step.
 //
 // Sparse tables (export_tables.hpp): a checkpoint whose model has tables also gets
@@ -54,6 +60,7 @@ struct ExportArgs {
   std::optional<std::string> format;    // --format
   std::optional<std::string> output;    // --output, -o
   std::optional<std::string> since;     // --since: an older checkpoint (tables' delta)
+  std::vector<std::string> plugin_dirs; // --plugins: directories searched for plugins first
 };
 
 int export_checkpoint(const ExportArgs& args);

@@ -105,7 +105,10 @@ void add_export_flags(po::options_description& d) {
       "the directory to create (it must not exist; default RUN/exports/<checkpoint>)")(
       "since", po::value<std::string>()->value_name("CHECKPOINT"),
       "sparse tables: write only the rows changed since this older checkpoint "
-      "(tables.delta.safetensors) instead of every row (tables.safetensors)");
+      "(tables.delta.safetensors) instead of every row (tables.safetensors)")(
+      "plugins", po::value<std::vector<std::string>>()->value_name("DIR"),
+      "also search DIR for plugins (repeatable; the checkpoint's own [plugins] paths are never "
+      "searched)");
 }
 
 po::options_description command_flags(const Command& c) {
@@ -230,6 +233,8 @@ Parsed parse_command(const Command& c, const std::vector<std::string>& args) {
   p.exporting.output = p.plugins.output;
   if (vm.count("format")) p.exporting.format = vm["format"].as<std::string>();
   if (vm.count("since")) p.exporting.since = vm["since"].as<std::string>();
+  if (vm.count("plugins"))
+    p.exporting.plugin_dirs = vm["plugins"].as<std::vector<std::string>>();
   if (!p.positional.empty()) {
     p.plugins.subcommand = p.positional[0];
     p.plugins.positional.assign(p.positional.begin() + 1, p.positional.end());

@@ -343,8 +343,16 @@ at_end = true
 """)
         rc, _, err = pool.keel([KEEL, "train", path], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
         check(rc == 0, f"keel train (mbx_model, {fault}): {err}")
-        rc, out, err = pool.keel([KEEL, "export", run, "--format", "safetensors"], cwd=tmp,
-                                 unset=["KEEL_LOG_LEVEL"])
+        if fault == "none":
+            # The checkpoint's [plugins] paths are not searched (handed_manifest): without
+            # --plugins, mbx_model is missing, and the hint says how to name its directory.
+            rc, out, err = pool.keel([KEEL, "export", run, "--format", "safetensors"], cwd=tmp,
+                                     unset=["KEEL_LOG_LEVEL"])
+            check(rc == 1 and len(err.strip().splitlines()) == 1
+                  and "no model named 'mbx_model'" in err and "--plugins DIR" in err,
+                  f"export of mbx_model without --plugins: one line naming --plugins: {err}")
+        rc, out, err = pool.keel([KEEL, "export", run, "--format", "safetensors", "--plugins",
+                                  MISBEHAVE], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
         exported = os.path.join(run, "exports", "step-1")
         if says is None:
             check(rc == 0, f"keel export (mbx_model): {err}")
@@ -362,6 +370,79 @@ at_end = true
                                     f"{rc} {err}")
         check(not os.path.exists(os.path.join(run, "exports")),
               f"export with {fault} left {run}/exports behind")
+
+
+def handed_manifest(tmp, pool):
+    """Issue 43, finding 1: a checkpoint's manifest.resolved.toml names a plugin directory
+    ([plugins] paths, here the one its run searched) that now holds a plugin whose library
+    constructor leaves a mark (tests/fixtures/constructor_lib.c). keel export must not search
+    it: the export succeeds with keel's own plugins, says that the checkpoint's directories are
+    not searched, and the mark never appears."""
+    handed = os.path.join(tmp, "handed")
+    cache = os.path.join(handed, ".cache")
+    os.makedirs(cache)
+    path = os.path.join(handed, "mlp.toml")
+    with open(path, "w") as f:
+        f.write(f"""
+[run]
+name = "handed"
+threads = 1
+output_dir = "{os.path.join(handed, 'run')}"
+[plugins]
+paths = [".cache"]
+[train]
+max_steps = 1
+[model]
+type = "mlp"
+hidden = [4]
+[data.train]
+type = "fashion_mnist"
+limit = 64
+batch_size = 64
+[optimizer]
+type = "sgd"
+lr = 0.1
+[loss]
+type = "cross_entropy"
+[checkpoint]
+type = "safetensors"
+at_end = true
+""")
+    rc, _, err = pool.keel([KEEL, "train", path], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
+    check(rc == 0, f"keel train (handed): {err}")
+    shutil.copy(os.path.join(os.path.dirname(MISBEHAVE), "constructor_plugin.so"), cache)
+    mark = os.path.join(tmp, "constructor-mark")
+    rc, out, err = pool.keel([KEEL, "export", os.path.join(handed, "run"), "--format",
+                              "safetensors", "--output", os.path.join(handed, "out")],
+                             cwd=tmp, env={"KEEL_TEST_CONSTRUCTOR_MARK": mark},
+                             unset=["KEEL_LOG_LEVEL"])
+    check(not os.path.exists(mark),
+          "keel export loaded a plugin from the directory the checkpoint's manifest names "
+          "(its constructor ran)")
+    check(rc == 0, f"keel export of the handed checkpoint: {rc} {err}")
+    check("[plugins] paths" in out + err and "not searched" in out + err,
+          f"keel export says that the checkpoint's plugin directories are not searched: "
+          f"{out}{err}")
+    # Finding 7: the default output (RUN/exports/<checkpoint>) through a symlink planted as
+    # RUN/exports, and an --output under a directory others can write: one error line each,
+    # nothing written there.
+    victim = os.path.join(tmp, "victim-home")
+    os.makedirs(victim)
+    os.symlink(victim, os.path.join(handed, "run", "exports"))
+    shared = os.path.join(tmp, "shared")
+    os.makedirs(shared)
+    os.chmod(shared, 0o777)
+    for output, says in ((None, f"{handed}/run/exports is a symbolic link"),
+                         (os.path.join(shared, "out"), f"{shared} is writable by every user")):
+        argv = [KEEL, "export", os.path.join(handed, "run"), "--format", "safetensors"]
+        rc, out, err = pool.keel(argv + (["--output", output] if output else []), cwd=tmp,
+                                 unset=["KEEL_LOG_LEVEL"])
+        lines = err.strip().splitlines()
+        check(rc == 1 and len(lines) == 1 and says in lines[0] and "hint: " in lines[0],
+              f"export to {output or 'the default output'}: one line saying {says!r}: {rc} {err}")
+    check(os.listdir(victim) == [] and os.listdir(shared) == [],
+          f"nothing written through the symlink or into the shared directory: "
+          f"{os.listdir(victim)} {os.listdir(shared)}")
 
 
 def bad_input(tmp, checkpoints, pool):
@@ -401,6 +482,8 @@ def bad_input(tmp, checkpoints, pool):
         (["export", run, *ok, "--output", os.path.join(tmp, "taken")], 1,
          f"{tmp}/taken: exists"),
         (["export", run, *ok, "--since", ""], 2, "--since: an empty path; hint:"),
+        (["export", run, *ok, "--plugins", os.path.join(tmp, "nowhere")], 1,
+         f"--plugins {tmp}/nowhere: no such directory; hint:"),
         (["export", run, *ok, "--since", run, "--output", os.path.join(tmp, "delta")], 1,
          f"--since {run}: checkpoint {checkpoints}/step-3 holds no sparse tables, so there is "
          "no delta to write; hint: leave --since out"),
@@ -436,6 +519,7 @@ with tempfile.TemporaryDirectory() as tmp:
     fallback_export(tmp)
     POOL = inproc.Pool(INPROC, 120)
     try:
+        handed_manifest(tmp, POOL)
         bad_input(tmp, checkpoints, POOL)
         plugin_exports(tmp, POOL)
     finally:
