@@ -1,9 +1,13 @@
 #include "checkpoint/commit.hpp"
 
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <utility>
@@ -13,6 +17,8 @@
 #include "checkpoint/checksum.hpp"
 #include "error.hpp"
 #include "files/files.hpp"
+#include "text/text.hpp"
+#include "unique_fd.hpp"
 
 namespace fs = std::filesystem;
 
@@ -44,6 +50,11 @@ uint64_t parse_hash(const std::string& s, const std::string& path) {
 }
 
 std::string hex(uint64_t h) { return hash_string(h).substr(5); }
+
+// A name from the record, quoted for a message (control bytes escaped: one line).
+std::string record_name(const std::string& name) { return "'" + text::printable(name) + "'"; }
+
+const char* const kPlainRule = " is not a plain name (no '/', no leading '.', no control byte)";
 
 std::vector<int64_t> dims(const json& a, const std::string& path, const std::string& what) {
   std::vector<int64_t> out;
@@ -79,14 +90,16 @@ json chunk_index_json(const CommitRecord::ChunkIndex& index) {
 CommitRecord::Chunk read_chunk(const json& c, const CommitRecord::Global& g,
                                const std::string& name, const std::string& path) {
   using T = json::value_t;
-  const std::string where = "a chunk of tensor '" + name + "' ";
+  const std::string where = "a chunk of tensor " + record_name(name) + " ";
   if (!c.is_object()) bad(path, where + "is not an object");
   CommitRecord::Chunk out;
   out.offset = dims(field(c, "offset", T::array, path, where), path, where + "offset");
   out.size = dims(field(c, "size", T::array, path, where), path, where + "size");
   out.object = field(c, "object", T::string, path, where).get<std::string>();
   if (c.contains("file")) out.file = field(c, "file", T::string, path, where).get<std::string>();
-  if (out.object.empty()) bad(path, where + "names no object");
+  if (!plain_name(out.object)) bad(path, where + "names object " + record_name(out.object) + kPlainRule);
+  if (c.contains("file") && !plain_name(out.file))
+    bad(path, where + "names file " + record_name(out.file) + kPlainRule);
   if (out.offset.size() != g.shape.size() || out.size.size() != g.shape.size())
     bad(path, where + "has offset or size of another rank than its shape");
   for (size_t d = 0; d < g.shape.size(); ++d)
@@ -226,6 +239,17 @@ std::string coverage_gap(const CommitRecord::Global& g) {
   return gaps.empty() ? "" : gaps + " missing";
 }
 
+std::string record_checksum_text(const std::string& text) {
+  return hash_string(hash_text(text)) + "\n";
+}
+
+bool plain_name(const std::string& name) {
+  if (name.empty() || name.size() > 255 || name[0] == '.') return false;
+  for (const char c : name)
+    if (c == '/' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+  return true;
+}
+
 std::string write_commit_record(const CommitRecord& r) {
   json j;
   j["format"] = "keel-checkpoint";
@@ -274,10 +298,10 @@ CommitRecord read_commit_record(std::string_view text, const std::string& path) 
     if (!f.is_object()) bad(path, "a 'files' entry is not an object");
     CommitRecord::File e;
     e.name = field(f, "name", T::string, path, "a file entry ").get<std::string>();
-    if (e.name.empty() || e.name.find('/') != std::string::npos || e.name == "." ||
-        e.name == ".." || e.name == "commit.json")
-      bad(path, "file name '" + e.name + "' is not a plain file name");
-    if (!names.insert(e.name).second) bad(path, "file '" + e.name + "' is listed twice");
+    if (!plain_name(e.name) || e.name == "commit.json" || e.name == kRecordChecksumFile)
+      bad(path, "file name " + record_name(e.name) + " is not a plain file name (no '/', no "
+                "leading '.', no control byte, not the record's own)");
+    if (!names.insert(e.name).second) bad(path, "file " + record_name(e.name) + " is listed twice");
     const json& size = field(f, "size", T::number_integer, path, "a file entry ");
     if (!size.is_number_unsigned()) bad(path, "file '" + e.name + "' has a negative size");
     e.size = size.get<uint64_t>();
@@ -285,6 +309,7 @@ CommitRecord read_commit_record(std::string_view text, const std::string& path) 
     r.files.push_back(std::move(e));
   }
   for (const auto& [object, list] : field(j, "tensors", T::object, path, "").items()) {
+    if (!plain_name(object)) bad(path, "object " + record_name(object) + " of 'tensors'" + kPlainRule);
     if (!list.is_array()) bad(path, "tensors of '" + object + "' are not a list");
     auto& out = r.tensors[object];
     std::set<std::string> seen;
@@ -312,47 +337,213 @@ CommitRecord read_commit_record(std::string_view text, const std::string& path) 
   return r;
 }
 
-CommitRecord read_commit_file(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "commit.json").string();
+namespace {
+
+const char* const kDamaged = "; hint: the checkpoint is damaged or was not written by keel, "
+                             "resume from another one";
+
+// `name` of directory `dir` (open as `dirfd`), opened for reading without following a link
+// and without blocking; a regular file, or throws keel::Error naming it. -1 when it does not
+// exist and `absent_ok`.
+UniqueFd open_in(int dirfd, const std::string& dir, const std::string& name, bool absent_ok) {
+  const std::string path = (fs::path(dir) / name).string();
+  UniqueFd fd(::openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int code = errno;
+    if (code == ENOENT && absent_ok) return fd;
+    if (code == ELOOP)
+      throw Error(path + ": a symbolic link, not a file of the checkpoint; hint: a checkpoint "
+                  "directory holds its files themselves, copy the checkpoint with its files "
+                  "(cp -rL) or resume from another one");
+    if (code == ENOENT)
+      throw Error(path + ": missing from the checkpoint (its commit record lists it); hint: "
+                  "the checkpoint is damaged, resume from another one");
+    throw Error(path + ": cannot open it: " + std::strerror(code) + "; hint: check its "
+                "permissions: every process that resumes or evaluates the checkpoint reads it");
+  }
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))
+    throw Error(path + ": not a regular file; hint: the checkpoint is damaged, resume from "
+                "another one");
+  return fd;
+}
+
+std::string read_all(int fd, const std::string& path) {
+  std::string out;
+  add_hint([&] { read_chunks(fd, path, [&](const char* d, size_t n) { out.append(d, n); }); },
+           [](int) { return "check that the checkpoint's files can be read"; });
+  return out;
+}
+
+// <dir>/commit.json's text (the "missing" error of a directory without one).
+std::string record_text(int dirfd, const std::string& dir) {
+  const std::string path = (fs::path(dir) / "commit.json").string();
+  UniqueFd fd = open_in(dirfd, dir, "commit.json", /*absent_ok=*/true);
+  if (fd.get() < 0)
     throw Error(path + ": missing; hint: the directory is not a committed keel checkpoint "
                 "(a save was interrupted, or it was written by something else)");
-  return read_commit_record(add_hint([&] { return read_file(path); },
-                                     [](int) {
-                                       return "check its permissions: every process that resumes "
-                                              "or evaluates the checkpoint reads it";
-                                     }),
-                            path);
+  return read_all(fd.get(), path);
+}
+
+UniqueFd open_dir(const std::string& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0)
+    throw Error(dir + ": cannot open it as a directory: " + std::strerror(errno) +
+                "; hint: name a checkpoint directory (runs/<name>/checkpoints/step-<N>)");
+  return fd;
+}
+
+std::string dims_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Bytes of one element of dtype `name` (0: not a dtype keel loads; the loader refuses it).
+uint64_t element_bytes(const std::string& name) {
+  if (name == "F64" || name == "I64") return 8;
+  if (name == "F32" || name == "I32") return 4;
+  if (name == "F16" || name == "BF16") return 2;
+  if (name == "I8" || name == "U8" || name == "BOOL") return 1;
+  return 0;
+}
+
+// The bytes of a tensor of `shape` and dtype `dtype` (1 byte an element for an unknown one),
+// or false when they overflow 64 bits.
+bool tensor_bytes(const std::vector<int64_t>& shape, const std::string& dtype, uint64_t* out) {
+  uint64_t n = std::max<uint64_t>(element_bytes(dtype), 1);
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) n = 0;
+  for (const int64_t d : shape)
+    if (n && __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  *out = n;
+  return true;
+}
+
+}  // namespace
+
+void check_record_claims(const CommitRecord& r, const std::string& path) {
+  std::map<std::string, uint64_t> listed;  // file -> size
+  for (const auto& f : r.files) listed[f.name] = f.size;
+  struct Object {
+    uint64_t bytes = 0;   // of its files
+    std::string files;    // "model.safetensors: 1234 bytes, ..."
+    bool any = false;
+  };
+  std::map<std::string, Object> objects;
+  const auto object = [&](const std::string& name) -> Object& {
+    auto [it, added] = objects.try_emplace(name);
+    if (!added) return it->second;
+    for (const auto& [file, size] : listed)
+      if (file.size() > name.size() + 1 && file.compare(0, name.size(), name) == 0 &&
+          file[name.size()] == '.') {
+        it->second.any = true;
+        it->second.bytes = it->second.bytes + size < it->second.bytes ? UINT64_MAX
+                                                                      : it->second.bytes + size;
+        it->second.files += (it->second.files.empty() ? "" : ", ") + text::printable(file) +
+                            ": " + std::to_string(size) + " bytes";
+      }
+    return it->second;
+  };
+  // One claim: tensor `what` ("tensor 'x'", "optimizer tensor 'x'") of `shape` in object `o`,
+  // added to `claimed` (that object's running total).
+  const auto claim = [&](const std::string& what, const std::string& o,
+                         const std::vector<int64_t>& shape, const std::string& dtype,
+                         std::map<std::string, uint64_t>& claimed) {
+    uint64_t bytes = 0;
+    const std::string of = what + " of object " + record_name(o);
+    if (!tensor_bytes(shape, dtype, &bytes))
+      throw Error(path + ": " + of + " claims shape " + dims_text(shape) + " of " +
+                  text::printable(dtype) + ", more bytes than 64 bits count" + kDamaged);
+    const Object& obj = object(o);
+    const std::string held =
+        ", more than its files hold (" + (obj.any ? obj.files : "none") + ")" + kDamaged;
+    if (bytes > obj.bytes)
+      throw Error(path + ": " + of + " claims " + std::to_string(bytes) + " bytes (" +
+                  dims_text(shape) + " " + text::printable(dtype) + ")" + held);
+    uint64_t& total = claimed[o];
+    if (__builtin_add_overflow(total, bytes, &total) || total > obj.bytes)
+      throw Error(path + ": the tensors of object " + record_name(o) + " claim more bytes, up to " +
+                  what + " (" + dims_text(shape) + " " + text::printable(dtype) + ")" + held);
+  };
+  std::map<std::string, uint64_t> by_tensors, by_chunks;
+  for (const auto& [o, list] : r.tensors)
+    for (const auto& t : list) claim("tensor " + record_name(t.name), o, t.shape, t.dtype, by_tensors);
+  for (const auto& [group, tensors] : r.chunks)
+    for (const auto& [name, g] : tensors) {
+      const std::string what = text::printable(group) + " tensor " + record_name(name);
+      for (const auto& c : g.chunks) {
+        if (!object(c.object).any)
+          throw Error(path + ": " + what + " is held by object " + record_name(c.object) +
+                      ", which has no file in the checkpoint" + kDamaged);
+        if (!c.file.empty() && !listed.count(c.file))
+          throw Error(path + ": " + what + " is held by file " + record_name(c.file) +
+                      ", which the commit record does not list" + kDamaged);
+        claim(what, c.object, c.size, g.dtype, by_chunks);
+      }
+      uint64_t bytes = 0;
+      if (!tensor_bytes(g.shape, g.dtype, &bytes))
+        throw Error(path + ": " + what + " claims shape " + dims_text(g.shape) + " of " +
+                    text::printable(g.dtype) + ", more bytes than 64 bits count" + kDamaged);
+    }
+}
+
+CommitRecord read_commit_file(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "commit.json").string();
+  const UniqueFd dirfd = open_dir(dir);
+  return read_commit_record(record_text(dirfd.get(), dir), path);
 }
 
 CommitRecord verify_checkpoint(const std::string& dir) {
-  CommitRecord r = read_commit_file(dir);
+  const UniqueFd dirfd = open_dir(dir);
+  const std::string path = (fs::path(dir) / "commit.json").string();
+  const std::string text = record_text(dirfd.get(), dir);
+  // The record's own checksum first: a flipped byte is named as such, not as what it broke.
+  const std::string sum_path = (fs::path(dir) / kRecordChecksumFile).string();
+  const UniqueFd sum_fd = open_in(dirfd.get(), dir, kRecordChecksumFile, /*absent_ok=*/true);
+  if (sum_fd.get() < 0) {
+    spdlog::warn("{}: no {} beside it (written by a keel before issue 43): the record itself "
+                 "is not covered by a checksum; its files are verified", path,
+                 kRecordChecksumFile);
+  } else {
+    std::string sum = read_all(sum_fd.get(), sum_path);
+    if (sum.size() > 64) sum.resize(64);
+    if (sum.size() != 22 || sum.compare(0, 5, "xxh3:") != 0 || sum[21] != '\n' ||
+        sum.find_first_not_of("0123456789abcdef", 5) != 21)
+      throw Error(sum_path + ": not 'xxh3:' and 16 lowercase hex digits on one line; hint: the "
+                  "checkpoint is damaged, resume from another one");
+    const std::string want = record_checksum_text(text);
+    if (sum != want)
+      throw Error(path + ": checksum mismatch (" + want.substr(0, 21) + ", " + kRecordChecksumFile +
+                  " says " + sum.substr(0, 21) + "); hint: the commit record is corrupt, resume "
+                  "from another checkpoint");
+  }
+  CommitRecord r = read_commit_record(text, path);
   std::set<std::string> listed;
   for (const auto& f : r.files) {
     listed.insert(f.name);
-    const std::string path = (fs::path(dir) / f.name).string();
+    const std::string file = (fs::path(dir) / f.name).string();
+    const UniqueFd fd = open_in(dirfd.get(), dir, f.name, /*absent_ok=*/false);
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-      throw Error(path + ": missing from the checkpoint (its commit record lists it); hint: "
-                  "the checkpoint is damaged, resume from another one");
-    if (static_cast<uint64_t>(st.st_size) != f.size)
-      throw Error(path + ": size " + std::to_string(st.st_size) + " bytes, the commit record says " +
+    if (::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != f.size)
+      throw Error(file + ": size " + std::to_string(st.st_size) + " bytes, the commit record says " +
                   std::to_string(f.size) + "; hint: the file was truncated or changed, resume "
                   "from another checkpoint");
     uint64_t size = 0;
-    const uint64_t h = hash_file(path, &size, false);
-    if (h != f.xxh3)
-      throw Error(path + ": checksum mismatch (" + hash_string(h) + ", the commit record says " +
+    const uint64_t h = add_hint([&] { return hash_fd(fd.get(), file, &size); },
+                                [](int) { return "check that the checkpoint's files can be read"; });
+    if (h != f.xxh3 || size != f.size)
+      throw Error(file + ": checksum mismatch (" + hash_string(h) + ", the commit record says " +
                   hash_string(f.xxh3) + "); hint: the file is corrupt, resume from another "
                   "checkpoint");
   }
+  check_record_claims(r, path);
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name != "commit.json" && !listed.count(name))
-      throw Error(e.path().string() + ": not listed in the commit record; hint: a checkpoint "
-                  "directory holds only what keel committed, move the file elsewhere");
+    if (name != "commit.json" && name != kRecordChecksumFile && !listed.count(name))
+      throw Error((fs::path(dir) / text::printable(name)).string() + ": not listed in the commit "
+                  "record; hint: a checkpoint directory holds only what keel committed, move the "
+                  "file elsewhere");
   }
   return r;
 }

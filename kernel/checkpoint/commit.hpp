@@ -29,6 +29,20 @@
 //
 // Version 1 records (no `chunks`) still read: their chunks are synthesised from `tensors`
 // (read_commit_record), so old checkpoints keep resuming.
+//
+// Beside it, commit.json.xxh3 holds its checksum ("xxh3:<16 lowercase hex digits>\n" of
+// commit.json's bytes), written with it before the commit, so that a damaged record is caught
+// as a damaged file is. Records written before issue 43 have none: verify_checkpoint accepts
+// them with a warning (their names and claims are checked all the same).
+//
+// What a record names is checked before anything is opened (issue 43): every file name, every
+// backend object (`tensors`' keys, a chunk's `object`) and a chunk's `file` is a plain name (no
+// '/', no leading '.', no control byte, at most 255 bytes), so that "<dir>/<object>.<ext>" is a
+// file of the checkpoint directory itself; verify_checkpoint then opens every listed file
+// without following links, requires each object a chunk names to have a listed file, and
+// bounds what the record claims: no shape's byte count overflows 64 bits, and the tensors an
+// object holds claim no more bytes than its files ("<object>.*") hold, so that a loader
+// allocating tensors from these shapes allocates no more than the checkpoint's size.
 #pragma once
 
 #include <cstdint>
@@ -91,19 +105,39 @@ void merge_part(CommitRecord& into, const CommitRecord& part);
 // "rows 48..95 missing". A 0-dim tensor needs one chunk; a tensor of 0 rows none.
 std::string coverage_gap(const CommitRecord::Global& g);
 
+// The file beside commit.json that holds its checksum, and that file's text for record text
+// `text` ("xxh3:<16 lowercase hex digits>\n").
+inline constexpr const char* kRecordChecksumFile = "commit.json.xxh3";
+std::string record_checksum_text(const std::string& text);
+
+// True when `name` may name a file or backend object of a checkpoint: not empty, at most 255
+// bytes, no '/', no leading '.', no control byte (below 0x20, or 0x7f).
+bool plain_name(const std::string& name);
+
 // The JSON text of a record.
 std::string write_commit_record(const CommitRecord& record);
 
 // Parses commit.json text; throws keel::Error "<path>: invalid commit record: <what>".
 CommitRecord read_commit_record(std::string_view text, const std::string& path);
 
-// Reads <dir>/commit.json and checks that every file it lists exists with its size and
-// checksum, and that the directory holds no other file. Throws keel::Error naming the first
-// file that fails (e.g. "<dir>/model.safetensors: checksum mismatch (...)").
+// What record `r` (of commit.json `path`) names and claims, against the files it lists: each
+// object a chunk names has a listed file ("<object>.*"), each chunk's `file` is listed, no
+// shape's byte count overflows 64 bits, and the tensors of each object (as `tensors` lists
+// them, and as the chunks place them) claim no more bytes than its files hold. Throws
+// keel::Error "<path>: <group> tensor 'x' of object 'o' claims ...; hint: ..." (one line).
+void check_record_claims(const CommitRecord& r, const std::string& path);
+
+// Reads <dir>/commit.json and checks it against commit.json.xxh3 (when there is one), that every
+// file it lists is a regular file of the directory itself (opened without following a link)
+// with its size and checksum, that the directory holds no other file, that each object a chunk
+// names has a listed file, and that no tensor claims more bytes than 64 bits count or than its
+// object's files hold. Throws keel::Error naming the first file that fails (e.g.
+// "<dir>/model.safetensors: checksum mismatch (...)"), or the tensor and the record.
 CommitRecord verify_checkpoint(const std::string& dir);
 
-// <dir>/commit.json parsed, without checking the files (for listing and retention); throws
-// like read_commit_record, or when it cannot be read.
+// <dir>/commit.json parsed (opened without following a link), without checking its checksum or
+// the files (for listing and retention; --resume's ranks after the first, which read what rank
+// 0 verified); throws like read_commit_record, or when it cannot be read.
 CommitRecord read_commit_file(const std::string& dir);
 
 }  // namespace keel

@@ -338,7 +338,9 @@ std::string CheckpointStore::commit(const Snapshot& snap, const SaveParts& parts
     record.committed_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count();
-    write_file_durably((staging / "commit.json").string(), write_commit_record(record));
+    const std::string record_text = write_commit_record(record);
+    write_file_durably((staging / "commit.json").string(), record_text);
+    write_file_durably((staging / kRecordChecksumFile).string(), record_checksum_text(record_text));
     fsync_path(staging.string());
     return rename_into_place(staging, root / ("step-" + step), run_id_);
   } catch (const FileError& e) {

@@ -6,7 +6,8 @@
 //                                   trainer_state.toml and manifest.resolved.toml
 //   checksum + fsync every file      XXH3-64 of each file (read back from the page cache)
 //                                   while a second thread fsyncs them
-//   commit.json                      the commit record, written last and fsync'd
+//   commit.json                      the commit record, written last and fsync'd, with its
+//                                   checksum beside it (commit.json.xxh3)
 //   fsync the staging directory
 //   rename(staging, step-<N>)        the commit (renameat2 RENAME_NOREPLACE), then fsync of
 //                                   checkpoints/ (durable_rename_new); a committed step-<N> of

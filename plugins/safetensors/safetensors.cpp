@@ -6,7 +6,9 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -42,12 +44,25 @@ using keel_safetensors::shape_string;
 class File {
  public:
   File(const std::string& path, const char* mode) : path_(path) {
-    // Only regular files are read: opening a FIFO would block.
-    struct stat st {};
-    if (mode[0] == 'r' && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-      throw std::runtime_error("cannot read '" + path + "': not a regular file; hint: point it "
-                               "at a checkpoint directory (runs/<name>/checkpoints/step-<N>)");
-    f_ = std::fopen(path.c_str(), mode);
+    if (mode[0] == 'r') {
+      // Only regular files are read, never through a symbolic link (the checkpoint's own file,
+      // as its commit record verified it), and opening does not block (a FIFO would).
+      const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0 && errno == ELOOP)
+        throw std::runtime_error("cannot read '" + path + "': a symbolic link, not a file of "
+                                 "the checkpoint; hint: copy the checkpoint with its files "
+                                 "(cp -rL)");
+      struct stat st {};
+      if (fd >= 0 && (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        ::close(fd);
+        throw std::runtime_error("cannot read '" + path + "': not a regular file; hint: point "
+                                 "it at a checkpoint directory (runs/<name>/checkpoints/step-<N>)");
+      }
+      f_ = fd >= 0 ? ::fdopen(fd, mode) : nullptr;
+      if (fd >= 0 && f_ == nullptr) ::close(fd);
+    } else {
+      f_ = std::fopen(path.c_str(), mode);
+    }
     if (f_ == nullptr)
       throw std::runtime_error(
           "cannot open '" + path + "': " + std::strerror(errno) +

@@ -4,7 +4,9 @@
 // writes it for keel and as Python's torch.save writes a state dict. Nothing of the file is
 // handed to LibTorch's unpickler: the pickle is read here with an allow-list of opcodes and of
 // globals, and every tensor's sizes, strides and storage offset are checked against the byte
-// size of its storage record before a tensor is built from it.
+// size of its storage record before a tensor is built from it: the view lies inside it and has
+// no more elements than it holds (no stride 0 or overlapping view claiming more memory than the
+// file has bytes).
 #pragma once
 
 #include <c10/core/ScalarType.h>

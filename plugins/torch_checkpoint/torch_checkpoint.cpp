@@ -8,7 +8,9 @@
 #include <ATen/ops/empty.h>
 #include <torch/serialize.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -52,14 +54,22 @@ void write_file(const std::string& path, const std::vector<char>& bytes) {
 }
 
 std::vector<char> read_file(const std::string& path) {
-  // Only regular files are read: opening a FIFO would block.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
+  // Only regular files are read, never through a symbolic link (the checkpoint's own file, as
+  // its commit record verified it), and opening does not block (a FIFO would).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ELOOP)
+    throw std::runtime_error("cannot read '" + path + "': a symbolic link, not a file of the "
+                             "checkpoint" + std::string(kLoadHint));
+  if (fd < 0)
     throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno) + kLoadHint);
-  if (!S_ISREG(st.st_mode))
+  FilePtr f(::fdopen(fd, "rb"), &std::fclose);
+  if (!f) {
+    ::close(fd);
+    throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno) + kLoadHint);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     throw std::runtime_error("cannot read '" + path + "': not a regular file" + kLoadHint);
-  FilePtr f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!f) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno) + kLoadHint);
   std::vector<char> bytes(static_cast<size_t>(st.st_size));
   if (std::fread(bytes.data(), 1, bytes.size(), f.get()) != bytes.size())
     throw std::runtime_error("'" + path + "': cannot read " + std::to_string(bytes.size()) +

@@ -19,20 +19,30 @@
    --resume-changed, a shape mismatch naming the tensor and both shapes), a key safe to change is a
    warning; `--resume` without any checkpoint starts fresh and says so.
 
+7. A handed checkpoint (issue 43): a commit record whose chunk names an object outside the
+   checkpoint ("../outside/evil"), a listed file that is a symbolic link out of it, a flipped
+   byte in commit.json, and a torch-backend checkpoint whose 2.5 KB rng.pt holds a stride-0
+   tensor that its record claims at [2^28, 2] F32 (2 GiB): `--resume`, init_from and
+   `keel export` each refuse with one error line, nothing is loaded from outside, and the
+   stride-0 case stays far below the claimed memory (peak RSS from wait4).
+
 What is checked in Python: commit.json parses and lists every file of its directory with the
-size the file has (Python has no XXH3 here; keel's `--resume` verifies the checksums, and a
-failed verification shows up as a "skipping" warning, which is asserted absent). Tensor files are
-read with json, struct and numpy only.
+size the file has (keel's `--resume` verifies the checksums, and a failed verification shows
+up as a "skipping" warning, which is asserted absent). Tensor files are read with json, struct
+and numpy only. The handed-checkpoint cases rewrite records as someone handing one over would,
+checksums included: XXH3-64 from the system's libxxhash (keel links it) through ctypes.
 
 Random choices (kill delays) come from seeded random.Random instances, so a run of this file
 makes the same choices each time; where the kills land still depends on the machine's speed.
 
 Usage: test_checkpoint_robustness.py KEEL_BINARY SOURCE_ROOT [TEST_NAME...]"""
+import io
 import json
 import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -40,6 +50,7 @@ import sys
 import tempfile
 import time
 import unittest
+import zipfile
 
 from safetensors_np import read_raw
 
@@ -53,7 +64,7 @@ SIGNAL_STEPS = 200  # steps of the SIGTERM / SIGINT runs (only the stop and at_e
 
 
 def write_manifest(tmp, name, *, steps, every_steps=1, keep_last=0, seed=7, initial=False,
-                   log_every=5):
+                   log_every=5, backend="safetensors"):
     """<tmp>/<name>.toml training an mlp [32] on 256 shuffled Fashion-MNIST samples in batches
     of 16 (16 steps an epoch) with AdamW at a constant learning rate for `steps` steps, output in
     <tmp>/<name>. Returns (manifest path, output directory)."""
@@ -91,7 +102,7 @@ type = "constant"
 type = "cross_entropy"
 
 [checkpoint]
-type = "safetensors"
+type = "{backend}"
 every_steps = {every_steps}
 keep_last = {keep_last}
 initial = {"true" if initial else "false"}
@@ -135,7 +146,7 @@ def complete_checkpoint(path):
         if record["format"] != "keel-checkpoint" or not isinstance(record["step"], int):
             return None
         listed = {e["name"]: e["size"] for e in record["files"]}
-        present = set(os.listdir(path)) - {"commit.json"}
+        present = set(os.listdir(path)) - {"commit.json", "commit.json.xxh3"}
         if present != set(listed):
             return None
         for name, size in listed.items():
@@ -452,6 +463,165 @@ class StopSignals(CheckpointTest):
             self.assertEqual(shlex.split(m.group(1)),
                              [KEEL, "train", path, "--set", f"run.output_dir={other}",
                               "--resume"])
+
+
+def xxh3(data):
+    """XXH3-64 of `data` as the commit record writes it (16 lowercase hex digits)."""
+    import ctypes
+    lib = ctypes.CDLL("libxxhash.so.0")
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return "%016x" % lib.XXH3_64bits(data, len(data))
+
+
+def rewrite_record(ckpt, edit):
+    """Applies edit(record) to <ckpt>/commit.json, re-listing the size and checksum of every
+    file, and rewrites commit.json.xxh3 to match: a checkpoint as someone handing it over can
+    make one."""
+    path = os.path.join(ckpt, "commit.json")
+    with open(path) as f:
+        record = json.load(f)
+    edit(record)
+    for e in record["files"]:
+        with open(os.path.join(ckpt, e["name"]), "rb") as f:
+            data = f.read()
+        e["size"], e["xxh3"] = len(data), xxh3(data)
+    text = json.dumps(record, indent=1).encode() + b"\n"
+    with open(path, "wb") as f:
+        f.write(text)
+    with open(os.path.join(ckpt, "commit.json.xxh3"), "w") as f:
+        f.write(f"xxh3:{xxh3(text)}\n")
+
+
+def stride0_pt(name, sizes):
+    """A .pt (the archive torch.save writes, records stored) holding {name: a Float tensor of
+    `sizes` at stride 0 over a storage of one element}: a few hundred bytes."""
+    def s(v):
+        return b"X" + struct.pack("<I", len(v)) + v.encode()
+
+    def i64(v):
+        return b"\x8a\x08" + struct.pack("<q", v)
+
+    def tup(vs):
+        return b"(" + b"".join(i64(v) for v in vs) + b"t"
+
+    pkl = (b"\x80\x02}(" + s(name) + b"ctorch._utils\n_rebuild_tensor_v2\n((" + s("storage") +
+           b"ctorch\nFloatStorage\n" + s("0") + s("cpu") + i64(1) + b"tQ" + i64(0) +
+           tup(sizes) + tup([0] * len(sizes)) + b"\x89ccollections\nOrderedDict\n)RtRu.")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/version", "3\n")
+        z.writestr("archive/data/0", struct.pack("<f", 1.0))
+    return buf.getvalue()
+
+
+def keel_peak(*args, timeout=120):
+    """(exit status, stdout, stderr, peak RSS in MiB) of `keel ARGS` (wait4's ru_maxrss)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([KEEL, *args], stdout=out, stderr=err, env=ENV)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return (p.returncode, out.read().decode(errors="replace"),
+                err.read().decode(errors="replace"), usage.ru_maxrss / 1024)
+
+
+class HandedCheckpoint(CheckpointTest):
+    """issue 43, findings 2, 8 and 9: what a handed checkpoint's record names and claims."""
+
+    def trained(self, tmp, backend):
+        path, run_dir = write_manifest(tmp, "handed-" + backend, steps=4, every_steps=0,
+                                       backend=backend)
+        rc, out, err = keel("train", path)
+        self.assertEqual(rc, 0, err + out)
+        return path, os.path.join(ckpt_root(run_dir), "step-4")
+
+    def refused_everywhere(self, tmp, manifest, ckpt, *parts):
+        """--resume PATH, init_from and export of `ckpt` each end in one error line with
+        `parts`."""
+        self.assert_one_error_line(*keel("train", manifest, "--resume", ckpt)[::2], *parts)
+        self.assert_one_error_line(*keel("train", manifest, "--set",
+                                         f"run.output_dir={tmp}/fresh", "--set",
+                                         f"checkpoint.init_from={ckpt}")[::2], *parts)
+        self.assertFalse(os.path.exists(f"{tmp}/fresh"))
+        out = os.path.join(tmp, "exported")
+        self.assert_one_error_line(*keel("export", ckpt, "--format", "safetensors", "--output",
+                                         out)[::2], *parts)
+        self.assertFalse(os.path.exists(out))
+
+    def test_object_outside_symlink_and_flipped_record(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            manifest, saved = self.trained(tmp, "safetensors")
+            # A chunk naming "../outside/evil", whose file is there (a copy of the model).
+            handed = os.path.join(tmp, "handed", "step-4")
+            shutil.copytree(saved, handed)
+            os.makedirs(os.path.join(tmp, "handed", "outside"))
+            shutil.copy(os.path.join(saved, "model.safetensors"),
+                        os.path.join(tmp, "handed", "outside", "evil.safetensors"))
+
+            def outside(record):
+                for g in record["chunks"]["model"].values():
+                    for c in g["chunks"]:
+                        c["object"] = "../outside/evil"
+                        c.pop("file", None)
+            rewrite_record(handed, outside)
+            self.refused_everywhere(tmp, manifest, handed, f"{handed}/commit.json",
+                                    "names object '../outside/evil' is not a plain name")
+            # A listed file that is a symbolic link to a file of the same bytes outside.
+            linked = os.path.join(tmp, "linked", "step-4")
+            shutil.copytree(saved, linked)
+            copy = os.path.join(tmp, "linked", "model.safetensors")
+            shutil.move(os.path.join(linked, "model.safetensors"), copy)
+            os.symlink(copy, os.path.join(linked, "model.safetensors"))
+            self.refused_everywhere(tmp, manifest, linked, f"{linked}/model.safetensors: a "
+                                    "symbolic link, not a file of the checkpoint")
+            # A flipped byte in commit.json (its checksum file kept).
+            flipped = os.path.join(tmp, "flipped", "step-4")
+            shutil.copytree(saved, flipped)
+            with open(os.path.join(flipped, "commit.json"), "r+b") as f:
+                text = f.read()
+                f.seek(0)
+                f.write(text.replace(b'"step": 4', b'"step": 6', 1))
+            self.refused_everywhere(tmp, manifest, flipped,
+                                    f"{flipped}/commit.json: checksum mismatch")
+
+    def test_stride0_pt_claiming_2_gib(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            manifest, trained = self.trained(tmp, "torch")
+            saved = os.path.join(tmp, "stride0", "step-4")
+            shutil.copytree(trained, saved)
+            sizes = [1 << 28, 2]  # 2 GiB of F32
+            with open(os.path.join(saved, "rng.pt"), "wb") as f:
+                f.write(stride0_pt("torch.cpu", sizes))
+            self.assertLess(os.path.getsize(os.path.join(saved, "rng.pt")), 2560)
+
+            def claim(record):
+                record["tensors"]["rng"] = [{"name": "torch.cpu", "dtype": "F32",
+                                             "shape": sizes}]
+            rewrite_record(saved, claim)
+            rc, out, err, peak = keel_peak("train", manifest, "--resume", saved)
+            self.assert_one_error_line(rc, err, f"{saved}/commit.json: tensor 'torch.cpu' of "
+                                       "object 'rng' claims 2147483648 bytes ([268435456, 2] "
+                                       "F32), more than its files hold (rng.pt: ")
+            self.assertLess(peak, 1024, f"peak RSS {peak:.0f} MiB")
+            # The claims that overflow 64 bits (an optimizer entry of [2^62, 4]): one line
+            # naming the tensor and the record, not an internal error (exit 70).
+            saved = os.path.join(tmp, "overflow", "step-4")
+            shutil.copytree(trained, saved)
+
+            def overflow(record):
+                entry = next(iter(record["chunks"]["optimizer"].values()))
+                entry["shape"] = [1 << 62, 4]
+                entry.pop("like", None)
+                entry["chunks"] = [{"offset": [0, 0], "size": [1 << 62, 4],
+                                    "object": entry["chunks"][0]["object"]}]
+            rewrite_record(saved, overflow)
+            self.assert_one_error_line(*keel("train", manifest, "--resume", saved)[::2],
+                                       f"{saved}/commit.json: optimizer tensor",
+                                       "claims shape [4611686018427387904, 4] of F32, more "
+                                       "bytes than 64 bits count")
 
 
 class ChangedManifest(CheckpointTest):

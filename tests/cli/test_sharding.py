@@ -350,6 +350,9 @@ class Sharding(unittest.TestCase):
         del chunks[name]["chunks"][1]
         with open(os.path.join(damaged, "commit.json"), "w") as f:
             json.dump(record, f)
+        # Without its checksum file (as a record of a keel before issue 43 is, accepted with a
+        # warning), so that what stops it is the coverage check, not the record's checksum.
+        os.remove(os.path.join(damaged, "commit.json.xxh3"))
         p, _ = self.reshard_manifest("reshard-damaged-" + shard, "none", 10)
         r = self.launch(p, 1, "--resume", damaged, name="damaged", check=False)
         self.assertNotEqual(r.returncode, 0)

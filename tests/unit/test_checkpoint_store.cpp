@@ -12,12 +12,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <fstream>
 #include <future>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "checkpoint/checksum.hpp"
 #include "checkpoint/commit.hpp"
 #include "checkpoint/meta.hpp"
 #include "checkpoint/store.hpp"
@@ -35,14 +38,21 @@ namespace fs = std::filesystem;
 namespace {
 
 // A backend written against the C ABI: writes "<stem>.bin" with the first tensor's first float
-// (so that two saves can be told apart), a partial file and an error when told to fail.
+// (so that two saves can be told apart), padded with spaces to the bytes its tensors hold (the
+// store refuses a record whose tensors claim more bytes than their object's files hold), a
+// partial file and an error when told to fail.
 struct FlakyBackend {
   keel_checkpoint vt{};
   bool fail = false;
   static keel_status save(void* self, const char* dir, const char* stem,
                           const keel_named_tensor* t, size_t n, keel_error* err) {
     std::ofstream out(fs::path(dir) / (std::string(stem) + ".bin"));
-    out << (n ? keel::borrow(t[0].tensor).flatten()[0].item<float>() : 0.0f);
+    std::ostringstream value;
+    value << (n ? keel::borrow(t[0].tensor).flatten()[0].item<float>() : 0.0f);
+    const std::string first = value.str();
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) bytes += keel::borrow(t[i].tensor).nbytes();
+    out << first << std::string(bytes > first.size() ? bytes - first.size() : 0, ' ');
     if (!static_cast<FlakyBackend*>(self)->fail) return KEEL_OK;
     std::snprintf(err->message, KEEL_ERROR_CAPACITY, "disk full (simulated)");
     return KEEL_ERR;
@@ -63,6 +73,12 @@ struct FlakyBackend {
     vt.load = load;
   }
 };
+
+// The value FlakyBackend wrote into `file` (without its padding).
+std::string value_in(const fs::path& file) {
+  std::string s = keel_test::read(file);
+  return s.substr(0, s.find(' '));
+}
 
 std::vector<std::string> entries(const fs::path& dir) {
   std::vector<std::string> out;
@@ -118,8 +134,9 @@ TEST_CASE("a committed checkpoint holds a commit record that lists and verifies 
   auto store = f.store("run-a");
   const std::string dir = store.save(snap(1));
   CHECK(fs::path(dir).filename() == "step-1");
-  CHECK(entries(dir) == std::vector<std::string>{"commit.json", "manifest.resolved.toml",
-                                                 "model.bin", "trainer_state.toml"});
+  CHECK(entries(dir) == std::vector<std::string>{"commit.json", "commit.json.xxh3",
+                                                 "manifest.resolved.toml", "model.bin",
+                                                 "trainer_state.toml"});
   const keel::CommitRecord r = keel::verify_checkpoint(dir);
   CHECK(r.run_id == "run-a");
   CHECK(r.step == 1);
@@ -239,13 +256,13 @@ TEST_CASE("re-saving a committed step of the same run replaces it atomically") {
   auto store = f.store("run-a");
   const std::string dir = store.save(snap(5, 1.0f));
   CHECK(store.save(snap(5, 2.0f)) == dir);
-  CHECK(keel_test::read(fs::path(dir) / "model.bin") == "2");
+  CHECK(value_in(fs::path(dir) / "model.bin") == "2");
   keel::verify_checkpoint(dir);
   CHECK(entries(f.d.path) == std::vector<std::string>{"step-5"});  // no trash left
   // A failing re-save keeps the committed one.
   f.backend.fail = true;
   keel_test::error_of([&] { store.save(snap(5, 3.0f)); });
-  CHECK(keel_test::read(fs::path(dir) / "model.bin") == "2");
+  CHECK(value_in(fs::path(dir) / "model.bin") == "2");
   keel::verify_checkpoint(dir);
 }
 
@@ -276,7 +293,7 @@ TEST_CASE("an asynchronous save commits from its own copy; its failure surfaces 
   w.fill_(5.0f);  // training goes on changing the model: the save holds a copy
   CHECK(store.in_flight());
   const std::string dir = store.wait();
-  CHECK(keel_test::read(fs::path(dir) / "model.bin") == "4");
+  CHECK(value_in(fs::path(dir) / "model.bin") == "4");
   keel::verify_checkpoint(dir);
   // Deferred tensors (parameters, optimizer state) are copied on the writer thread: after
   // wait_copied() training may change them.
@@ -286,7 +303,7 @@ TEST_CASE("an asynchronous save commits from its own copy; its failure surfaces 
   store.save_async(std::move(d));
   store.wait_copied();
   p.fill_(7.0f);
-  CHECK(keel_test::read(fs::path(store.wait()) / "model.bin") == "6");
+  CHECK(value_in(fs::path(store.wait()) / "model.bin") == "6");
   f.backend.fail = true;
   store.save_async(snap(8));
   CHECK(keel_test::error_of([&] { store.wait(); }) ==
@@ -309,7 +326,7 @@ TEST_CASE("an asynchronous save commits from its own copy; its failure surfaces 
   go.set_value();
   store.wait_copied();
   q.fill_(3.0f);
-  CHECK(keel_test::read(fs::path(store.wait()) / "model.bin") == "2");
+  CHECK(value_in(fs::path(store.wait()) / "model.bin") == "2");
   CHECK(entries(f.d.path) == std::vector<std::string>{"step-11", "step-7", "step-9"});
 }
 
@@ -482,6 +499,124 @@ TEST_CASE("coverage: a tensor's chunks must cover every row, spanning the other 
     const keel::CommitRecord::Global g{"F32", c.shape, "", c.chunks};
     CHECK(keel::coverage_gap(g) == c.gap);
   }
+}
+
+// A committed checkpoint of `store` whose commit record is replaced by `edit(record)`, its
+// checksum file (commit.json.xxh3) rewritten to match, as someone handing it over would.
+void rewrite_record(const fs::path& dir, const std::function<void(keel::CommitRecord&)>& edit) {
+  keel::CommitRecord r = keel::read_commit_file(dir.string());
+  edit(r);
+  const std::string text = keel::write_commit_record(r);
+  std::ofstream(dir / "commit.json", std::ios::trunc) << text;
+  std::ofstream(dir / "commit.json.xxh3", std::ios::trunc)
+      << keel::hash_string(keel::hash_text(text)) << "\n";
+}
+
+// issue 43, finding 2: a chunk's object (and file, and an object of `tensors`) named
+// "../outside/evil" had export, init_from and --resume load weights from outside the
+// checkpoint, which still verified.
+TEST_CASE("a commit record's objects and files are plain names") {
+  const auto err = [&](keel::CommitRecord r) {
+    return keel_test::error_of(
+        [&] { keel::read_commit_record(keel::write_commit_record(r), "c.json"); });
+  };
+  for (const char* bad : {"../outside/evil", "a/b", "..", ".", ".hidden", "", "x\ny"}) {
+    CAPTURE(std::string(bad));
+    keel::CommitRecord r = chunked_record();
+    r.chunks["model"]["w"].chunks[1].object = bad;
+    CHECK(err(r).rfind("c.json: invalid commit record: ", 0) == 0);
+    CHECK(err(r).find("is not a plain name") != std::string::npos);
+    CHECK(err(r).find('\n') == std::string::npos);
+    r = chunked_record();
+    r.chunks["model"]["w"].chunks[0].file = bad;
+    if (*bad) CHECK(err(r).find("is not a plain name") != std::string::npos);
+    r = chunked_record();
+    r.tensors[bad] = {{"w", "F32", {2}}};
+    CHECK(err(r).find("is not a plain name") != std::string::npos);
+  }
+}
+
+TEST_CASE("verification: no listed file through a link, commit.json covered by its checksum") {
+  Fixture f;
+  auto store = f.store("run-a");
+  const fs::path dir = store.save(snap(1));
+  CHECK(entries(dir) == std::vector<std::string>{"commit.json", "commit.json.xxh3",
+                                                 "manifest.resolved.toml", "model.bin",
+                                                 "trainer_state.toml"});
+  keel::verify_checkpoint(dir.string());
+  // A listed file that is a symbolic link to a file of the same bytes outside the checkpoint.
+  fs::create_directory(f.d.path / "outside");
+  fs::copy_file(dir / "model.bin", f.d.path / "outside/model.bin");
+  fs::remove(dir / "model.bin");
+  fs::create_symlink(f.d.path / "outside/model.bin", dir / "model.bin");
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir.string()); }) ==
+        (dir / "model.bin").string() + ": a symbolic link, not a file of the checkpoint; hint: a "
+        "checkpoint directory holds its files themselves, copy the checkpoint with its files "
+        "(cp -rL) or resume from another one");
+  // A flipped byte in commit.json (the step, 1 -> 3: still a valid record).
+  const fs::path dir2 = store.save(snap(2));
+  std::string text = keel_test::read(dir2 / "commit.json");
+  text.replace(text.find("\"step\": 2"), 9, "\"step\": 3");
+  std::ofstream(dir2 / "commit.json", std::ios::trunc) << text;
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir2.string()); })
+            .rfind((dir2 / "commit.json").string() + ": checksum mismatch (", 0) == 0);
+  // A chunk whose object names no listed file, or whose file is not listed.
+  const fs::path dir3 = store.save(snap(3));
+  rewrite_record(dir3, [](keel::CommitRecord& r) {
+    r.chunks["model"]["w"] = {"F32", {2}, "", {{{0}, {2}, "other", ""}}};
+  });
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir3.string()); }) ==
+        (dir3 / "commit.json").string() + ": model tensor 'w' is held by object 'other', which "
+        "has no file in the checkpoint; hint: the checkpoint is damaged or was not written by "
+        "keel, resume from another one");
+  rewrite_record(dir3, [](keel::CommitRecord& r) {
+    r.chunks["model"]["w"] = {"F32", {2}, "", {{{0}, {2}, "model", "model.safetensors"}}};
+  });
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir3.string()); })
+            .find("model tensor 'w' is held by file 'model.safetensors', which the commit "
+                  "record does not list") != std::string::npos);
+  // A checkpoint of an earlier keel, without commit.json.xxh3, still verifies (with a warning).
+  const fs::path dir4 = store.save(snap(4));
+  fs::remove(dir4 / "commit.json.xxh3");
+  CHECK(keel::verify_checkpoint(dir4.string()).step == 4);
+  // A damaged checksum file is named.
+  const fs::path dir5 = store.save(snap(5));
+  std::ofstream(dir5 / "commit.json.xxh3", std::ios::trunc) << "nonsense\n";
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir5.string()); })
+            .rfind((dir5 / "commit.json.xxh3").string() + ": not 'xxh3:' and 16 lowercase hex "
+                   "digits", 0) == 0);
+}
+
+// issue 43, finding 9: optimizer and state entries claiming [2^62, 4] or 8 TiB ended in
+// "internal error ... this is a bug in keel" (exit 70) when --resume allocated them.
+TEST_CASE("claimed shapes that overflow or exceed their object's files: one line naming both") {
+  Fixture f;
+  auto store = f.store("run-a");
+  const fs::path dir = store.save(snap(1));
+  const std::string record = (dir / "commit.json").string();
+  const std::string hint = "; hint: the checkpoint is damaged or was not written by keel, "
+                           "resume from another one";
+  rewrite_record(dir, [](keel::CommitRecord& r) {
+    r.tensors["model"].push_back({"fc.weight.exp_avg", "F32", {int64_t{1} << 62, 4}});
+  });
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir.string()); }) ==
+        record + ": tensor 'fc.weight.exp_avg' of object 'model' claims shape "
+                 "[4611686018427387904, 4] of F32, more bytes than 64 bits count" + hint);
+  rewrite_record(dir, [](keel::CommitRecord& r) {  // 8 TiB
+    r.tensors["model"].back() = {"state.big", "F32", {int64_t{1} << 41}};
+  });
+  const std::string size = std::to_string(fs::file_size(dir / "model.bin"));
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir.string()); }) ==
+        record + ": tensor 'state.big' of object 'model' claims 8796093022208 bytes ([2199023255552] "
+                 "F32), more than its files hold (model.bin: " + size + " bytes)" + hint);
+  rewrite_record(dir, [](keel::CommitRecord& r) {  // the chunk index's claim
+    r.tensors["model"].pop_back();
+    r.chunks["optimizer"]["w.exp_avg"] = {"F32", {int64_t{1} << 62, 4}, "",
+                                          {{{0, 0}, {int64_t{1} << 62, 4}, "model", ""}}};
+  });
+  CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir.string()); }) ==
+        record + ": optimizer tensor 'w.exp_avg' of object 'model' claims shape "
+                 "[4611686018427387904, 4] of F32, more bytes than 64 bits count" + hint);
 }
 
 // kernel/run_dir.hpp's rule for the directories a run is written into, case by case: a
