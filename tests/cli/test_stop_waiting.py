@@ -12,7 +12,7 @@ then waits in next() for window 1. One SIGTERM while it waits must:
   CHECKPOINT` trains window 1 and ends when the stream does (max_windows), and its final
   checkpoint (dense parameters, adam's state, the tables' ids, rows and slots, the dataset's IO
   state) equals, array for array, that of a run that found both windows there from the start.
-Three short keel processes (about N s); the fast tier.
+Three short keel processes (about 7 s); the fast tier.
 
 Usage: test_stop_waiting.py KEEL_BINARY GENERATOR"""
 import os
