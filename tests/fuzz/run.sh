@@ -17,7 +17,7 @@ seconds=$2
 shift 2
 src=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
-((${#targets[@]})) || targets=(fuzz_manifest fuzz_safetensors fuzz_checkpoint_meta fuzz_commit_record fuzz_elf fuzz_pt_reader)
+((${#targets[@]})) || targets=(fuzz_manifest fuzz_safetensors fuzz_checkpoint_meta fuzz_commit_record fuzz_elf fuzz_pt_reader fuzz_criteo_line)
 
 # Scratch files of the targets (fuzz_manifest writes its manifests there): in memory when possible.
 scratch=$(mktemp -d /dev/shm/keel-fuzz.XXXXXX 2>/dev/null || mktemp -d)
