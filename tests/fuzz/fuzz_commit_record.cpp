@@ -5,11 +5,20 @@
 // accepted record (version 1 or 2) that does not survive write_commit_record ->
 // read_commit_record (which writes version 2, chunk index included) aborts. keel::coverage_gap
 // runs on every accepted tensor (it must not crash on any chunk list the parser accepts).
+//
+// The chunk list (issue 43): every object and file an accepted record names is a plain name
+// (keel::plain_name: the loaders build "<dir>/<object>.<ext>" from it); check_record_claims
+// (verify_checkpoint's bounds on what the chunks and tensors claim against the listed files)
+// throws nothing but a one-line keel::Error naming commit.json, and when it accepts a record,
+// no chunk of it claims more bytes than its object's files hold; the record merged with itself
+// (two ranks' identical parts) keeps each tensor's coverage; commit.json.xxh3's text is one
+// line of 22 bytes.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "checkpoint/commit.hpp"
 #include "error.hpp"
@@ -52,6 +61,62 @@ bool same(const keel::CommitRecord& a, const keel::CommitRecord& b) {
   return finite == b.metrics.size();
 }
 
+// Bytes of a chunk of `size` with `element` bytes an element, or UINT64_MAX on overflow.
+uint64_t bytes_of(const std::vector<int64_t>& size, uint64_t element) {
+  uint64_t n = element;
+  for (const int64_t d : size)
+    if (d == 0) return 0;
+  for (const int64_t d : size)
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return UINT64_MAX;
+  return n;
+}
+
+void check_chunks(const keel::CommitRecord& r) {
+  for (const auto& f : r.files)
+    if (!keel::plain_name(f.name)) die("accepted a file name that is not plain", f.name);
+  for (const auto& [object, list] : r.tensors)
+    if (!keel::plain_name(object)) die("accepted an object that is not plain", object);
+  for (const auto& [group, tensors] : r.chunks)
+    for (const auto& [name, t] : tensors)
+      for (const auto& c : t.chunks)
+        if (!keel::plain_name(c.object) || (!c.file.empty() && !keel::plain_name(c.file)))
+          die("accepted a chunk whose object or file is not plain", c.object + " " + c.file);
+  bool accepted = true;
+  try {
+    keel::check_record_claims(r, kPath);
+  } catch (const keel::Error& e) {
+    const std::string msg = e.what();
+    if (msg.rfind(kPath + ": ", 0) != 0 || msg.find('\n') != std::string::npos ||
+        msg.find("; hint: ") == std::string::npos)
+      die("claims error is not one line naming the file with a hint", msg);
+    accepted = false;
+  }
+  if (accepted) {
+    // Every chunk's object has a listed file, and no chunk's size overflows.
+    for (const auto& [group, tensors] : r.chunks)
+      for (const auto& [name, t] : tensors)
+        for (const auto& c : t.chunks) {
+          bool filed = false;
+          for (const auto& f : r.files)
+            filed = filed || f.name.rfind(c.object + ".", 0) == 0;
+          if (!filed || bytes_of(c.size, 1) == UINT64_MAX)
+            die("claims accepted a chunk without a file or overflowing", name + " in " + c.object);
+        }
+  }
+  // Two ranks' identical parts merge into a record whose tensors are covered as before.
+  keel::CommitRecord twice;
+  try {
+    keel::merge_part(twice, r);
+    keel::merge_part(twice, r);
+  } catch (const keel::Error& e) {
+    die("a record does not merge with itself", e.what());
+  }
+  for (const auto& [group, tensors] : r.chunks)
+    for (const auto& [name, t] : tensors)
+      if (keel::coverage_gap(t).empty() != keel::coverage_gap(twice.chunks[group][name]).empty())
+        die("merging a record with itself changed a tensor's coverage", name);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -68,6 +133,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const auto& [group, tensors] : r.chunks)
     for (const auto& [name, t] : tensors) (void)keel::coverage_gap(t);
+  check_chunks(r);
+  const std::string sum = keel::record_checksum_text(text);
+  if (sum.size() != 22 || sum.rfind("xxh3:", 0) != 0 || sum.back() != '\n')
+    die("commit.json.xxh3 text is not one line of 22 bytes", sum);
   const std::string written = keel::write_commit_record(r);
   keel::CommitRecord again;
   try {
