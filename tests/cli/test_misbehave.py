@@ -129,6 +129,8 @@ CASES = [
          "batches_per_epoch", ("no batches",)),
     Case("data_empty_error_message", C, "data.train", "mbc_data", "next_empty_error", "next",
          ("failed without a message",)),
+    Case("data_stopped_without_a_stop", C, "data.train", "mbc_data", "stopped_unasked", "next",
+         ("KEEL_BATCH_STOPPED", "but no stop was requested", "keel_host.stop_requested")),
     # optimizer -------------------------------------------------------------------------------
     Case("optimizer_group_count_zero", C, "optimizer", "mbc_optimizer", "group_count_zero",
          "group_count", ("group_count",)),
