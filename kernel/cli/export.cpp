@@ -15,6 +15,8 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -29,6 +31,9 @@
 #include "cli/commands.hpp"
 #include "cli/export_tables.hpp"
 #include "components.hpp"
+#include "text/text.hpp"
+#include "config/resolve_parts.hpp"
+#include "config/keys.hpp"
 #include "error.hpp"
 #include "files/files.hpp"
 #include "keel/tensor.hpp"
@@ -169,15 +174,16 @@ void refuse_existing(const std::string& out) {
                 "hint: remove it, or name another with --output DIR");
 }
 
-// The checkpoint's run resolved from its manifest.resolved.toml, on the CPU (run.device = cpu,
-// so that a checkpoint saved on a GPU exports on a machine without one). The manifest came with
-// the checkpoint, so it names no code and no other file: a manifest with `extends` is refused
-// before the base is read, and its [plugins] paths are dropped (said on the console). The
-// plugins are searched for in `plugin_dirs` (--plugins, absolute, checked to be directories),
-// KEEL_PLUGIN_PATH and the installed packages, as plugin_search_path does for any manifest.
-RunConfig checkpoint_config(const Source& src, Registry& registry,
-                            const std::vector<std::string>& plugin_dirs) {
-  const std::string manifest = (fs::path(src.dir) / "manifest.resolved.toml").string();
+// Checkpoint `dir`'s manifest.resolved.toml with run.device = cpu (so that a checkpoint saved on
+// a GPU exports on a machine without one). The manifest came with the checkpoint, so it names no
+// code and no other file: a manifest with `extends` is refused before the base is read, and its
+// [plugins] paths are dropped (said on the console when `say`; *dropped tells whether there
+// were any). The plugins are searched for in `plugin_dirs` (--plugins, absolute, checked to be
+// directories), KEEL_PLUGIN_PATH, the installed packages and keel's own plugin directory, as
+// plugin_search_path does for any manifest.
+Manifest checkpoint_manifest(const std::string& dir, const std::vector<std::string>& plugin_dirs,
+                             bool say, bool* dropped = nullptr) {
+  const std::string manifest = (fs::path(dir) / "manifest.resolved.toml").string();
   try {
     if (toml::parse_file(manifest).contains("extends"))
       throw Error(manifest + ": has `extends`, which keel train never writes into a checkpoint's "
@@ -187,16 +193,17 @@ RunConfig checkpoint_config(const Source& src, Registry& registry,
     // load_manifest below says where, with its own line.
   }
   Manifest m = load_manifest(manifest, {"run.device=cpu"});
-  bool dropped = false;
+  bool had_paths = false;
   if (toml::table* plugins = m.root["plugins"].as_table()) {
-    dropped = plugins->contains("paths");
-    if (dropped)
+    had_paths = plugins->contains("paths");
+    if (had_paths && say)
       spdlog::info("export: the checkpoint's manifest names plugin directories ([plugins] paths "
                    "in {}): not searched, since a checkpoint names no code to run; keel export "
                    "searches --plugins DIR, KEEL_PLUGIN_PATH, the installed packages and keel's "
                    "own plugins", manifest);
     plugins->erase("paths");
   }
+  if (dropped) *dropped = had_paths;
   if (!plugin_dirs.empty()) {
     toml::array dirs;
     for (const std::string& d : plugin_dirs) dirs.push_back(d);
@@ -204,6 +211,15 @@ RunConfig checkpoint_config(const Source& src, Registry& registry,
     if (toml::table* plugins = m.root["plugins"].as_table())
       plugins->insert_or_assign("paths", std::move(dirs));
   }
+  return m;
+}
+
+// The checkpoint's run resolved from its manifest (checkpoint_manifest), without a lock.
+RunConfig checkpoint_config(const Source& src, Registry& registry,
+                            const std::vector<std::string>& plugin_dirs) {
+  const std::string manifest = (fs::path(src.dir) / "manifest.resolved.toml").string();
+  bool dropped = false;
+  const Manifest m = checkpoint_manifest(src.dir, plugin_dirs, /*say=*/true, &dropped);
   RunConfig cfg;
   try {
     cfg = resolve(m, registry, /*use_lock=*/false);
@@ -442,21 +458,68 @@ TensorList delta_tensors(const std::map<std::string, TableDelta>& delta, int64_t
   return out;
 }
 
+// The names of `tables`, quoted, in order ('a', 'b'), or "none".
+std::string table_names(const std::map<std::string, TableRows>& tables) {
+  std::vector<std::string> names;
+  for (const auto& entry : tables) names.push_back("'" + text::printable(entry.first) + "'");
+  return names.empty() ? "none" : text::join(names);
+}
+
+// The backend checkpoint `old` was written with: the [checkpoint] type of its own manifest
+// (checkpoint_manifest: no plugin directory of its), from the plugins `registry` found.
+struct OldBackend {
+  Instance<keel_checkpoint> instance;
+  std::optional<PluginCheckpointBackend> backend;
+  const CheckpointBackend& operator*() const { return *backend; }
+};
+
+std::unique_ptr<OldBackend> old_backend(const Registry& registry, const Run& run,
+                                        const Source& old,
+                                        const std::vector<std::string>& plugin_dirs) {
+  const Manifest m = checkpoint_manifest(old.dir, plugin_dirs, /*say=*/false);
+  const toml::table* ct = m.root["checkpoint"].as_table();
+  if (ct == nullptr)
+    throw Error(old.dir + "/manifest.resolved.toml: has no [checkpoint] table, so nothing says "
+                "how the --since checkpoint's files are read; hint: the directory was not "
+                "written by keel train");
+  keel_options kernel_values;
+  const ComponentSpec spec =
+      resolve_parts::component(registry, *ct, "checkpoint", KEEL_KIND_CHECKPOINT,
+                               checkpoint_keys().schema, &kernel_values, {"init_rename"});
+  auto out = std::make_unique<OldBackend>();
+  out->instance = make_instance<keel_checkpoint>(run, spec);
+  out->backend.emplace(out->instance);
+  return out;
+}
+
 // --since: the older checkpoint, verified, and its tables' delta to `tables` as an object and
 // delta.json. Describes it in `summary`.
-void add_delta(const ExportArgs& args, const Run& run, const Source& src,
+void add_delta(const ExportArgs& args, const Registry& registry,
+               const std::vector<std::string>& plugin_dirs, const Run& run, const Source& src,
                const std::map<std::string, TableRows>& tables, ExportFiles& files,
                std::string& summary) {
   if (tables.empty())
     throw Error("--since " + *args.since + ": checkpoint " + src.dir + " holds no sparse tables, "
                 "so there is no delta to write; hint: leave --since out");
   const Source old = choose_checkpoint(*args.since);
+  if (!args.since_any_run && old.record.run_id != src.record.run_id)
+    throw Error("--since " + *args.since + ": its checkpoint " + old.dir + " is of another run "
+                "(run id " + text::printable(old.record.run_id) + ") than the exported one (run "
+                "id " + text::printable(src.record.run_id) + "), so the delta would not apply "
+                "to this run's earlier export; hint: name a checkpoint of the same run, or add "
+                "--since-any-run when the copy being served is that other run's export");
   if (old.record.step >= src.record.step)
     throw Error("--since " + *args.since + ": its checkpoint (step " +
                 std::to_string(old.record.step) + ") is not older than the exported one (step " +
                 std::to_string(src.record.step) + "); hint: name the checkpoint of the previous "
                 "export");
-  const auto before = read_tables(*run.components.backend, old.dir, old.record);
+  const auto before = read_tables(**old_backend(registry, run, old, plugin_dirs), old.dir,
+                                  old.record);
+  if (table_names(before) != table_names(tables))
+    throw Error("--since " + *args.since + ": its checkpoint holds the table(s) " +
+                table_names(before) + " and the exported one " + table_names(tables) + ": not "
+                "the same tables, so the delta would not describe the served copy; hint: name a "
+                "checkpoint of the same model (of the same run)");
   int64_t rows = 0, removed = 0;
   files.objects.emplace_back("tables.delta",
                              delta_tensors(table_delta(before, tables), rows, removed));
@@ -489,7 +552,7 @@ int export_checkpoint(const ExportArgs& args) {
   const auto tables = read_tables(*run.components.backend, src.dir, src.record);
   std::string summary;
   if (args.since) {
-    add_delta(args, run, src, tables, files, summary);
+    add_delta(args, registry, plugins, run, src, tables, files, summary);
   } else if (!tables.empty()) {
     int64_t rows = 0;
     files.objects.emplace_back("tables", table_tensors(tables, rows));

@@ -40,8 +40,12 @@
 // `<table>.values` of the rows added or changed since OLD, and `<table>.removed_ids` of the rows
 // OLD held and the checkpoint no longer does, plus delta.json ({"since": OLD's directory,
 // "since_step": its step, "step": the checkpoint's step}), so that OLD's export plus the delta
-// is the checkpoint's export (model.safetensors is always whole). --since without tables, or
-// with an OLD that is not older, is an error.
+// is the checkpoint's export (model.safetensors is always whole). OLD must be of the same run
+// (its commit record's run_id; a resumed run keeps it) unless --since-any-run, and hold the
+// same tables (by name) in any case; it is read with its own backend (the [checkpoint] type of
+// its own manifest, read like the checkpoint's: no plugin directory of its). --since without
+// tables, with an OLD that is not older, of another run (without --since-any-run) or with other
+// tables is an error.
 //
 // A missing, extra or empty argument, a missing --format or a format other than safetensors
 // throws UsageError (exit 2 with export's usage line); a path that is neither a run directory
@@ -61,6 +65,7 @@ struct ExportArgs {
   std::optional<std::string> output;    // --output, -o
   std::optional<std::string> since;     // --since: an older checkpoint (tables' delta)
   std::vector<std::string> plugin_dirs; // --plugins: directories searched for plugins first
+  bool since_any_run = false;           // --since-any-run: --since may name another run's
 };
 
 int export_checkpoint(const ExportArgs& args);

@@ -106,6 +106,8 @@ void add_export_flags(po::options_description& d) {
       "since", po::value<std::string>()->value_name("CHECKPOINT"),
       "sparse tables: write only the rows changed since this older checkpoint "
       "(tables.delta.safetensors) instead of every row (tables.safetensors)")(
+      "since-any-run",
+      "--since may name a checkpoint of another run (its tables must still be the same)")(
       "plugins", po::value<std::vector<std::string>>()->value_name("DIR"),
       "also search DIR for plugins (repeatable; the checkpoint's own [plugins] paths are never "
       "searched)");
@@ -233,6 +235,7 @@ Parsed parse_command(const Command& c, const std::vector<std::string>& args) {
   p.exporting.output = p.plugins.output;
   if (vm.count("format")) p.exporting.format = vm["format"].as<std::string>();
   if (vm.count("since")) p.exporting.since = vm["since"].as<std::string>();
+  p.exporting.since_any_run = vm.count("since-any-run") > 0;
   if (vm.count("plugins"))
     p.exporting.plugin_dirs = vm["plugins"].as<std::vector<std::string>>();
   if (!p.positional.empty()) {

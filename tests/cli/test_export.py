@@ -445,6 +445,91 @@ at_end = true
           f"{os.listdir(victim)} {os.listdir(shared)}")
 
 
+def since_checks(tmp, pool):
+    """Issue 43, finding 11: --since takes a checkpoint of the same run (or, with
+    --since-any-run, of another run) with the same tables, each read with its own backend. The
+    fixture model table_model (tests/fixtures/sparse_table.cpp, one table named by its `table`
+    option) from a private copy of its plugin (--plugins):
+    - run A (safetensors, checkpoints at steps 1 and 2): step 2 --since step 1 writes a delta;
+    - run B (the same model, another run): refused without --since-any-run, naming both runs
+      and the flag; with it, written;
+    - run T (the same model, another run, the torch backend): with --since-any-run, read with
+      the torch backend and written;
+    - run C (a table named otherwise): refused, naming both tables, even with --since-any-run.
+    Every refusal is one error line and writes nothing."""
+    plugins = os.path.join(tmp, "table-plugins")
+    os.makedirs(plugins)
+    shutil.copy(os.path.join(os.path.dirname(MISBEHAVE), "sparse_table.so"), plugins)
+
+    def train(name, steps, backend="safetensors", table="ids"):
+        path = os.path.join(tmp, f"tables-{name}.toml")
+        with open(path, "w") as f:
+            f.write(f"""
+[run]
+name = "{name}"
+threads = 1
+output_dir = "{os.path.join(tmp, 'tables-' + name)}"
+[plugins]
+paths = ["{plugins}"]
+[train]
+max_steps = {steps}
+[model]
+type = "table_model"
+table = "{table}"
+[data.train]
+type = "id_batches"
+[optimizer]
+type = "sgd"
+lr = 0.1
+[sparse_optimizer]
+type = "adagrad"
+lr = 0.5
+[loss]
+type = "cross_entropy"
+[checkpoint]
+type = "{backend}"
+every_steps = 1
+keep_last = 5
+""")
+        rc, _, err = pool.keel([KEEL, "train", path], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
+        check(rc == 0, f"keel train ({name}): {err}")
+        return os.path.join(tmp, "tables-" + name, "checkpoints")
+
+    a, b, t, c = train("a", 2), train("b", 1), train("t", 1, backend="torch"), \
+        train("c", 1, table="other")
+    n = 0
+
+    def export(since, *flags):
+        nonlocal n
+        n += 1
+        out = os.path.join(tmp, f"since-out-{n}")
+        rc, _, err = pool.keel([KEEL, "export", os.path.join(a, "step-2"), "--format",
+                                "safetensors", "--plugins", plugins, "--since", since,
+                                "--output", out, *flags], cwd=tmp, unset=["KEEL_LOG_LEVEL"])
+        return rc, err, out
+
+    rc, err, out = export(os.path.join(a, "step-1"))
+    check(rc == 0 and os.path.exists(os.path.join(out, "tables.delta.safetensors")),
+          f"--since a checkpoint of the same run: {err}")
+    for since, flags, says in (
+            (os.path.join(b, "step-1"), (), "is of another run"),
+            (os.path.join(c, "step-1"), ("--since-any-run",), "not the same tables")):
+        rc, err, out = export(since, *flags)
+        lines = err.strip().splitlines()
+        check(rc == 1 and len(lines) == 1 and says in lines[0] and "hint: " in lines[0]
+              and not os.path.exists(out),
+              f"--since {since} {flags}: one line saying {says!r}, nothing written: {rc} {err}")
+    check("--since-any-run" in export(os.path.join(b, "step-1"))[1],
+          "the refusal of another run's checkpoint names --since-any-run")
+    check("'ids'" in export(os.path.join(c, "step-1"), "--since-any-run")[1] and
+          "'other'" in export(os.path.join(c, "step-1"), "--since-any-run")[1],
+          "the refusal of other tables names both")
+    for since in (os.path.join(b, "step-1"), os.path.join(t, "step-1")):
+        rc, err, out = export(since, "--since-any-run")
+        check(rc == 0 and os.path.exists(os.path.join(out, "delta.json")),
+              f"--since {since} --since-any-run: {err}")
+
+
 def bad_input(tmp, checkpoints, pool):
     """(argv, exit status, what stderr says): usage errors exit 2 with the usage line."""
     run = os.path.dirname(checkpoints)
@@ -520,6 +605,7 @@ with tempfile.TemporaryDirectory() as tmp:
     POOL = inproc.Pool(INPROC, 120)
     try:
         handed_manifest(tmp, POOL)
+        since_checks(tmp, POOL)
         bad_input(tmp, checkpoints, POOL)
         plugin_exports(tmp, POOL)
     finally:
