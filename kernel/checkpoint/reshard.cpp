@@ -10,8 +10,27 @@
 #include "checkpoint/store.hpp"
 #include "error.hpp"
 #include "keel/tensor.hpp"
+#include "text/text.hpp"
 
 namespace keel {
+
+at::Tensor allocate_claimed(const std::vector<int64_t>& shape, at::ScalarType dtype,
+                            const std::string& what, const std::string& dir) {
+  if (dtype == at::ScalarType::Undefined)
+    throw Error(dir + ": " + what + " has a dtype keel cannot load; hint: the checkpoint was not "
+                "written by keel train");
+  try {
+    return at::empty(shape, at::TensorOptions().dtype(dtype));
+  } catch (const std::exception& e) {  // c10::Error (DefaultCPUAllocator), std::bad_alloc
+    int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
+    for (const int64_t d : shape) n = __builtin_mul_overflow(n, d, &n) ? INT64_MAX : n;
+    const std::string why = e.what();
+    throw Error(dir + ": cannot allocate " + what + " " + text::shape(shape) + " (" +
+                std::to_string(n) + " bytes) to load it (" +
+                text::printable(why.substr(0, why.find('\n'))) + "); hint: load the checkpoint "
+                "on a machine with more memory");
+  }
+}
 
 std::vector<int64_t> ParamRows::local_shape() const {
   std::vector<int64_t> s = shape;
@@ -98,7 +117,7 @@ void ChunkReader::read(const std::vector<Request>& requests) const {
       const int64_t cb = scalar ? 0 : c.offset[0], ce = scalar ? 1 : cb + c.size[0];
       const int64_t b = std::max(cb, r.begin), e = std::min(ce, r.begin + count);
       if (b >= e) continue;
-      at::Tensor whole = at::empty(c.size, at::TensorOptions().dtype(dtype));
+      at::Tensor whole = allocate_claimed(c.size, dtype, r.group + " tensor '" + r.name + "'", dir_);
       loads[c.object].emplace_back(r.name, whole);
       if (scalar) copies.push_back({whole, r.into});
       else copies.push_back({whole.narrow(0, b - cb, e - b), r.into.narrow(0, b - r.begin, e - b)});

@@ -39,6 +39,13 @@ int64_t like_param(const std::vector<ParamRows>& params, const std::string& name
 // The index of the parameter `name` is named after ("<p>.<suffix>", longest p), or -1.
 int64_t named_after(const std::vector<ParamRows>& params, const std::string& name);
 
+// An uninitialised tensor of `shape` and `dtype` for tensor `what` ("optimizer tensor 'x'") of
+// checkpoint `dir`, allocated as a loader allocates what the commit record claims (its claims
+// are bounded by its files' size: commit.hpp); an allocation that fails is keel::Error naming
+// the tensor, its bytes and the checkpoint, not LibTorch's error.
+at::Tensor allocate_claimed(const std::vector<int64_t>& shape, at::ScalarType dtype,
+                            const std::string& what, const std::string& dir);
+
 // Reads rows of a checkpoint's global tensors (CommitRecord::chunks) from the chunks that
 // hold them. Each backend object is loaded once per read(), with only the names needed from
 // it: every chunk overlapping the requested rows is read whole (as torch.distributed.checkpoint

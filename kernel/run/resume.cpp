@@ -239,12 +239,29 @@ void load_optimizer(Run& run, const ChunkReader& reader, const std::string& dir)
       shape = p->local_shape();
       begin = p->begin;
     }
-    opt.emplace_back(name, at::empty(shape, at::TensorOptions().dtype(dtype_of_name(g.dtype))));
+    opt.emplace_back(name, allocate_claimed(shape, dtype_of_name(g.dtype),
+                                            "optimizer tensor '" + name + "'", dir));
     requests.push_back({"optimizer", name, begin, opt.back().second});
   }
   reader.read(requests);
   const auto named = as_named(opt);
   optimizer.call("state_load", optimizer->state_load, named.data(), named.size());
+}
+
+// allocate(rec, object) (run/plugin_state.hpp) of checkpoint `dir`: an allocation that fails
+// (its claims are bounded by the files' size, not by this machine's memory) is one error line.
+template <class F>
+TensorList allocating(const std::string& dir, F&& allocate_them) {
+  try {
+    return allocate_them();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // c10::Error (DefaultCPUAllocator), std::bad_alloc
+    const std::string why = e.what();
+    throw Error(dir + ": cannot allocate the tensors its commit record lists to load them (" +
+                text::printable(why.substr(0, why.find('\n'))) + "); hint: load the "
+                "checkpoint on a machine with more memory");
+  }
 }
 
 // This rank's "state" object: the state_save entries of the model and the training data. At
@@ -253,7 +270,7 @@ void load_optimizer(Run& run, const ChunkReader& reader, const std::string& dir)
 void load_plugin_state(Run& run, const CommitRecord& rec, const std::string& dir) {
   const bool same_world = run.resume.meta.world_size == run.ranks.world;
   const std::string object = same_world ? rank_object(run, "state") : "state";
-  TensorList plugin_state = allocate(rec, object);
+  TensorList plugin_state = allocating(dir, [&] { return allocate(rec, object); });
   run.components.store->load(dir, object, plugin_state);
   if (!same_world)
     plugin_state.erase(std::remove_if(plugin_state.begin(), plugin_state.end(),
@@ -294,7 +311,7 @@ void load_generators(Run& run, const CommitRecord& rec, const std::string& dir) 
                     static_cast<uint64_t>(run.resume.meta.step));
     return;
   }
-  TensorList rng = allocate(rec, rank_object(run, "rng"));
+  TensorList rng = allocating(dir, [&] { return allocate(rec, rank_object(run, "rng")); });
   run.components.store->load(dir, rank_object(run, "rng"), rng);
   for (const auto& [name, t] : rng) {
     if (name == "torch.cpu") {

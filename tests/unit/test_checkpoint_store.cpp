@@ -23,6 +23,7 @@
 #include "checkpoint/checksum.hpp"
 #include "checkpoint/commit.hpp"
 #include "checkpoint/meta.hpp"
+#include "checkpoint/reshard.hpp"
 #include "checkpoint/store.hpp"
 #include "keel/tensor.hpp"
 #include "run/checkpoint_backend.hpp"
@@ -617,6 +618,23 @@ TEST_CASE("claimed shapes that overflow or exceed their object's files: one line
   CHECK(keel_test::error_of([&] { keel::verify_checkpoint(dir.string()); }) ==
         record + ": optimizer tensor 'w.exp_avg' of object 'model' claims shape "
                  "[4611686018427387904, 4] of F32, more bytes than 64 bits count" + hint);
+}
+
+// What the loaders allocate from a record's claims (bounded by its files' size) may still not
+// fit this machine: 256 TiB, more than x86-64's user address space, is one line, not
+// LibTorch's error (an "internal error" once it reached the command line).
+TEST_CASE("a claimed tensor that cannot be allocated is one error line naming it") {
+  const std::string err = keel_test::error_of([] {
+    keel::allocate_claimed({int64_t{1} << 46}, at::kFloat, "optimizer tensor 'x'", "/c/step-1");
+  });
+  CHECK(err.rfind("/c/step-1: cannot allocate optimizer tensor 'x' [70368744177664] "
+                  "(281474976710656 bytes) to load it (", 0) == 0);
+  CHECK(err.find("); hint: load the checkpoint on a machine with more memory") != std::string::npos);
+  CHECK(err.find('\n') == std::string::npos);
+  CHECK(keel_test::error_of([] {
+          keel::allocate_claimed({2}, at::ScalarType::Undefined, "optimizer tensor 'x'", "/c");
+        }) == "/c: optimizer tensor 'x' has a dtype keel cannot load; hint: the checkpoint was "
+              "not written by keel train");
 }
 
 // kernel/run_dir.hpp's rule for the directories a run is written into, case by case: a
