@@ -4,19 +4,24 @@
 #include "cli/export.hpp"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/GradMode.h>
 #include <spdlog/spdlog.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 #include <set>
 #include <string>
@@ -239,11 +244,121 @@ RunConfig checkpoint_config(const Source& src, Registry& registry,
   return cfg;
 }
 
+// The bytes LibTorch may hold while the model is created, from a checkpoint whose model
+// tensors take `model_bytes` (its commit record's shapes and dtypes, no more than the bytes of
+// the files it lists): twice that (an initialiser may hold a temporary as large as a weight)
+// plus 64 MiB.
+constexpr int64_t kCreationSlack = int64_t{64} << 20;
+
+int64_t creation_budget(const CommitRecord& record) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max() / 4;
+  const auto add = [&](int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; };
+  int64_t model = 0, files = 0;
+  if (const auto it = record.chunks.find("model"); it != record.chunks.end())
+    for (const auto& entry : it->second) {
+      const at::ScalarType type = dtype_of_name(entry.second.dtype);
+      int64_t bytes = type == at::ScalarType::Undefined
+                          ? 8
+                          : static_cast<int64_t>(c10::elementSize(type));
+      for (const int64_t d : entry.second.shape)
+        bytes = d <= 0 ? 0 : bytes > kMax / d ? kMax : bytes * d;
+      model = add(model, bytes);
+    }
+  for (const auto& f : record.files)
+    files = add(files, f.size > static_cast<uint64_t>(kMax) ? kMax : static_cast<int64_t>(f.size));
+  const int64_t held = std::min(model, files);
+  return add(held > kMax / 2 ? kMax : 2 * held, kCreationSlack);
+}
+
+// LibTorch's CPU allocator while the checkpoint's model is created (CreationBudget): counts the
+// bytes of the tensors it holds and refuses an allocation that would take them past the budget,
+// so that a manifest claiming a model far larger than the checkpoint's fails before it holds
+// the memory. Installed with c10::SetCPUAllocator and never destroyed: tensors allocated through
+// it free their memory through it for as long as they live.
+class BudgetAllocator final : public c10::Allocator {
+ public:
+  explicit BudgetAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) const override {
+    const int64_t size = static_cast<int64_t>(n);
+    const int64_t now = live_.fetch_add(size) + size;
+    if (now > budget_.load()) {
+      live_.fetch_sub(size);
+      refused_ = true;
+      throw std::bad_alloc();
+    }
+    auto* held = new Held{base_->allocate(n), size, this};
+    void* data = held->inner.get();
+    const c10::Device device = held->inner.device();
+    return {data, held, &Held::release, device};
+  }
+  // Counts from zero against `budget` (bytes); limit(max) stops refusing.
+  void limit(int64_t budget) {
+    budget_ = budget;
+    refused_ = false;
+  }
+  bool refused() const { return refused_; }
+  int64_t live() const { return live_; }
+
+ private:
+  struct Held {
+    c10::DataPtr inner;
+    int64_t size;
+    const BudgetAllocator* owner;
+    static void release(void* p) {
+      auto* h = static_cast<Held*>(p);
+      h->owner->live_.fetch_sub(h->size);
+      delete h;
+    }
+  };
+  c10::Allocator* base_;
+  mutable std::atomic<int64_t> live_{0};
+  std::atomic<int64_t> budget_{std::numeric_limits<int64_t>::max()};
+  mutable std::atomic<bool> refused_{false};
+};
+
+// Installs the BudgetAllocator with `budget` for its lifetime, then the allocator before it.
+class CreationBudget {
+ public:
+  explicit CreationBudget(int64_t budget) : before_(c10::GetCPUAllocator()) {
+    static BudgetAllocator* const counting = new BudgetAllocator(c10::GetDefaultCPUAllocator());
+    allocator_ = counting;
+    allocator_->limit(budget + allocator_->live());
+    c10::SetCPUAllocator(allocator_, kPriority);
+  }
+  ~CreationBudget() {
+    allocator_->limit(std::numeric_limits<int64_t>::max());
+    c10::SetCPUAllocator(before_, kPriority);
+  }
+  CreationBudget(const CreationBudget&) = delete;
+  CreationBudget& operator=(const CreationBudget&) = delete;
+  bool refused() const { return allocator_->refused(); }
+
+ private:
+  static constexpr uint8_t kPriority = 255;  // above LibTorch's default allocator's 0
+  c10::Allocator* before_;
+  BudgetAllocator* allocator_ = nullptr;
+};
+
 // Creates the run's model alone (on the CPU) and reads the checkpoint's model tensors into it
-// with the checkpoint's backend, consolidating the chunks each rank wrote.
+// with the checkpoint's backend, consolidating the chunks each rank wrote. The model is created
+// under a CreationBudget from the checkpoint's record, so that a manifest claiming a far larger
+// model than the checkpoint holds is one error line before the memory is taken.
 void load_model(Run& run, const Source& src) {
   run.directory.path = run.directory.scratch.create();
-  create_model(run);
+  const int64_t budget = creation_budget(src.record);
+  {
+    const CreationBudget bounded(budget);
+    try {
+      create_model(run);
+    } catch (const std::exception& e) {
+      if (!bounded.refused()) throw;
+      throw Error("checkpoint " + src.dir + ": its manifest's [model] takes more than " +
+                  std::to_string(budget >> 20) + " MiB while it is created, and the checkpoint's model "
+                  "tensors take less than half of that (its commit record), so the manifest "
+                  "does not describe the checkpoint's model; hint: export a checkpoint whose "
+                  "manifest.resolved.toml is the one keel train wrote beside it");
+    }
+  }
   Components& c = run.components;
   c.checkpoint = make_instance<keel_checkpoint>(run, *run.config.checkpoint);
   c.backend.emplace(c.checkpoint);

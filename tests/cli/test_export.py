@@ -530,6 +530,65 @@ keep_last = 5
               f"--since {since} --since-any-run: {err}")
 
 
+def xxh3(data):
+    """XXH3-64 of `data` as the commit record writes it (16 lowercase hex digits)."""
+    import ctypes
+    lib = ctypes.CDLL("libxxhash.so.0")
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return "%016x" % lib.XXH3_64bits(data, len(data))
+
+
+def recommit(ckpt):
+    """Re-lists the size and checksum of every file of <ckpt>/commit.json (and the record's own
+    checksum beside it, where there is one), as someone handing the checkpoint over can."""
+    path = os.path.join(ckpt, "commit.json")
+    with open(path) as f:
+        record = json.load(f)
+    for e in record["files"]:
+        with open(os.path.join(ckpt, e["name"]), "rb") as f:
+            data = f.read()
+        e["size"], e["xxh3"] = len(data), xxh3(data)
+    text = json.dumps(record, indent=1).encode() + b"\n"
+    with open(path, "wb") as f:
+        f.write(text)
+    if os.path.exists(path + ".xxh3"):
+        with open(path + ".xxh3", "w") as f:
+            f.write(f"xxh3:{xxh3(text)}\n")
+
+
+def huge_claimed_model(tmp):
+    """Issue 43, finding 8 (export's half): a handed checkpoint of a tiny mlp (handed_manifest's)
+    whose manifest, checksums redone, claims hidden = [8192, 8192, 8192] (0.6 GB of float32
+    weights): one error line, and the export's peak RSS (wait4) stays under 400 MiB (a tiny
+    export peaks near 170 MiB; building the claimed model first took it past 700 MiB)."""
+    src = os.path.join(tmp, "handed", "run", "checkpoints", "step-1")
+    ckpt = os.path.join(tmp, "huge-claim")
+    shutil.copytree(src, ckpt)
+    manifest = os.path.join(ckpt, "manifest.resolved.toml")
+    with open(manifest) as f:
+        text = f.read()
+    check("hidden = [ 4 ]" in text, f"the mlp's hidden in its resolved manifest: {text}")
+    with open(manifest, "w") as f:
+        f.write(text.replace("hidden = [ 4 ]", "hidden = [ 8192, 8192, 8192 ]"))
+    recommit(ckpt)
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([KEEL, "export", ckpt, "--format", "safetensors", "--output",
+                              os.path.join(tmp, "huge-out")], stdout=subprocess.DEVNULL,
+                             stderr=err)
+        _, status, usage = os.wait4(p.pid, 0)
+        err.seek(0)
+        said = err.read().decode(errors="replace")
+    rc, peak = os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024
+    lines = said.strip().splitlines()
+    check(rc == 1 and len(lines) == 1 and lines[0].startswith("keel: error: ")
+          and ckpt in lines[0] and "does not describe the checkpoint's model" in lines[0]
+          and "hint: " in lines[0],
+          f"a manifest claiming a huge model: exit 1, one line: {rc} {said}")
+    check(peak < 400, f"a manifest claiming a huge model: peak RSS {peak:.0f} MiB (< 400)")
+    print(f"huge claimed model: exit {rc}, peak RSS {peak:.0f} MiB: {said.strip()}")
+
+
 def bad_input(tmp, checkpoints, pool):
     """(argv, exit status, what stderr says): usage errors exit 2 with the usage line."""
     run = os.path.dirname(checkpoints)
@@ -606,6 +665,7 @@ with tempfile.TemporaryDirectory() as tmp:
     try:
         handed_manifest(tmp, POOL)
         since_checks(tmp, POOL)
+        huge_claimed_model(tmp)
         bad_input(tmp, checkpoints, POOL)
         plugin_exports(tmp, POOL)
     finally:
