@@ -399,8 +399,11 @@ std::string Criteo::listed_window(const std::string& saved) const {
       "criteo: the checkpoint's IO state names the window file '" + keel::text::printable(saved) +
       "', which is not one of " + o_.section + " path's windows (" +
       std::to_string(windows.size()) + " files listed under " + keel::text::printable(path_) +
-      "); hint: resume with the data the checkpoint was saved from, under any path: the "
-      "window is found by its name relative to path");
+      (!saved.empty() && saved[0] == '/'
+           ? "); hint: an earlier keel saved the window's absolute path: resume with the data "
+             "the checkpoint was saved from, at that path"
+           : "); hint: resume with the data the checkpoint was saved from, under any path: the "
+             "window is found by its name relative to path"));
 }
 
 const keel_option_desc kOptions[] = {

@@ -15,6 +15,9 @@ components, with the fixtures of tests/fixtures/stream_fixture.cpp:
   run's order, and the parameters at the end equal the uninterrupted run's exactly.
 - 2 ranks whose stream windows differ by one batch: both fail at the same step with one line
   naming each rank's micro-batches.
+- The criteo dataset (issue 43, finding 6): a run stopped inside window 0, its data directory
+  moved, resumes with --resume-changed and the new [data.train] path and ends with the
+  uninterrupted run's weights exactly (the IO state names its window relative to the path).
 
 Ranks are started by hand with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (keel's launch
 detection), as torchrun would.
@@ -181,6 +184,85 @@ class Streams(unittest.TestCase):
             self.assertIn("a stream whose ranks' data ends epoch 1 at different steps: "
                           "micro-batches for step 6 (up to 1): rank 0 0, rank 1 1, after 3 in "
                           "this epoch", text)
+
+
+CRITEO = """
+[run]
+name = "criteo"
+seed = 3
+threads = 1
+output_dir = "{out}"
+[train]
+epochs = 10
+log_every = 1
+[model]
+type = "dlrm"
+embedding_dim = 4
+bottom_mlp = [8, 4]
+top_mlp = [8]
+[data.train]
+type = "criteo"
+path = "{data}"
+batch_size = 16
+[optimizer]
+type = "adam"
+lr = 3e-3
+[sparse_optimizer]
+type = "adagrad"
+lr = 0.05
+[loss]
+type = "bce"
+[checkpoint]
+type = "safetensors"
+"""
+
+
+def criteo_windows(directory, windows=2, records=48):
+    """Criteo-format windows day_000.tsv, ... of `records` lines each (issue 43, finding 6)."""
+    os.makedirs(directory)
+    for w in range(windows):
+        with open(os.path.join(directory, f"day_{w:03d}.tsv"), "w") as f:
+            for i in range(records):
+                ints = [str((i * k + w) % 9 - 2) for k in range(1, 14)]
+                cats = [format((i * 31 + k * 7 + w) % 97, "x") for k in range(1, 27)]
+                f.write("\t".join([str((i + w) % 2)] + ints + cats) + "\n")
+
+
+class CriteoDataMoved(unittest.TestCase):
+    """The criteo dataset's IO state names its window relative to [data.train] path (issue 43,
+    finding 6): a run stopped by max_steps inside window 0, its data directory moved, resumes
+    with --resume-changed and the new path at exactly the next record, and ends with the
+    uninterrupted run's weights (the keel before saved the old absolute path and failed:
+    'cannot open')."""
+
+    def test_resume_after_the_data_directory_moved(self):
+        with tempfile.TemporaryDirectory(prefix="keel-criteo-moved-") as tmp:
+            def manifest(name, data):
+                out = os.path.join(tmp, name)
+                with open(out + ".toml", "w") as f:
+                    f.write(CRITEO.format(out=out, data=data))
+                return out + ".toml", out
+
+            def train(*args):
+                p = subprocess.run([KEEL, "train", *args], text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, timeout=240)
+                self.assertEqual(p.returncode, 0, p.stdout[-3000:])
+                return p.stdout
+
+            old, new = os.path.join(tmp, "old"), os.path.join(tmp, "new")
+            criteo_windows(old)
+            full_path, full = manifest("full", old)
+            train(full_path)
+            path, out = manifest("stopped", old)
+            train(path, "--set", "train.max_steps=2")
+            os.rename(old, new)
+            text = train(path, "--resume", "--resume-changed", "--set", f"data.train.path={new}")
+            self.assertIn("(step 2, epoch 0, batch 2 of that epoch)", text)
+            a = read_arrays(os.path.join(out, "checkpoints", "step-6", "model.safetensors"))
+            b = read_arrays(os.path.join(full, "checkpoints", "step-6", "model.safetensors"))
+            self.assertEqual(sorted(a), sorted(b))
+            for name in a:
+                self.assertTrue(np.array_equal(a[name], b[name]), name)
 
 
 if __name__ == "__main__":

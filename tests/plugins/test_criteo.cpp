@@ -2,7 +2,10 @@
 // (its path in $KEEL_CRITEO_PLUGIN): the parser's values and bad-input errors, exact resume
 // counting every record over kills at many points (plain and .zst, threads 1 and 2, 1 and 2
 // ranks), the ranks' rule, a truncated .zst, follow = true picking up a file published while
-// reading, and clean stops (destroy while the reader waits on a full queue or polls).
+// reading, and clean stops (destroy while the reader waits on a full queue or polls). Issue 43:
+// the line cap (max_line_bytes, a one-line .zst bomb), windows replaced by a FIFO or a link after
+// listing, the IO state's window relative to path and required to be listed, messages quoting
+// data bytes printably, INT64_MIN, a .zst frame over the zstd window limit.
 #include "keel/testing.hpp"  // before doctest.h (glog's CHECK macros)
 
 #include <ATen/ops/empty.h>
@@ -661,6 +664,9 @@ TEST_CASE("criteo: the IO state's file is a listed window, saved relative to pat
       m = e.what();
     }
     CHECK(m.find("is not one of [data.train] path's windows") != std::string::npos);
+    CHECK(m.find(file[0] == '/' ? "an earlier keel saved the window's absolute path"
+                                : "the window is found by its name relative to path") !=
+          std::string::npos);
     CHECK(m.find('\n') == std::string::npos);
   }
   // The data directory moved: the window is found under the new path.
