@@ -1,14 +1,18 @@
 // keel report RUN_DIR [--output FILE]: one self-contained HTML page about a run.
 //
-// Reads from RUN_DIR:
+// Reads from RUN_DIR, only its regular files, opened without following a symlink, whose directory
+// resolves inside RUN_DIR (a handed run directory's names lead to no file of yours):
 //   metrics.jsonl           required: the training and evaluation records (the jsonl hook's)
 //   manifest.resolved.toml  shown as text when present
 //   plugins.json            the plugins used, with versions (the page says when it is absent)
 //   the profiler's trace    [profiler] path of the manifest, else trace.json: the chrome_trace
-//                           profiler's phases, as the mean ms per phase of a recorded step
+//                           profiler's phases, as the mean ms per phase of a recorded step (a
+//                           path out of RUN_DIR is not read; the page says so)
 //   run.log                 where the run stopped and why, and its wall time (summary.hpp)
 //   eval-*/                 the run's `keel evaluate` runs: their checkpoints and records
-// and writes FILE (default RUN_DIR/report.html): a summary (summary.hpp: for the directory of
+// and writes FILE (default RUN_DIR/report.html) under a run directory's rules (run_dir.hpp,
+// RunDir::open and write_file: its directory yours and not writable by others unless sticky, a
+// new temporary file renamed over FILE, never written through a symlink): a summary (summary.hpp: for the directory of
 // an evaluation the checkpoint it evaluated; where and why the run stopped, steps, the last
 // epoch, samples and tokens, wall time, throughput, the final and best value of each
 // evaluation metric), a training run's evaluations (one row per eval-*/), charts over steps of
