@@ -672,6 +672,20 @@ TEST_CASE("criteo: the IO state's file is a listed window, saved relative to pat
   // The data directory moved: the window is found under the new path.
   fs::rename(a, b);
   CHECK(resumed({{"path", b.string()}, {"batch_size", 8}}, state) == all);
+  // A glob `path`: the window relative to the glob's leading directories without a wildcard.
+  const fs::path sub = b / "sub";
+  fs::create_directories(sub);
+  write_windows(sub, {50}, false);
+  const Options glob = {{"path", (b / "s*" / "day_*.tsv").string()}, {"batch_size", 8}};
+  Dataset g = make(glob);
+  g.call(g->start_epoch, int64_t{0});
+  std::vector<Row> none;
+  REQUIRE(next_rows(g, &none, nullptr, true));
+  const keel::testing::NamedTensors globbed = keel::testing::save_state(g);
+  CHECK(saved_file(globbed) == "sub/day_000.tsv");
+  Dataset h = make(glob);
+  keel::testing::load_state(h, globbed);
+  CHECK_NOTHROW(h.call(h->seek, int64_t{0}, int64_t{1}));
 }
 
 TEST_CASE("criteo: messages quote data bytes printably; INT64_MIN; a large zstd window (12)") {
