@@ -23,9 +23,17 @@ Hugging Face's GPT2LMHeadModel conventions describe, checked with a small reader
   export's usage line, the rest exit 1 with one error line and a hint, and nothing is left
   beside the output (no staging directory), nothing replaced;
 - a plugin's export_state (mbx_model of tests/fixtures/misbehave, trained and exported in the
-  same keel_inproc process): its names and config.json when it behaves; one error line naming
-  the plugin and the call, and no export directory, when it throws, puts a name twice or writes
-  a config.json that is not JSON.
+  same keel_inproc process, its plugin directory named with --plugins): its names and
+  config.json when it behaves; one error line naming the plugin and the call, and no export
+  directory, when it throws, puts a name twice or writes a config.json that is not JSON; without
+  --plugins, one error line whose hint names --plugins DIR;
+- issue 43 (handed_manifest, since_checks, huge_claimed_model): a plugin placed where the
+  checkpoint's manifest points ([plugins] paths) is not loaded (its constructor's mark never
+  appears); the default output through a RUN/exports planted as a symlink and an --output
+  under a 0777 directory are refused; --since refuses another run's checkpoint (unless
+  --since-any-run) and other tables, and reads a torch checkpoint with its own backend; a
+  manifest claiming a huge model (checksums redone) is one error line with a peak RSS under
+  400 MiB.
 
 Usage: test_export.py KEEL KEEL_INPROC GPT_PROBE GPT_PLUGIN.so MISBEHAVE_FIXTURE_DIR
 """
