@@ -385,6 +385,15 @@ std::string record_text(int dirfd, const std::string& dir) {
   return read_all(fd.get(), path);
 }
 
+const char* const kChanged =
+    "changed while keel verified or loaded it (written, replaced or renamed by another process): "
+    "what was loaded is not what was verified; hint: load a checkpoint that nothing else writes "
+    "(copy it into a directory of your own first)";
+
+int64_t change_time_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+}
+
 UniqueFd open_dir(const std::string& dir) {
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0)
@@ -487,6 +496,22 @@ void check_record_claims(const CommitRecord& r, const std::string& path) {
     }
 }
 
+void check_unchanged(const std::string& dir, const CommitRecord& r, const std::string& object) {
+  for (const auto& f : r.files) {
+    if (f.ino == 0) continue;
+    if (!object.empty() &&
+        !(f.name.size() > object.size() + 1 && f.name.compare(0, object.size(), object) == 0 &&
+          f.name[object.size()] == '.'))
+      continue;
+    const std::string file = (fs::path(dir) / f.name).string();
+    struct stat st {};
+    if (::fstatat(AT_FDCWD, file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        static_cast<uint64_t>(st.st_dev) != f.dev || static_cast<uint64_t>(st.st_ino) != f.ino ||
+        change_time_ns(st) != f.ctime_ns || static_cast<uint64_t>(st.st_size) != f.size)
+      throw Error(file + ": " + kChanged);
+  }
+}
+
 CommitRecord read_commit_file(const std::string& dir) {
   const std::string path = (fs::path(dir) / "commit.json").string();
   const UniqueFd dirfd = open_dir(dir);
@@ -519,7 +544,7 @@ CommitRecord verify_checkpoint(const std::string& dir) {
   }
   CommitRecord r = read_commit_record(text, path);
   std::set<std::string> listed;
-  for (const auto& f : r.files) {
+  for (auto& f : r.files) {
     listed.insert(f.name);
     const std::string file = (fs::path(dir) / f.name).string();
     const UniqueFd fd = open_in(dirfd.get(), dir, f.name, /*absent_ok=*/false);
@@ -535,6 +560,12 @@ CommitRecord verify_checkpoint(const std::string& dir) {
       throw Error(file + ": checksum mismatch (" + hash_string(h) + ", the commit record says " +
                   hash_string(f.xxh3) + "); hint: the file is corrupt, resume from another "
                   "checkpoint");
+    struct stat after {};
+    if (::fstat(fd.get(), &after) != 0 || change_time_ns(after) != change_time_ns(st))
+      throw Error(file + ": " + kChanged);
+    f.dev = static_cast<uint64_t>(st.st_dev);
+    f.ino = static_cast<uint64_t>(st.st_ino);
+    f.ctime_ns = change_time_ns(st);
   }
   check_record_claims(r, path);
   std::error_code ec;

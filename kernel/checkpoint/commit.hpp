@@ -58,6 +58,11 @@ struct CommitRecord {
     std::string name;
     uint64_t size = 0;
     uint64_t xxh3 = 0;
+    // The file as verify_checkpoint hashed it in this process (all 0 otherwise: not written or
+    // read as JSON): which inode, and its status change time, which any write to it, a rename
+    // onto it or of it moves; check_unchanged compares them after a load.
+    uint64_t dev = 0, ino = 0;
+    int64_t ctime_ns = 0;
   };
   struct Tensor {
     std::string name;
@@ -134,6 +139,14 @@ void check_record_claims(const CommitRecord& r, const std::string& path);
 // object's files hold. Throws keel::Error naming the first file that fails (e.g.
 // "<dir>/model.safetensors: checksum mismatch (...)"), or the tensor and the record.
 CommitRecord verify_checkpoint(const std::string& dir);
+
+// Throws keel::Error naming the first file of `r` (of the files of backend object `object`,
+// "<object>.*", or of all when it is "") that is no longer the file verify_checkpoint hashed:
+// another inode under its name, or the same one written or renamed since (its status change
+// time moved). Called after a load, so that the bytes a backend loaded by name are the bytes
+// that were verified. Files that this process did not verify (rank r > 0 of --resume reads the
+// record rank 0 verified) are not checked.
+void check_unchanged(const std::string& dir, const CommitRecord& r, const std::string& object = "");
 
 // <dir>/commit.json parsed (opened without following a link), without checking its checksum or
 // the files (for listing and retention; --resume's ranks after the first, which read what rank

@@ -128,6 +128,7 @@ void ChunkReader::read(const std::vector<Request>& requests) const {
     std::vector<keel_named_tensor> named;
     for (const auto& [name, t] : list) named.push_back({name.c_str(), peek(t)});
     backend_.load(dir_, object, named);
+    check_unchanged(dir_, record_, object);  // the bytes loaded are the bytes verified
   }
   for (Copy& c : copies) c.to.copy_(c.from);
 }

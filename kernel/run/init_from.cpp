@@ -105,6 +105,7 @@ void load_init_from(Run& run) {
   for (const auto& name : kept) spdlog::debug("  kept {}", name);
   if (rec) load_hook_state(run, *rec, dir);
   load_init_tables(run, rec ? &*rec : nullptr, dir);
+  if (rec) check_unchanged(dir, *rec);  // every file loaded is still the one verified
   // (Weights without a commit record have no known step: the evaluation records step 0.)
   if (rec && cfg.run.mode == RunMode::kEvaluate) position_at_checkpoint(run, *rec, dir);
 }

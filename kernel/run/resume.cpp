@@ -422,6 +422,7 @@ void load_resume_point(Run& run) {
   load_plugin_state(run, rec, dir);
   load_tables(run, rec, dir);
   load_generators(run, rec, dir);
+  check_unchanged(dir, rec);  // every file loaded is still the one verified (rank 0)
   restore_progress(run);
 }
 

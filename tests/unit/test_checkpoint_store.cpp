@@ -588,6 +588,33 @@ TEST_CASE("verification: no listed file through a link, commit.json covered by i
                    "digits", 0) == 0);
 }
 
+// The backends open a verified file again by name to load it: what they loaded must be what was
+// hashed. check_unchanged, after a load, catches a file rewritten with the same bytes (its
+// status change time moved) or replaced by a copy (another inode).
+TEST_CASE("a listed file written or replaced between verification and load is named") {
+  Fixture f;
+  auto store = f.store("run-a");
+  const fs::path dir = store.save(snap(1));
+  const keel::CommitRecord r = keel::verify_checkpoint(dir.string());
+  keel::check_unchanged(dir.string(), r);
+  keel::check_unchanged(dir.string(), r, "model");
+  const std::string changed = (dir / "model.bin").string() + ": changed while keel verified or "
+                              "loaded it (written, replaced or renamed by another process)";
+  const std::string bytes = keel_test::read(dir / "model.bin");
+  usleep(20000);  // past the file system's timestamp granularity
+  std::ofstream(dir / "model.bin", std::ios::trunc) << bytes;  // the same bytes, rewritten
+  CHECK(keel_test::error_of([&] { keel::check_unchanged(dir.string(), r, "model"); })
+            .rfind(changed, 0) == 0);
+  keel::check_unchanged(dir.string(), r, "trainer_state");  // another object's files only
+  const keel::CommitRecord again = keel::verify_checkpoint(dir.string());
+  fs::copy_file(dir / "model.bin", f.d.path / "copy.bin");
+  fs::rename(f.d.path / "copy.bin", dir / "model.bin");  // a copy renamed over it
+  CHECK(keel_test::error_of([&] { keel::check_unchanged(dir.string(), again); })
+            .rfind(changed, 0) == 0);
+  // A record not verified by this process (another rank's read) is not checked.
+  keel::check_unchanged(dir.string(), keel::read_commit_file(dir.string()));
+}
+
 // issue 43, finding 9: optimizer and state entries claiming [2^62, 4] or 8 TiB ended in
 // "internal error ... this is a bug in keel" (exit 70) when --resume allocated them.
 TEST_CASE("claimed shapes that overflow or exceed their object's files: one line naming both") {
