@@ -224,22 +224,22 @@ def both(*fs):
     return f
 
 
-def crafted_pt(stride):
+def crafted_pt(stride, numel=256 * 784):
     """A .pt file as torch.save writes one, {"fc1.weight": a [256, 784] float tensor (the
-    quickstart model's first layer)}, whose first stride is `stride` over a storage of exactly
-    256 * 784 floats."""
+    quickstart model's first layer)}, whose first stride is `stride` over a storage of `numel`
+    floats (by default exactly 256 * 784)."""
     def string(v):
         return b"X" + len(v).to_bytes(4, "little") + v
     def long(v):
         return b"\x8a\x08" + v.to_bytes(8, "little", signed=True)
     pkl = (b"\x80\x02}(" + string(b"fc1.weight") + b"ctorch._utils\n_rebuild_tensor_v2\n((" +
            string(b"storage") + b"ctorch\nFloatStorage\n" + string(b"0") + string(b"cpu") +
-           long(256 * 784) + b"tQ" + long(0) + b"(" + long(256) + long(784) + b"t(" + long(stride) +
+           long(numel) + b"tQ" + long(0) + b"(" + long(256) + long(784) + b"t(" + long(stride) +
            long(1) + b"t\x89ccollections\nOrderedDict\n)RtRu.")
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
         z.writestr("archive/data.pkl", pkl)
-        z.writestr("archive/data/0", b"\0" * (256 * 784 * 4))
+        z.writestr("archive/data/0", b"\0" * (numel * 4))
         z.writestr("archive/version", b"3\n")
     return out.getvalue()
 
@@ -610,6 +610,13 @@ CASES = [
                                   "checkpoint.init_from_unverified=true"),
       "{d}/ckpt/model.pt", "strides [800, 1]", "past the storage's end",
       setup=write_bytes("ckpt/model.pt", crafted_pt(800))),
+    # issue 43, finding 8: a stride-0 view claims more elements than its storage holds (the
+    # model's [256, 784] over 784 floats: a 3 KB file standing for 800 KB, or for 2 GB)
+    X("init_from_pt_stride_0", (CMD, Q, "--set", "checkpoint.type=torch", "--set",
+                                "checkpoint.init_from={d}/ckpt", "--set",
+                                "checkpoint.init_from_unverified=true"),
+      "{d}/ckpt/model.pt", "strides [0, 1]", "its 200704 elements are more than its storage holds",
+      setup=write_bytes("ckpt/model.pt", crafted_pt(0, numel=784))),
     X("init_from_damaged_commit_record", (CMD, Q, "--set", "checkpoint.init_from={d}/ckpt"),
       "{d}/ckpt/commit.json", "invalid commit record", setup=write("ckpt/commit.json", "{x")),
     # issue 43, findings 2 and 9: a handed commit record (without commit.json.xxh3, as one of an
