@@ -9,8 +9,9 @@
 // The chunk list (issue 43): every object and file an accepted record names is a plain name
 // (keel::plain_name: the loaders build "<dir>/<object>.<ext>" from it); check_record_claims
 // (verify_checkpoint's bounds on what the chunks and tensors claim against the listed files)
-// throws nothing but a one-line keel::Error naming commit.json, and when it accepts a record,
-// no chunk of it claims more bytes than its object's files hold; the record merged with itself
+// throws nothing but a one-line keel::Error naming commit.json with a hint, and when it accepts
+// a record, every chunk's object has a listed file and its size's byte count fits 64 bits; the
+// record merged with itself
 // (two ranks' identical parts) keeps each tensor's coverage; commit.json.xxh3's text is one
 // line of 22 bytes.
 #include <cmath>
