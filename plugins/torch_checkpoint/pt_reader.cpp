@@ -544,7 +544,7 @@ class Unpickler {
       bad(geometry + ": it reaches element " + std::to_string(last) + ", past the storage's end");
     // Its elements are in the storage record, each once at most: a view repeating elements
     // (stride 0, overlapping strides) would claim more memory than the file holds bytes (a
-    // 2.5 KB file of [2^28, 2] at stride 0 had 2 GB written).
+    // 2.5 KB file of [2^28, 2] at stride 0 had --resume touch 2 GB).
     uint64_t numel = 1;
     for (const int64_t n : t->sizes)
       if (__builtin_mul_overflow(numel, static_cast<uint64_t>(n), &numel))

@@ -301,7 +301,7 @@ TEST_CASE("crafted .pt files are refused with one line each, before any tensor i
       {"stride beyond the storage (reads the heap)", pt({{2, 3}, {64, 1}}),
        "it reaches element 66, past the storage's end"},
       // issue 43, finding 8: a 2.5 KB .pt whose stride-0 tensor claimed [2^28, 2] over one
-      // element had --resume write 2 GB; a tensor's elements must be in its storage.
+      // element had --resume touch 2 GB; a tensor's elements must be in its storage.
       {"stride 0 over one element", pt({{2, 3}, {0, 0}, 0, 1}, 1),
        "a tensor of sizes [2, 3], strides [0, 0], storage offset 0 on storage '0' of 1 elements: "
        "its 6 elements are more than its storage holds (a view repeating elements, such as "
