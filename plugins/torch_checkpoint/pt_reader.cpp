@@ -542,7 +542,7 @@ class Unpickler {
     }
     if (last >= a[0]->numel)
       bad(geometry + ": it reaches element " + std::to_string(last) + ", past the storage's end");
-    // Its elements are in the storage record, each once at most: a view repeating elements
+    // No more elements than the storage record holds: a view repeating elements beyond that
     // (stride 0, overlapping strides) would claim more memory than the file holds bytes (a
     // 2.5 KB file of [2^28, 2] at stride 0 had --resume touch 2 GB).
     uint64_t numel = 1;
