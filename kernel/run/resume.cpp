@@ -25,6 +25,7 @@
 #include "run/checkpointing.hpp"
 #include "run/plugin_state.hpp"
 #include "run/run.hpp"
+#include "run/signals.hpp"
 #include "run/tables.hpp"
 #include "text/text.hpp"
 
@@ -478,7 +479,15 @@ void seek_train_data(Run& run, int64_t epoch, int64_t batch) {
     data.call("next", data->next, &b, &has);
     adopt(b.inputs);
     adopt(b.targets);
-    if (!has)
+    const NextResult got = next_result(data, has);
+    // Stopped while waiting (a SIGTERM/SIGINT during the replay): no step was taken since the
+    // checkpoint resumed from, which stays the newest; the position reached is not saved.
+    if (got == NextResult::kStopped)
+      throw data.error("stopped by a signal while replaying batch " + std::to_string(i + 1) +
+                       " of " + std::to_string(batch) + " to reach the resume position; nothing "
+                       "new to save: the checkpoint resumed from is still the newest; hint: "
+                       "resume again when the data is there");
+    if (got == NextResult::kEnd)
       throw data.error("epoch " + std::to_string(epoch) + " ended after " + std::to_string(i) +
                        " batches, but the checkpoint was saved after " + std::to_string(batch) +
                        "; hint: resume with the data options it was saved with");
