@@ -46,8 +46,9 @@ struct Parts {
 
 // One part's `<table>.ids` and `<table>.values`, read with the backend into tensors shaped as
 // the commit record lists them.
-void read_part(const CheckpointBackend& backend, const std::string& dir, const std::string& object,
-               const std::vector<CommitRecord::Tensor>& listed, std::map<std::string, Parts>& out) {
+void read_part(const CheckpointBackend& backend, const std::string& dir, const CommitRecord& record,
+               const std::string& object, const std::vector<CommitRecord::Tensor>& listed,
+               std::map<std::string, Parts>& out) {
   std::vector<std::string> names;
   std::vector<at::Tensor> tensors;
   for (const CommitRecord::Tensor& t : listed) {
@@ -68,6 +69,7 @@ void read_part(const CheckpointBackend& backend, const std::string& dir, const s
   std::vector<keel_named_tensor> into;
   for (size_t i = 0; i < names.size(); ++i) into.push_back({names[i].c_str(), peek(tensors[i])});
   backend.load(dir, object, into);
+  check_unchanged(dir, record, object);  // the bytes loaded are the bytes verified
   for (size_t i = 0; i < names.size(); ++i) {
     std::string table, entry;
     split_entry(names[i], table, entry);
@@ -114,7 +116,7 @@ std::map<std::string, TableRows> read_tables(const CheckpointBackend& backend,
                                              const std::string& dir, const CommitRecord& record) {
   std::map<std::string, Parts> parts;
   for (const auto& [object, listed] : record.tensors)
-    if (is_tables_object(object)) read_part(backend, dir, object, listed, parts);
+    if (is_tables_object(object)) read_part(backend, dir, record, object, listed, parts);
   std::map<std::string, TableRows> out;
   for (const auto& [table, p] : parts) out.emplace(table, merge(dir, table, p));
   return out;
