@@ -30,7 +30,7 @@ What is checked in Python: commit.json parses and lists every file of its direct
 size the file has (keel's `--resume` verifies the checksums, and a failed verification shows
 up as a "skipping" warning, which is asserted absent). Tensor files are read with json, struct
 and numpy only. The handed-checkpoint cases rewrite records as someone handing one over would,
-checksums included: XXH3-64 from the system's libxxhash (keel links it) through ctypes.
+checksums included (handed.py: XXH3-64 from the system's libxxhash, which keel links).
 
 Random choices (kill delays) come from seeded random.Random instances, so a run of this file
 makes the same choices each time; where the kills land still depends on the machine's speed.
@@ -52,6 +52,7 @@ import time
 import unittest
 import zipfile
 
+from handed import recommit
 from safetensors_np import read_raw
 
 KEEL, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
@@ -465,34 +466,6 @@ class StopSignals(CheckpointTest):
                               "--resume"])
 
 
-def xxh3(data):
-    """XXH3-64 of `data` as the commit record writes it (16 lowercase hex digits)."""
-    import ctypes
-    lib = ctypes.CDLL("libxxhash.so.0")
-    lib.XXH3_64bits.restype = ctypes.c_uint64
-    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    return "%016x" % lib.XXH3_64bits(data, len(data))
-
-
-def rewrite_record(ckpt, edit):
-    """Applies edit(record) to <ckpt>/commit.json, re-listing the size and checksum of every
-    file, and rewrites commit.json.xxh3 to match: a checkpoint as someone handing it over can
-    make one."""
-    path = os.path.join(ckpt, "commit.json")
-    with open(path) as f:
-        record = json.load(f)
-    edit(record)
-    for e in record["files"]:
-        with open(os.path.join(ckpt, e["name"]), "rb") as f:
-            data = f.read()
-        e["size"], e["xxh3"] = len(data), xxh3(data)
-    text = json.dumps(record, indent=1).encode() + b"\n"
-    with open(path, "wb") as f:
-        f.write(text)
-    with open(os.path.join(ckpt, "commit.json.xxh3"), "w") as f:
-        f.write(f"xxh3:{xxh3(text)}\n")
-
-
 def stride0_pt(name, sizes):
     """A .pt (the archive torch.save writes, records stored) holding {name: a Float tensor of
     `sizes` at stride 0 over a storage of one element}: a few hundred bytes."""
@@ -566,7 +539,7 @@ class HandedCheckpoint(CheckpointTest):
                     for c in g["chunks"]:
                         c["object"] = "../outside/evil"
                         c.pop("file", None)
-            rewrite_record(handed, outside)
+            recommit(handed, outside)
             self.refused_everywhere(tmp, manifest, handed, f"{handed}/commit.json",
                                     "names object '../outside/evil' is not a plain name")
             # A listed file that is a symbolic link to a file of the same bytes outside.
@@ -600,7 +573,7 @@ class HandedCheckpoint(CheckpointTest):
             def claim(record):
                 record["tensors"]["rng"] = [{"name": "torch.cpu", "dtype": "F32",
                                              "shape": sizes}]
-            rewrite_record(saved, claim)
+            recommit(saved, claim)
             rc, out, err, peak = keel_peak("train", manifest, "--resume", saved)
             self.assert_one_error_line(rc, err, f"{saved}/commit.json: tensor 'torch.cpu' of "
                                        "object 'rng' claims 2147483648 bytes ([268435456, 2] "
@@ -617,7 +590,7 @@ class HandedCheckpoint(CheckpointTest):
                 entry.pop("like", None)
                 entry["chunks"] = [{"offset": [0, 0], "size": [1 << 62, 4],
                                     "object": entry["chunks"][0]["object"]}]
-            rewrite_record(saved, overflow)
+            recommit(saved, overflow)
             self.assert_one_error_line(*keel("train", manifest, "--resume", saved)[::2],
                                        f"{saved}/commit.json: optimizer tensor",
                                        "claims shape [4611686018427387904, 4] of F32, more "

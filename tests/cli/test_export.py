@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import inproc  # noqa: E402
+from handed import recommit  # noqa: E402
 import safetensors_np  # noqa: E402
 from launching import free_port  # noqa: E402
 
@@ -536,33 +537,6 @@ keep_last = 5
         rc, err, out = export(since, "--since-any-run")
         check(rc == 0 and os.path.exists(os.path.join(out, "delta.json")),
               f"--since {since} --since-any-run: {err}")
-
-
-def xxh3(data):
-    """XXH3-64 of `data` as the commit record writes it (16 lowercase hex digits)."""
-    import ctypes
-    lib = ctypes.CDLL("libxxhash.so.0")
-    lib.XXH3_64bits.restype = ctypes.c_uint64
-    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    return "%016x" % lib.XXH3_64bits(data, len(data))
-
-
-def recommit(ckpt):
-    """Re-lists the size and checksum of every file of <ckpt>/commit.json (and the record's own
-    checksum beside it, where there is one), as someone handing the checkpoint over can."""
-    path = os.path.join(ckpt, "commit.json")
-    with open(path) as f:
-        record = json.load(f)
-    for e in record["files"]:
-        with open(os.path.join(ckpt, e["name"]), "rb") as f:
-            data = f.read()
-        e["size"], e["xxh3"] = len(data), xxh3(data)
-    text = json.dumps(record, indent=1).encode() + b"\n"
-    with open(path, "wb") as f:
-        f.write(text)
-    if os.path.exists(path + ".xxh3"):
-        with open(path + ".xxh3", "w") as f:
-            f.write(f"xxh3:{xxh3(text)}\n")
 
 
 def huge_claimed_model(tmp):
