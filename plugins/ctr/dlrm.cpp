@@ -21,10 +21,10 @@
 // b * 26 + f holding sample b's id of feature f, one id per bag. Criteo fields are
 // single-valued: `pooling` decides how a bag of several ids would combine; with one id per
 // bag, sum and mean both give that id's row, and zeros for a missing id. The tables get the
-// run's seed, the options min_count, ttl_steps, max_rows and init_std, and the run's keel_comm
-// (so that with several ranks they are sharded by id over the ranks); set_training reaches
-// them; Model::tables() shows them to the kernel, which hands them to the [sparse_optimizer]
-// and saves them with the checkpoints.
+// run's seed, the options min_count, ttl_steps, max_rows, max_pending and init_std, and the
+// run's keel_comm (so that with several ranks they are sharded by id over the ranks);
+// set_training reaches them; Model::tables() shows them to the kernel, which hands them to the
+// [sparse_optimizer] and saves them with the checkpoints.
 //
 // Dense parameters (named bottom0.weight, bottom0.bias, .., top0.weight, .., out.weight,
 // out.bias) use LibTorch's default initialisation, drawn from the global generator, which the
@@ -151,6 +151,7 @@ class Dlrm : public keel::Model {
     options.min_count = ctx.get_int("min_count");
     options.ttl_steps = ctx.get_int("ttl_steps");
     options.max_rows = ctx.get_int("max_rows");
+    options.max_pending = ctx.get_int("max_pending");
     options.init_std = ctx.get_float("init_std");
     options.seed = ctx.seed();
     tables_.reserve(kCategorical);
@@ -228,6 +229,11 @@ const keel_option_desc kOptions[] = {
     keel::opt_int("max_rows", "0",
                   "most rows per table on one rank (more is an error naming the table); 0: no "
                   "limit",
+                  0, 1e15),
+    keel::opt_int("max_pending", "0",
+                  "most ids waiting for admission (min_count > 1) per table on one rank after a "
+                  "step; past it the oldest steps' ids are forgotten until half wait; 0: 4 x "
+                  "max_rows, or 1048576 without max_rows",
                   0, 1e15),
     keel::opt_float("init_std", "0.01",
                     "a new row starts as N(0, init_std^2), drawn from (seed, table, id) alone", 0,

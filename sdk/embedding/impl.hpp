@@ -89,9 +89,12 @@ struct EmbeddingTable::Impl {
   // Adds scale * grad (dim floats) to row r's gradient for the step.
   void add_grad(int64_t r, const float* grad, float scale);
   void end_step(int64_t new_step);
+  void forget_pending();  // past opt.pending_limit(): the oldest steps' waiting ids go
   void fill_touched(keel_sparse_rows* out);
   std::vector<std::pair<std::string, at::Tensor>> save() const;
   void load(const std::vector<std::pair<std::string, at::Tensor>>& entries);
+  // Throws naming the id when one is twice among ids[0 .. n) of the part's `entry`.
+  void twice_in(const int64_t* ids, int64_t n, const char* entry) const;
 };
 
 }  // namespace keel

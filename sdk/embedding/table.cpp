@@ -5,8 +5,10 @@
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -55,6 +57,10 @@ void check_options(const TableOptions& o) {
   if (o.max_rows < 0)
     throw std::invalid_argument(who + "max_rows must be >= 0 (0: unlimited), not " +
                                 std::to_string(o.max_rows));
+  if (o.max_pending < 0)
+    throw std::invalid_argument(who + "max_pending must be >= 0 (0: 4 x max_rows, or " +
+                                std::to_string(TableOptions::kDefaultMaxPending) +
+                                " without max_rows), not " + std::to_string(o.max_pending));
   if (!(o.init_std >= 0.0) || !std::isfinite(o.init_std))
     throw std::invalid_argument(who + "init_std must be a finite value >= 0");
 }
@@ -260,16 +266,40 @@ void EmbeddingTable::Impl::end_step(int64_t new_step) {
   touched_rows.clear();
   grads.clear();
   step = new_step;
-  if (opt.ttl_steps <= 0) return;
-  // Rows not looked up in training in the last ttl_steps steps (steps new_step - ttl + 1 ..
-  // new_step): the LRU list holds the rows oldest first.
-  while (lru_head >= 0 && last_seen[lru_head] <= new_step - opt.ttl_steps) evict_row(lru_head);
-  // Pending sightings are forgotten likewise, checked every ttl_steps steps.
-  if (opt.min_count > 1 && new_step % opt.ttl_steps == 0) {
-    for (auto it = pending.begin(); it != pending.end();) {
-      auto here = it++;
-      if (here->second.last_seen <= new_step - opt.ttl_steps) pending.erase(here);
+  if (opt.ttl_steps > 0) {
+    // Rows not looked up in training in the last ttl_steps steps (steps new_step - ttl + 1 ..
+    // new_step): the LRU list holds the rows oldest first.
+    while (lru_head >= 0 && last_seen[lru_head] <= new_step - opt.ttl_steps) evict_row(lru_head);
+    // Pending sightings are forgotten likewise, checked every ttl_steps steps.
+    if (opt.min_count > 1 && new_step % opt.ttl_steps == 0) {
+      for (auto it = pending.begin(); it != pending.end();) {
+        auto here = it++;
+        if (here->second.last_seen <= new_step - opt.ttl_steps) pending.erase(here);
+      }
     }
+  }
+  if (opt.min_count > 1) forget_pending();
+}
+
+// Past pending_limit() waiting ids, the ids of the oldest steps go, whole steps at a time,
+// until at most half the limit wait: the rule depends on the waiting ids' last sightings alone
+// (saved with them), so a resumed run forgets what the uninterrupted one does; forgetting down
+// to half makes it one pass over the map per (limit / 2) new ids, not one every step.
+void EmbeddingTable::Impl::forget_pending() {
+  const int64_t limit = opt.pending_limit();
+  if (static_cast<int64_t>(pending.size()) <= limit) return;
+  const size_t keep = static_cast<size_t>(limit / 2);
+  std::vector<int64_t> seen;
+  seen.reserve(pending.size());
+  for (const auto& kv : pending) seen.push_back(kv.second.last_seen);
+  // The (keep + 1)-th newest sighting's step: it and every older step go, and at most `keep`
+  // ids, all sighted later, stay.
+  std::nth_element(seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(keep), seen.end(),
+                   std::greater<int64_t>());
+  const int64_t cut = seen[keep];
+  for (auto it = pending.begin(); it != pending.end();) {
+    auto here = it++;
+    if (here->second.last_seen <= cut) pending.erase(here);
   }
 }
 
@@ -367,6 +397,26 @@ Part read_part(const EmbeddingTable::Impl& m,
 
 void EmbeddingTable::Impl::load(const std::vector<std::pair<std::string, at::Tensor>>& entries) {
   const Part p = read_part(*this, entries);
+  const int64_t* ids = p.ids.data_ptr<int64_t>();
+  const int64_t* pids = p.pending_ids.data_ptr<int64_t>();
+  // Checked before anything changes, so that a refused part leaves the table as it was: an id
+  // at most once in each list of the part, and not in a part loaded before.
+  twice_in(ids, p.ids.size(0), "ids");
+  twice_in(pids, p.pending_ids.size(0), "pending_ids");
+  int64_t mine = 0;
+  for (int64_t i = 0; i < p.ids.size(0); ++i) {
+    if (embedding::owner_of(ids[i], world) != rank) continue;
+    ++mine;
+    if (index.count(ids[i]))
+      throw std::runtime_error(where() + ": id " + std::to_string(ids[i]) +
+                               " is in two loaded parts; hint: load each saved part once");
+  }
+  if (opt.max_rows > 0 && live() + mine > opt.max_rows)
+    throw std::runtime_error(
+        where() + ": the saved part's " + std::to_string(mine) + " rows of rank " +
+        std::to_string(rank) + " of " + std::to_string(world) + " (with " +
+        std::to_string(live()) + " loaded before) exceed max_rows = " +
+        std::to_string(opt.max_rows) + "; hint: raise max_rows or resume at more ranks");
   const int64_t* c = p.counters.data_ptr<int64_t>();
   const int64_t saved_rank = c[4], saved_world = c[5];
   // The part's counters go to one rank (the one its saving rank maps to), so that their sums
@@ -376,28 +426,43 @@ void EmbeddingTable::Impl::load(const std::vector<std::pair<std::string, at::Ten
     evicted += c[2];
   }
   step = std::max(step, c[3]);
-  const int64_t* ids = p.ids.data_ptr<int64_t>();
   const float* values = p.values.data_ptr<float>();
   const int64_t* seen = p.last_seen.data_ptr<int64_t>();
   const float* slots = slot_width > 0 ? p.slots.data_ptr<float>() : nullptr;
   const int64_t admitted_before = admitted;
   for (int64_t i = 0; i < p.ids.size(0); ++i) {
     if (embedding::owner_of(ids[i], world) != rank) continue;
-    if (index.count(ids[i]))
-      throw std::runtime_error(where() + ": id " + std::to_string(ids[i]) +
-                               " is in two loaded parts; hint: load each saved part once");
     const int64_t r = create_row(ids[i]);
     std::copy(values + i * opt.dim, values + (i + 1) * opt.dim, row(r));
     if (slots) std::copy(slots + i * slot_width, slots + (i + 1) * slot_width, row(r) + opt.dim);
     last_seen[r] = seen[i];
   }
   admitted = admitted_before;  // loading restores rows: not admissions
-  const int64_t* pids = p.pending_ids.data_ptr<int64_t>();
   const int64_t* pcounts = p.pending_counts.data_ptr<int64_t>();
   const int64_t* pseen = p.pending_last_seen.data_ptr<int64_t>();
   for (int64_t i = 0; i < p.pending_ids.size(0); ++i)
     if (embedding::owner_of(pids[i], world) == rank) pending[pids[i]] = {pcounts[i], pseen[i]};
   rebuild_lru();
+}
+
+// Throws when an id is twice among the n ids of the part's entry `entry`. Saved parts hold
+// their ids sorted: then one pass; else a sorted copy.
+void EmbeddingTable::Impl::twice_in(const int64_t* ids, int64_t n, const char* entry) const {
+  const auto check = [&](const int64_t* sorted) {
+    for (int64_t i = 1; i < n; ++i)
+      if (sorted[i] == sorted[i - 1])
+        throw std::runtime_error(where() + ": id " + std::to_string(sorted[i]) +
+                                 " is twice in the part's " + entry + "; hint: the saved part is "
+                                 "damaged or was not written by this table (it writes each id "
+                                 "once)");
+  };
+  if (std::is_sorted(ids, ids + n)) {
+    check(ids);
+    return;
+  }
+  std::vector<int64_t> sorted(ids, ids + n);
+  std::sort(sorted.begin(), sorted.end());
+  check(sorted.data());
 }
 
 // --- the public class ---------------------------------------------------------------------------
@@ -461,6 +526,7 @@ void EmbeddingTable::set_training(bool training) { impl_->training = training; }
 bool EmbeddingTable::training() const { return impl_->training; }
 const TableOptions& EmbeddingTable::options() const { return impl_->opt; }
 int64_t EmbeddingTable::current_step() const { return impl_->step + 1; }
+int64_t EmbeddingTable::pending() const { return static_cast<int64_t>(impl_->pending.size()); }
 
 keel_table_stats EmbeddingTable::stats() const {
   keel_table_stats s{};

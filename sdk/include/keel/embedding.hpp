@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,8 +45,23 @@ struct TableOptions {
   int64_t min_count = 1;     // admitted at the min_count-th sighting in training (1: at once)
   int64_t ttl_steps = 0;     // evict rows not looked up in training for this many steps (0: never)
   int64_t max_rows = 0;      // per rank; 0 = unlimited; exceeding it is an error naming the table
+  // Per rank: most ids waiting for admission (sighted, fewer than min_count times) after a step;
+  // past it the ids of the oldest steps are forgotten (TableOptions::pending_limit says how).
+  // 0: 4 x max_rows, or kDefaultMaxPending without max_rows.
+  int64_t max_pending = 0;
   double init_std = 0.01;    // rows start as N(0, init_std^2) drawn from (seed, name, id) only
   uint64_t seed = 0;         // the run's seed
+
+  static constexpr int64_t kDefaultMaxPending = int64_t{1} << 20;  // 1,048,576
+  // The limit max_pending gives: at the end of a step (end_step) with more ids waiting than
+  // this, the ids whose last sighting is oldest are forgotten, the ids of one step all at once
+  // (oldest step first), until at most half of it wait. Forgotten ids count from 0 again.
+  int64_t pending_limit() const {
+    if (max_pending > 0) return max_pending;
+    if (max_rows <= 0) return kDefaultMaxPending;
+    return max_rows > std::numeric_limits<int64_t>::max() / 4 ? std::numeric_limits<int64_t>::max()
+                                                              : 4 * max_rows;
+  }
 };
 
 class EmbeddingTable {
@@ -91,6 +107,8 @@ class EmbeddingTable {
   at::Tensor read(const at::Tensor& ids) const;
   // The step the next lookup belongs to: 1 + the last end_step's step (1 before any).
   int64_t current_step() const;
+  // Ids of this rank waiting for admission (sighted fewer than min_count times), now.
+  int64_t pending() const;
 
   struct Impl;  // the library's own (sdk/embedding/impl.hpp)
 
