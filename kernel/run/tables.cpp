@@ -233,7 +233,7 @@ void set_sparse_lr(Run& run, double factor) {
 
 void add_table_metrics(Run& run, std::vector<keel_metric>& record) {
   if (!run.sparse.any()) return;
-  std::vector<double> v(3, 0.0);
+  std::vector<double> v(4, 0.0);
   for (const keel_sparse_table* t : run.sparse.tables) {
     keel_table_stats st{};
     st.struct_size = sizeof(st);
@@ -243,11 +243,13 @@ void add_table_metrics(Run& run, std::vector<keel_metric>& record) {
     v[0] += static_cast<double>(st.rows);
     v[1] += static_cast<double>(st.admitted);
     v[2] += static_cast<double>(st.evicted);
+    v[3] += static_cast<double>(st.pending);
   }
   if (run.ranks.group) v = run.ranks.group->sum(v, "summing the tables' counters");
   record.push_back({"table_rows", v[0]});
   record.push_back({"admitted", v[1]});
   record.push_back({"evicted", v[2]});
+  record.push_back({"table_pending", v[3]});
   record.push_back({"sparse_grad_norm", run.sparse.grad_norm});
 }
 

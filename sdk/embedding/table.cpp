@@ -498,6 +498,8 @@ EmbeddingTable::EmbeddingTable(TableOptions options, const keel_comm* comm)
     if (KEEL_HAS_FIELD(out, keel_table_stats, rows)) out->rows = m.live();
     if (KEEL_HAS_FIELD(out, keel_table_stats, admitted)) out->admitted = m.admitted;
     if (KEEL_HAS_FIELD(out, keel_table_stats, evicted)) out->evicted = m.evicted;
+    if (KEEL_HAS_FIELD(out, keel_table_stats, pending))
+      out->pending = static_cast<int64_t>(m.pending.size());
   };
   t.save = [](void* s, keel_state_writer* out, keel_error* err) noexcept {
     return detail::guard(err, [&] {

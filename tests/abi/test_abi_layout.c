@@ -115,11 +115,12 @@ AT(keel_sparse_rows, grads, 32, 8);
 AT(keel_sparse_rows, slots, 40, 8);
 AT(keel_sparse_rows, slot_width, 48, 8);
 
-SIZE(keel_table_stats, 32);
+SIZE(keel_table_stats, 40);
 AT(keel_table_stats, struct_size, 0, 4);
 AT(keel_table_stats, rows, 8, 8);
 AT(keel_table_stats, admitted, 16, 8);
 AT(keel_table_stats, evicted, 24, 8);
+AT(keel_table_stats, pending, 32, 8);
 
 SIZE(keel_sparse_table, 80);
 AT(keel_sparse_table, struct_size, 0, 4);

@@ -89,6 +89,7 @@ SAME(10, host, option_list_float);
 SAME(10, host, log);
 APPENDED(host, report_error, 11);
 APPENDED(host, stop_requested, 19);
+APPENDED(table_stats, pending, 19);
 
 // keel_option_desc
 GROWN(option_desc);

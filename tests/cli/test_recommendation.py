@@ -148,9 +148,10 @@ class Recommendation(unittest.TestCase):
         train = records(self.full, "train")
         self.assertEqual(train[-1]["samples"], 3 * RECORDS)
         self.assertEqual(train[-1]["step"], 3 * 12)
-        for key in ("table_rows", "admitted", "evicted", "sparse_grad_norm"):
+        for key in ("table_rows", "admitted", "evicted", "table_pending", "sparse_grad_norm"):
             self.assertIn(key, train[-1])
         self.assertEqual(train[-1]["evicted"], 0)
+        self.assertEqual(train[-1]["table_pending"], 0)  # min_count = 1: every id admitted at once
         self.assertEqual(train[-1]["table_rows"], train[-1]["admitted"])
 
     def test_exact_resume(self):

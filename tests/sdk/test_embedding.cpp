@@ -464,6 +464,8 @@ TEST_CASE("pending ids stay bounded: past max_pending the oldest steps' are forg
   }
   CHECK(most <= 40);
   CHECK(t.stats().rows == 0);
+  CHECK(t.stats().pending == waiting(t));  // the records' table_pending (ABI 1.10)
+  CHECK(t.stats().pending == t.pending());
   // What waits is the newest whole steps' ids: past 40 (at the end of steps 6, 10, .., 98) the
   // newest whole steps within 20 ids stay (2 steps, 14 ids), so at step 100 steps 97 .. 100.
   const at::Tensor left = entry(save(t), "pending_last_seen");

@@ -403,6 +403,9 @@ typedef struct keel_table_stats {
   int64_t rows;         /* live rows now (this rank's, when sharded) */
   int64_t admitted;     /* rows created since the run began (a resumed run continues the count) */
   int64_t evicted;      /* rows evicted since the run began (likewise) */
+  /* (1.10) Ids waiting for admission now (sighted fewer than the table's admission count; this
+   * rank's, when sharded). A table of 1.9 or older leaves it 0. */
+  int64_t pending;
 } keel_table_stats;
 
 /* One table; the model's, valid for the model's life. Slots are called on the training thread,
