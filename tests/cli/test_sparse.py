@@ -12,12 +12,16 @@ the step's gradients) to a dump file at every end_step; the cases read it:
 - checkpoint + --resume: the rows and slots after it equal an uninterrupted run's, bit for bit;
 - resume at another number of ranks (2 -> 1, 1 -> 2, torchrun): the parts each rank loads;
 - [checkpoint] init_from loads the tables;
+- a handed checkpoint whose record (checksums redone) claims table entries of [2^62, 4], of 8 TiB
+  or an index of 3e9 rows over a file that holds a few: one error line naming commit.json and
+  the entry, exit 1 (issue 43, finding 9: "internal error", exit 70, before);
 - the one-line errors of a model with tables but no [sparse_optimizer], and the reverse.
 
 Usage: test_sparse.py KEEL_BINARY FIXTURE_DIR (Debian's /usr/bin/python3 with python3-torch)."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +29,7 @@ import unittest
 
 import torch
 
+from handed import recommit
 from launching import TORCHRUN, free_port
 
 KEEL, FIXTURES = sys.argv[1], os.path.abspath(sys.argv[2])
@@ -251,6 +256,33 @@ class Sparse(unittest.TestCase):
         _, _, warm = self.run_keel(ck + f'init_from = "{step3}"\n', steps=1)
         self.assertEqual(load_lines(warm), [["load", str(n), str(n)]])
         self.assertGreaterEqual(len(read_dump(warm)[1]), n)
+
+    def test_handed_table_claims(self):
+        ck = '[checkpoint]\ntype = "safetensors"\nevery_steps = 3\n'
+        _, run, _ = self.run_keel(ck, steps=3)
+        step3 = os.path.join(run, "checkpoints", "step-3")
+        claims = {"overflow": ("ids.values", [1 << 62, 4]),
+                  "8 TiB": ("ids.values", [1 << 39, 4]),
+                  "3e9 rows": ("ids.ids", [3_000_000_000])}
+        for case, (entry, shape) in claims.items():
+            with self.subTest(case=case):
+                handed = os.path.join(self.tmp.name, "handed-" + case.replace(" ", "_"))
+                shutil.copytree(step3, handed)
+
+                def claim(record):
+                    for t in record["tensors"]["tables"]:
+                        if t["name"] == entry:
+                            t["shape"] = shape
+                recommit(handed, claim)
+                for args in (["--resume", handed], ["--set", f"checkpoint.init_from={handed}"]):
+                    r, _, _ = self.run_keel(ck, steps=4, ok=False, args=args)
+                    self.assertEqual(r.returncode, 1, r.stderr)
+                    lines = r.stderr.strip().splitlines()
+                    self.assertEqual(len(lines), 1, r.stderr)
+                    self.assertTrue(lines[0].startswith("keel: error: "), r.stderr)
+                    self.assertIn(os.path.join(handed, "commit.json"), lines[0])
+                    self.assertIn(f"tensor '{entry}' of object 'tables' claims", lines[0])
+                    self.assertNotIn("internal error", r.stderr)
 
     def test_other_world_size(self):
         """2 ranks -> 1 and 1 -> 2: every saved part in turn, or this rank's ids of the one."""
