@@ -132,7 +132,9 @@ void load_part(Run& run, const CommitRecord& rec, const std::string& dir, const 
       if (table_of(s, name) == table) mine.emplace_back(name.substr(std::strlen(table->name) + 1), t);
     if (mine.empty()) continue;
     const std::vector<keel_named_tensor> named = as_named(mine);
-    call_table(run, table, "load", table->load, named.data(), named.size());
+    // The part named, so that a refusal ("id 3 is twice in the part's ids") says which file.
+    const std::string what = "load of " + dir + "'s object '" + stem + "'";
+    call_table(run, table, what.c_str(), table->load, named.data(), named.size());
   }
 }
 
