@@ -35,6 +35,7 @@ StopSignals::StopSignals() {
 StopSignals::~StopSignals() {
   sigaction(SIGTERM, &old_term_, nullptr);
   sigaction(SIGINT, &old_int_, nullptr);
+  g_stop_signal = 0;  // keel_host.stop_requested is 0 outside a training run (abi.h)
 }
 
 int StopSignals::received() { return g_stop_signal.load(); }

@@ -186,7 +186,7 @@ typedef struct keel_host {
 
   /* (1.10) Nonzero once the run has been asked to stop by a signal (the first SIGTERM or SIGINT
    * that `keel train` received during its loop; the kernel's signal handler sets a flag that
-   * this reads), else 0; it stays nonzero until the process ends, and is 0 outside a training
+   * this reads), else 0; it stays nonzero until that run ends, and is 0 outside a training
    * run (keel evaluate, keel export). One atomic load: cheap, and async-signal-safe. A slot that
    * waits for something that may never come (a dataset's next waiting for data to arrive) polls
    * it, every 10 to 100 ms, and gives up when it turns nonzero (see KEEL_BATCH_STOPPED); a slot
@@ -855,9 +855,12 @@ typedef struct keel_checkpoint {
    * the commit protocol: `dir` is a staging directory; the kernel checksums and fsyncs every
    * file in it, writes its commit record and renames it once every object is written, so the
    * backend only writes files (and reports a failed write or close as KEEL_ERR). Tensors are
-   * CPU tensors of any dtype, 0-dim ones included. [train] -- with [checkpoint] async = true,
-   * on the kernel's checkpoint thread instead, never concurrently with another slot of the
-   * instance. */
+   * CPU tensors of any dtype, 0-dim ones included. The object's files together hold at least
+   * its tensors' bytes (store them uncompressed): a checkpoint whose record claims more bytes
+   * than the object's files hold is refused before any load (docs/checkpoints.md), so that a
+   * handed checkpoint cannot claim more memory than its size. [train] -- with [checkpoint]
+   * async = true, on the kernel's checkpoint thread instead, never concurrently with another
+   * slot of the instance. */
   keel_status (*save)(void* self, const char* dir, const char* stem,
                       const keel_named_tensor* tensors, size_t count, keel_error* err);
   /* Reads object `stem` from `dir` and copies each tensor of `into` from the stored tensor of
