@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -170,14 +171,15 @@ struct Node;
 using Ref = std::shared_ptr<Node>;
 
 struct Node {
-  enum Kind { kNone, kBool, kInt, kStr, kTuple, kDict, kGlobal, kStorage, kTensor } kind;
+  enum Kind { kNone, kBool, kInt, kFloat, kStr, kTuple, kList, kDict, kGlobal, kStorage, kTensor } kind;
   explicit Node(Kind k) : kind(k) {}
-  int64_t i = 0;                 // kBool, kInt
+  int64_t i = 0;                 // kBool, kInt (a kFloat's value is not kept: keel loads tensors)
   std::string s;                 // kStr; kGlobal: "module.name"; kStorage: its key
-  std::vector<Ref> items;        // kTuple; kDict: key, value, key, value, ...
-  std::set<std::string> keys;    // kDict: its keys, each once
+  std::vector<Ref> items;        // kTuple, kList; kDict: key, value, key, value, ...
+  std::set<std::string> keys;    // kDict: its keys as text (an int key in decimal), each once
   bool ordered = false;          // kDict made by collections.OrderedDict()
-  bool frozen = false;           // placed inside another value: no longer changed
+  bool frozen = false;           // placed inside another value: no longer changed (so no value
+                                 // holds itself, however deep)
   int depth = 1;                 // nesting, bounded so that no recursion runs deep
   c10::ScalarType dtype = c10::ScalarType::Undefined;  // kGlobal (a storage class), kStorage
   uint64_t numel = 0;                                    // kStorage
@@ -192,8 +194,10 @@ const char* kind_name(const Node& n) {
     case Node::kNone: return "None";
     case Node::kBool: return "a bool";
     case Node::kInt: return "an int";
+    case Node::kFloat: return "a float";
     case Node::kStr: return "a string";
     case Node::kTuple: return "a tuple";
+    case Node::kList: return "a list";
     case Node::kDict: return "a dict";
     case Node::kGlobal: return "a global";
     case Node::kStorage: return "a storage";
@@ -202,12 +206,23 @@ const char* kind_name(const Node& n) {
   return "?";
 }
 
+// A dict key as text: a string, or an int in decimal (an optimizer's state is keyed by the
+// parameters' indices).
+std::string key_text(const Node& k) { return k.kind == Node::kInt ? std::to_string(k.i) : k.s; }
+
 constexpr int kMaxDepth = 16;
 constexpr size_t kMaxDims = 64;
+// Naming the tensors walks the values from the root; a value the memo places in several others
+// is walked each time, so that a pickle of a few KB could ask for 2^64 steps or names of GBs:
+// at most this many values walked, and this many bytes in the names of all values walked.
+constexpr uint64_t kMaxVisits = uint64_t{1} << 22;
+constexpr uint64_t kMaxNameBytes = uint64_t{64} << 20;
 
-// The globals data.pkl may name: what torch::pickle_save and Python's torch.save write for a
-// dict of CPU tensors, and nothing that runs code beyond rebuilding them.
+// The globals data.pkl may name: what keel, torch::pickle_save and Python's torch.save (1.x and
+// 2.x) write for dicts of CPU tensors and parameters, and nothing that runs code beyond
+// rebuilding them.
 const char* const kRebuildTensor = "torch._utils._rebuild_tensor_v2";
+const char* const kRebuildParameter = "torch._utils._rebuild_parameter";
 const char* const kOrderedDict = "collections.OrderedDict";
 const char* const kRestoreTypeTag = "torch.jit._pickle.restore_type_tag";
 const std::map<std::string, c10::ScalarType>& storage_classes() {
@@ -265,10 +280,11 @@ class Unpickler {
           auto g = std::make_shared<Node>(Node::kGlobal);
           const auto sc = storage_classes().find(full);
           if (sc != storage_classes().end()) g->dtype = sc->second;
-          else if (full != kRebuildTensor && full != kOrderedDict && full != kRestoreTypeTag)
+          else if (full != kRebuildTensor && full != kRebuildParameter && full != kOrderedDict &&
+                   full != kRestoreTypeTag)
             bad("global " + shown(full) + ", which is not on keel's allow-list (" +
-                kRebuildTensor + ", " + kOrderedDict + ", " + kRestoreTypeTag +
-                ", torch.<Type>Storage)");
+                kRebuildTensor + ", " + kRebuildParameter + ", " + kOrderedDict + ", " +
+                kRestoreTypeTag + ", torch.<Type>Storage)");
           g->s = full;
           push(g);
           break;
@@ -285,6 +301,22 @@ class Unpickler {
           break;
         }
         case '}': push(std::make_shared<Node>(Node::kDict)); break;  // EMPTY_DICT
+        case ']': push(std::make_shared<Node>(Node::kList)); break;  // EMPTY_LIST
+        case 'a': {                                                   // APPEND
+          Ref v = pop();
+          append(top(), {v});
+          break;
+        }
+        case 'e': {  // APPENDS
+          std::vector<Ref> items = pop_mark();
+          append(top(), items);
+          break;
+        }
+        case 'G':  // BINFLOAT: 8 bytes (an optimizer's lr, betas, eps: not kept)
+          need(8);
+          pos_ += 8;
+          push(std::make_shared<Node>(Node::kFloat));
+          break;
         case 's': {                                                   // SETITEM
           Ref v = pop(), k = pop();
           set_items(top(), {k, v});
@@ -435,13 +467,24 @@ class Unpickler {
     if (dict->frozen) bad("SETITEM(S) on a dict already placed inside another value");
     if (kv.size() % 2 != 0) bad("SETITEMS with an odd number of values");
     for (size_t j = 0; j < kv.size(); j += 2) {
-      if (kv[j]->kind != Node::kStr) bad(std::string("a dict key that is ") + kind_name(*kv[j]));
+      if (kv[j]->kind != Node::kStr && kv[j]->kind != Node::kInt)
+        bad(std::string("a dict key that is ") + kind_name(*kv[j]));
       if (kv[j + 1] == dict) bad("a dict inside itself");
-      if (!dict->keys.insert(kv[j]->s).second) bad("the dict key " + shown(kv[j]->s) + " twice");
+      const std::string key = key_text(*kv[j]);
+      if (!dict->keys.insert(key).second) bad("the dict key " + shown(key) + " twice");
       adopt(*dict, kv[j]);
       adopt(*dict, kv[j + 1]);
       dict->items.push_back(kv[j]);
       dict->items.push_back(kv[j + 1]);
+    }
+  }
+  void append(const Ref& list, const std::vector<Ref>& items) {
+    if (list->kind != Node::kList) bad("APPEND(S) on " + std::string(kind_name(*list)));
+    if (list->frozen) bad("APPEND(S) on a list already placed inside another value");
+    for (const Ref& v : items) {
+      if (v == list) bad("a list inside itself");
+      adopt(*list, v);
+      list->items.push_back(v);
     }
   }
   // BINPERSID: ('storage', torch.<Type>Storage, key, location, numel).
@@ -498,6 +541,15 @@ class Unpickler {
       return a[0];
     }
     if (callable->s == kRebuildTensor) return tensor(a);
+    // _rebuild_parameter(tensor, requires_grad, backward_hooks): an nn.Parameter saved as it is
+    // (torch.save of a dict holding parameters), loaded as its tensor.
+    if (callable->s == kRebuildParameter) {
+      if (a.size() != 3 || a[0]->kind != Node::kTensor || a[1]->kind != Node::kBool ||
+          a[2]->kind != Node::kDict || !a[2]->items.empty())
+        bad("_rebuild_parameter called with other arguments than (tensor, requires_grad, empty "
+            "hooks)");
+      return a[0];
+    }
     bad("a call of " + shown(callable->s));
   }
   // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks):
@@ -570,35 +622,70 @@ std::vector<TensorSpec> read_pt(const std::vector<char>& bytes, const std::strin
   const std::map<std::string, Record> records = read_zip(bytes, path);
 
   // Every record under one top-level directory (torch::pickle_save: "archive"; torch.save: the
-  // file's stem), and only the records keel and torch.save write.
+  // file's stem), and only the records keel and torch.save write: data.pkl, the storages'
+  // data/<key>, and small records of text, each checked here and otherwise unused (the
+  // storages' bytes are found through the zip directory, whatever .storage_alignment says).
   const std::string& first = records.begin()->first;
   const std::string prefix = first.substr(0, first.find('/') + 1);
   if (prefix.size() < 2) fail(path, "record " + shown(first) + " is not inside a directory");
+  // The record's text, without one trailing newline.
+  auto text = [&](const Record& rec) {
+    std::string v(bytes.data() + rec.begin, rec.size);
+    if (!v.empty() && v.back() == '\n') v.pop_back();
+    return v;
+  };
+  auto digits = [](const std::string& v, size_t most) {
+    return !v.empty() && v.size() <= most && v.find_first_not_of("0123456789") == std::string::npos;
+  };
   std::set<std::string> data_keys;
+  bool versioned = false;
   for (const auto& [name, rec] : records) {
     const std::string rest = name.compare(0, prefix.size(), prefix) == 0 ? name.substr(prefix.size()) : "";
-    if (rest == "data.pkl" || rest == "version") continue;
+    const std::string rec_name = "record " + shown(name);
+    if (rest == "data.pkl") continue;
+    if (rest == "version" || rest == ".data/version" || rest == ".format_version") {
+      // The archive's format version (1.x and 2.x: "3"; PyTorchStreamWriter writes
+      // .data/version instead from 6 on), and torch.save's own since 2.x (.format_version "1").
+      const std::string v = text(rec);
+      if (!digits(v, 2) || std::stoi(v) < 1 || std::stoi(v) > 10)
+        fail(path, rec_name + " holds " + shown(v) + ", not a file format version from 1 to 10");
+      versioned = versioned || rest != ".format_version";
+      continue;
+    }
+    if (rest == "byteorder") {  // since 2.x: the byte order of the storages' bytes
+      const std::string v = text(rec);
+      if (v == "little") continue;
+      if (v == "big")
+        fail(path, rec_name + " says 'big': its tensors' bytes are big-endian, and keel reads "
+                   "little-endian .pt files only");
+      fail(path, rec_name + " holds " + shown(v) + ", not a byte order ('little')");
+    }
+    if (rest == ".storage_alignment") {  // since 2.x: the storages' alignment in the file
+      if (!digits(text(rec), 8))
+        fail(path, rec_name + " holds " + shown(text(rec)) + ", not a number of bytes");
+      continue;
+    }
+    if (rest == ".data/serialization_id") {  // since 2.x: an id of the save, in decimal
+      if (!digits(text(rec), 64))
+        fail(path, rec_name + " holds " + shown(text(rec)) + ", not a serialization id (digits)");
+      continue;
+    }
     const std::string key = rest.rfind("data/", 0) == 0 ? rest.substr(5) : "";
     if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos)
-      fail(path, "record " + shown(name) + " is not one that keel or torch.save writes (" +
-                     prefix + "data.pkl, " + prefix + "version, " + prefix + "data/<number>)");
+      fail(path, rec_name + " is not one that keel or torch.save writes (" + prefix +
+                     "data.pkl, " + prefix + "data/<number>, " + prefix + "version, " + prefix +
+                     ".data/version, " + prefix + "byteorder, " + prefix + ".format_version, " +
+                     prefix + ".storage_alignment, " + prefix + ".data/serialization_id)");
     data_keys.insert(key);
   }
-  const auto version = records.find(prefix + "version");
-  if (version == records.end()) fail(path, "no record " + shown(prefix + "version"));
-  std::string v(bytes.data() + version->second.begin, version->second.size);
-  if (!v.empty() && v.back() == '\n') v.pop_back();
-  if (v.empty() || v.size() > 2 || v.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(v) < 1 || std::stoi(v) > 10)
-    fail(path, "record " + shown(prefix + "version") + " holds " + shown(v) +
-                   ", not a file format version from 1 to 10");
+  if (!versioned) fail(path, "no record " + shown(prefix + "version"));
   const auto pkl = records.find(prefix + "data.pkl");
   if (pkl == records.end()) fail(path, "no record " + shown(prefix + "data.pkl"));
 
   Unpickler u(bytes.data() + pkl->second.begin, pkl->second.size, path);
   const Ref root = u.run();
   if (root->kind != Node::kDict)
-    fail(path, "data.pkl holds " + std::string(kind_name(*root)) + ", not a dict of name -> tensor");
+    fail(path, "data.pkl holds " + std::string(kind_name(*root)) + ", not a dict (a state dict)");
 
   // Each storage the pickle names is a record of exactly its bytes, and each data record is
   // one the pickle names.
@@ -624,25 +711,47 @@ std::vector<TensorSpec> read_pt(const std::vector<char>& bytes, const std::strin
     fail(path, "record " + shown(prefix + "data/" + *data_keys.begin()) +
                    " is not a storage data.pkl names");
 
+  // The tensors, named by their keys from the root down joined with '.' (an int key in
+  // decimal, a list's or tuple's item by its index: {"state": {0: {"exp_avg": t}}} names t
+  // "state.0.exp_avg"), in the pickle's order; values that are not tensors are left out. A
+  // tensor placed twice (tied weights) is named twice.
   std::vector<TensorSpec> out;
-  for (size_t k = 0; k < root->items.size(); k += 2) {
-    const Node& key = *root->items[k];
-    const Node& value = *root->items[k + 1];
-    if (value.kind != Node::kTensor)
-      fail(path, "data.pkl's entry " + shown(key.s) + " is " + kind_name(value) +
-                     ", not a tensor (a dict of name -> tensor expected)");
-    TensorSpec t;
-    t.name = key.s;
-    t.dtype = value.dtype;
-    t.sizes = value.sizes;
-    t.strides = value.strides;
-    t.storage_offset = value.offset;
-    t.storage_numel = value.storage->numel;
-    const Record& rec = records.at(prefix + "data/" + value.storage->s);
-    t.data_begin = rec.begin;
-    t.data_bytes = rec.size;
-    out.push_back(std::move(t));
-  }
+  std::set<std::string> names;
+  uint64_t visits = 0, name_bytes = 0;
+  // Depth-first; recursion is bounded by kMaxDepth, which every value's depth is within.
+  std::function<void(const Ref&, const std::string&)> walk = [&](const Ref& v,
+                                                                 const std::string& name) {
+    if (++visits > kMaxVisits)
+      fail(path, "data.pkl: naming its tensors walks over " + std::to_string(kMaxVisits) +
+                     " values (values placed in others many times over)");
+    name_bytes += name.size();
+    if (name_bytes > kMaxNameBytes)
+      fail(path, "data.pkl: naming its tensors makes over " + std::to_string(kMaxNameBytes) +
+                     " bytes of names (long keys placed in others many times over)");
+    auto child = [&](const std::string& key) { return name.empty() ? key : name + "." + key; };
+    if (v->kind == Node::kDict) {
+      for (size_t k = 0; k < v->items.size(); k += 2)
+        walk(v->items[k + 1], child(key_text(*v->items[k])));
+    } else if (v->kind == Node::kList || v->kind == Node::kTuple) {
+      for (size_t k = 0; k < v->items.size(); ++k) walk(v->items[k], child(std::to_string(k)));
+    } else if (v->kind == Node::kTensor) {
+      if (!names.insert(name).second)
+        fail(path, "data.pkl names two tensors " + shown(name) +
+                       " (nested keys are joined with '.': 'a.b' is also {'a': {'b': ...}})");
+      TensorSpec t;
+      t.name = name;
+      t.dtype = v->dtype;
+      t.sizes = v->sizes;
+      t.strides = v->strides;
+      t.storage_offset = v->offset;
+      t.storage_numel = v->storage->numel;
+      const Record& rec = records.at(prefix + "data/" + v->storage->s);
+      t.data_begin = rec.begin;
+      t.data_bytes = rec.size;
+      out.push_back(std::move(t));
+    }
+  };
+  walk(root, "");
   return out;
 }
 

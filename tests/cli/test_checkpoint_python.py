@@ -1,9 +1,9 @@
 """Checkpoints that Python reads without keel.
 
 1. A run with [checkpoint] type = "torch" writes <run>/checkpoints/step-<N>/model.pt; Python's
-   torch.load returns the state dict, which loads (strict=True) into an nn.Sequential built like
-   keel's mlp, and that model's accuracy on the same Fashion-MNIST test samples equals the
-   accuracy keel reported for its final evaluation in metrics.jsonl.
+   torch.load(weights_only=True) returns the state dict, which loads (strict=True) into an
+   nn.Sequential built like keel's mlp, and that model's accuracy on the same Fashion-MNIST test
+   samples equals the accuracy keel reported for its final evaluation in metrics.jsonl.
 2. The same manifest with [checkpoint] type = "safetensors" (same seed, one thread: keel is
    deterministic) writes a model.safetensors whose tensors, read here with json, struct and numpy
    only, are bit for bit the tensors torch.load returned from the .pt file of run 1.
@@ -162,10 +162,9 @@ class CheckpointsInPython(unittest.TestCase):
         cls.safetensors_run = run_keel(cls.tmp.name, "safetensors")
         print(f"\n  two keel runs: {time.time() - t0:.1f} s", file=sys.stderr)
         cls.step, directory = final_checkpoint(cls.torch_run)
-        # torch::pickle_save wraps the dict in torch.jit._pickle.restore_type_tag(dict,
-        # "Dict[str, Tensor]"), which returns the dict as it is; torch.load(weights_only=True)
-        # refuses that global in torch 1.13, so this is the default (unrestricted) load.
-        cls.state = torch.load(os.path.join(directory, "model.pt"))
+        # keel writes the dict as Python's torch.save does, naming only globals that
+        # torch.load(weights_only=True) allows (in torch 1.13 and 2.x alike).
+        cls.state = torch.load(os.path.join(directory, "model.pt"), weights_only=True)
 
     def test_torch_load_gives_the_state_dict_of_the_evaluated_model(self):
         self.assertIs(type(self.state), dict)

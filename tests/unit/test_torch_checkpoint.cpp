@@ -2,7 +2,9 @@
 // load round-trips every dtype bit for bit, the file is a pickled dict of name -> tensor in the
 // given order, and a missing tensor, a shape or dtype mismatch, a file that is not such a dict,
 // and a failed write are refused with one line that names the file (and the tensor) and ends
-// with a hint.
+// with a hint. Files of Python's torch.save (PyTorch 2.11's, committed in
+// tests/fixtures/pt/torch-2.11, and those the build's own Python writes) load tensor by tensor,
+// and the build's Python loads keel's with torch.load(weights_only=True).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
@@ -17,7 +19,9 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -37,8 +41,8 @@ namespace {
 
 const keel::Registry& registry() { return keel_test::default_registry(); }
 
-keel::Instance<keel_checkpoint> backend() {
-  const keel::Component* c = registry().find(KEEL_KIND_CHECKPOINT, "torch");
+keel::Instance<keel_checkpoint> backend(const char* type = "torch") {
+  const keel::Component* c = registry().find(KEEL_KIND_CHECKPOINT, type);
   REQUIRE(c != nullptr);
   static keel_options none;
   keel_create_context ctx{};
@@ -56,16 +60,19 @@ std::vector<keel_named_tensor> handles(const Named& tensors) {
   return out;
 }
 
-void save(const fs::path& dir, const Named& tensors) {
-  const auto b = backend();
+// Saves or loads <dir>/<stem>.pt (type "torch") or <dir>/<stem>.safetensors ("safetensors").
+void save(const fs::path& dir, const Named& tensors, const char* type = "torch",
+          const char* stem = "model") {
+  const auto b = backend(type);
   const auto h = handles(tensors);
-  b.call("save", b->save, dir.c_str(), "model", h.data(), h.size());
+  b.call("save", b->save, dir.c_str(), stem, h.data(), h.size());
 }
 
-void load(const fs::path& dir, const Named& into) {
-  const auto b = backend();
+void load(const fs::path& dir, const Named& into, const char* type = "torch",
+          const char* stem = "model") {
+  const auto b = backend(type);
   const auto h = handles(into);
-  b.call("load", b->load, dir.c_str(), "model", h.data(), h.size());
+  b.call("load", b->load, dir.c_str(), stem, h.data(), h.size());
 }
 
 // Same dtype, same shape, same bytes (NaN and -0.0 included).
@@ -183,7 +190,7 @@ TEST_CASE("a file that is not a pickled dict of name -> tensor is refused, namin
   const std::string not_zip = kLabel + "load failed: '" + file + "': not a zip archive (no "
                               "end-of-central-directory record at its end: truncated, or not a "
                               ".pt file); hint: keel loads only .pt files that hold a dict of "
-                              "name -> tensor";
+                              "tensors (nested dicts and lists too)";
 
   write("this is not a zip archive");
   CHECK_HAS(error_line([&] { load(d.path, into); }), not_zip);
@@ -235,12 +242,16 @@ struct Geometry {
   int64_t offset = 0, numel = 6;
 };
 
-// {"w": tensor} as Python's torch.save writes a dict: _rebuild_tensor_v2 of storage '0'.
+// A tensor as Python's torch.save writes it: _rebuild_tensor_v2 of storage '0'.
+std::string tensor_value(const Geometry& g, const std::string& storage_class = "FloatStorage") {
+  return "ctorch._utils\n_rebuild_tensor_v2\n((" + str("storage") + "ctorch\n" + storage_class +
+         "\n" + str("0") + str("cpu") + i64(g.numel) + "tQ" + i64(g.offset) + tuple(g.sizes) +
+         tuple(g.strides) + "\x89" "ccollections\nOrderedDict\n)RtR";
+}
+
+// {"w": tensor} as Python's torch.save writes a dict.
 std::string tensor_pickle(const Geometry& g, const std::string& storage_class = "FloatStorage") {
-  return "\x80\x02}(" + str("w") + "ctorch._utils\n_rebuild_tensor_v2\n((" + str("storage") +
-         "ctorch\n" + storage_class + "\n" + str("0") + str("cpu") + i64(g.numel) + "tQ" +
-         i64(g.offset) + tuple(g.sizes) + tuple(g.strides) +
-         "\x89" "ccollections\nOrderedDict\n)RtRu.";
+  return "\x80\x02}(" + str("w") + tensor_value(g, storage_class) + "u.";
 }
 
 std::string archive(const std::vector<std::pair<std::string, std::string>>& records) {
@@ -339,6 +350,55 @@ TEST_CASE("crafted .pt files are refused with one line each, before any tensor i
       {"extra unlisted record",
        archive({{"data.pkl", good_pkl}, {"data/0", floats(6)}, {"extra.so", "\x7f" "ELF"}}),
        "record 'archive/extra.so' is not one that keel or torch.save writes"},
+      // PyTorch 2.x's records: a byte order other than little-endian is refused, not swapped.
+      {"big-endian byteorder record",
+       archive({{"data.pkl", good_pkl}, {"data/0", floats(6)}, {"byteorder", "big"}}),
+       "record 'archive/byteorder' says 'big': its tensors' bytes are big-endian, and keel reads "
+       "little-endian .pt files only"},
+      {"unknown byteorder", archive({{"data.pkl", good_pkl}, {"data/0", floats(6)}, {"byteorder", "pdp\n"}}),
+       "record 'archive/byteorder' holds 'pdp', not a byte order ('little')"},
+      {".format_version out of range",
+       archive({{"data.pkl", good_pkl}, {"data/0", floats(6)}, {".format_version", "99"}}),
+       "record 'archive/.format_version' holds '99', not a file format version from 1 to 10"},
+      // Nested values (an optimizer's state dict): the names they make, lists, int keys.
+      {"a list inside itself",
+       archive({{"data.pkl", std::string("\x80\x02}(") + str("w") + std::string("]q\0h\0a", 6) + "u."}}),
+       "a list inside itself"},
+      {"append to a list already placed",
+       archive({{"data.pkl", std::string("\x80\x02}(") + str("w") + std::string("]q\0u", 4) +
+                                 std::string("h\0", 2) + "Na."}}),
+       "APPEND(S) on a list already placed inside another value"},
+      {"an int key and a string key alike",
+       archive({{"data.pkl", "\x80\x02}(K\x07N" + str("7") + "Nu."}}), "the dict key '7' twice"},
+      {"two tensors one name once nested",
+       archive({{"data.pkl", "\x80\x02}(" + str("a.b") + tensor_value({}) + str("a") + "}" +
+                                 str("b") + tensor_value({}) + "su."},
+                {"data/0", floats(6)}}),
+       "data.pkl names two tensors 'a.b'"},
+      {"a float as a dict key", archive({{"data.pkl", "\x80\x02}(G" + std::string(8, '\0') + "Nu."}}),
+       "a dict key that is a float"},
+      {"_rebuild_parameter of a non-tensor",
+       archive({{"data.pkl", "\x80\x02}(" + str("w") + "ctorch._utils\n_rebuild_parameter\n(N\x89}tRu."}}),
+       "_rebuild_parameter called with other arguments than (tensor, requires_grad, empty hooks)"},
+      // Lists each holding the one before 64 times: 64^5 values to walk from 700 bytes.
+      {"a list of lists shared many times", [] {
+         std::string pkl = std::string("\x80\x02}(") + str("w0") + std::string("]q\0", 3);
+         for (char level = 1; level <= 5; ++level) {
+           pkl += str("w" + std::to_string(level)) + "](";
+           for (int k = 0; k < 64; ++k) pkl += std::string("h") + static_cast<char>(level - 1);
+           pkl += std::string("eq") + level;
+         }
+         return archive({{"data.pkl", pkl + "u."}});
+       }(),
+       "data.pkl: naming its tensors walks over 4194304 values"},
+      // A dict with a 1 MiB key placed 65 times in a list: 65 MiB of names from a 1 MiB file.
+      {"names of over 64 MiB", [] {
+         std::string pkl = std::string("\x80\x02}(") + str("w") + "](}" +
+                           str(std::string(1 << 20, 'k')) + "Nsq\x01";
+         for (int k = 0; k < 64; ++k) pkl += "h\x01";
+         return archive({{"data.pkl", pkl + "eu."}});
+       }(),
+       "data.pkl: naming its tensors makes over 67108864 bytes of names"},
       {"data record the pickle does not name",
        archive({{"data.pkl", good_pkl}, {"data/0", floats(6)}, {"data/1", floats(6)}}),
        "record 'archive/data/1' is not a storage data.pkl names"},
@@ -390,6 +450,145 @@ TEST_CASE("a failed write or close, or a duplicate name, fails the save naming t
   fs::remove(file);
   CHECK_HAS(error_line([&] { save(d.path, {{"w", at::zeros({2})}, {"w", at::zeros({2})}}); }),
             "save failed: saving '" + file + "': tensor name 'w' appears twice; hint: ");
+}
+
+namespace {
+
+// ---- .pt files written by Python's torch.save: tests/fixtures/pt/write_pt.py writes each
+// <stem>.pt beside a <stem>.safetensors of the same tensors under keel's names for them
+// (nested keys joined with '.', list items by index); every tensor here is loaded from both,
+// by the two backends, and compared bit for bit ----
+
+struct PyTensor {
+  const char* stem;
+  const char* name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+
+std::vector<PyTensor> python_tensors() {
+  using at::kFloat;
+  std::vector<PyTensor> t = {
+      {"dtypes", "f32", kFloat, {2, 3}},         {"dtypes", "f64", at::kDouble, {3}},
+      {"dtypes", "f16", at::kHalf, {4}},         {"dtypes", "bf16", at::kBFloat16, {2, 2}},
+      {"dtypes", "i64", at::kLong, {3}},         {"dtypes", "i32", at::kInt, {2}},
+      {"dtypes", "i8", at::kChar, {3}},          {"dtypes", "u8", at::kByte, {3}},
+      {"dtypes", "bool", at::kBool, {4}},        {"dtypes", "scalar", kFloat, {}},
+      {"dtypes", "empty", kFloat, {0, 3}},       {"dtypes", "view", kFloat, {4, 3}},
+      {"nested", "encoder.layer.weight", kFloat, {2, 3}},
+      {"nested", "encoder.layer.bias", at::kBFloat16, {2}},
+      {"nested", "encoder.scale", at::kHalf, {3}},  // an nn.Parameter
+      {"nested", "blocks.0", at::kLong, {3}},    {"nested", "blocks.1", at::kBool, {2}},
+      {"nested", "pair.0", at::kChar, {2}},      {"nested", "3.x", at::kInt, {1}},
+      {"nested", "tied_a", kFloat, {2, 2}},      {"nested", "tied_b", kFloat, {2, 2}},
+      {"model", "0.weight", kFloat, {3, 4}},     {"model", "0.bias", kFloat, {3}},
+      {"model", "1.weight", kFloat, {3}},        {"model", "1.bias", kFloat, {3}},
+      {"model", "1.running_mean", kFloat, {3}},  {"model", "1.running_var", kFloat, {3}},
+      {"model", "1.num_batches_tracked", at::kLong, {}},
+      {"model", "2.weight", kFloat, {2, 3}},     {"model", "2.bias", kFloat, {2}},
+  };
+  // AdamW's state per parameter of the model above, in its order.
+  const std::vector<std::vector<int64_t>> params = {{3, 4}, {3}, {3}, {3}, {2, 3}, {2}};
+  static std::vector<std::string> names;  // the table points into it
+  if (names.empty())
+    for (size_t i = 0; i < params.size(); ++i)
+      for (const char* field : {"step", "exp_avg", "exp_avg_sq"})
+        names.push_back("state." + std::to_string(i) + "." + field);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const bool step = i % 3 == 0;
+    t.push_back({"adamw", names[i].c_str(), kFloat,
+                 step ? std::vector<int64_t>{} : params[i / 3]});
+  }
+  return t;
+}
+
+// Every tensor of the table, loaded from <dir>/<stem>.pt by the torch backend, equals the one
+// loaded from <dir>/<stem>.safetensors, and holds the values (not the zeros it started as).
+void check_python_files(const fs::path& dir) {
+  const std::vector<PyTensor> table = python_tensors();
+  for (const char* stem : {"dtypes", "nested", "model", "adamw"}) {
+    Named from_pt, from_st;
+    std::vector<std::string> labels;
+    for (const PyTensor& t : table)
+      if (std::string(t.stem) == stem) {
+        from_pt.push_back({t.name, at::zeros(t.shape, at::TensorOptions().dtype(t.dtype))});
+        from_st.push_back({t.name, at::zeros(t.shape, at::TensorOptions().dtype(t.dtype))});
+        labels.push_back(dir.filename().string() + "/" + stem + ".pt: " + t.name);
+      }
+    INFO((dir / stem).string());
+    CHECK_NOTHROW(load(dir, from_pt, "torch", stem));
+    CHECK_NOTHROW(load(dir, from_st, "safetensors", stem));
+    for (size_t i = 0; i < from_pt.size(); ++i) {
+      INFO(labels[i]);
+      CHECK(bit_equal(from_pt[i].second, from_st[i].second));
+      const at::Tensor c = from_st[i].second.contiguous();
+      const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+      CHECK((c.nbytes() == 0 || std::any_of(p, p + c.nbytes(), [](unsigned char b) { return b; })));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("PyTorch 2.11's torch.save files load tensor by tensor: dtypes, nested, a module's and "
+          "an optimizer's state dicts") {
+  const fs::path dir = fs::path(KEEL_SOURCE_ROOT) / "tests/fixtures/pt/torch-2.11";
+  CHECK(keel_test::read(dir / "torch_version.txt").rfind("2.11.", 0) == 0);
+  // What sets these files apart from 1.13's: the records torch.save writes since 2.x.
+  const std::string pt = keel_test::read(dir / "model.pt");
+  for (const char* record : {"model/byteorder", "model/.data/serialization_id",
+                             "model/.format_version", "model/.storage_alignment"})
+    CHECK_MESSAGE(pt.find(record) != std::string::npos, record);
+  check_python_files(dir);
+
+  // The same file with its serialization id's first digit made an 'x' is refused, one line.
+  TempDir d;
+  std::string bad = pt;
+  const std::string id = "model/.data/serialization_id";
+  const size_t at = bad.find(id);  // in the local header, whose fixed part is 30 bytes
+  REQUIRE(at != std::string::npos);
+  REQUIRE(at >= 30);
+  const size_t extra = static_cast<unsigned char>(bad[at - 30 + 28]) |
+                       static_cast<size_t>(static_cast<unsigned char>(bad[at - 30 + 29])) << 8;
+  bad[at + id.size() + extra] = 'x';
+  std::ofstream(d.path / "model.pt", std::ios::binary) << bad;
+  CHECK_HAS(error_line([&] { load(d.path, {{"0.bias", at::zeros({3})}}); }),
+            "load failed: '" + (d.path / "model.pt").string() + "': record "
+            "'model/.data/serialization_id' holds 'x");
+}
+
+TEST_CASE("the build's Python: its torch.save files load here, and keel's .pt loads there with "
+          "torch.load(weights_only=True)") {
+  TempDir d;
+  fs::create_directories(d.path / "keel");
+  at::Tensor big = at::arange(30, at::kFloat);
+  const Named keel_tensors = {
+      {"f32", at::randn({2, 3})},
+      {"f64", at::randn({3}, at::kDouble)},
+      {"f16", at::randn({4}).to(at::kHalf)},
+      {"bf16", at::randn({2, 2}).to(at::kBFloat16)},
+      {"i64", at::tensor({std::numeric_limits<int64_t>::min(), int64_t{5}})},
+      {"i32", at::tensor({-3, 4}, at::kInt)},
+      {"i8", at::tensor({-128, 127}, at::kChar)},
+      {"u8", at::tensor({0, 255}, at::kByte)},
+      {"bool", at::tensor({1, 0, 1}, at::kByte).to(at::kBool)},
+      {"scalar", at::scalar_tensor(-1.5, at::kFloat)},
+      {"empty", at::empty({0, 2})},
+      {"view", big.slice(0, 3, 15).reshape({3, 4}).t()},
+  };
+  save(d.path / "keel", keel_tensors, "torch", "model");
+  save(d.path / "keel", keel_tensors, "safetensors", "model");
+  const std::string cmd = std::string("'") + KEEL_TORCH_PYTHON + "' '" KEEL_SOURCE_ROOT
+                          "/tests/fixtures/pt/write_pt.py' '" + (d.path / "python").string() +
+                          "' '" + (d.path / "keel").string() + "' 2>&1";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string text;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) text += buf;
+  REQUIRE_MESSAGE(pclose(p) == 0, cmd << " failed:\n" << text);
+  MESSAGE("the Python's torch: " << keel_test::read(d.path / "python/torch_version.txt").substr(0, 40));
+  check_python_files(d.path / "python");
 }
 
 }  // namespace unit_torch_checkpoint
