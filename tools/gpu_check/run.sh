@@ -13,17 +13,17 @@
 #            /opt/venv, /opt/conda that imports torch); its torch.distributed.run launches check 5
 # --device   cuda (default) runs the checks as written; cpu is the dry run of the packing and
 #            of this script on a machine without a GPU: every check on the CPU, fewer steps, the
-#            Gloo backend for check 5, fp16 skipped, no overall time budget
+#            Gloo backend for check 5, fp16 skipped, no overall time budget unless --budget
 # --work     where the bundle is unpacked and the runs write: a new or empty directory
 #            (default: a new one under $TMPDIR or /tmp, kept; its path is printed)
 # --keep     copy each check's log and its runs' run.log, metrics.jsonl and
 #            manifest.resolved.toml there (a device run's $OUT, say)
-# --budget   seconds for all checks on cuda (default 480: 8 minutes); each check's time limit
-#            is cut to what is left
+# --budget   seconds for all checks (default 480, 8 minutes, on cuda; none on cpu); each
+#            check's time limit is cut to what is left, 0 is no budget
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 start=$(date +%s)
-bundle_arg="" python_arg=${KEEL_GPU_CHECK_PYTHON:-} device=cuda work="" keep="" budget=480
+bundle_arg="" python_arg=${KEEL_GPU_CHECK_PYTHON:-} device=cuda work="" keep="" budget=""
 
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 bad_usage() { echo "run.sh: $*; hint: run.sh --help" >&2; exit 2; }
@@ -177,10 +177,11 @@ keel=(env LD_LIBRARY_PATH="$ldp" KEEL_PLUGIN_PATH="$bundle/plugins" XDG_CACHE_HO
 if [[ $device == cuda ]]; then
   lm_steps=200 ckpt_steps=100 resume_steps=120 nccl_steps=100 qs_sets=() qs_accuracy=0.85
   limit_qs=120 limit_lm=90 limit_nccl=120 limit_ckpt=60 limit_resume=90 min_peak=5 backend=nccl
+  budget=${budget:-480}
 else
   lm_steps=20 ckpt_steps=10 resume_steps=14 nccl_steps=10 qs_sets=(--set train.max_steps=300)
   qs_accuracy=0.65 limit_qs=300 limit_lm=300 limit_nccl=300 limit_ckpt=300 limit_resume=300
-  min_peak=0 backend=gloo budget=0
+  min_peak=0 backend=gloo budget=${budget:-0}
 fi
 dev_set="run.device=\"$device\""
 char=$bundle/configs/char_gpt.toml
