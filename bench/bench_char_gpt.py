@@ -3,9 +3,11 @@
 Both sides train configs/char_gpt.toml's model (the `gpt` plugin: a decoder-only transformer as
 nanoGPT's, with tied embeddings) on the prepared fortunes tokens (configs/prepare_fortunes.sh)
 with the same batch, context, AdamW, gradient-norm clipping and per-token cross entropy, on the
-same LibTorch build (python3-torch 1.13.1 and Debian's libtorch) with the same thread settings
-(bench/keel_threads.py: LibTorch intra-op threads on every core; OpenBLAS's OpenMP build on
-the same threads, its pthread build on one). Neither evaluates nor
+same LibTorch build (python3-torch 1.13.1 and Debian's libtorch, or the pip wheel's torch and
+keel's build-wheel: run the script with the Python whose torch keel was built against) with the
+same thread settings (bench/keel_threads.py: LibTorch intra-op threads on every core; OpenBLAS's
+OpenMP build on the same threads, its pthread build on one; the wheel's MKL on LibTorch's).
+With --compile (PyTorch 2.x) a fourth side trains the Python loop's model under torch.compile. Neither evaluates nor
 saves checkpoints while timed.
 
 Each round trains three times: keel as configured (the gpt plugin's defaults: fused attention,
@@ -105,14 +107,18 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def python_loop(cfg, tokens):
+def python_loop(cfg, tokens, compiled=False):
     """The Python side, set up: returns step(), which trains one step (a batch of random windows,
-    forward, cross entropy, backward, clipping, AdamW, loss.item())."""
+    forward, cross entropy, backward, clipping, AdamW, loss.item()). compiled: the model wrapped
+    in torch.compile (PyTorch 2.x; inductor's C++ kernels on the CPU, compiled at the first
+    step; the optimizer and clipping stay eager)."""
     torch.manual_seed(cfg["seed"])
     keel_threads.apply()
     m = cfg["model"]
     model = GPT(m["vocab_size"], m["context"], m["layers"], m["heads"], m["width"])
     model.train()
+    if compiled:
+        model = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     rng = np.random.default_rng(cfg["seed"])
     ctx, batch = m["context"], cfg["batch_size"]
@@ -132,8 +138,10 @@ def python_loop(cfg, tokens):
     return step
 
 
-def python_run(cfg, tokens, steps, window):
-    step = python_loop(cfg, tokens)
+def python_run(cfg, tokens, steps, window, step=None):
+    """The Python loop's tokens/s over the last `window` of `steps` steps; `step` an existing
+    loop's step function (the compiled one, set up and compiled once) instead of a fresh loop."""
+    step = step or python_loop(cfg, tokens)
     t0 = None
     for i in range(steps):
         if i == steps - window:
@@ -202,18 +210,36 @@ def main():
     ap.add_argument("--cached-peak", action="store_true",
                     help="keel's MFU against the cached peak instead of one measured each run")
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--peak", type=float, default=0.0,
+                    help="keel's MFU against this float32 peak (TFLOP/s, mfu.peak_tflops) instead "
+                    "of one measured before the rounds (for a machine that other work keeps busy, "
+                    "where no measurement is cached)")
+    ap.add_argument("--compile", action="store_true",
+                    help="a fourth side: the Python loop with torch.compile(model) (PyTorch 2.x), "
+                    "compiled once before the rounds (the compile time is printed) and trained on "
+                    "in every round")
     a = ap.parse_args()
     manifest = os.path.join(a.root, "configs/char_gpt.toml")
     cfg, tokens = load(manifest)
     print(f"bench_char_gpt: {manifest}: {a.steps} steps/run, window of the last {a.window}, "
           f"{a.rounds} rounds, {keel_threads.apply()}, batch {cfg['batch_size']} x "
-          f"{cfg['model']['context']} tokens")
+          f"{cfg['model']['context']} tokens; load average {os.getloadavg()[0]:.2f} before")
     reference = a.set + ['model.attention="reference"', 'model.linear="reference"',
                          'model.gelu="reference"']
-    ratios, ref_ratios, mfus = [], [], []
+    ratios, ref_ratios, mfus, compiled_ratios = [], [], [], []
+    compiled_step = None
+    if a.compile:
+        compiled_step = python_loop(cfg, tokens, compiled=True)
+        t0 = time.perf_counter()
+        compiled_step()
+        compiled_step()  # the second step too: the optimizer's state exists from then on
+        print(f"bench_char_gpt: torch.compile: the first 2 steps (compilation) took "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        peak_cache, peak = (None, None) if a.cached_peak else measure_peak(a.keel, manifest, tmp,
-                                                                           a.set)
+        if a.peak:
+            a.set.append(f"mfu.peak_tflops={a.peak}")
+        peak_cache, peak = ((None, None) if a.cached_peak or a.peak else
+                            measure_peak(a.keel, manifest, tmp, a.set))
         if peak_cache:
             print(f"bench_char_gpt: peak {peak:.4f} TFLOP/s, measured once before the rounds "
                   f"without load, for every round's MFU", flush=True)
@@ -226,24 +252,36 @@ def main():
                                                    a.steps, a.window, reference),
                 "python": lambda: python_run(cfg, tokens, a.steps, a.window),
             }
-            order = list(sides)[r % 3:] + list(sides)[:r % 3]
+            if compiled_step:
+                sides["python-compiled"] = lambda: python_run(cfg, tokens, a.steps, a.window,
+                                                              compiled_step)
+            order = list(sides)[r % len(sides):] + list(sides)[:r % len(sides)]
             got = {name: sides[name]() for name in order}
             (k, mfu, used), (kr, _, _), p = got["keel"], got["keel-reference"], got["python"]
             ratios.append(k / p)
             ref_ratios.append(kr / p)
             mfus.append(mfu)
+            compiled_text = ""
+            if compiled_step:
+                c = got["python-compiled"]
+                compiled_ratios.append(k / c)
+                compiled_text = f"; python-compiled {c:.0f} tokens/s, keel/python-compiled {k / c:.3f}"
             mfu_text = (f"{mfu:.3f}" if mfu is not None else "missing (above 1: keel left it "
                         "out)")
             print(f"  round {r + 1} ({', '.join(order)}): keel {k:.0f}, keel-reference {kr:.0f}, "
                   f"python {p:.0f} tokens/s; keel/python {k / p:.3f}, keel-reference/python "
-                  f"{kr / p:.3f}; keel MFU {mfu_text} of {used:.4f} TFLOP/s", flush=True)
+                  f"{kr / p:.3f}; keel MFU {mfu_text} of {used:.4f} TFLOP/s{compiled_text}", flush=True)
     print("bench_char_gpt: keel/python tokens/s: " + paired.verdict(ratios))
     print("bench_char_gpt: keel-reference/python tokens/s (the same operators as the Python "
           "loop): " + paired.verdict(ref_ratios, target=1.10))
+    if compiled_ratios:
+        print("bench_char_gpt: keel/python-compiled tokens/s (torch.compile): " +
+              paired.verdict(compiled_ratios))
+    print(f"bench_char_gpt: load average {os.getloadavg()[0]:.2f} after the rounds")
     known = [m for m in mfus if m is not None]
     missing = [str(i + 1) for i, m in enumerate(mfus) if m is None]
     against = (f"the peak measured before the rounds ({peak:.4f} TFLOP/s)" if peak_cache else
-               "the cached peak")
+               f"the given peak ({a.peak:.4f} TFLOP/s)" if a.peak else "the cached peak")
     if not known:
         print(f"bench_char_gpt: keel MFU missing in every round (above 1 against {against})")
         return

@@ -74,9 +74,13 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench_vs_python import WORKLOADS, load_train, python_model  # noqa: E402
+import keel_threads  # noqa: E402  (bench/keel_threads.py; only its environment line)
 import paired  # noqa: E402  (bench/paired.py)
 
-TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
+# torchrun of the Python running this script (its torch: Debian's python3-torch under
+# /usr/bin/python3, the wheel's under its venv), not whichever `torchrun` the PATH finds first.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--no_python", "--redirects", "1",
+            "--tee", "1"]
 WORLD = 2
 TIMEOUT_S = 600
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -292,8 +296,8 @@ def main():
     print(f"bench_ddp: cnn, {WORLD} ranks x batch {args.batch} (global {WORLD * args.batch}), "
           f"{args.steps} steps, timed steps {args.steps - args.steps // 3 + 1}..{args.steps}; "
           f"1 thread per process; torch {torch.__version__}; {args.rounds} round(s); "
-          f"load average before the run {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores",
-          flush=True)
+          f"load average before the run {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
+          f"{keel_threads.environment()}", flush=True)
     configs = ["keel ddp", "torch ddp", "keel alone", "torch alone"]
     ratio, keel_exp, torch_exp = [], [], []
     absolute = {"keel sps": [], "keel ms": [], "torch sps": [], "torch ms": []}
@@ -331,7 +335,8 @@ def main():
           f"ms/step, torch {med['torch sps']:.1f} samples/s {med['torch ms']:.2f} ms/step")
     print(f"bench_ddp summary over {args.rounds} round(s): samples/s keel/torch "
           f"{paired.verdict(ratio, target=1.10)}; exposed sync fraction keel "
-          f"{paired.summary(keel_exp)}, torch {paired.summary(torch_exp)}")
+          f"{paired.summary(keel_exp)}, torch {paired.summary(torch_exp)}; load average after "
+          f"the run {os.getloadavg()[0]:.2f}")
     return 0
 
 

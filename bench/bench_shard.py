@@ -51,7 +51,10 @@ import numpy as np
 
 WORLD = 2
 TIMEOUT_S = 900
-TORCHRUN = ["torchrun", "--no_python", "--redirects", "1", "--tee", "1"]
+# torchrun of the Python running this script (its torch: Debian's python3-torch under
+# /usr/bin/python3, the wheel's under its venv), not whichever `torchrun` the PATH finds first.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--no_python", "--redirects", "1",
+            "--tee", "1"]
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_", "SLURM_", "OMPI_")
 VOCAB, CTX, WINDOWS = 8192, 128, 400

@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import keel_threads  # noqa: E402  (bench/keel_threads.py)
+import paired  # noqa: E402  (bench/paired.py)
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -149,8 +150,8 @@ def main():
     args = ap.parse_args()
     threads = keel_threads.apply()
     data = load_train()
-    print(f"bench_vs_python: torch {torch.__version__}, {threads}, "
-          f"{args.rounds} rounds (median)")
+    print(f"bench_vs_python: {threads}; {args.rounds} rounds (median); load average "
+          f"{os.getloadavg()[0]:.2f} before")
     for name, (_, batch, steps, window) in WORKLOADS.items():
         if args.only and name != args.only:
             continue
@@ -172,6 +173,11 @@ def main():
         print(f"{name:9s} batch {batch:4d}: keel {k:8.3f} ms/step, python {p:8.3f} ms/step, "
               f"python/keel = {p / k:.3f}   page faults/step: keel {keel_faults:.1f}, "
               f"python {py_faults:.1f}", flush=True)
+        # The same rounds paired: round r's python/keel (both runs of a round back to back).
+        print(f"{name:9s} paired python/keel per round: "
+              f"{', '.join(f'{q / c:.3f}' for q, c in zip(py_ms, keel_ms))}; "
+              + paired.verdict([q / c for q, c in zip(py_ms, keel_ms)]), flush=True)
+    print(f"bench_vs_python: load average {os.getloadavg()[0]:.2f} after", flush=True)
 
 
 if __name__ == "__main__":
