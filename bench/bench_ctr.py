@@ -231,8 +231,8 @@ def main():
         files = generate(args.build, data_dir)
         data = parse(os.path.join(data_dir, files[0]))
         print(f"bench_ctr: dlrm dim {DIM}, bottom {BOTTOM}, top {TOP}, 26 tables; batch "
-              f"{args.batch}, {args.steps} steps, timed the last {args.steps // 3}; torch "
-              f"{torch.__version__}, {threads}; {args.rounds} round(s); load average before "
+              f"{args.batch}, {args.steps} steps, timed the last {args.steps // 3}; "
+              f"{threads}; {args.rounds} round(s); load average before "
               f"the run {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
         python_run(data, args.batch, args.steps // 3)  # warm-up
         ratios = []
