@@ -10,6 +10,13 @@
 #   ./setup.sh --ci       also what .ci/run needs beyond that: clang-14, its sanitizer/libFuzzer
 #                         runtime and llvm-14's symbolizer for the sanitizer build and the
 #                         fuzzers (implies --tests), + build
+#   ./setup.sh --torch wheel [...]
+#                         against PyTorch 2.11's LibTorch instead of Debian's 1.13: makes the
+#                         virtual environment .venv-torch/ (Debian's python3 -m venv) with
+#                         torch==2.11.0 (CUDA 13.0 and NCCL with it, about 3.5 GB) and numpy from
+#                         the Python package index, then configures and builds build-wheel/
+#                         (-Dtorch=wheel, -Dtorch_cuda=auto: keel links CUDA and NCCL when the
+#                         wheel has them, and runs on the CPU without a GPU; docs/torch.md)
 #   BUILD_DIR=out ./setup.sh [...]
 # doctest-dev stays in the base set: the build compiles the doctest test executables by default,
 # and without the package meson would download doctest (subprojects/doctest.wrap).
@@ -22,19 +29,38 @@
 # (a few seconds), otherwise one line says how to get it.
 set -euo pipefail
 cd "$(dirname "$0")"
-BUILD_DIR=${BUILD_DIR:-build}
 
-tests=0 ci=0
-for arg in "$@"; do
-  case "$arg" in
+# The pinned PyTorch of --torch wheel: the release keel's GPU machines have (docs/torch.md).
+TORCH_WHEEL=torch==2.11.0
+VENV=.venv-torch
+
+tests=0 ci=0 torch=debian
+while (($#)); do
+  case "$1" in
     --tests) tests=1 ;;
     --ci) tests=1 ci=1 ;;
+    --torch)
+      torch=${2-}
+      shift
+      if [ "$torch" != debian ] && [ "$torch" != wheel ]; then
+        echo "setup.sh: error: --torch '$torch' is not a LibTorch keel builds against; hint:" \
+             "--torch debian (Debian's 1.13, the default) or --torch wheel (PyTorch 2.11)" >&2
+        exit 2
+      fi
+      ;;
     *)
-      echo "setup.sh: error: unknown option '$arg'; hint: ./setup.sh [--tests | --ci]" >&2
+      echo "setup.sh: error: unknown option '$1'; hint: ./setup.sh [--tests | --ci]" \
+           "[--torch debian|wheel]" >&2
       exit 2
       ;;
   esac
+  shift
 done
+if [ "$torch" = wheel ]; then
+  BUILD_DIR=${BUILD_DIR:-build-wheel}
+else
+  BUILD_DIR=${BUILD_DIR:-build}
+fi
 
 # Building keel and running configs/quickstart.toml.
 PACKAGES=(
@@ -55,6 +81,9 @@ PACKAGES=(
   dataset-fashion-mnist               # the quickstart's data
   libzstd-dev                         # .zst window files of the criteo dataset (plugins/criteo)
 )
+# --torch wheel: the virtual environment (the wheel brings LibTorch; Gloo's headers, which it
+# lacks, stay libgloo-dev's).
+[ "$torch" = wheel ] && PACKAGES+=(python3-venv)
 # --tests: `meson test -C build`.
 TEST_PACKAGES=(
   python3-torch                       # the same LibTorch build, for tests against PyTorch
@@ -85,9 +114,26 @@ else
   echo "setup: nothing to install (${#PACKAGES[@]} packages already installed)"
 fi
 
+setup_args=()
+if [ "$torch" = wheel ]; then
+  # The pinned torch and numpy (the tests' PyTorch side), once; pip keeps its downloads in
+  # ~/.cache/pip. Where the package index cannot be reached this is the one line that says so.
+  if ! "$VENV/bin/python" -c 'import torch, numpy, sys; sys.exit(torch.__version__.split("+")[0] != "'"${TORCH_WHEEL#torch==}"'")' 2>/dev/null; then
+    /usr/bin/python3 -m venv "$VENV"
+    echo "setup: installing $TORCH_WHEEL and numpy into $VENV/ (about 3.5 GB with CUDA and NCCL)"
+    if ! "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_WHEEL" numpy; then
+      echo "setup.sh: error: pip could not install $TORCH_WHEEL into $VENV/ (is the Python" \
+           "package index reachable?); hint: ./setup.sh without --torch builds against" \
+           "Debian's LibTorch" >&2
+      exit 1
+    fi
+  fi
+  setup_args=(-Dtorch=wheel "-Dtorch_python=$PWD/$VENV/bin/python")
+fi
+
 build_start=$SECONDS
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  meson setup "$BUILD_DIR" --buildtype=release
+  meson setup "$BUILD_DIR" --buildtype=release "${setup_args[@]}"
 elif ((${#missing[@]})); then
   meson setup --reconfigure "$BUILD_DIR"  # finds what was just installed (OpenBLAS's OpenMP build)
 fi

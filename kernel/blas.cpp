@@ -31,6 +31,19 @@ BlasInfo blas_info() {
   } else if (info.openblas) {
     info.version = "OpenBLAS";
   }
+  // The MKL that the wheel's libtorch_cpu carries inside (-Dtorch=wheel): "Intel(R) oneAPI Math
+  // Kernel Library Version 2024.2.0-Product Build ..." gives "MKL 2024.2.0".
+  if (const auto mkl = symbol<void (*)(char*, int)>("MKL_Get_Version_String");
+      !info.openblas && mkl != nullptr) {
+    char text[256] = {};
+    mkl(text, sizeof text - 1);
+    const std::string s = text;
+    const size_t at = s.find("Version ");
+    info.mkl = true;
+    info.version = "MKL";
+    if (at != std::string::npos)
+      info.version += " " + s.substr(at + 8, s.find_first_of("- ", at + 8) - (at + 8));
+  }
   Dl_info where{};
   if (void* dgemm = dlsym(RTLD_DEFAULT, "dgemm_");
       dgemm != nullptr && dladdr(dgemm, &where) != 0 && where.dli_fname != nullptr) {
@@ -52,16 +65,19 @@ void set_blas_threads(int threads) {
 
 int blas_threads_for(int torch_threads) {
   const BlasInfo info = blas_info();
+  if (info.mkl) return torch_threads;  // at::set_num_threads sets MKL's count itself
   if (!info.openblas) return -1;
   return info.openmp ? torch_threads : 1;
 }
 
 std::string blas_line(int threads) {
   const BlasInfo info = blas_info();
-  std::string line = info.openblas ? info.version : "not OpenBLAS";
+  std::string line = info.openblas || info.mkl ? info.version : "not OpenBLAS";
   std::string notes;
   if (info.openblas) notes = info.openmp ? "OpenMP build" : "not the OpenMP build";
-  if (!info.library.empty()) notes += (notes.empty() ? "" : ", ") + info.library;
+  if (info.mkl) notes = "inside";
+  if (!info.library.empty())
+    notes += std::string(notes.empty() ? "" : info.mkl ? " " : ", ") + info.library;
   if (!notes.empty()) line += " (" + notes + ")";
   if (threads <= 0) return line + ", threads left as they are";
   return line + ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");

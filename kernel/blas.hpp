@@ -20,7 +20,10 @@ namespace keel {
 struct BlasInfo {
   bool openblas = false;  // OpenBLAS's openblas_* functions are there
   bool openmp = false;    // OpenBLAS's OpenMP build
-  std::string version;    // "OpenBLAS 0.3.21" (the start of openblas_get_config()), or "unknown"
+  bool mkl = false;       // not OpenBLAS but Intel's MKL (inside the wheel's libtorch_cpu), which
+                          // runs on LibTorch's OpenMP threads: at::set_num_threads sets its count
+  std::string version;    // "OpenBLAS 0.3.21" (the start of openblas_get_config()), "MKL
+                          // 2024.2.0", or "unknown"
   std::string library;    // the file that defines dgemm_ (symbolic links resolved), or ""
 };
 
@@ -30,8 +33,9 @@ BlasInfo blas_info();
 int blas_threads();
 // Sets OpenBLAS's thread count (nothing when the BLAS is not OpenBLAS).
 void set_blas_threads(int threads);
-// The count keel gives the BLAS when LibTorch runs `torch_threads` threads (see above); -1 when
-// the BLAS is not OpenBLAS (keel leaves its threads as they are).
+// The count keel gives the BLAS when LibTorch runs `torch_threads` threads (see above; MKL:
+// `torch_threads`, set by LibTorch); -1 when the BLAS is neither (keel leaves its threads as
+// they are).
 int blas_threads_for(int torch_threads);
 
 // One line for `keel --version` and run.log: "OpenBLAS 0.3.21 (OpenMP build,

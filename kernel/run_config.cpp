@@ -75,6 +75,7 @@ RunKeys run_section(const Manifest& m) {
   const toml::table* t = written(m, "run");
   const std::string at = t && t->get("device") ? where(t->get("device")->source()) + ": run.device"
                                                : m.path + ": run.device";
+  run.device_where = at;
   static const std::regex kDevice("cpu|auto|cuda(:[0-9]{1,4})?");
   if (!std::regex_match(run.device, kDevice))
     throw Error(at + " = \"" + run.device + "\" is not a device; hint: use \"cpu\", \"cuda\", "
@@ -83,7 +84,8 @@ RunKeys run_section(const Manifest& m) {
   if (run.device.rfind("cuda", 0) == 0)
     throw Error(at + " = \"" + run.device + "\": this keel is built against a LibTorch without "
                 "CUDA (Debian's libtorch-dev is CPU-only); hint: use device = \"cpu\" or "
-                "\"auto\", or rebuild keel with -Dtorch_prefix= pointing at a CUDA LibTorch");
+                "\"auto\", or build keel against PyTorch 2.11's CUDA LibTorch (./setup.sh --torch "
+                "wheel)");
 #endif
   return run;
 }

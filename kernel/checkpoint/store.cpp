@@ -1,6 +1,8 @@
 #include "checkpoint/store.hpp"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/ops/empty.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
@@ -204,10 +206,25 @@ at::ScalarType dtype_of_name(const std::string& name) {
 }
 
 void Snapshot::copy_tensors(bool deferred_ones) {
+  std::set<c10::DeviceIndex> devices;  // CUDA devices copied from without waiting
   for (auto& [stem, list] : objects)
-    for (auto& [name, t] : list)
-      if ((deferred.count(t.unsafeGetTensorImpl()) > 0) == deferred_ones)
-        t = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    for (auto& [name, t] : list) {
+      if ((deferred.count(t.unsafeGetTensorImpl()) > 0) != deferred_ones) continue;
+      const at::Tensor source = t.detach();
+      if (source.is_cuda()) {
+        // Into pinned host memory (LibTorch's caching host allocator keeps the blocks for the
+        // next save), queued on the device's current stream: the copies of one save overlap,
+        // and one synchronisation per device below ends them before any byte is read.
+        at::Tensor host = at::empty(source.sizes(),
+                                    source.options().device(at::kCPU).pinned_memory(true));
+        host.copy_(source, /*non_blocking=*/true);
+        devices.insert(source.get_device());
+        t = host;
+      } else {
+        t = source.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+      }
+    }
+  for (const c10::DeviceIndex d : devices) at::detail::getCUDAHooks().deviceSynchronize(d);
 }
 
 CheckpointStore::CheckpointStore(std::string root, const CheckpointBackend* backend,

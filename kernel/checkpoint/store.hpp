@@ -71,7 +71,8 @@ struct Snapshot {
   // waits for that copy before its next optimizer step (wait_copied).
   std::set<const void*> deferred;
   // Replaces each tensor in `deferred` (deferred_ones = true) or each one not in it (false) by
-  // a CPU copy that training cannot change.
+  // a CPU copy that training cannot change. A CUDA tensor's copy goes to pinned host memory,
+  // asynchronously; the call returns once each device it copied from has synchronised.
   void copy_tensors(bool deferred_ones);
 };
 

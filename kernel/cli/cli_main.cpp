@@ -23,6 +23,7 @@
 #include <vector>
 #include <unistd.h>
 
+#include "accelerator.hpp"
 #include "blas.hpp"
 #include "cli/cli_main.hpp"
 #include "cli/commands.hpp"
@@ -141,6 +142,7 @@ int run(int argc, char** argv) {
     std::printf("keel %s (plugin ABI %d.%d, LibTorch %s)\n", KEEL_VERSION, KEEL_ABI_MAJOR,
                 KEEL_ABI_MINOR, keel::kernel_torch_version());
     std::printf("BLAS: %s\n", keel::blas_default_line().c_str());
+    std::printf("CUDA: %s\n", keel::accelerator_line(/*count_gpus=*/true).c_str());
     return 0;
   }
   if (help && command.empty()) {

@@ -35,6 +35,7 @@
 #include "checkpoint/store.hpp"
 #include "cli/commands.hpp"
 #include "cli/export_tables.hpp"
+#include "compat/torch.hpp"
 #include "components.hpp"
 #include "text/text.hpp"
 #include "config/resolve_parts.hpp"
@@ -275,10 +276,10 @@ int64_t creation_budget(const CommitRecord& record) {
 // so that a manifest claiming a model far larger than the checkpoint's fails before it holds
 // the memory. Installed with c10::SetCPUAllocator and never destroyed: tensors allocated through
 // it free their memory through it for as long as they live.
-class BudgetAllocator final : public c10::Allocator {
+class BudgetAllocator final : public compat::Allocator {
  public:
   explicit BudgetAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate_bytes(size_t n) const override {
     const int64_t size = static_cast<int64_t>(n);
     const int64_t now = live_.fetch_add(size) + size;
     if (now > budget_.load()) {

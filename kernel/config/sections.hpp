@@ -28,6 +28,8 @@ struct RunKeys {
   uint64_t seed = 0;
   int64_t threads = 0;  // 0: the cores / the processes on this machine
   std::string device;   // "cpu", "cuda", "cuda:N", "auto" (validated)
+  std::string device_where;  // not a row: "FILE:LINE:COL: run.device" or "--set run.device" (for
+                             // the errors of the run's start, when the device is missing)
   RunMode mode = RunMode::kTrainAndEvaluate;
   bool malloc_tuning = false;
 };

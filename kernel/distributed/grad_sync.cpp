@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "compat/torch.hpp"
 #include "distributed/impl.hpp"
 
 namespace keel {
@@ -42,11 +43,10 @@ GradSync::GradSync(ProcessGroup& group, const std::vector<at::Tensor>& params,
   std::unordered_map<size_t, std::string> param_names;
   for (size_t i = 0; i < names.size(); ++i) param_names[i] = names[i];
   s.group->guarded("creating the gradient reducer", [&] {
-    s.reducer = std::make_shared<c10d::Reducer>(
-        params, buckets, limits, s.group->pg, std::vector<bool>(params.size(), false),
-        static_cast<int64_t>(cap), /*find_unused_parameters=*/false,
-        /*gradient_as_bucket_view=*/false, param_names,
-        static_cast<int64_t>(kFirstBucketBytes));
+    // find_unused_parameters and gradient_as_bucket_view off, dense gradients.
+    s.reducer = compat::make_reducer({params, buckets, limits, s.group->pg,
+                                      static_cast<int64_t>(cap),
+                                      static_cast<int64_t>(kFirstBucketBytes), param_names});
   });
 }
 

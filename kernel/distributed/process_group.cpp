@@ -14,6 +14,8 @@
 #endif
 
 #include "distributed/collectives.hpp"
+#include "accelerator.hpp"
+#include "compat/torch.hpp"
 #include "distributed/impl.hpp"
 #include "error.hpp"
 
@@ -56,6 +58,7 @@ ProcessGroup::ProcessGroup(const Launch& launch, const DistributedOptions& optio
                 "LibTorch); hint: use backend = \"gloo\" or \"auto\"");
 #endif
   d.backend = backend;
+  if (backend == "nccl") check_nccl_library();
   d.comm = backend == "nccl" ? device : at::Device(at::kCPU);
   // A write to a socket whose peer has closed raises SIGPIPE unless the writer asks otherwise,
   // and some write of Gloo's (or c10d's) does not: its default action ended the process
@@ -96,15 +99,19 @@ ProcessGroup::ProcessGroup(const Launch& launch, const DistributedOptions& optio
     if (backend == "gloo") {
       auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
       o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-      d.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(d.store, launch.rank, launch.world_size,
-                                                         o);
+      d.pg = compat::as_process_group(
+          d.store, launch.rank, launch.world_size,
+          c10::make_intrusive<c10d::ProcessGroupGloo>(d.store, launch.rank, launch.world_size, o),
+          c10::DeviceType::CPU, /*nccl=*/false);
     }
 #ifdef KEEL_WITH_NCCL
     if (backend == "nccl") {
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = options.timeout;
-      d.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(d.store, launch.rank,
-                                                         launch.world_size, o);
+      d.pg = compat::as_process_group(
+          d.store, launch.rank, launch.world_size,
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(d.store, launch.rank, launch.world_size, o),
+          c10::DeviceType::CUDA, /*nccl=*/true);
     }
 #endif
   });

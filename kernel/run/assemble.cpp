@@ -30,28 +30,28 @@ namespace {
 
 // [run] device as a LibTorch device: "cuda" is the GPU of the launcher's LOCAL_RANK (0 when
 // running alone), "auto" that GPU when CUDA is available, else the CPU.
-at::Device resolve_device(const std::string& name, int local_rank) {
+at::Device resolve_device(const std::string& name, const std::string& where, int local_rank) {
   if (name == "auto" && !at::hasCUDA()) return at::Device(at::kCPU);
   std::optional<c10::Device> parsed;
   if (name != "auto") {
     try {
       parsed = c10::Device(name);
     } catch (const c10::Error&) {
-      throw Error("run.device = \"" + name + "\": not a device; hint: use \"cpu\", \"cuda\", "
+      throw Error(where + " = \"" + name + "\": not a device; hint: use \"cpu\", \"cuda\", "
                   "\"cuda:N\" or \"auto\"");
     }
     if (parsed->is_cpu()) return at::Device(at::kCPU);
     if (!parsed->is_cuda())
-      throw Error("run.device = \"" + name + "\": keel runs on the CPU or CUDA devices; hint: "
+      throw Error(where + " = \"" + name + "\": keel runs on the CPU or CUDA devices; hint: "
                   "use \"cpu\", \"cuda\", \"cuda:N\" or \"auto\"");
   }
   const int index = parsed && parsed->has_index() ? parsed->index() : local_rank;
   if (!at::hasCUDA())
-    throw Error("run.device = \"" + name + "\": CUDA is not available to this process; hint: use "
+    throw Error(where + " = \"" + name + "\": CUDA is not available to this process; hint: use "
                 "device = \"cpu\" or \"auto\"");
   const int count = at::detail::getCUDAHooks().getNumGPUs();
   if (index >= count)
-    throw Error("run.device = \"" + name + "\" means CUDA device " + std::to_string(index) +
+    throw Error(where + " = \"" + name + "\" means CUDA device " + std::to_string(index) +
                 ", and this machine has " + std::to_string(count) + "; hint: one process per "
                 "GPU (torchrun --nproc_per_node=" + std::to_string(count) + "), or name a device "
                 "below " + std::to_string(count));
@@ -62,7 +62,8 @@ at::Device resolve_device(const std::string& name, int local_rank) {
 void join_ranks(Run& run, const std::optional<Launch>& launch) {
   const RunConfig& config = run.config;
   Ranks& ranks = run.ranks;
-  ranks.device = resolve_device(config.run.device, launch ? launch->local_rank : 0);
+  ranks.device = resolve_device(config.run.device, config.run.device_where,
+                                launch ? launch->local_rank : 0);
   if (launch && launch->world_size > 1) {
     DistributedOptions o;
     o.timeout = std::chrono::seconds(config.distributed.timeout_s);

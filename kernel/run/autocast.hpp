@@ -18,7 +18,8 @@ class Autocast {
   Autocast& operator=(const Autocast&) = delete;
 
  private:
-  bool on_, cuda_;
+  bool on_;
+  c10::DeviceType device_;
   bool prev_enabled_ = false;
   c10::ScalarType prev_dtype_ = c10::kBFloat16;
 };

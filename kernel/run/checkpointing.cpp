@@ -11,6 +11,7 @@
 
 #include "checkpoint/checksum.hpp"
 #include "checkpoint/reshard.hpp"
+#include "compat/torch.hpp"
 #include "checkpoint/multi_rank.hpp"
 #include "distributed/store_client.hpp"
 #include "keel/tensor.hpp"
@@ -96,7 +97,7 @@ void add_rank_objects(const Run& run, Snapshot& snap) {
   if (at::hasCUDA())
     for (int d = 0; d < at::detail::getCUDAHooks().getNumGPUs(); ++d)
       rng_t.emplace_back("torch.cuda." + std::to_string(d),
-                         at::detail::getCUDAHooks().getDefaultCUDAGenerator(d).get_state());
+                         compat::cuda_default_generator(d).get_state());
   snap.objects.emplace_back(rank_object(run, "rng"), std::move(rng_t));
   const auto add_state = [&](const auto& inst, const std::string& section) {
     using Abi = std::remove_pointer_t<decltype(inst.operator->())>;
@@ -156,11 +157,12 @@ Snapshot snapshot(const Run& run) {
   }
   add_rank_objects(run, snap);
   add_tables(run, snap);  // every rank's rows of the sparse tables
-  // Backends take CPU tensors: a synchronous save copies device tensors now (an asynchronous
-  // one copies every tensor to the CPU itself).
-  if (!run.ranks.device.is_cpu() && !run.config.checkpointing.async)
-    for (auto& [stem, tensors] : snap.objects)
-      for (auto& [name, t] : tensors) t = t.cpu();
+  // Backends take CPU tensors: a synchronous save copies device tensors now, through pinned host
+  // memory (Snapshot::copy_tensors; an asynchronous one copies every tensor to the CPU itself).
+  if (!run.ranks.device.is_cpu() && !run.config.checkpointing.async) {
+    snap.copy_tensors(/*deferred_ones=*/false);
+    snap.copy_tensors(/*deferred_ones=*/true);
+  }
   fill_meta(run, snap);
   return snap;
 }

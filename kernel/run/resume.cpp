@@ -18,6 +18,7 @@
 
 #include "files/files.hpp"
 #include "checkpoint/reshard.hpp"
+#include "compat/torch.hpp"
 #include "checkpoint/resume.hpp"
 #include "config/resume_check.hpp"
 #include "distributed/on_rank0.hpp"
@@ -323,7 +324,7 @@ void load_generators(Run& run, const CommitRecord& rec, const std::string& dir) 
       if (!at::hasCUDA() || d >= at::detail::getCUDAHooks().getNumGPUs())
         throw Error(dir + ": holds the generator of CUDA device " + std::to_string(d) +
                     ", which this process does not have; hint: resume on the same devices");
-      at::Generator gen = at::detail::getCUDAHooks().getDefaultCUDAGenerator(d);
+      at::Generator gen = compat::cuda_default_generator(d);
       gen.set_state(t);
     }
   }

@@ -23,6 +23,7 @@
 #include <torch/optim/sgd.h>
 
 #include "keel/plugin.hpp"
+#include "keel/torch_compat.hpp"
 
 namespace {
 
@@ -93,7 +94,7 @@ class TorchOptimizer : public keel::Optimizer {
     const std::vector<at::Tensor> params = ctx.params();
     const std::vector<std::string> names = ctx.param_names();
     for (size_t i = 0; i < params.size(); ++i)
-      index_.emplace_back(c10::guts::to_string(params[i].unsafeGetTensorImpl()), names[i]);
+      index_.emplace_back(keel::compat::optimizer_state_key(params[i]), names[i]);
   }
   void step() override { opt_->step(); }
   void zero_grad() override {
@@ -146,10 +147,12 @@ class TorchOptimizer : public keel::Optimizer {
           "this optimizer has " + std::to_string(opt_->param_groups().size()) + " group(s)");
     return opt_->param_groups()[g];
   }
-  // torch::optim's state key of each parameter (its TensorImpl address, as LibTorch's own
-  // serialization keys it) with the parameter's name, in the kernel's parameter order.
-  const std::vector<std::pair<std::string, std::string>>& param_index() const { return index_; }
-  std::vector<std::pair<std::string, std::string>> index_;
+  // torch::optim's state key of each parameter (its TensorImpl address: as text in 1.13, the
+  // pointer in 2.x; keel/torch_compat.hpp) with the parameter's name, in the kernel's parameter
+  // order.
+  using Index = std::vector<std::pair<keel::compat::OptimizerStateKey, std::string>>;
+  const Index& param_index() const { return index_; }
+  Index index_;
 };
 
 class Sgd : public TorchOptimizer {

@@ -25,6 +25,7 @@
 
 #include "../rank_path.hpp"
 #include "keel/plugin.hpp"
+#include "keel/torch_compat.hpp"
 
 namespace {
 
@@ -184,8 +185,14 @@ class ChromeTrace : public keel::Profiler {
   void operators_at(int64_t step) {
     if (!ops_on_ && !ops_done_ && recording(step)) {
       ops_done_ = true;
+      namespace impl = torch::profiler::impl;
+      if (impl::profilerEnabled()) {  // someone else's (LibTorch 2.x would stack ours on it)
+        log_(KEEL_LOG_WARN, "operators not recorded: LibTorch's profiler did not start (the "
+                            "profiler is already enabled on this thread); the phases are still "
+                            "recorded");
+        return;
+      }
       try {
-        namespace impl = torch::profiler::impl;
         const impl::ProfilerConfig config(impl::ProfilerState::KINETO, record_shapes_,
                                           profile_memory_, /*with_stack=*/false,
                                           /*with_flops=*/record_shapes_);
@@ -221,24 +228,26 @@ class ChromeTrace : public keel::Profiler {
     // Memory events, per thread in time order, with running sums of their bytes: an operator's
     // cpu_memory_bytes is the net of those that fall within its span (as PyTorch's "CPU Mem").
     struct Mem {
-      uint64_t tid, us;
+      uint64_t tid;
+      int64_t ns;
       int64_t sum;  // bytes of this event and every earlier one of its thread
     };
     std::vector<Mem> mem;
     for (const auto& e : result->events()) {
       if (e.name() != "[memory]") continue;
-      mem.push_back({e.startThreadId(), e.startUs(), e.nBytes()});
-      add_op({e.name(), static_cast<double>(e.startUs()) - origin, 0, "", 0, e.nBytes(),
+      const int64_t start = keel::compat::event_start_ns(e);
+      mem.push_back({e.startThreadId(), start, e.nBytes()});
+      add_op({e.name(), start / 1e3 - origin, 0, "", 0, e.nBytes(),
               static_cast<int64_t>(e.startThreadId()), true});
     }
     const auto before = [](const Mem& a, const Mem& b) {
-      return a.tid != b.tid ? a.tid < b.tid : a.us < b.us;
+      return a.tid != b.tid ? a.tid < b.tid : a.ns < b.ns;
     };
     std::stable_sort(mem.begin(), mem.end(), before);
     for (size_t i = 1; i < mem.size(); ++i)
       if (mem[i].tid == mem[i - 1].tid) mem[i].sum += mem[i - 1].sum;
-    const auto net_bytes = [&](uint64_t tid, uint64_t from, uint64_t to) -> int64_t {
-      // Sum over the events of `tid` with from <= us <= to.
+    const auto net_bytes = [&](uint64_t tid, int64_t from, int64_t to) -> int64_t {
+      // Sum over the events of `tid` with from <= ns <= to.
       const auto lo = std::lower_bound(mem.begin(), mem.end(), Mem{tid, from, 0}, before);
       const auto hi = std::upper_bound(mem.begin(), mem.end(), Mem{tid, to, 0}, before);
       if (lo == hi) return 0;
@@ -255,10 +264,11 @@ class ChromeTrace : public keel::Profiler {
         shapes << "]";
       }
       shapes << "]";
-      add_op({e.name(), static_cast<double>(e.startUs()) - origin,
-              static_cast<double>(e.durationUs()), shapes.str(),
+      const int64_t start = keel::compat::event_start_ns(e);
+      const int64_t duration = keel::compat::event_duration_ns(e);
+      add_op({e.name(), start / 1e3 - origin, duration / 1e3, shapes.str(),
               static_cast<int64_t>(e.flops()),
-              net_bytes(e.startThreadId(), e.startUs(), e.startUs() + e.durationUs()),
+              net_bytes(e.startThreadId(), start, start + duration),
               static_cast<int64_t>(e.startThreadId()), false});
     }
   }

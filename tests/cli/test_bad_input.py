@@ -49,6 +49,12 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import inproc
 
 KEEL, ROOT, INPROC = (os.path.abspath(a) for a in sys.argv[1:4])
+# What `device = "cuda"` meets: a keel built without CUDA refuses it when it reads the manifest; a
+# CUDA build (-Dtorch=wheel, docs/torch.md) on a machine without a GPU when the run starts. Both
+# name the place it was set.
+CUDA_BUILD = "CUDA: none" not in subprocess.run([KEEL, "--version"], capture_output=True,
+                                                text=True, check=True).stdout
+NO_CUDA = "CUDA is not available to this process" if CUDA_BUILD else "LibTorch without CUDA"
 NOBODY_KEEL = None  # keel_for_nobody()'s copy (removed at the catalogue's end)
 NOBODY_KEEL_LOCK = threading.Lock()  # the catalogue's cases run on several threads
 
@@ -328,8 +334,8 @@ CASES = [
     M("device_unknown", '[run]\ndevice = "gpu"\n', "{m}:2:10", "run.device = \"gpu\" is not a "
       "device", "cuda:N"),
     M("device_cuda_cpu_build", '[run]\ndevice = "cuda:1"\n', "{m}:2:10",
-      "LibTorch without CUDA", "device = \"cpu\" or \"auto\""),
-    S("set_device_cuda", "run.device=cuda", ("LibTorch without CUDA",)),
+      NO_CUDA, "device = \"cpu\" or \"auto\""),
+    S("set_device_cuda", "run.device=cuda", (NO_CUDA,)),
     M("launcher_rank_not_a_number", "", "RANK='x' (set by torchrun)", "expected an integer",
       commands=("train",), env={"RANK": "x", "WORLD_SIZE": "2"}),
     M("launcher_rank_out_of_range", "", "RANK='2' (set by torchrun)", "from 0 to 1",

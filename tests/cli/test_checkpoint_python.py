@@ -13,7 +13,8 @@
 
 Usage: test_checkpoint_python.py KEEL_BINARY SOURCE_ROOT
 
-Runs with Debian's /usr/bin/python3 (python3-torch 1.13, the LibTorch build keel links)."""
+Runs with the Python of the LibTorch keel links (meson.build's torch_python: Debian's
+/usr/bin/python3 with python3-torch 1.13, or the wheel's virtual environment)."""
 import os
 
 # One thread, as keel runs here ([run] threads = 1, which gives OpenBLAS one thread too),

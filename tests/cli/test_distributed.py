@@ -410,8 +410,12 @@ class Distributed(unittest.TestCase):
         r = subprocess.run([KEEL, "validate", m], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 1)
         line = text.splitlines().index('device = "cuda"') + 1
-        self.assertIn(f"{m}:{line}:10: run.device = \"cuda\": this keel is built against a "
-                      "LibTorch without CUDA", r.stderr)
+        # A CUDA build (-Dtorch=wheel) without a GPU refuses it when the run starts.
+        cuda_build = "CUDA: none" not in subprocess.run([KEEL, "--version"], capture_output=True,
+                                                        text=True, check=True).stdout
+        why = ("CUDA is not available to this process" if cuda_build else
+               "this keel is built against a LibTorch without CUDA")
+        self.assertIn(f"{m}:{line}:10: run.device = \"cuda\": {why}", r.stderr)
         self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
         # "auto" takes the CPU when there is no CUDA.
         write(m, text.replace('device = "cuda"', 'device = "auto"'))

@@ -3,7 +3,11 @@ torch.optim.lr_scheduler.LambdaLR, torch.nn.functional.cross_entropy and
 torch.nn.utils.clip_grad_norm_. Both start from the same weights (keel's step-0 checkpoint) and
 see the same Fashion-MNIST batches in the same order (shuffle = false); after N optimizer steps
 every parameter of keel's step-N checkpoint must equal the Python model's bit for bit
-(torch.equal, max abs difference 0.0), in every scenario below.
+(torch.equal, max abs difference 0.0), in every scenario below, but for one: with a PyTorch whose
+torch.optim.Adam updates its first moment with lerp_ (2.x: ADAM_LERP below), the Adam and AdamW
+scenarios allow a max abs difference of 1e-7, because keel's adam and adamw are the C++
+frontend's torch::optim::Adam and AdamW, which update it with mul_ and add_ (rounded differently
+in the last bit).
 
 Exact equality is achievable because both sides run the same floating-point operations in the
 same order on the same libraries: the Python process loads the libtorch_cpu and the OpenBLAS
@@ -14,7 +18,8 @@ the results are still the same floats).
 
 Usage: test_pytorch_parity.py KEEL_BINARY SOURCE_ROOT
 
-Runs with Debian's /usr/bin/python3 (python3-torch 1.13, the LibTorch build keel links). The
+Runs with the Python of the LibTorch keel links (Debian's /usr/bin/python3 with python3-torch
+1.13, or the wheel's virtual environment with PyTorch 2.11: docs/torch.md). The
 `safetensors` package is not needed: checkpoints are parsed by hand (tests/cli/safetensors_np.py)."""
 import os
 
@@ -59,6 +64,12 @@ from safetensors_np import read_arrays
 torch.set_num_threads(1)
 
 KEEL, ROOT = sys.argv[1], sys.argv[2]
+# torch.optim.Adam(W)'s single-tensor step updates exp_avg with lerp_ (PyTorch 2.x) rather than
+# with mul_ and add_ as the C++ frontend does (and 1.13's Python did).
+import importlib  # noqa: E402
+import inspect  # noqa: E402
+ADAM_LERP = "exp_avg.lerp_(" in inspect.getsource(importlib.import_module("torch.optim.adam"))
+ADAM_ATOL = 1e-7 if ADAM_LERP else 0.0
 HIDDEN = [64, 32]
 
 
@@ -185,10 +196,16 @@ class Parity(unittest.TestCase):
         theirs = subprocess.run(["ldd", KEEL], capture_output=True, text=True, check=True).stdout
         for lib in ("libtorch_cpu.so", "libblas.so"):
             mine, keel = loaded_library(lib, ours), loaded_library(lib, theirs)
+            if lib == "libblas.so" and keel is None:
+                # The wheel's LibTorch carries its BLAS (MKL) inside libtorch_cpu: neither side
+                # loads a libblas.so.
+                self.assertIsNone(mine, f"python maps {mine}, keel no libblas.so")
+                continue
             self.assertIsNotNone(mine, f"python does not map {lib}")
             self.assertEqual(mine, keel, f"{lib}: python and keel load different files")
 
-    def check(self, name, keel_start, keel_end, model, note=""):
+    def check(self, name, keel_start, keel_end, model, note="", atol=0.0):
+        # atol 0: bit for bit (torch.equal); otherwise a max abs difference of at most atol.
         ours = {k: v.detach() for k, v in model.state_dict().items()}
         self.assertEqual(sorted(ours), sorted(keel_end))
         moved = max_abs_diff(keel_start, keel_end)
@@ -198,11 +215,16 @@ class Parity(unittest.TestCase):
               file=sys.stderr)
         for k in ours:
             self.assertEqual(ours[k].dtype, keel_end[k].dtype, f"{name}: {k}")
+            if atol > 0:
+                self.assertLessEqual((ours[k] - keel_end[k]).abs().max().item(), atol,
+                                     f"{name}: {k} differs from PyTorch's by more than {atol}")
+                continue
             self.assertTrue(torch.equal(ours[k], keel_end[k]),
                             f"{name}: {k} differs from PyTorch's (max abs diff "
                             f"{(ours[k] - keel_end[k]).abs().max().item():.3e}); "
                             "expected bit-identical")
-        self.assertEqual(diff, 0.0, f"{name}: parameters differ from PyTorch's")
+        if atol == 0:
+            self.assertEqual(diff, 0.0, f"{name}: parameters differ from PyTorch's")
         return diff
 
     def start(self, keel_start):
@@ -242,7 +264,8 @@ class Parity(unittest.TestCase):
     def test_adamw_cosine_warmup_grad_accum(self):
         # keel's adamw is torch::optim::AdamW, whose C++ step runs the tensor operations of
         # torch.optim.AdamW's single-tensor path (foreach is off by default in 1.13) in the same
-        # order. keel weights each micro-batch's loss by its share of the items, 16 / 64 = 0.25,
+        # order (in 1.13; 2.x's uses lerp_: ADAM_ATOL). keel weights each micro-batch's loss by
+        # its share of the items, 16 / 64 = 0.25,
         # and multiplies; the reference divides by 4: both are exact in binary floating point.
         steps, limit, bs, accum, lr, warmup = 20, 1024, 16, 4, 3e-3, 5  # 16 steps/epoch
         with tempfile.TemporaryDirectory() as tmp:
@@ -262,7 +285,7 @@ class Parity(unittest.TestCase):
                 (F.cross_entropy(model(x.reshape(x.shape[0], -1)), y) / accum).backward()
             opt.step()
             sched.step()
-        self.check("adamw + cosine warmup + grad_accum 4", k0, kn, model)
+        self.check("adamw + cosine warmup + grad_accum 4", k0, kn, model, atol=ADAM_ATOL)
 
     def test_label_smoothing(self):
         # keel's adam is torch::optim::Adam (C++), like adamw above; its loss calls
@@ -281,7 +304,7 @@ class Parity(unittest.TestCase):
             opt.zero_grad()
             F.cross_entropy(model(x.reshape(x.shape[0], -1)), y, label_smoothing=0.1).backward()
             opt.step()
-        self.check("adam + label smoothing 0.1", k0, kn, model)
+        self.check("adam + label smoothing 0.1", k0, kn, model, atol=ADAM_ATOL)
 
     def test_token_normalized_accumulation_with_ignored_items(self):
         # keel multiplies each micro-batch's mean loss by the double n / total, as the reference

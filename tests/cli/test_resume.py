@@ -13,7 +13,7 @@ The hints of --resume are followed as printed: a changed optimizer.lr is refused
 that sets it back (which then resumes), and a run resumed at its end names the --set that trains
 on (which then does).
 
-Usage: test_resume.py KEEL_BINARY SOURCE_ROOT FIXTURE_DIR (Debian's /usr/bin/python3; numpy
+Usage: test_resume.py KEEL_BINARY SOURCE_ROOT FIXTURE_DIR (meson.build's torch_python; numpy
 only). FIXTURE_DIR holds noisy_model.so (tests/fixtures/noisy_model.cpp)."""
 import csv
 import json

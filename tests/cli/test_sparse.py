@@ -17,7 +17,8 @@ the step's gradients) to a dump file at every end_step; the cases read it:
   the entry, exit 1 (issue 43, finding 9: "internal error", exit 70, before);
 - the one-line errors of a model with tables but no [sparse_optimizer], and the reverse.
 
-Usage: test_sparse.py KEEL_BINARY FIXTURE_DIR (Debian's /usr/bin/python3 with python3-torch)."""
+Usage: test_sparse.py KEEL_BINARY FIXTURE_DIR (with the Python of the LibTorch keel links:
+meson.build's torch_python)."""
 import json
 import math
 import os

@@ -4,7 +4,7 @@
 // static_assert) and ContextPtr (a std::shared_ptr member of c10d::Reducer). Both are declared
 // here exactly as PyTorch 1.13 declares them, so c10d::Reducer has the layout the library was
 // built with; nothing in keel creates or uses a DistAutogradContext. Only the kernel's
-// distributed/ sources see this directory (kernel/meson.build).
+// libraries see this directory, and only with -Dtorch=debian (kernel/meson.build).
 #pragma once
 
 #include <ATen/core/Tensor.h>
