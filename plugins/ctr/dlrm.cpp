@@ -105,12 +105,16 @@ class Dlrm : public keel::Model {
           text::shape(input.sizes()) + "; hint: use dataset criteo (its batch layout)");
     at::Tensor x = input.slice(1, 0, kNumeric).to(at::kFloat);
     for (nn::Linear& fc : bottom_) x = at::relu(fc->forward(x));
-    const at::Tensor e = embed(input.slice(1, kNumeric, kColumns).to(at::kLong).contiguous());
+    // The tables live in host memory (keel::EmbeddingTable: a hash map and its rows), and their
+    // lookups return CPU tensors: the pooled rows go to the device of the dense part (a no-op on
+    // the CPU), and backward brings their gradient back.
+    const at::Tensor e =
+        embed(input.slice(1, kNumeric, kColumns).to(at::kLong).contiguous()).to(x.device());
     at::Tensor z;
     if (dot_) {
       const at::Tensor v = at::cat({x.unsqueeze(1), e}, 1);  // [B, 27, dim]
       const at::Tensor products = at::bmm(v, v.transpose(1, 2)).flatten(1);
-      z = at::cat({x, products.index_select(1, pairs_)}, 1);
+      z = at::cat({x, products.index_select(1, pairs_.to(products.device()))}, 1);
     } else {
       z = at::cat({x, e.flatten(1)}, 1);
     }

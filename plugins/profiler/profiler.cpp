@@ -8,12 +8,14 @@
 // PyTorch's own torch.profiler calls on that build, and it returns the operators as
 // KinetoEvents. Only ProfilerResult::save, which writes Kineto's trace, needs Kineto (it throws
 // there), so this component writes the events itself. See docs/profiling.md.
+#include <ATen/Context.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -192,6 +194,11 @@ class ChromeTrace : public keel::Profiler {
                             "recorded");
         return;
       }
+      // Kineto (inside a CUDA-linked LibTorch, PyTorch 2.x's wheel) asks CUDA for its devices
+      // when it starts and, on a machine without a GPU, prints "ERROR: ... gpuGetDeviceCount
+      // failed" to stderr, though only the CPU is profiled: below ERROR only where there is no
+      // GPU, and never over a KINETO_LOG_LEVEL of the user's.
+      if (!at::hasCUDA()) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
       try {
         const impl::ProfilerConfig config(impl::ProfilerState::KINETO, record_shapes_,
                                           profile_memory_, /*with_stack=*/false,
