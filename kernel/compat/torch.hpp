@@ -3,7 +3,8 @@
 // compiles (a trait over the declarations the headers have), never by a version number, so a
 // later release that keeps 2.11's API builds unchanged. One entry per difference, each saying
 // which release changed it; tests/unit/test_torch_compat.cpp checks each against the LibTorch the
-// build links. The rest of keel calls these and tests no version.
+// build links. The rest of keel calls these and tests no version. A release named below comes
+// from the survey or PyTorch's history; "after 1.13": in 2.11, release not looked up.
 //
 // Plugins see none of this: the differences they would meet (Kineto's event times, say) are in
 // calls that both releases share (plugins/profiler/profiler.cpp uses only those).
@@ -104,7 +105,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(
   }
 }
 
-// --- c10d::Reducer's constructor (per_bucket_size_limits dropped and flags added after 1.13) -
+// --- c10d::Reducer's constructor (per_bucket_size_limits dropped, then flags added, after 1.13) -
 // 1.13: (params, buckets, per_bucket_size_limits, group, expect_sparse, cap, find_unused,
 //        as_view, names, first_cap).
 // 2.x before the flags: the same without per_bucket_size_limits.
@@ -144,7 +145,8 @@ std::shared_ptr<R> make_reducer(ReducerArgs a) {
   }
 }
 
-// --- c10::Allocator: allocate() lost its const (2.3) and copy_data() became pure virtual (2.3) -
+// --- c10::Allocator: allocate() lost its const (2.3), copy_data() became pure virtual (after
+// 1.13) ------------------------------------------------------------------------------------
 // An allocator of keel derives from Allocator and defines `c10::DataPtr allocate_bytes(size_t)
 // const`; this base declares allocate() as the linked LibTorch does, and copy_data() (memcpy,
 // as LibTorch's CPU allocator does) where the release requires it.
@@ -169,8 +171,8 @@ using Allocator = detail::AllocatorFor<std::is_same_v<decltype(&c10::Allocator::
                                                       c10::DataPtr (c10::Allocator::*)(size_t)
                                                           const>>;
 
-// --- The CUDA default generator: getDefaultCUDAGenerator renamed getDefaultGenerator (2.4,
-// when the CUDA hooks became accelerator hooks) ----------------------------------------------
+// --- The CUDA default generator: getDefaultCUDAGenerator renamed getDefaultGenerator (after
+// 1.13, when the CUDA hooks became accelerator hooks) ----------------------------------------
 namespace detail {
 template <class H>
 auto default_generator(const H& hooks, int device, int)

@@ -19,7 +19,7 @@
 namespace keel::compat {
 
 // --- torch::optim::Optimizer::state()'s key: a parameter's TensorImpl pointer as text (1.13:
-// c10::guts::to_string, gone in 2.x) became the pointer itself (2.1) -------------------------
+// c10::guts::to_string, gone in 2.11) became the pointer itself (after 1.13) ------------------
 using OptimizerStateKey =
     typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 namespace detail {
@@ -39,8 +39,8 @@ inline OptimizerStateKey optimizer_state_key(const at::Tensor& param) {
   return detail::optimizer_state_key<OptimizerStateKey>(param.unsafeGetTensorImpl());
 }
 
-// --- Kineto events' times: microseconds (1.13: startUs, durationUs) became nanoseconds (2.1:
-// startNs, durationNs; the microsecond calls are gone) ----------------------------------------
+// --- Kineto events' times: microseconds (1.13: startUs, durationUs) became nanoseconds (after
+// 1.13: startNs, durationNs; 2.11 has no microsecond calls) ----------------------------------
 namespace detail {
 template <class E>
 auto event_start_ns(const E& e, int) -> decltype(static_cast<int64_t>(e.startNs())) {
