@@ -75,6 +75,26 @@ def keel_for_nobody():
         return NOBODY_KEEL
 
 
+NOBODY_START = None
+
+
+def nobody_cannot_start(prefix, keel):
+    """Why the other user cannot start the staged keel, or "" when it can: with -Dtorch=wheel,
+    keel's LibTorch lies in the checkout's .venv-torch/, out of that user's reach in a private
+    checkout (as CI's is), and that user cannot load it."""
+    global NOBODY_START
+    with NOBODY_KEEL_LOCK:
+        if NOBODY_START is None:
+            r = subprocess.run(prefix + [keel, "--version"], capture_output=True, text=True,
+                               timeout=TIMEOUT_S)
+            NOBODY_START = "" if r.returncode == 0 else (
+                "uid 65534 cannot start keel here (" +
+                (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1][:160] +
+                "): its LibTorch lies where that user cannot read, as a private checkout's "
+                ".venv-torch/ with -Dtorch=wheel")
+        return NOBODY_START
+
+
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.toml")
 BUILD = os.path.dirname(os.path.dirname(KEEL))  # KEEL is BUILD/kernel/keel
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -851,6 +871,8 @@ def _run_in(case: Case, command: str, d: str, mode: str) -> Result:
             prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
             os.chmod(d, 0o755)
     keel = keel_for_nobody() if prefix else KEEL
+    if prefix and not skipped:
+        skipped = nobody_cannot_start(prefix, keel)
     env = dict(os.environ)
     env.pop("KEEL_LOG_LEVEL", None)
     env.update(case.env or {})
