@@ -1,13 +1,13 @@
-// Every difference of LibTorch's C++ API between the releases keel builds against (Debian 12's
-// 1.13.1 and PyTorch 2.11; meson.build refuses others), in one place. Each is decided by what
-// compiles (a trait over the declarations the headers have), never by a version number, so a
-// later release that keeps 2.11's API builds unchanged. One entry per difference, each saying
-// which release changed it; tests/unit/test_torch_compat.cpp checks each against the LibTorch the
-// build links. The rest of keel calls these and tests no version. A release named below comes
-// from the survey or PyTorch's history; "after 1.13": in 2.11, release not looked up.
-//
-// Plugins see none of this: the differences they would meet (Kineto's event times, say) are in
-// calls that both releases share (plugins/profiler/profiler.cpp uses only those).
+// The differences of LibTorch's C++ API between the releases keel builds against (Debian 12's
+// 1.13.1 and PyTorch 2.11; meson.build refuses others) that the kernel meets: c10d's process
+// groups and Reducer, autocast, allocators, the CUDA generator. Those a plugin meets (optimizer
+// state keys, Kineto's event times) are in sdk/include/keel/torch_compat.hpp; the two headers
+// together hold every difference keel knows (docs/torch.md). Each is decided by what compiles (a
+// trait over the declarations the headers have), never by a version number, so a later release
+// that keeps 2.11's API builds unchanged. One entry per difference, each saying which release
+// changed it; tests/unit/test_torch_compat.cpp checks each against the LibTorch the build links.
+// The rest of keel calls these and tests no version. A release named below comes from the
+// issue's survey or PyTorch's history; "after 1.13": in 2.11, release not looked up.
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -27,8 +27,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include "keel/torch_compat.hpp"
 
 namespace keel::compat {
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "compat/torch.hpp"
+#include "keel/torch_compat.hpp"
 
 namespace unit_torch_compat {  // keel_units is one unity build: each file's names stay its own
 

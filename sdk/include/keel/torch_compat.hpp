@@ -2,8 +2,8 @@
 // 1.13.1 and PyTorch 2.11) that a plugin meets, each decided by what compiles, never by a
 // version number: a plugin built against either LibTorch calls these and tests no version.
 // The kernel's own differences (c10d's process groups and Reducer, autocast, allocators, the
-// CUDA generator) are in kernel/compat/torch.hpp, which includes this header; the two together
-// hold every difference keel knows (docs/torch.md). One entry per difference, each saying which
+// CUDA generator) are in kernel/compat/torch.hpp; the two together hold every difference keel
+// knows (docs/torch.md). One entry per difference, each saying which
 // release changed it; tests/unit/test_torch_compat.cpp checks each.
 #pragma once
 
