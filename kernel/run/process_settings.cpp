@@ -2,10 +2,12 @@
 // allocator, the default generator's seed.
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Logging.h>
 #include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -41,6 +43,12 @@ void apply_process_settings(const RunConfig& config) {
   configure_threads(config.run.threads, launch ? launch->local_world_size : 1);
   if (config.run.malloc_tuning) configure_allocator();
   at::manual_seed(config.run.seed);
+  // LibTorch's own C++ log (c10's LOG) only from ERROR up, unless TORCH_CPP_LOG_LEVEL says
+  // otherwise: PyTorch 2.x's c10d logs two WARNING lines to stderr for a store wait that times
+  // out, before keel's own one-line error about the rank that failed (Debian's 1.13 logs
+  // through glog, which this flag does not govern).
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr)
+    FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2);
 }
 
 }  // namespace keel
