@@ -58,13 +58,15 @@ at::Device resolve_device(const std::string& name, const std::string& where, int
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-// The run's device, and the process group when a launcher started several processes.
+// The run's device, and the process group when a launcher started several processes, or one
+// process with [distributed] shard set (a group of one, whose sharded step runs the same
+// collectives as on several ranks: FSDP's and torchtitan's one-GPU runs under torchrun).
 void join_ranks(Run& run, const std::optional<Launch>& launch) {
   const RunConfig& config = run.config;
   Ranks& ranks = run.ranks;
   ranks.device = resolve_device(config.run.device, config.run.device_where,
                                 launch ? launch->local_rank : 0);
-  if (launch && launch->world_size > 1) {
+  if (launch && (launch->world_size > 1 || config.distributed.shard != ShardMode::kNone)) {
     DistributedOptions o;
     o.timeout = std::chrono::seconds(config.distributed.timeout_s);
     o.backend = config.distributed.backend;

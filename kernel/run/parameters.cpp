@@ -211,7 +211,8 @@ void shard_parameters(Run& run) {
       "\"" + std::get<std::string>(distributed_keys().find("shard")->read(d)) + "\"";
   if (!run.ranks.group) {
     spdlog::warn("distributed.shard = {} with one process: every parameter is whole here, so "
-                 "the run holds everything as with \"none\"", value);
+                 "the run holds everything as with \"none\" (under a launcher, e.g. torchrun "
+                 "--nproc_per_node=1, keel forms a group of one and shards over it)", value);
     return;
   }
   const bool fsdp = d.shard == ShardMode::kParameters;

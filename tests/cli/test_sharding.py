@@ -171,9 +171,9 @@ class Sharding(unittest.TestCase):
             f.write(body)
         return path, out
 
-    def launch(self, path, nproc, *args, name="x", check=True):
+    def launch(self, path, nproc, *args, name="x", check=True, launcher=False):
         cmd = [KEEL, "train", path, *args]
-        if nproc > 1:
+        if nproc > 1 or launcher:
             cmd = TORCHRUN + [f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
                               f"--log_dir={os.path.join(self.dir, 'torchrun-' + name)}"] + cmd
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
@@ -189,11 +189,12 @@ class Sharding(unittest.TestCase):
             shutil.copy(os.path.join(FIXTURES, "units_model.so"), plugins)
         return plugins
 
-    def train(self, name, model, shard, nproc, steps=10, groups="", layers=2):
-        """Trains (once per name) and returns (final parameters, losses, run.log, run dir)."""
+    def train(self, name, model, shard, nproc, steps=10, groups="", layers=2, launcher=False):
+        """Trains (once per name) and returns (final parameters, losses, run.log, run dir);
+        under torchrun when nproc > 1 or launcher."""
         if name not in self.runs:
             path, out = self.manifest(name, model, shard, steps, groups, layers=layers)
-            self.launch(path, nproc, name=name)
+            self.launch(path, nproc, name=name, launcher=launcher)
             self.runs[name] = out
         out = self.runs[name]
         model_t = read_checkpoint(os.path.join(out, "checkpoints", f"step-{steps}"))
@@ -392,6 +393,19 @@ class Sharding(unittest.TestCase):
                       'whole here, so the run holds everything as with "none"', log)
         for k in none:
             self.assertTrue(np.array_equal(none[k], opt[k]), k)
+        # Under a launcher, one process with a shard mode forms a group of one and runs the
+        # sharded step (the GPU check's one-rank NCCL line): same parameters as "none" within
+        # 1e-6, the shards' log lines, and no group without a shard mode.
+        for shard in ("gradients", "parameters"):
+            with self.subTest(shard=shard):
+                one, _, log, _ = self.train("one-torchrun-" + shard, "gpt", shard, 1, steps=5,
+                                            launcher=True)
+                self.assertIn("rank 0 of 1 (torchrun, local rank 0 of 1), gloo backend", log)
+                self.assertIn(f'distributed.shard = "{shard}": ', log)
+                self.assertNotIn("with one process", log)
+                self.assert_close(none, one, f"gpt, torchrun 1 rank, {shard} vs none", atol=1e-6)
+        _, _, log, _ = self.train("one-torchrun-none", "gpt", "none", 1, steps=5, launcher=True)
+        self.assertNotIn("rank 0 of 1", log)
 
     def records(self, out):
         with open(os.path.join(out, "metrics.jsonl")) as f:

@@ -97,8 +97,9 @@ def lm(run_dir, steps, backend=None):
                       run_log(run_dir))
         if not m:
             raise Failure(f"{line}: run.log has no 'rank 0 of N (...), BACKEND backend' line: "
-                          "keel formed no process group (it forms one only when the launcher "
-                          "starts more than one process: kernel/run/assemble.cpp, join_ranks)")
+                          "keel formed no process group (under a launcher it forms one for several "
+                          "processes, or for one with distributed.shard set: "
+                          "kernel/run/assemble.cpp, join_ranks)")
         if m.group(3) != backend:
             raise Failure(f"{line}: the process group's backend is {m.group(3)}, not {backend}")
         line += f", {m.group(3)} group of {m.group(1)} rank(s) on {m.group(4)}"
