@@ -1,5 +1,6 @@
 #include "registry.hpp"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <torch/version.h>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <spdlog/spdlog.h>
@@ -233,6 +235,22 @@ int load_descriptor(int memfd, const std::string& sha256) {
   return memfd;
 }
 
+// Keeps the admitted plugin at /proc/self/fd/`load_fd` loaded to the end of the process, once
+// per content (load_descriptor keeps that descriptor, so the name stays bound to these bytes).
+// A later registry that loads the same bytes (the next run of an in-process caller) then finds
+// the library loaded by its name, where mapping it again would walk the dependencies of
+// everything it needs against every library loaded: with Debian's LibTorch 1.13 (about 300
+// libraries in the process) 70 to 115 ms for the 17 first-party plugins, 6 ms with the wheel's.
+void pin_library(int load_fd) {
+  static std::mutex mutex;
+  static std::set<int> pinned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!pinned.insert(load_fd).second) return;
+  // RTLD_NOLOAD: one more reference to the library already loaded, never released.
+  dlopen(("/proc/self/fd/" + std::to_string(load_fd)).c_str(),
+         RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+}
+
 // Why another user could change what `path` names (safe_path.hpp's rule), or why `path` no
 // longer names the file opened as `opened`: "" when neither.
 std::string replaced_or_writable(const std::string& path, const struct stat& opened) {
@@ -324,6 +342,7 @@ bool Registry::load_checked(const std::string& path, int fd) {
   p->description = bounded(p->descriptor->description);
   // 7. One plugin per name.
   if (std::string bad = admit(p, comps); !bad.empty()) return refuse(bad);
+  pin_library(load_fd);
   return true;
 }
 

@@ -33,7 +33,8 @@
 // A file that fails a check is recorded as a Refusal with the reason (and, from step 6 on,
 // unloaded again); nothing of it is used. Loaded libraries stay loaded for the registry's
 // lifetime, which must outlast every instance created from them; a library's sealed copy (one
-// per distinct content) and the dependencies preloaded stay for the process's lifetime.
+// per distinct content), the dependencies preloaded and every plugin admitted stay loaded for
+// the process's lifetime (a plugin's globals are not reset between the runs of one process).
 //
 // Two plugins may provide a component of the same kind and name; a manifest then names the
 // one it wants as "plugin:component" (matches() returns both for the bare name). Two files of

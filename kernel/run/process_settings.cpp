@@ -20,7 +20,9 @@ namespace keel {
 void configure_threads(int64_t threads, int local_processes) {
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t n = threads > 0 ? threads : std::max<int64_t>(1, cores / std::max(1, local_processes));
-  at::set_num_threads(static_cast<int>(n));
+  // Only when it changes: LibTorch builds with a pthreadpool (Debian's 1.13) destroy and create
+  // that pool on every call, and its new threads spin before they sleep.
+  if (at::get_num_threads() != n) at::set_num_threads(static_cast<int>(n));
   const int blas_threads = blas_threads_for(static_cast<int>(n));  // one pool: see blas.hpp
   if (blas_threads > 0) set_blas_threads(blas_threads);
   spdlog::debug("{} LibTorch intra-op thread(s) ({} core(s), {} process(es) on this machine); "

@@ -198,6 +198,14 @@ struct TempDir {
                             fs::perms::others_read);
     return to.string();
   }
+  // A copy whose bytes no earlier test loaded (the directory's name appended, which the dynamic
+  // loader ignores): an admitted plugin stays loaded to the end of the process, once per content
+  // (registry.hpp), so only new bytes run their constructor again.
+  std::string copy_fresh(const std::string& fixture) const {
+    const std::string to = copy(fixture);
+    std::ofstream(to, std::ios::binary | std::ios::app) << path.string();
+    return to;
+  }
 };
 
 // Sets KEEL_TEST_CONSTRUCTOR_MARK to a file in `dir` for the test's duration.
@@ -222,7 +230,7 @@ TEST_CASE("a plain library in a plugin directory is never opened: its constructo
   TempDir dir;
   Mark mark(dir.path);
   const std::string lib = dir.copy("constructor_lib.so");
-  const std::string plugin = dir.copy("constructor_plugin.so");
+  const std::string plugin = dir.copy_fresh("constructor_plugin.so");
   keel::Registry r;
   r.discover({dir.path.string()});
   CHECK(refusal_at(r, lib) ==
@@ -230,6 +238,24 @@ TEST_CASE("a plain library in a plugin directory is never opened: its constructo
   // The plugin beside it loads, and its constructor's mark shows that the mark works.
   CHECK(r.find(KEEL_KIND_HOOK, "marked") != nullptr);
   CHECK(mark.text() == "constructor_plugin\n");
+}
+
+TEST_CASE("an admitted plugin stays loaded for the process: a later registry finds it loaded") {
+  TempDir dir;
+  Mark mark(dir.path);
+  const std::string plugin = dir.copy_fresh("constructor_plugin.so");
+  {
+    keel::Registry first;
+    REQUIRE(first.load(plugin));
+  }
+  CHECK(mark.text() == "constructor_plugin\n");
+  fs::remove(mark.file);
+  // The first registry is gone; the second loads the same bytes without running them again
+  // (no mapping and relocation either: kernel/loader/registry.cpp, pin_library).
+  keel::Registry second;
+  REQUIRE(second.load(plugin));
+  CHECK(second.find(KEEL_KIND_HOOK, "marked") != nullptr);
+  CHECK(mark.text().empty());
 }
 
 TEST_CASE("plugin files and directories other users can write to are refused") {
@@ -296,7 +322,7 @@ TEST_CASE("with a lock, only files of the locked hashes load; a changed file's c
 TEST_CASE("relocking: a changed locked file loads only when its plugin is named") {
   TempDir dir;
   Mark mark(dir.path);
-  const std::string marked = dir.copy("constructor_plugin.so");
+  const std::string marked = dir.copy_fresh("constructor_plugin.so");
   const std::string hook = kFixtures + "/c_hook.so";
   keel::Lock lock;
   lock.file = (dir.path / "m.toml.lock").string();
