@@ -17,6 +17,9 @@
 #                         the Python package index, then configures and builds build-wheel/
 #                         (-Dtorch=wheel, -Dtorch_cuda=auto: keel links CUDA and NCCL when the
 #                         wheel has them, and runs on the CPU without a GPU; docs/torch.md)
+#   ./setup.sh --torch wheel --venv-only [...]
+#                         only the packages and .venv-torch/, no build (.ci/run makes it beside
+#                         another phase's build)
 #   BUILD_DIR=out ./setup.sh [...]
 # doctest-dev stays in the base set: the build compiles the doctest test executables by default,
 # and without the package meson would download doctest (subprojects/doctest.wrap).
@@ -34,10 +37,11 @@ cd "$(dirname "$0")"
 TORCH_WHEEL=torch==2.11.0
 VENV=.venv-torch
 
-tests=0 ci=0 torch=debian
+tests=0 ci=0 torch=debian venv_only=0
 while (($#)); do
   case "$1" in
     --tests) tests=1 ;;
+    --venv-only) venv_only=1 ;;
     --ci) tests=1 ci=1 ;;
     --torch)
       torch=${2-}
@@ -50,12 +54,17 @@ while (($#)); do
       ;;
     *)
       echo "setup.sh: error: unknown option '$1'; hint: ./setup.sh [--tests | --ci]" \
-           "[--torch debian|wheel]" >&2
+           "[--torch debian|wheel [--venv-only]]" >&2
       exit 2
       ;;
   esac
   shift
 done
+if ((venv_only)) && [ "$torch" != wheel ]; then
+  echo "setup.sh: error: --venv-only makes the virtual environment of --torch wheel; hint:" \
+       "./setup.sh --torch wheel --venv-only" >&2
+  exit 2
+fi
 if [ "$torch" = wheel ]; then
   BUILD_DIR=${BUILD_DIR:-build-wheel}
 else
@@ -129,6 +138,10 @@ if [ "$torch" = wheel ]; then
     fi
   fi
   setup_args=(-Dtorch=wheel "-Dtorch_python=$PWD/$VENV/bin/python")
+  if ((venv_only)); then
+    echo "setup: $VENV/ holds $TORCH_WHEEL (--venv-only: nothing built)"
+    exit 0
+  fi
 fi
 
 build_start=$SECONDS
