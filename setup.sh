@@ -21,6 +21,10 @@
 #                         only the packages and .venv-torch/, no build (.ci/run makes it beside
 #                         another phase's build)
 #   BUILD_DIR=out ./setup.sh [...]
+#   ./setup.sh [...] -- MESON_OPTION...
+#                         options for `meson setup` when it makes the build directory (a build
+#                         directory that exists keeps its own; `meson configure DIR -D...`
+#                         changes it): .ci/run builds build-wheel/ with -- -Doptimization=0
 # doctest-dev stays in the base set: the build compiles the doctest test executables by default,
 # and without the package meson would download doctest (subprojects/doctest.wrap).
 # The plugin SDK needs no install: the build holds it uninstalled (BUILD_DIR/meson-uninstalled/:
@@ -37,9 +41,10 @@ cd "$(dirname "$0")"
 TORCH_WHEEL=torch==2.11.0
 VENV=.venv-torch
 
-tests=0 ci=0 torch=debian venv_only=0
+tests=0 ci=0 torch=debian venv_only=0 meson_options=()
 while (($#)); do
   case "$1" in
+    --) shift; meson_options=("$@"); break ;;
     --tests) tests=1 ;;
     --venv-only) venv_only=1 ;;
     --ci) tests=1 ci=1 ;;
@@ -54,7 +59,7 @@ while (($#)); do
       ;;
     *)
       echo "setup.sh: error: unknown option '$1'; hint: ./setup.sh [--tests | --ci]" \
-           "[--torch debian|wheel [--venv-only]]" >&2
+           "[--torch debian|wheel [--venv-only]] [-- MESON_OPTION...]" >&2
       exit 2
       ;;
   esac
@@ -127,10 +132,12 @@ setup_args=()
 if [ "$torch" = wheel ]; then
   # The pinned torch and numpy (the tests' PyTorch side), once; pip keeps its downloads in
   # ~/.cache/pip. Where the package index cannot be reached this is the one line that says so.
+  # --no-compile: Python compiles a module when it is first imported, not all 5,948 of the
+  # environment's at install (27 s of CPU here, beside .ci/run's sanitizer build).
   if ! "$VENV/bin/python" -c 'import torch, numpy, sys; sys.exit(torch.__version__.split("+")[0] != "'"${TORCH_WHEEL#torch==}"'")' 2>/dev/null; then
     /usr/bin/python3 -m venv "$VENV"
     echo "setup: installing $TORCH_WHEEL and numpy into $VENV/ (about 3.5 GB with CUDA and NCCL)"
-    if ! "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_WHEEL" numpy; then
+    if ! "$VENV/bin/pip" install -q --disable-pip-version-check --no-compile "$TORCH_WHEEL" numpy; then
       echo "setup.sh: error: pip could not install $TORCH_WHEEL into $VENV/ (is the Python" \
            "package index reachable?); hint: ./setup.sh without --torch builds against" \
            "Debian's LibTorch" >&2
@@ -146,9 +153,15 @@ fi
 
 build_start=$SECONDS
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  meson setup "$BUILD_DIR" --buildtype=release "${setup_args[@]}"
-elif ((${#missing[@]})); then
-  meson setup --reconfigure "$BUILD_DIR"  # finds what was just installed (OpenBLAS's OpenMP build)
+  meson setup "$BUILD_DIR" --buildtype=release "${setup_args[@]}" "${meson_options[@]}"
+else
+  if ((${#meson_options[@]})); then
+    echo "setup: $BUILD_DIR/ exists and keeps its options: ${meson_options[*]} not applied; hint:" \
+         "meson configure $BUILD_DIR ${meson_options[*]}"
+  fi
+  if ((${#missing[@]})); then
+    meson setup --reconfigure "$BUILD_DIR"  # finds what was just installed (OpenBLAS's OpenMP build)
+  fi
 fi
 if ((tests)); then
   ninja -C "$BUILD_DIR"  # everything: keel, the plugins, the tests' executables and fixtures
