@@ -160,7 +160,8 @@ else
          "meson configure $BUILD_DIR ${meson_options[*]}"
   fi
   if ((${#missing[@]})); then
-    meson setup --reconfigure "$BUILD_DIR"  # finds what was just installed (OpenBLAS's OpenMP build)
+    # finds what was just installed (OpenBLAS's OpenMP build)
+    meson setup --reconfigure "$BUILD_DIR"
   fi
 fi
 if ((tests)); then
