@@ -25,6 +25,7 @@
 #                         options for `meson setup` when it makes the build directory (a build
 #                         directory that exists keeps its own; `meson configure DIR -D...`
 #                         changes it): .ci/run builds build-wheel/ with -- -Doptimization=0
+#                         (and CC=clang-14 CXX=clang++-14, which meson setup reads)
 # doctest-dev stays in the base set: the build compiles the doctest test executables by default,
 # and without the package meson would download doctest (subprojects/doctest.wrap).
 # The plugin SDK needs no install: the build holds it uninstalled (BUILD_DIR/meson-uninstalled/:

@@ -44,6 +44,10 @@ inline constexpr bool kPerDeviceAutocast =
     decltype(detail::per_device_autocast(c10::DeviceType::CPU))::value;
 
 namespace detail {
+// The 1.13 branches below name calls that 2.4 deprecated; clang looks them up (and warns) even
+// where `if constexpr` discards them, so their warning is off for these few lines.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 template <class D>
 bool autocast_enabled(D device) {
   if constexpr (decltype(per_device_autocast(device))::value) return is_autocast_enabled(device);
@@ -66,6 +70,7 @@ void set_autocast_type(D device, c10::ScalarType type) {
   else if (device == D::CUDA) set_autocast_gpu_dtype(type);
   else set_autocast_cpu_dtype(type);
 }
+#pragma GCC diagnostic pop
 }  // namespace detail
 
 // Whether autocast is on for `device` (CPU or CUDA), and its lower-precision type.
