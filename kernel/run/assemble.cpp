@@ -66,6 +66,7 @@ void join_ranks(Run& run, const std::optional<Launch>& launch) {
   Ranks& ranks = run.ranks;
   ranks.device = resolve_device(config.run.device, config.run.device_where,
                                 launch ? launch->local_rank : 0);
+  ranks.device_name = ranks.device.str();
   if (launch && (launch->world_size > 1 || config.distributed.shard != ShardMode::kNone)) {
     DistributedOptions o;
     o.timeout = std::chrono::seconds(config.distributed.timeout_s);

@@ -137,6 +137,7 @@ keel_create_context context(const Run& run, const ComponentSpec& spec) {
   c.run_dir = run.directory.path.c_str();
   c.resume_step = run.resume.active() ? run.resume.meta.step : 0;
   c.comm = run.comm ? run.comm->abi() : nullptr;  // set by join_ranks (run/assemble.cpp)
+  c.device = run.ranks.device_name.c_str();
   return c;
 }
 

@@ -61,6 +61,7 @@ struct Ranks {
   std::unique_ptr<ProcessGroup> group;
   int rank = 0, world = 1;
   at::Device device{at::kCPU};
+  std::string device_name = "cpu";  // device.str(): keel_create_context.device (1.11)
   // With several ranks and [checkpoint] async: the checkpoint writer's own store client
   // (created at the first save; the writer thread shares it) and the saves started so far,
   // which keep each save's keys apart (checkpoint/multi_rank.hpp).

@@ -13,6 +13,7 @@
 #include "bounded.hpp"
 #include "error.hpp"
 #include "host.hpp"
+#include "keel/tensor.hpp"
 #include "run/checkpointing.hpp"
 #include "run/parameters.hpp"
 #include "run/plugin_state.hpp"
@@ -28,6 +29,17 @@ constexpr const char* kStateObject = "sparse_optimizer";
 
 std::string table_label(const Run& run, const keel_sparse_table* t) {
   return run.components.model.label() + ": table '" + t->name + "'";
+}
+
+// (1.11) Whether `touched` hands the table's rows as tensors (a table of 1.10 never does), and
+// where the table says its rows live.
+bool rows_as_tensors(const keel_sparse_table* t) {
+  return KEEL_HAS_FIELD(t, keel_sparse_table, rows_as_tensors) && t->rows_as_tensors != 0;
+}
+std::string rows_device(const keel_sparse_table* t) {
+  return KEEL_HAS_FIELD(t, keel_sparse_table, device) && t->device
+             ? bounded(t->device, KEEL_NAME_CAPACITY)
+             : std::string("cpu");
 }
 
 // Calls a slot of table `t` that reports errors; throws keel::Error naming the model and table.
@@ -182,18 +194,32 @@ void create_sparse_optimizer(Run& run) {
   ctx.table_count = s.tables.size();
   Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
   opt = create_instance<keel_sparse_optimizer>(*config.sparse_optimizer->component, ctx);
+  // A sparse optimizer of 1.10 or older reads the rows through host pointers only.
+  for (const keel_sparse_table* t : s.tables)
+    if (rows_as_tensors(t) && opt.abi_minor() < 11)
+      throw opt.error(
+          "was built for plugin ABI 1." + std::to_string(opt.abi_minor()) + ", whose sparse "
+          "optimizers read a table's rows through host pointers, but " + table_label(run, t) +
+          " hands its rows as tensors (it keeps them on " + rows_device(t) +
+          "); hint: rebuild the sparse optimizer against this keel's SDK (ABI 1.11: it takes "
+          "keel_sparse_rows.row_values when rows_as_tensors is set), or have the model keep the "
+          "table in host memory and hand host pointers");
   s.base_lr = opt.get("get_lr", opt->get_lr);
   if (!std::isfinite(s.base_lr) || s.base_lr < 0)
     throw opt.error("get_lr returned " + text::number(s.base_lr) +
                     "; a learning rate is finite and >= 0");
-  // The names in full in run.log; on the console the first two and the last (26 for dlrm).
+  // The names in full in run.log; on the console the first two and the last (26 for dlrm),
+  // and where the first table keeps its rows (as tensors: on its device).
   const std::string names = table_names(s.tables);
   const size_t n = s.tables.size();
+  const keel_sparse_table* first = s.tables[0];
+  const std::string where = rows_as_tensors(first) ? "rows as tensors on " + rows_device(first)
+                                                   : std::string("rows in host memory");
   if (n <= 3) {
-    spdlog::info("{} updates {} sparse table(s): {}", opt.label(), n, names);
+    spdlog::info("{} updates {} sparse table(s): {} ({})", opt.label(), n, names, where);
   } else {
-    spdlog::info("{} updates {} sparse tables: {}, {}, ..., {}", opt.label(), n,
-                 s.tables[0]->name, s.tables[1]->name, s.tables[n - 1]->name);
+    spdlog::info("{} updates {} sparse tables: {}, {}, ..., {} ({})", opt.label(), n,
+                 s.tables[0]->name, s.tables[1]->name, s.tables[n - 1]->name, where);
     spdlog::debug("{} updates {} sparse tables: {}", opt.label(), n, names);
   }
 }
@@ -205,6 +231,13 @@ double sparse_grad_squares(const Run& run) {
     rows.struct_size = sizeof(rows);
     call_table(run, t, "touched", t->touched, &rows);
     if (rows.count == 0) continue;
+    if (rows_as_tensors(t)) {  // (1.11) one reduction on the rows' device
+      if (!rows.row_grads)
+        throw Error(table_label(run, t) + ": touched returned " + std::to_string(rows.count) +
+                    " rows without gradients (row_grads is NULL)");
+      sum += borrow(rows.row_grads).to(at::kDouble).square().sum().item<double>();
+      continue;
+    }
     if (!rows.grads)
       throw Error(table_label(run, t) + ": touched returned " + std::to_string(rows.count) +
                   " rows without gradients (grads is NULL)");

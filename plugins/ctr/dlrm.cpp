@@ -105,9 +105,9 @@ class Dlrm : public keel::Model {
           text::shape(input.sizes()) + "; hint: use dataset criteo (its batch layout)");
     at::Tensor x = input.slice(1, 0, kNumeric).to(at::kFloat);
     for (nn::Linear& fc : bottom_) x = at::relu(fc->forward(x));
-    // The tables live in host memory (keel::EmbeddingTable: a hash map and its rows), and their
-    // lookups return CPU tensors: the pooled rows go to the device of the dense part (a no-op on
-    // the CPU), and backward brings their gradient back.
+    // The lookups return the pooled rows on the tables' device (table_device): they go to the
+    // device of the dense part (a no-op when they are there), and backward brings their
+    // gradient back.
     const at::Tensor e =
         embed(input.slice(1, kNumeric, kColumns).to(at::kLong).contiguous()).to(x.device());
     at::Tensor z;
@@ -158,6 +158,8 @@ class Dlrm : public keel::Model {
     options.max_pending = ctx.get_int("max_pending");
     options.init_std = ctx.get_float("init_std");
     options.seed = ctx.seed();
+    if (ctx.get_string("table_device") == "run") options.device = ctx.device();
+    options.tensor_ops = ctx.get_bool("table_tensor_ops");
     tables_.reserve(kCategorical);
     if (ctx.get_string("tables") == "shared") {
       options.name = "categorical";
@@ -242,6 +244,15 @@ const keel_option_desc kOptions[] = {
     keel::opt_float("init_std", "0.01",
                     "a new row starts as N(0, init_std^2), drawn from (seed, table, id) alone", 0,
                     1e3),
+    keel::opt_string("table_device", "\"run\"",
+                     "where the tables keep their rows: the run's device ([run] device; on a "
+                     "GPU, device memory) or the CPU's memory (then the pooled rows move to the "
+                     "GPU and their gradients back)",
+                     "run|cpu"),
+    keel::opt_bool("table_tensor_ops", "false",
+                   "CPU tables: read and write the rows with tensor operations and hand them to "
+                   "the sparse optimizer as tensors, as tables in device memory do (the same "
+                   "values, slower at small batches; to check that path on the CPU)"),
 };
 
 }  // namespace

@@ -14,8 +14,14 @@
 // applies to the rows the step touched only (an untouched row is not decayed).
 //   t += 1;  w *= 1 - lr * weight_decay;  m = beta1 m + (1 - beta1) g;
 //   v = beta2 v + (1 - beta2) g^2;  w -= lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^t)) + eps)
-// Rows are updated in parallel (at::parallel_for) when a table has many touched rows.
+// Rows are updated in parallel (at::parallel_for) when a table has many touched rows. A table
+// that hands its rows as tensors (ABI 1.11, keel_sparse_table.rows_as_tensors: rows in device
+// memory) is updated with the same arithmetic as tensor operations on the rows' copies, which
+// the table writes back at end_step.
 #include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/sqrt.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +30,7 @@
 #include <vector>
 
 #include "keel/plugin.hpp"
+#include "keel/tensor.hpp"
 
 namespace {
 
@@ -57,6 +64,17 @@ class RowOptimizer : public keel::SparseOptimizer {
         throw std::runtime_error(std::string("table '") + t->name + "': touched failed: " +
                                  err.message);
       if (rows.count == 0) continue;
+      if (KEEL_HAS_FIELD(t, keel_sparse_table, rows_as_tensors) && t->rows_as_tensors) {
+        if (!rows.row_values || !rows.row_grads || !rows.row_slots ||
+            rows.slot_width != widths_[i])
+          throw std::runtime_error(std::string("table '") + t->name + "': touched gave rows "
+                                   "without tensors of values, gradients or the reserved slots "
+                                   "(width " + std::to_string(rows.slot_width) + ", reserved " +
+                                   std::to_string(widths_[i]) + ")");
+        at::Tensor w = keel::borrow(rows.row_values), s = keel::borrow(rows.row_slots);
+        update_tensors(w, keel::borrow(rows.row_grads), s);
+        continue;
+      }
       if (!rows.values || !rows.grads || !rows.slots || rows.slot_width != widths_[i])
         throw std::runtime_error(std::string("table '") + t->name + "': touched gave rows "
                                  "without values, gradients or the reserved slots (width " +
@@ -75,6 +93,9 @@ class RowOptimizer : public keel::SparseOptimizer {
 
  protected:
   virtual void update(float* w, const float* g, float* slots, int64_t dim) const = 0;
+  // The same update on every row of w [rows, dim], g [rows, dim] and slots [rows, width], in
+  // place, with the float operations of update() in its order.
+  virtual void update_tensors(at::Tensor& w, const at::Tensor& g, at::Tensor& slots) const = 0;
   double lr_;
 
  private:
@@ -97,6 +118,12 @@ class Adagrad : public RowOptimizer {
       s[d] += g[d] * g[d];
       w[d] -= lr * g[d] / (std::sqrt(init + s[d]) + eps);
     }
+  }
+  void update_tensors(at::Tensor& w, const at::Tensor& g, at::Tensor& s) const override {
+    const float lr = static_cast<float>(lr_), eps = static_cast<float>(eps_);
+    const float init = static_cast<float>(init_);
+    s.add_(g * g);
+    w.sub_((g * lr).div_((s + init).sqrt_().add_(eps)));
   }
   double eps_, init_;
 };
@@ -128,6 +155,23 @@ class AdamW : public RowOptimizer {
       v[d] = b2 * v[d] + (1 - b2) * g[d] * g[d];
       w[d] -= step * m[d] / (std::sqrt(v[d]) / root_bc2 + eps);
     }
+  }
+  void update_tensors(at::Tensor& w, const at::Tensor& g, at::Tensor& slots) const override {
+    const int64_t dim = w.size(1);
+    at::Tensor m = slots.narrow(1, 0, dim), v = slots.narrow(1, dim, dim);
+    at::Tensor t = slots.narrow(1, 2 * dim, 1);
+    t.add_((t < 16777216.0f).to(at::kFloat));  // 2^24, as update()
+    // Per row, in double as update() computes them: lr / (1 - beta1^t), sqrt(1 - beta2^t).
+    const at::Tensor td = t.to(at::kDouble);
+    const at::Tensor step = (lr_ / (1 - at::pow(beta1_, td))).to(at::kFloat);
+    const at::Tensor root_bc2 = (1 - at::pow(beta2_, td)).sqrt_().to(at::kFloat);
+    const float decay = static_cast<float>(1 - lr_ * weight_decay_);
+    const float b1 = static_cast<float>(beta1_), b2 = static_cast<float>(beta2_);
+    const float eps = static_cast<float>(eps_);
+    w.mul_(decay);
+    m.add_((g - m).mul_(1 - b1));
+    v.copy_(v * b2 + (g * (1 - b2)).mul_(g));
+    w.sub_((step * m).div_(v.sqrt().div_(root_bc2).add_(eps)));
   }
   double beta1_, beta2_, eps_, weight_decay_;
 };

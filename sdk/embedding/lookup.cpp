@@ -3,6 +3,7 @@
 // gradient to the table that owns it.
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
@@ -27,6 +28,9 @@ namespace {
 
 using Impl = EmbeddingTable::Impl;
 
+using embedding::longs;
+using embedding::put_rows;
+
 // What the backward of one training lookup needs, on every rank: this rank's bags (as the
 // requester) and the rows it resolved for the ids other ranks sent it (as the owner).
 struct LookupState : torch::CustomClassHolder {
@@ -36,6 +40,11 @@ struct LookupState : torch::CustomClassHolder {
   std::vector<int64_t> inv;      // per position of ids: its distinct id's index, -1 if ignored
   std::vector<int64_t> offsets;  // bag starts, then N
   int64_t distinct = 0;
+  // Tensor operations only (the table's tensor_ops): the positions that count (inv >= 0), in
+  // order: their bag and distinct id, and per bag the factor of its rows (1, or 1 / count for a
+  // mean over more than one), on the table's device.
+  at::Tensor bag_of, pick;
+  at::Tensor scale;  // float [bags, 1]; undefined when every factor is 1
   // Requester: send position k carries distinct id order[k]; send_rows[r] of them go to rank r.
   std::vector<int64_t> order;
   std::vector<int64_t> send_rows;
@@ -112,15 +121,22 @@ void prepare(Impl& m, const at::Tensor& ids, const at::Tensor& offsets, LookupSt
   st.distinct = static_cast<int64_t>(distinct.size());
 }
 
-// Where the distinct ids' values are (dim floats each): resolves them at their owners
-// (counting sightings in training) and records both sides in `st`. The pointers stay valid
-// until the table's next lookup or end_step; `hold` keeps the rows received from other ranks.
-std::vector<const float*> fetch(Impl& m, const std::vector<int64_t>& distinct,
-                                const std::vector<int64_t>& counts, LookupState& st,
-                                at::Tensor& hold) {
+// The distinct ids' values (zeros for an id without a row). The host path points at each one's
+// dim floats (valid until the table's next lookup or end_step; `hold` keeps the rows received
+// from other ranks); with tensor operations they are float [distinct, dim] in `tensor`, on the
+// table's device.
+struct Values {
+  std::vector<const float*> rows;
+  at::Tensor hold;
+  at::Tensor tensor;
+};
+
+// The distinct ids' values: resolves them at their owners (counting sightings in training) and
+// records both sides in `st`.
+Values fetch(Impl& m, const std::vector<int64_t>& distinct, const std::vector<int64_t>& counts,
+             LookupState& st) {
   const int64_t n = st.distinct, dim = m.opt.dim;
-  m.zero_row.assign(static_cast<size_t>(dim), 0.0f);
-  std::vector<const float*> values(static_cast<size_t>(n));
+  Values out;
   st.order.resize(static_cast<size_t>(n));
   if (m.comm == nullptr || m.world == 1) {  // alone: this rank owns every id, nothing to send
     std::iota(st.order.begin(), st.order.end(), int64_t{0});
@@ -128,9 +144,15 @@ std::vector<const float*> fetch(Impl& m, const std::vector<int64_t>& distinct,
     st.recv_counts.assign(1, n);
     st.recv_ids = distinct;
     st.recv_rows = m.resolve(distinct.data(), counts.data(), n);
+    if (m.tensor_ops) {
+      out.tensor = m.gather(st.recv_rows, dim);
+      return out;
+    }
+    m.zero_row.assign(static_cast<size_t>(dim), 0.0f);
+    out.rows.resize(static_cast<size_t>(n));
     for (int64_t k = 0; k < n; ++k)
-      values[k] = st.recv_rows[k] >= 0 ? m.row(st.recv_rows[k]) : m.zero_row.data();
-    return values;
+      out.rows[k] = st.recv_rows[k] >= 0 ? m.row(st.recv_rows[k]) : m.zero_row.data();
+    return out;
   }
   st.send_rows.assign(static_cast<size_t>(m.world), 0);
   std::vector<int32_t> owner(static_cast<size_t>(n));
@@ -160,19 +182,31 @@ std::vector<const float*> fetch(Impl& m, const std::vector<int64_t>& distinct,
   }
   st.recv_counts = got.rows;
   st.recv_rows = m.resolve(st.recv_ids.data(), sightings.data(), m_recv);
-  at::Tensor rows = at::zeros({m_recv, dim}, at::kFloat);
-  float* out = rows.data_ptr<float>();
-  for (int64_t k = 0; k < m_recv; ++k)
-    if (st.recv_rows[k] >= 0) std::copy(m.row(st.recv_rows[k]), m.row(st.recv_rows[k]) + dim,
-                                        out + k * dim);
-  hold = all_to_all(m, rows, st.recv_counts, "rows").tensor.contiguous();  // in send order
-  const float* bp = hold.data_ptr<float>();
-  for (int64_t pos = 0; pos < n; ++pos) values[st.order[pos]] = bp + pos * dim;
-  return values;
+  at::Tensor rows;
+  if (m.tensor_ops) {
+    rows = m.gather(st.recv_rows, dim).cpu();  // keel_comm moves CPU tensors
+  } else {
+    rows = at::zeros({m_recv, dim}, at::kFloat);
+    float* to = rows.data_ptr<float>();
+    for (int64_t k = 0; k < m_recv; ++k)
+      if (st.recv_rows[k] >= 0)
+        std::copy(m.row(st.recv_rows[k]), m.row(st.recv_rows[k]) + dim, to + k * dim);
+  }
+  out.hold = all_to_all(m, rows, st.recv_counts, "rows").tensor.contiguous();  // in send order
+  if (m.tensor_ops) {
+    std::vector<int64_t> pos_of(static_cast<size_t>(n));
+    for (int64_t pos = 0; pos < n; ++pos) pos_of[st.order[pos]] = pos;
+    out.tensor = out.hold.index_select(0, longs(pos_of, at::kCPU)).to(m.floats.device());
+    return out;
+  }
+  const float* bp = out.hold.data_ptr<float>();
+  out.rows.resize(static_cast<size_t>(n));
+  for (int64_t pos = 0; pos < n; ++pos) out.rows[st.order[pos]] = bp + pos * dim;
+  return out;
 }
 
-// Sums (or averages) the distinct ids' values into the bags.
-at::Tensor pool(const LookupState& st, const std::vector<const float*>& values) {
+// Sums (or averages) the distinct ids' values into the bags, on the host.
+at::Tensor pool_host(const LookupState& st, const std::vector<const float*>& values) {
   const int64_t bags = static_cast<int64_t>(st.offsets.size()) - 1, dim = st.dim;
   at::Tensor out = at::zeros({bags, dim}, at::kFloat);
   float* o = out.data_ptr<float>();
@@ -197,8 +231,45 @@ at::Tensor pool(const LookupState& st, const std::vector<const float*>& values) 
   return out;
 }
 
+// The same with tensor operations, adding each bag's rows in the order of its ids, so that the
+// sums are those of pool_host; records in `st` what the backward needs.
+at::Tensor pool_tensors(LookupState& st, const at::Tensor& values) {
+  const int64_t bags = static_cast<int64_t>(st.offsets.size()) - 1;
+  const at::Device on = values.device();
+  std::vector<int64_t> bag_of, pick;
+  std::vector<float> scale(static_cast<size_t>(bags), 1.0f);
+  bool scaled = false;
+  bag_of.reserve(st.inv.size());
+  pick.reserve(st.inv.size());
+  for (int64_t b = 0; b < bags; ++b) {
+    int64_t count = 0;
+    for (int64_t p = st.offsets[b]; p < st.offsets[b + 1]; ++p) {
+      if (st.inv[p] < 0) continue;
+      ++count;
+      bag_of.push_back(b);
+      pick.push_back(st.inv[p]);
+    }
+    if (st.pooling == Pooling::kMean && count > 1) {
+      scale[b] = 1.0f / static_cast<float>(count);
+      scaled = true;
+    }
+  }
+  st.bag_of = longs(bag_of, on);
+  st.pick = longs(pick, on);
+  at::Tensor out = at::zeros({bags, st.dim}, values.options());
+  if (!pick.empty())
+    put_rows(out, st.bag_of, values.index_select(0, st.pick), /*accumulate=*/true);
+  if (scaled) {
+    st.scale = at::empty({bags, 1}, at::kFloat);
+    std::memcpy(st.scale.data_ptr<float>(), scale.data(), scale.size() * sizeof(float));
+    st.scale = st.scale.to(on);
+    out.mul_(st.scale);
+  }
+  return out;
+}
+
 // The backward: the bags' gradients to the distinct ids, to their owners, into the rows.
-void backward_rows(LookupState& st, const at::Tensor& grad_output) {
+void backward_host(LookupState& st, const at::Tensor& grad_output) {
   Impl& m = *st.table;
   const int64_t bags = static_cast<int64_t>(st.offsets.size()) - 1, dim = st.dim;
   const at::Tensor g = grad_output.to(at::kCPU, at::kFloat).contiguous();
@@ -228,6 +299,31 @@ void backward_rows(LookupState& st, const at::Tensor& grad_output) {
   }
 }
 
+// The same with tensor operations (the sums in the same order).
+void backward_tensors(LookupState& st, const at::Tensor& grad_output) {
+  Impl& m = *st.table;
+  const at::Device on = m.floats.device();
+  at::Tensor send = at::zeros({st.distinct, st.dim}, m.floats);  // in send order
+  if (st.pick.numel() > 0) {
+    at::Tensor g = grad_output.to(on, at::kFloat);
+    if (st.scale.defined()) g = g.mul(st.scale);
+    std::vector<int64_t> pos_of(static_cast<size_t>(st.distinct));
+    for (int64_t pos = 0; pos < st.distinct; ++pos) pos_of[st.order[pos]] = pos;
+    put_rows(send, longs(pos_of, on).index_select(0, st.pick), g.index_select(0, st.bag_of),
+             /*accumulate=*/true);
+  }
+  const at::Tensor recv =
+      all_to_all(m, send.cpu(), st.send_rows, "gradients").tensor;  // keel_comm: CPU tensors
+  std::vector<bool> keep(st.recv_rows.size());
+  for (size_t k = 0; k < st.recv_rows.size(); ++k) {
+    const int64_t r = st.recv_rows[k];
+    // A row evicted (and maybe reused) since the lookup takes no gradient.
+    keep[k] = r >= 0 && m.row_id[r] == st.recv_ids[k];
+  }
+  m.add_grads(st.recv_rows, keep, recv, 1.0f / static_cast<float>(m.world));  // averaged, as
+                                                                               // dense ones
+}
+
 struct LookupFunction : torch::autograd::Function<LookupFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& /*anchor*/,
                             c10::intrusive_ptr<LookupState> st) {
@@ -241,9 +337,13 @@ struct LookupFunction : torch::autograd::Function<LookupFunction> {
     auto holder = ctx->saved_data["state"].toCapsule();
     LookupState& st = *static_cast<LookupState*>(holder.get());
     // An undefined gradient is a zero one; the exchange still runs, as on the other ranks.
-    const at::Tensor& g = grads.at(0);
-    backward_rows(st, g.defined() ? g : at::zeros({static_cast<int64_t>(st.offsets.size()) - 1,
-                                              st.dim}, at::kFloat));
+    const at::Tensor& given = grads.at(0);
+    const at::Tensor g = given.defined()
+                             ? given
+                             : at::zeros({static_cast<int64_t>(st.offsets.size()) - 1, st.dim},
+                                         st.table->floats);
+    if (st.table->tensor_ops) backward_tensors(st, g);
+    else backward_host(st, g);
     return {at::Tensor(), at::Tensor()};
   }
 };
@@ -259,9 +359,8 @@ at::Tensor EmbeddingTable::lookup(const at::Tensor& ids, const at::Tensor& offse
   st->dim = m.opt.dim;
   std::vector<int64_t> distinct, counts;
   prepare(m, ids, offsets, *st, distinct, counts);
-  at::Tensor hold;
-  const std::vector<const float*> values = fetch(m, distinct, counts, *st, hold);
-  at::Tensor out = pool(*st, values);
+  const Values values = fetch(m, distinct, counts, *st);
+  at::Tensor out = m.tensor_ops ? pool_tensors(*st, values.tensor) : pool_host(*st, values.rows);
   if (!m.training || !c10::GradMode::is_enabled()) return out;
   st->output = std::move(out);
   return LookupFunction::apply(m.anchor, std::move(st));

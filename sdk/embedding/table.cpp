@@ -1,7 +1,11 @@
 // keel::EmbeddingTable's rows: creation (admission), eviction (ttl), gradients of the step,
 // checkpoint entries, and the keel_sparse_table slots over them.
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_put.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/core/List.h>
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
@@ -63,18 +67,30 @@ void check_options(const TableOptions& o) {
                                 " without max_rows), not " + std::to_string(o.max_pending));
   if (!(o.init_std >= 0.0) || !std::isfinite(o.init_std))
     throw std::invalid_argument(who + "init_std must be a finite value >= 0");
+  if (!o.device.is_cpu() && !o.device.is_cuda())
+    throw std::invalid_argument(who + "device must be the CPU or a CUDA device, not " +
+                                o.device.str());
 }
 
 EmbeddingTable::Impl* of(void* self) { return static_cast<EmbeddingTable::Impl*>(self); }
 
-// A tensor of int64 values.
-at::Tensor longs(const std::vector<int64_t>& v) {
-  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
-  if (!v.empty()) std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
-  return t;
-}
+using embedding::longs;
+using embedding::put_rows;
 
 }  // namespace
+
+at::Tensor embedding::longs(const std::vector<int64_t>& v, const at::Device& on) {
+  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+  if (!v.empty()) std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+  return t.to(on);
+}
+
+void embedding::put_rows(at::Tensor& dst, const at::Tensor& index, const at::Tensor& src,
+                         bool accumulate) {
+  c10::List<c10::optional<at::Tensor>> indices;
+  indices.push_back(index);
+  dst.index_put_(indices, src, accumulate);
+}
 
 EmbeddingTable::Impl::Impl(TableOptions options, const keel_comm* c)
     : opt(std::move(options)), comm(c) {
@@ -87,7 +103,11 @@ EmbeddingTable::Impl::Impl(TableOptions options, const keel_comm* c)
                                   " of world size " + std::to_string(world) + " is out of range");
   }
   table_hash = embedding::name_hash(opt.name);
+  tensor_ops = opt.tensor_ops || !opt.device.is_cpu();
+  device_name = opt.device.str();
   stride = opt.dim;
+  floats = at::TensorOptions().dtype(at::kFloat).device(opt.device);
+  grads = at::zeros({0, opt.dim}, floats);
 }
 
 std::string EmbeddingTable::Impl::where() const { return "embedding table '" + opt.name + "'"; }
@@ -129,14 +149,18 @@ int64_t EmbeddingTable::Impl::create_row(int64_t id) {
     free_rows.pop_back();
   } else {
     r = used++;
-    if (r / kBlockRows >= static_cast<int64_t>(blocks.size()))
-      blocks.emplace_back(new float[static_cast<size_t>(kBlockRows * stride)]);
+    grow(used);
     for (auto* v : {&row_id, &last_seen, &prev, &next, &grad_at}) v->push_back(-1);
   }
-  float* values = row(r);
-  embedding::init_row(embedding::row_key(opt.seed, table_hash, id), opt.init_std, values, opt.dim);
-  std::fill(values + opt.dim, values + stride, 0.0f);
   row_id[r] = id;
+  if (tensor_ops) {
+    fresh.push_back(r);  // its values: write_fresh(), with the lookup's other new rows
+  } else {
+    float* values = row(r);
+    embedding::init_row(embedding::row_key(opt.seed, table_hash, id), opt.init_std, values,
+                        opt.dim);
+    std::fill(values + opt.dim, values + stride, 0.0f);
+  }
   last_seen[r] = step + 1;
   grad_at[r] = -1;
   lru_append(r);
@@ -165,22 +189,77 @@ void EmbeddingTable::Impl::rebuild_lru() {
   for (int64_t r : rows) lru_append(r);
 }
 
-// New row layout with `width` slot floats: copies the live rows' values, zeroes their slots.
+// New row layout with `width` slot floats: keeps the rows' values, zeroes their slots.
 void EmbeddingTable::Impl::relayout(size_t width) {
-  const int64_t new_stride = opt.dim + static_cast<int64_t>(width);
-  std::vector<std::unique_ptr<float[]>> fresh;
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    fresh.emplace_back(new float[static_cast<size_t>(kBlockRows * new_stride)]);
-    for (int64_t i = 0; i < kBlockRows; ++i) {
-      const float* from = blocks[b].get() + i * stride;
-      float* to = fresh[b].get() + i * new_stride;
-      std::copy(from, from + opt.dim, to);
-      std::fill(to + opt.dim, to + new_stride, 0.0f);
-    }
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const at::Tensor values = blocks[k].narrow(1, 0, opt.dim);
+    blocks[k] = at::cat({values, at::zeros({values.size(0), static_cast<int64_t>(width)},
+                                           floats)}, 1);
+    if (floats.device().is_cpu()) block_data[k] = blocks[k].data_ptr<float>();
   }
-  blocks = std::move(fresh);
-  stride = new_stride;
+  stride = opt.dim + static_cast<int64_t>(width);
   slot_width = width;
+}
+
+void EmbeddingTable::Impl::grow(int64_t rows) {
+  while (base_of(static_cast<int>(blocks.size())) < rows) {
+    blocks.push_back(at::empty({kFirstBlockRows << blocks.size(), stride}, floats));
+    block_data.push_back(floats.device().is_cpu() ? blocks.back().data_ptr<float>() : nullptr);
+  }
+}
+
+namespace {
+
+// rows[i] >= 0 grouped by block: the positions i, and the rows' indices within the block.
+struct BlockRows {
+  std::vector<std::vector<int64_t>> at, local;  // per block
+};
+BlockRows by_block(const std::vector<int64_t>& rows, size_t blocks) {
+  BlockRows g;
+  g.at.resize(blocks);
+  g.local.resize(blocks);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0) continue;
+    const int k = EmbeddingTable::Impl::block_of(rows[i]);
+    g.at[k].push_back(static_cast<int64_t>(i));
+    g.local[k].push_back(rows[i] - EmbeddingTable::Impl::base_of(k));
+  }
+  return g;
+}
+
+}  // namespace
+
+void EmbeddingTable::Impl::write_fresh() {
+  if (fresh.empty()) return;
+  const int64_t n = static_cast<int64_t>(fresh.size());
+  at::Tensor init = at::zeros({n, stride}, at::kFloat);  // slots start at zero
+  float* p = init.data_ptr<float>();
+  for (int64_t k = 0; k < n; ++k)
+    embedding::init_row(embedding::row_key(opt.seed, table_hash, row_id[fresh[k]]), opt.init_std,
+                        p + k * stride, opt.dim);
+  scatter(fresh, init);
+  fresh.clear();
+}
+
+at::Tensor EmbeddingTable::Impl::gather(const std::vector<int64_t>& rows, int64_t width) const {
+  at::Tensor out = at::zeros({static_cast<int64_t>(rows.size()), width}, floats);
+  const BlockRows g = by_block(rows, blocks.size());
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    if (g.at[k].empty()) continue;
+    const at::Tensor got = blocks[k].index_select(0, longs(g.local[k], floats.device()));
+    put_rows(out, longs(g.at[k], floats.device()), got.narrow(1, 0, width));
+  }
+  return out;
+}
+
+void EmbeddingTable::Impl::scatter(const std::vector<int64_t>& rows, const at::Tensor& values) {
+  const at::Tensor v = values.to(floats.device());
+  const BlockRows g = by_block(rows, blocks.size());
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    if (g.at[k].empty()) continue;
+    put_rows(blocks[k], longs(g.local[k], floats.device()),
+             v.index_select(0, longs(g.at[k], floats.device())));
+  }
 }
 
 std::vector<int64_t> EmbeddingTable::Impl::resolve(const int64_t* ids, const int64_t* counts,
@@ -224,23 +303,73 @@ std::vector<int64_t> EmbeddingTable::Impl::resolve(const int64_t* ids, const int
         auto it = index.find(ids[i]);
         if (it != index.end()) rows[i] = it->second;
       }
+  write_fresh();
   return rows;
 }
 
 // --- gradients and the end of a step --------------------------------------------------------
 
+void EmbeddingTable::Impl::reserve_grads(int64_t rows) {
+  if (grads.size(0) >= rows) return;
+  // Doubling (touched rows of one step: a copy is cheap); the new rows are zero.
+  at::Tensor bigger = at::zeros({std::max(rows, 2 * grads.size(0)), opt.dim}, floats);
+  bigger.narrow(0, 0, grads.size(0)).copy_(grads);
+  grads = std::move(bigger);
+}
+
 void EmbeddingTable::Impl::add_grad(int64_t r, const float* grad, float scale) {
   if (grad_at[r] < 0) {
     grad_at[r] = static_cast<int64_t>(touched_rows.size());
     touched_rows.push_back(r);
-    grads.resize(grads.size() + static_cast<size_t>(opt.dim), 0.0f);
+    reserve_grads(grad_at[r] + 1);
   }
-  float* g = grads.data() + grad_at[r] * opt.dim;
+  float* g = grads.data_ptr<float>() + grad_at[r] * opt.dim;
   for (int64_t j = 0; j < opt.dim; ++j) g[j] += scale * grad[j];
+}
+
+void EmbeddingTable::Impl::add_grads(const std::vector<int64_t>& rows,
+                                     const std::vector<bool>& keep, const at::Tensor& g,
+                                     float scale) {
+  std::vector<int64_t> from, to;  // g's row from[i] adds to grads' row to[i]
+  for (size_t k = 0; k < rows.size(); ++k) {
+    if (!keep[k]) continue;
+    const int64_t r = rows[k];
+    if (grad_at[r] < 0) {
+      grad_at[r] = static_cast<int64_t>(touched_rows.size());
+      touched_rows.push_back(r);
+    }
+    from.push_back(static_cast<int64_t>(k));
+    to.push_back(grad_at[r]);
+  }
+  if (from.empty()) return;
+  reserve_grads(static_cast<int64_t>(touched_rows.size()));
+  const at::Device on = floats.device();
+  at::Tensor add = g.to(on, at::kFloat);
+  if (static_cast<size_t>(add.size(0)) != from.size()) add = add.index_select(0, longs(from, on));
+  put_rows(grads, longs(to, on), add.mul(scale), /*accumulate=*/true);
 }
 
 void EmbeddingTable::Impl::fill_touched(keel_sparse_rows* out) {
   const size_t n = touched_rows.size();
+  if (tensor_ops) {  // copies of the rows (values, then slots), written back at end_step
+    out_ids.resize(n);
+    for (size_t i = 0; i < n; ++i) out_ids[i] = row_id[touched_rows[i]];
+    handed = gather(touched_rows, stride);
+    out_rows = handed.narrow(1, 0, opt.dim);
+    out_slot_rows = handed.narrow(1, opt.dim, static_cast<int64_t>(slot_width));
+    out_grad_rows = grads.narrow(0, 0, static_cast<int64_t>(n));
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, count)) out->count = n;
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, ids)) out->ids = out_ids.data();
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, values)) out->values = nullptr;
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, grads)) out->grads = nullptr;
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, slots)) out->slots = nullptr;
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, slot_width)) out->slot_width = slot_width;
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, row_values)) out->row_values = peek(out_rows);
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, row_grads)) out->row_grads = peek(out_grad_rows);
+    if (KEEL_HAS_FIELD(out, keel_sparse_rows, row_slots))
+      out->row_slots = slot_width > 0 ? peek(out_slot_rows) : nullptr;
+    return;
+  }
   out_ids.resize(n);
   out_values.resize(n);
   out_grads.resize(n);
@@ -249,7 +378,7 @@ void EmbeddingTable::Impl::fill_touched(keel_sparse_rows* out) {
     const int64_t r = touched_rows[i];
     out_ids[i] = row_id[r];
     out_values[i] = row(r);
-    out_grads[i] = grads.data() + i * static_cast<size_t>(opt.dim);
+    out_grads[i] = grads.data_ptr<float>() + i * static_cast<size_t>(opt.dim);
     out_slots[i] = slot_width > 0 ? row(r) + opt.dim : nullptr;
   }
   if (KEEL_HAS_FIELD(out, keel_sparse_rows, count)) out->count = n;
@@ -262,9 +391,13 @@ void EmbeddingTable::Impl::fill_touched(keel_sparse_rows* out) {
 }
 
 void EmbeddingTable::Impl::end_step(int64_t new_step) {
+  if (handed.defined()) {  // the copies touched() handed out, updated by the sparse optimizer
+    scatter(touched_rows, handed);
+    handed = out_rows = out_slot_rows = out_grad_rows = at::Tensor();
+  }
   for (int64_t r : touched_rows) grad_at[r] = -1;
+  if (!touched_rows.empty()) grads.narrow(0, 0, static_cast<int64_t>(touched_rows.size())).zero_();
   touched_rows.clear();
-  grads.clear();
   step = new_step;
   if (opt.ttl_steps > 0) {
     // Rows not looked up in training in the last ttl_steps steps (steps new_step - ttl + 1 ..
@@ -311,17 +444,16 @@ std::vector<std::pair<std::string, at::Tensor>> EmbeddingTable::Impl::save() con
   for (const auto& kv : index) ids.push_back(kv.first);
   std::sort(ids.begin(), ids.end());  // the same entries whatever the map's order
   const int64_t n = static_cast<int64_t>(ids.size());
-  at::Tensor values = at::empty({n, opt.dim}, at::kFloat);
-  at::Tensor slots = at::empty({n, static_cast<int64_t>(slot_width)}, at::kFloat);
-  float* v = values.data_ptr<float>();
-  float* s = slots.data_ptr<float>();
+  std::vector<int64_t> rows;
+  rows.reserve(ids.size());
   seen.reserve(ids.size());
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = index.find(ids[i])->second;
-    std::copy(row(r), row(r) + opt.dim, v + i * opt.dim);
-    std::copy(row(r) + opt.dim, row(r) + stride, s + i * static_cast<int64_t>(slot_width));
-    seen.push_back(last_seen[r]);
+    rows.push_back(index.find(ids[i])->second);
+    seen.push_back(last_seen[rows.back()]);
   }
+  const at::Tensor saved = gather(rows, stride).cpu();
+  const at::Tensor values = saved.narrow(1, 0, opt.dim).contiguous();
+  const at::Tensor slots = saved.narrow(1, opt.dim, static_cast<int64_t>(slot_width)).contiguous();
   std::vector<int64_t> pids, pcounts, pseen;
   for (const auto& kv : pending) pids.push_back(kv.first);
   std::sort(pids.begin(), pids.end());
@@ -426,18 +558,25 @@ void EmbeddingTable::Impl::load(const std::vector<std::pair<std::string, at::Ten
     evicted += c[2];
   }
   step = std::max(step, c[3]);
-  const float* values = p.values.data_ptr<float>();
   const int64_t* seen = p.last_seen.data_ptr<int64_t>();
-  const float* slots = slot_width > 0 ? p.slots.data_ptr<float>() : nullptr;
   const int64_t admitted_before = admitted;
+  write_fresh();
+  std::vector<int64_t> from, rows;  // the part's row from[k] becomes this table's rows[k]
   for (int64_t i = 0; i < p.ids.size(0); ++i) {
     if (embedding::owner_of(ids[i], world) != rank) continue;
     const int64_t r = create_row(ids[i]);
-    std::copy(values + i * opt.dim, values + (i + 1) * opt.dim, row(r));
-    if (slots) std::copy(slots + i * slot_width, slots + (i + 1) * slot_width, row(r) + opt.dim);
     last_seen[r] = seen[i];
+    from.push_back(i);
+    rows.push_back(r);
   }
+  fresh.clear();  // their values come from the part
   admitted = admitted_before;  // loading restores rows: not admissions
+  if (!rows.empty()) {
+    const at::Tensor pick = longs(from);
+    at::Tensor put = p.values.index_select(0, pick);
+    if (slot_width > 0) put = at::cat({put, p.slots.index_select(0, pick)}, 1);
+    scatter(rows, put);
+  }
   const int64_t* pcounts = p.pending_counts.data_ptr<int64_t>();
   const int64_t* pseen = p.pending_last_seen.data_ptr<int64_t>();
   for (int64_t i = 0; i < p.pending_ids.size(0); ++i)
@@ -470,13 +609,15 @@ void EmbeddingTable::Impl::twice_in(const int64_t* ids, int64_t n, const char* e
 EmbeddingTable::EmbeddingTable(TableOptions options, const keel_comm* comm)
     : impl_(std::make_unique<Impl>(std::move(options), comm)) {
   Impl& m = *impl_;
-  m.anchor = at::zeros({1}, at::kFloat);
+  m.anchor = at::zeros({1}, m.floats);
   m.anchor.set_requires_grad(true);
   keel_sparse_table& t = m.abi;
   t.struct_size = sizeof(keel_sparse_table);
   t.self = &m;
   t.name = m.opt.name.c_str();
   t.dim = m.opt.dim;
+  t.rows_as_tensors = m.tensor_ops ? 1 : 0;
+  t.device = m.device_name.c_str();
   t.reserve_slots = [](void* s, size_t width, keel_error* err) noexcept {
     return detail::guard(err, [&] {
       Impl& m = *of(s);
@@ -550,16 +691,14 @@ int32_t EmbeddingTable::owner(int64_t id, int32_t world_size) {
 
 at::Tensor EmbeddingTable::read(const at::Tensor& ids) const {
   const Impl& m = *impl_;
-  const at::Tensor i = ids.to(at::kLong).contiguous().view({-1});
-  at::Tensor out = at::zeros({i.numel(), m.opt.dim}, at::kFloat);
+  const at::Tensor i = ids.to(at::kCPU, at::kLong).contiguous().view({-1});
   const int64_t* p = i.data_ptr<int64_t>();
-  float* o = out.data_ptr<float>();
+  std::vector<int64_t> rows(static_cast<size_t>(i.numel()), -1);
   for (int64_t k = 0; k < i.numel(); ++k) {
     auto it = m.index.find(p[k]);
-    if (it != m.index.end()) std::copy(m.row(it->second), m.row(it->second) + m.opt.dim,
-                                       o + k * m.opt.dim);
+    if (it != m.index.end()) rows[k] = it->second;
   }
-  return out;
+  return m.gather(rows, m.opt.dim);
 }
 
 }  // namespace keel

@@ -70,7 +70,7 @@ AT(keel_state_writer, struct_size, 0, 4);
 AT(keel_state_writer, host_data, 8, 8);
 AT(keel_state_writer, put, 16, 8);
 
-SIZE(keel_create_context, 160);
+SIZE(keel_create_context, 168);
 AT(keel_create_context, struct_size, 0, 4);
 AT(keel_create_context, host, 8, 8);
 AT(keel_create_context, options, 16, 8);
@@ -92,6 +92,7 @@ AT(keel_create_context, shards, 128, 8);
 AT(keel_create_context, comm, 136, 8);
 AT(keel_create_context, tables, 144, 8);
 AT(keel_create_context, table_count, 152, 8);
+AT(keel_create_context, device, 160, 8);
 
 SIZE(keel_shard_group, 24);
 AT(keel_shard_group, struct_size, 0, 4);
@@ -106,7 +107,7 @@ AT(keel_comm, world_size, 20, 4);
 AT(keel_comm, all_to_all, 24, 8);
 AT(keel_comm, all_gather, 32, 8);
 
-SIZE(keel_sparse_rows, 56);
+SIZE(keel_sparse_rows, 80);
 AT(keel_sparse_rows, struct_size, 0, 4);
 AT(keel_sparse_rows, count, 8, 8);
 AT(keel_sparse_rows, ids, 16, 8);
@@ -114,6 +115,9 @@ AT(keel_sparse_rows, values, 24, 8);
 AT(keel_sparse_rows, grads, 32, 8);
 AT(keel_sparse_rows, slots, 40, 8);
 AT(keel_sparse_rows, slot_width, 48, 8);
+AT(keel_sparse_rows, row_values, 56, 8);
+AT(keel_sparse_rows, row_grads, 64, 8);
+AT(keel_sparse_rows, row_slots, 72, 8);
 
 SIZE(keel_table_stats, 40);
 AT(keel_table_stats, struct_size, 0, 4);
@@ -122,7 +126,7 @@ AT(keel_table_stats, admitted, 16, 8);
 AT(keel_table_stats, evicted, 24, 8);
 AT(keel_table_stats, pending, 32, 8);
 
-SIZE(keel_sparse_table, 80);
+SIZE(keel_sparse_table, 96);
 AT(keel_sparse_table, struct_size, 0, 4);
 AT(keel_sparse_table, self, 8, 8);
 AT(keel_sparse_table, name, 16, 8);
@@ -133,6 +137,8 @@ AT(keel_sparse_table, end_step, 48, 8);
 AT(keel_sparse_table, stats, 56, 8);
 AT(keel_sparse_table, save, 64, 8);
 AT(keel_sparse_table, load, 72, 8);
+AT(keel_sparse_table, rows_as_tensors, 80, 4);
+AT(keel_sparse_table, device, 88, 8);
 
 SIZE(keel_unit_calls, 32);
 AT(keel_unit_calls, struct_size, 0, 4);

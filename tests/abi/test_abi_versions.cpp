@@ -1,13 +1,14 @@
-// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7, 1.8 and 1.9 headers (tests/abi/),
+// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7, 1.8, 1.9 and 1.10 headers
+// (tests/abi/),
 // asserted at compile time:
 // a plugin built against an older minor keeps finding every field where it was, and the kernel
 // keeps asking it for no more than that minor had. This is a compile-time test: the executable
 // only builds when every static_assert holds, and main() has nothing left to check.
 //
 // The frozen headers are included under other names: the build generates keel10_abi.h,
-// keel11_abi.h, keel15_abi.h, keel16_abi.h, keel17_abi.h, keel18_abi.h and keel19_abi.h from
-// them, with keel_ -> keel10_ / keel11_ / keel15_ / keel16_ / keel17_ / keel18_ / keel19_ and
-// KEEL_ -> KEEL10_ / KEEL11_ / KEEL15_ / KEEL16_ / KEEL17_ / KEEL18_ / KEEL19_.
+// keel11_abi.h, keel15_abi.h, keel16_abi.h, keel17_abi.h, keel18_abi.h, keel19_abi.h and
+// keel110_abi.h from them, with keel_ -> keel10_ / keel11_ / keel15_ / keel16_ / keel17_ /
+// keel18_ / keel19_ / keel110_ and KEEL_ -> KEEL10_ / ... / KEEL110_.
 #include <cstddef>
 
 #include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
@@ -18,6 +19,7 @@
 #include "keel17_abi.h"
 #include "keel18_abi.h"
 #include "keel19_abi.h"
+#include "keel110_abi.h"
 
 static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
 static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
@@ -26,7 +28,8 @@ static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
                   KEEL16_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL16_ABI_MINOR == 6 &&
                   KEEL17_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL17_ABI_MINOR == 7 &&
                   KEEL18_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL18_ABI_MINOR == 8 &&
-                  KEEL19_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL19_ABI_MINOR == 9,
+                  KEEL19_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL19_ABI_MINOR == 9 &&
+                  KEEL110_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL110_ABI_MINOR == 10,
               "tests/abi/1.0, 1.1, 1.5, 1.6, 1.7, 1.8 and 1.9 must hold the frozen 1.0, 1.1, "
               "1.5, 1.6, 1.7, 1.8 and 1.9 headers");
 
@@ -37,6 +40,7 @@ static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
 #define ABI_17 "1.7"
 #define ABI_18 "1.8"
 #define ABI_19 "1.9"
+#define ABI_110 "1.10"
 // A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6, 17: 1.7, 18: 1.8, 19: 1.9) keeps its
 // offset and size.
 #define SAME(V, T, field)                                                                    \
@@ -90,6 +94,12 @@ SAME(10, host, log);
 APPENDED(host, report_error, 11);
 APPENDED(host, stop_requested, 19);
 APPENDED(table_stats, pending, 19);
+APPENDED(sparse_rows, row_values, 110);
+APPENDED(sparse_rows, row_grads, 110);
+APPENDED(sparse_rows, row_slots, 110);
+APPENDED(sparse_table, rows_as_tensors, 110);
+APPENDED(sparse_table, device, 110);
+APPENDED(create_context, device, 110);
 
 // keel_option_desc
 GROWN(option_desc);
@@ -1264,8 +1274,8 @@ SAME(18, plugin_descriptor, components);
 SAME(18, plugin_descriptor, component_count);
 SAME(18, plugin_descriptor, component_size);
 
-// Every field of ABI 1.9 (the minor before the current one) keeps its offset and size, in every
-// struct of that header (the list is test_abi_layout.c's fields, less those appended in 1.10).
+// Every field of ABI 1.9 keeps its offset and size, in every struct of that header (the list
+// is test_abi_layout.c's fields, less those appended in 1.10 and 1.11).
 // keel_error
 SAME(19, error, message);
 
@@ -1557,6 +1567,303 @@ SAME(19, plugin_descriptor, fingerprint);
 SAME(19, plugin_descriptor, components);
 SAME(19, plugin_descriptor, component_count);
 SAME(19, plugin_descriptor, component_size);
+
+// Every field of ABI 1.10 (the minor before the current one) keeps its offset and size, in
+// every struct of that header (the list is test_abi_layout.c's fields, less those appended in
+// 1.11).
+// keel_error
+SAME(110, error, message);
+
+// keel_host
+SAME(110, host, struct_size);
+SAME(110, host, abi_major);
+SAME(110, host, abi_minor);
+SAME(110, host, torch_version);
+SAME(110, host, tensor_dtype);
+SAME(110, host, tensor_ndim);
+SAME(110, host, tensor_size);
+SAME(110, host, tensor_numel);
+SAME(110, host, tensor_cpu_data);
+SAME(110, host, tensor_contiguous_cpu);
+SAME(110, host, tensor_from_buffer);
+SAME(110, host, tensor_retain);
+SAME(110, host, tensor_release);
+SAME(110, host, option_bool);
+SAME(110, host, option_int);
+SAME(110, host, option_float);
+SAME(110, host, option_string);
+SAME(110, host, option_list_size);
+SAME(110, host, option_list_int);
+SAME(110, host, option_list_float);
+SAME(110, host, log);
+SAME(110, host, report_error);
+SAME(110, host, stop_requested);
+
+// keel_option_desc
+SAME(110, option_desc, key);
+SAME(110, option_desc, type);
+SAME(110, option_desc, default_toml);
+SAME(110, option_desc, help);
+SAME(110, option_desc, min);
+SAME(110, option_desc, max);
+SAME(110, option_desc, choices);
+
+// keel_named_tensor
+SAME(110, named_tensor, name);
+SAME(110, named_tensor, tensor);
+
+// keel_state_writer
+SAME(110, state_writer, struct_size);
+SAME(110, state_writer, host_data);
+SAME(110, state_writer, put);
+
+// keel_create_context
+SAME(110, create_context, struct_size);
+SAME(110, create_context, host);
+SAME(110, create_context, options);
+SAME(110, create_context, section);
+SAME(110, create_context, seed);
+SAME(110, create_context, rank);
+SAME(110, create_context, world_size);
+SAME(110, create_context, run_dir);
+SAME(110, create_context, params);
+SAME(110, create_context, param_names);
+SAME(110, create_context, param_count);
+SAME(110, create_context, total_steps);
+SAME(110, create_context, param_group);
+SAME(110, create_context, group_count);
+SAME(110, create_context, group_lr);
+SAME(110, create_context, group_weight_decay);
+SAME(110, create_context, resume_step);
+SAME(110, create_context, shards);
+SAME(110, create_context, comm);
+SAME(110, create_context, tables);
+SAME(110, create_context, table_count);
+
+// keel_shard_group
+SAME(110, shard_group, struct_size);
+SAME(110, shard_group, host_data);
+SAME(110, shard_group, all_reduce);
+
+// keel_comm
+SAME(110, comm, struct_size);
+SAME(110, comm, host_data);
+SAME(110, comm, rank);
+SAME(110, comm, world_size);
+SAME(110, comm, all_to_all);
+SAME(110, comm, all_gather);
+
+// keel_sparse_rows
+SAME(110, sparse_rows, struct_size);
+SAME(110, sparse_rows, count);
+SAME(110, sparse_rows, ids);
+SAME(110, sparse_rows, values);
+SAME(110, sparse_rows, grads);
+SAME(110, sparse_rows, slots);
+SAME(110, sparse_rows, slot_width);
+
+// keel_table_stats
+SAME(110, table_stats, struct_size);
+SAME(110, table_stats, rows);
+SAME(110, table_stats, admitted);
+SAME(110, table_stats, evicted);
+SAME(110, table_stats, pending);
+
+// keel_sparse_table
+SAME(110, sparse_table, struct_size);
+SAME(110, sparse_table, self);
+SAME(110, sparse_table, name);
+SAME(110, sparse_table, dim);
+SAME(110, sparse_table, reserve_slots);
+SAME(110, sparse_table, touched);
+SAME(110, sparse_table, end_step);
+SAME(110, sparse_table, stats);
+SAME(110, sparse_table, save);
+SAME(110, sparse_table, load);
+
+// keel_unit_calls
+SAME(110, unit_calls, struct_size);
+SAME(110, unit_calls, host_data);
+SAME(110, unit_calls, enter);
+SAME(110, unit_calls, leave);
+
+// keel_model
+SAME(110, model, struct_size);
+SAME(110, model, self);
+SAME(110, model, destroy);
+SAME(110, model, forward);
+SAME(110, model, set_training);
+SAME(110, model, param_count);
+SAME(110, model, param);
+SAME(110, model, state_count);
+SAME(110, model, state);
+SAME(110, model, flops_per_sample);
+SAME(110, model, state_save);
+SAME(110, model, state_load);
+SAME(110, model, forward_features);
+SAME(110, model, export_state);
+SAME(110, model, param_unit);
+SAME(110, model, set_unit_calls);
+SAME(110, model, table_count);
+SAME(110, model, table);
+
+// keel_batch
+SAME(110, batch, inputs);
+SAME(110, batch, targets);
+SAME(110, batch, samples);
+SAME(110, batch, tokens);
+
+// keel_dataset
+SAME(110, dataset, struct_size);
+SAME(110, dataset, self);
+SAME(110, dataset, destroy);
+SAME(110, dataset, size);
+SAME(110, dataset, batches_per_epoch);
+SAME(110, dataset, start_epoch);
+SAME(110, dataset, next);
+SAME(110, dataset, seek);
+SAME(110, dataset, state_save);
+SAME(110, dataset, state_load);
+SAME(110, dataset, tokens_per_sample);
+
+// keel_optimizer
+SAME(110, optimizer, struct_size);
+SAME(110, optimizer, self);
+SAME(110, optimizer, destroy);
+SAME(110, optimizer, step);
+SAME(110, optimizer, zero_grad);
+SAME(110, optimizer, group_count);
+SAME(110, optimizer, get_lr);
+SAME(110, optimizer, set_lr);
+SAME(110, optimizer, state_save);
+SAME(110, optimizer, state_load);
+
+// keel_sparse_optimizer
+SAME(110, sparse_optimizer, struct_size);
+SAME(110, sparse_optimizer, self);
+SAME(110, sparse_optimizer, destroy);
+SAME(110, sparse_optimizer, step);
+SAME(110, sparse_optimizer, get_lr);
+SAME(110, sparse_optimizer, set_lr);
+SAME(110, sparse_optimizer, state_save);
+SAME(110, sparse_optimizer, state_load);
+
+// keel_lr_scheduler
+SAME(110, lr_scheduler, struct_size);
+SAME(110, lr_scheduler, self);
+SAME(110, lr_scheduler, destroy);
+SAME(110, lr_scheduler, factor);
+
+// keel_metric_writer
+SAME(110, metric_writer, struct_size);
+SAME(110, metric_writer, host_data);
+SAME(110, metric_writer, put);
+
+// keel_loss
+SAME(110, loss, struct_size);
+SAME(110, loss, self);
+SAME(110, loss, destroy);
+SAME(110, loss, compute);
+SAME(110, loss, count_items);
+SAME(110, loss, compute_linear);
+SAME(110, loss, metric_state_size);
+SAME(110, loss, metric_update);
+SAME(110, loss, metric_finish);
+
+// keel_grad_clipper
+SAME(110, grad_clipper, struct_size);
+SAME(110, grad_clipper, self);
+SAME(110, grad_clipper, destroy);
+SAME(110, grad_clipper, clip);
+
+// keel_mfu
+SAME(110, mfu, struct_size);
+SAME(110, mfu, self);
+SAME(110, mfu, destroy);
+SAME(110, mfu, compute);
+SAME(110, mfu, peak_flops);
+
+// keel_profiler
+SAME(110, profiler, struct_size);
+SAME(110, profiler, self);
+SAME(110, profiler, destroy);
+SAME(110, profiler, begin);
+SAME(110, profiler, end);
+SAME(110, profiler, flush);
+
+// keel_checkpoint
+SAME(110, checkpoint, struct_size);
+SAME(110, checkpoint, self);
+SAME(110, checkpoint, destroy);
+SAME(110, checkpoint, save);
+SAME(110, checkpoint, load);
+
+// keel_metric
+SAME(110, metric, key);
+SAME(110, metric, value);
+
+// keel_trainer_state
+SAME(110, trainer_state, struct_size);
+SAME(110, trainer_state, step);
+SAME(110, trainer_state, epoch);
+SAME(110, trainer_state, samples);
+SAME(110, trainer_state, tokens);
+SAME(110, trainer_state, max_steps);
+SAME(110, trainer_state, epochs);
+SAME(110, trainer_state, lr);
+SAME(110, trainer_state, loss);
+SAME(110, trainer_state, skipped_steps);
+SAME(110, trainer_state, grad_norm);
+SAME(110, trainer_state, train_metrics);
+SAME(110, trainer_state, train_metric_count);
+SAME(110, trainer_state, eval_metrics);
+SAME(110, trainer_state, eval_metric_count);
+
+// keel_event
+SAME(110, event, struct_size);
+SAME(110, event, kind);
+SAME(110, event, state);
+SAME(110, event, split);
+SAME(110, event, metrics);
+SAME(110, event, metric_count);
+SAME(110, event, path);
+SAME(110, event, requests);
+SAME(110, event, micro_batch);
+SAME(110, event, message);
+
+// keel_hook
+SAME(110, hook, struct_size);
+SAME(110, hook, self);
+SAME(110, hook, destroy);
+SAME(110, hook, on_event);
+SAME(110, hook, state_count);
+SAME(110, hook, state);
+
+// keel_component_desc
+SAME(110, component_desc, kind);
+SAME(110, component_desc, name);
+SAME(110, component_desc, description);
+SAME(110, component_desc, options);
+SAME(110, component_desc, option_count);
+SAME(110, component_desc, option_size);
+SAME(110, component_desc, create);
+
+// keel_build_fingerprint
+SAME(110, build_fingerprint, torch_version);
+SAME(110, build_fingerprint, compiler);
+SAME(110, build_fingerprint, cxx11_abi);
+
+// keel_plugin_descriptor
+SAME(110, plugin_descriptor, abi_major);
+SAME(110, plugin_descriptor, abi_minor);
+SAME(110, plugin_descriptor, struct_size);
+SAME(110, plugin_descriptor, name);
+SAME(110, plugin_descriptor, version);
+SAME(110, plugin_descriptor, description);
+SAME(110, plugin_descriptor, fingerprint);
+SAME(110, plugin_descriptor, components);
+SAME(110, plugin_descriptor, component_count);
+SAME(110, plugin_descriptor, component_size);
 
 // The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
 // NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never

@@ -7,8 +7,9 @@ each PASS or FAIL line of tools/gpu_check/run.sh, and run.sh's refusals before a
   LibTorch on LD_LIBRARY_PATH, as run.sh sets it); a path longer than the old one, a file with
   no such entry and a file that is not ELF are one error line each, with the file unchanged.
 - judge.py on written metrics.jsonl and run.log files, table-driven: every verdict of each kind
-  (quickstart, lm with and without a process group line, mfu, resume) passes where it should and
-  fails with the reason where it should.
+  (quickstart, lm with and without a process group line, mfu, resume, ctr with the tables' rows
+  as tensors on the device or not) passes where it should and fails with the reason where it
+  should.
 - run.sh: an unknown --device is exit 2 with one line; a --python that does not exist is the
   line `FAIL 0 setup: ...`, the summary and exit 1.
 
@@ -116,6 +117,8 @@ def train(step, loss, **extra):
 FALLING = [train(s, 4.7 - 0.15 * s) for s in (2, 4, 6, 8, 10)]
 GROUP = "[info] rank 0 of 1 (torchrun, local rank 0 of 1), nccl backend, device cuda:0\n"
 PEAK = "[mfu] peak 31.2 TFLOP/s per device, measured now (float32 1024^3 matmuls)\n"
+ROWS = ("[info] sparse_optimizer 'adagrad' updates 26 sparse tables: C1, C2, ..., C26 (rows as "
+        "tensors on {})\n")
 
 
 class Judge(unittest.TestCase):
@@ -165,6 +168,18 @@ class Judge(unittest.TestCase):
          "FAIL", "test accuracy 0.6100: below 0.85"),
         ("quickstart no test", "quickstart", FALLING, "", [], ["0.85"], "FAIL",
          "no test record with an accuracy"),
+        ("ctr passes", "ctr", FALLING + [dict(split="test", step=10, loss=0.5, auc=0.79)],
+         ROWS.format("cuda:0"), [], ["0.7", "cuda"], "PASS", "test auc 0.7900, rows on cuda:0"),
+        ("ctr host rows", "ctr", FALLING + [dict(split="test", step=10, loss=0.5, auc=0.79)],
+         ROWS.format("cpu").replace("rows as tensors on cpu", "rows in host memory"), [],
+         ["0.7", "cuda"], "FAIL", "does not say the tables hand their rows as tensors"),
+        ("ctr other device", "ctr", FALLING + [dict(split="test", step=10, loss=0.5, auc=0.79)],
+         ROWS.format("cpu"), [], ["0.7", "cuda"], "FAIL", "the tables' rows are on cpu, not cuda"),
+        ("ctr low auc", "ctr", FALLING + [dict(split="test", step=10, loss=0.7, auc=0.55)],
+         ROWS.format("cuda:0"), [], ["0.7", "cuda"], "FAIL",
+         "test auc 0.5500, rows on cuda:0: below 0.7"),
+        ("ctr no test", "ctr", FALLING, ROWS.format("cuda:0"), [], ["0.7", "cuda"], "FAIL",
+         "no test record with an auc"),
     ]
 
     def test_cases(self):

@@ -24,8 +24,14 @@ sparse adagrad beside adam, loss bce, dataset criteo on windows that keel-criteo
   with the 26 tables), and its overrides for 4 windows (3 trained, 3 evaluations).
 - max_rows: with max_rows below the distinct ids of the largest table but above half of them,
   one rank fails with one error line naming the table and max_rows; two ranks train.
+- tables as tensors: model.table_tensor_ops = true (the rows read and written with tensor
+  operations and handed to adagrad as tensors, ABI 1.11, as tables in device memory are) ends
+  with the host path's last checkpoint exactly (np.array_equal: dense parameters, adam's state,
+  the tables), on one rank and on two; a sparse optimizer built against ABI 1.10
+  (tests/fixtures/abi_1_10.c, host pointers only) is refused with one error line naming it, its
+  ABI and a table, exit 1.
 
-Usage: test_recommendation.py KEEL_BINARY GENERATOR"""
+Usage: test_recommendation.py KEEL_BINARY GENERATOR FIXTURE_DIR"""
 import json
 import os
 import re
@@ -42,6 +48,7 @@ from launching import TORCHRUN, free_port  # noqa: E402
 from safetensors_np import read_arrays  # noqa: E402
 
 KEEL, GENERATOR = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+FIXTURES = os.path.abspath(sys.argv[3])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDS = 3072
 
@@ -220,8 +227,41 @@ class Recommendation(unittest.TestCase):
             raise AssertionError(f"2 ranks failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
         return run
 
+    @classmethod
+    def two_ranks(cls):
+        """The 2-rank run of the full manifest (batch 128 a rank), made once."""
+        if not hasattr(cls, "two"):
+            cls.two = cls.torchrun(cls, "two", 128)
+        return cls.two
+
+    def assert_same_checkpoint(self, a, b):
+        end = last_step(a)
+        self.assertEqual(last_step(b), end)
+        x, y = checkpoint(a, end), checkpoint(b, end)
+        for obj in ("model", "optimizer", "tables", "rank1.tables"):
+            self.assertEqual(obj in x, obj in y, obj)
+            if obj not in x:
+                continue
+            self.assertEqual(sorted(x[obj]), sorted(y[obj]), obj)
+            for k in x[obj]:
+                self.assertTrue(np.array_equal(x[obj][k], y[obj][k]), f"{obj}: {k}")
+
+    def test_tables_as_tensors(self):
+        tensors = ("--set", "model.table_tensor_ops=true")
+        self.assert_same_checkpoint(self.full, self.run_one("tensors", 256, *tensors))
+        self.assert_same_checkpoint(self.two_ranks(), self.torchrun("tensors2", 128, *tensors))
+        run = os.path.join(self.tmp.name, "old_optimizer")
+        r = keel("train", self.manifest(256), "--set", f"run.output_dir={run}", *tensors,
+                 "--set", f'plugins.paths=["{FIXTURES}"]',
+                 "--set", 'sparse_optimizer.type="abi110_sgd"', check=False)
+        self.assertEqual(r.returncode, 1, r.stderr[-2000:])
+        errors = [l for l in r.stderr.splitlines() if "error" in l.lower()]
+        self.assertEqual(len(errors), 1, r.stderr[-2000:])
+        self.assertRegex(errors[0], r"abi110_sgd.*ABI 1\.10.*table 'C1'.*hint: ")
+        self.assertNotIn("Traceback", r.stderr)
+
     def test_two_ranks_match_one(self):
-        run = self.torchrun("two", 128)
+        run = self.two_ranks()
         one, two = records(self.full, "test"), records(run, "test")
         self.assertEqual(len(one), len(two))
         for x, y in zip(one, two):

@@ -15,7 +15,11 @@ the step's gradients) to a dump file at every end_step; the cases read it:
 - a handed checkpoint whose record (checksums redone) claims table entries of [2^62, 4], of 8 TiB
   or an index of 3e9 rows over a file that holds a few: one error line naming commit.json and
   the entry, exit 1 (issue 43, finding 9: "internal error", exit 70, before);
-- the one-line errors of a model with tables but no [sparse_optimizer], and the reverse.
+- the one-line errors of a model with tables but no [sparse_optimizer], and the reverse;
+- a sparse optimizer built against the frozen ABI 1.10 header (tests/fixtures/abi_1_10.c,
+  w -= lr * g through keel_sparse_rows' host pointers) trains the fixture table, which hands
+  host pointers: each dumped row after its first step is its initial row - lr * gradient
+  (atol 1e-7).
 
 Usage: test_sparse.py KEEL_BINARY FIXTURE_DIR (with the Python of the LibTorch keel links:
 meson.build's torch_python)."""
@@ -178,6 +182,19 @@ class Sparse(unittest.TestCase):
                 base = BASE.replace('lr = 0.5\n', 'lr = 0.5\n' + options)
                 _, _, dump = self.run_keel(schedule, vocab=3, sparse=sparse, base=base)
                 self.assertGreaterEqual(self.replay(read_dump(dump), make, lr_at), 2)
+
+    def test_abi_1_10_sparse_optimizer(self):
+        _, _, dump = self.run_keel(steps=2, sparse="abi110_sgd")
+        d = read_dump(dump)
+        checked = 0
+        for rid, (values, _, grads) in d[1].items():
+            if not grads:
+                continue
+            want = initial_row(rid) - 0.5 * torch.tensor(grads, dtype=torch.float32)
+            self.assertTrue(torch.allclose(torch.tensor(values), want, rtol=0, atol=1e-7),
+                            f"row {rid}: {values} != {want.tolist()}")
+            checked += 1
+        self.assertGreaterEqual(checked, 2)
 
     def test_skipped_step_leaves_rows_and_slots(self):
         for sparse in ("adagrad", "adamw"):

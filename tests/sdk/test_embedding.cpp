@@ -61,6 +61,8 @@ std::string call(keel_status s, const keel_error& err) {
   return s == KEEL_OK ? "" : std::string(err.message);
 }
 
+// The step's gradients by id, from either form of keel_sparse_rows (host pointers, or tensors
+// when the table's rows_as_tensors is set).
 std::map<int64_t, std::vector<float>> grads_of(EmbeddingTable& t) {
   keel_sparse_rows rows{};
   rows.struct_size = sizeof(rows);
@@ -68,9 +70,15 @@ std::map<int64_t, std::vector<float>> grads_of(EmbeddingTable& t) {
   const keel_sparse_table* a = t.abi();
   REQUIRE(call(a->touched(a->self, &rows, &err), err) == "");
   std::map<int64_t, std::vector<float>> out;
+  at::Tensor g;
+  if (a->rows_as_tensors) {
+    CHECK(rows.grads == nullptr);
+    if (rows.count > 0) g = keel::borrow(rows.row_grads).cpu().contiguous();
+  }
   for (size_t i = 0; i < rows.count; ++i) {
     REQUIRE(out.count(rows.ids[i]) == 0);  // distinct ids
-    out[rows.ids[i]].assign(rows.grads[i], rows.grads[i] + a->dim);
+    const float* row = g.defined() ? g.data_ptr<float>() + i * a->dim : rows.grads[i];
+    out[rows.ids[i]].assign(row, row + a->dim);
   }
   return out;
 }
@@ -512,6 +520,13 @@ TEST_CASE("bad options and arguments are one clear error") {
       {"empty name", [] { EmbeddingTable t(options(""), nullptr); }, "the name must be"},
       {"name with a space", [] { EmbeddingTable t(options("a b"), nullptr); }, "the name must be"},
       {"dim 0", [] { EmbeddingTable t(options("d", 0), nullptr); }, "dim must be >= 1"},
+      {"a device neither the CPU nor CUDA",
+       [] {
+         TableOptions o = options("m");
+         o.device = at::Device(at::kMeta);
+         EmbeddingTable t(o, nullptr);
+       },
+       "device must be the CPU or a CUDA device, not meta"},
       {"offsets not from 0",
        [] {
          EmbeddingTable t(options("o"), nullptr);
@@ -748,5 +763,116 @@ TEST_CASE("2 ranks over a fake comm match 1 rank with the same global batch") {
       outs[r] = tables[r]->lookup(longs(mine), longs({0, 2, 4}), pooling);
     });
     CHECK(at::allclose(at::cat(outs), e1, 1e-6, 1e-6));
+  }
+}
+
+// The tensor-operation path (TableOptions::tensor_ops, the one a table in device memory takes)
+// against the host path, both on the CPU: over steps of training lookups (duplicate and
+// negative ids, two lookups a step, admission at the 2nd sighting, eviction after 2 steps
+// without a lookup, so rows are reused), an update of the touched rows through keel_sparse_rows
+// (host pointers, or rows as tensors written back at end_step) and evaluation lookups, alone
+// and on 2 ranks of a fake comm, the outputs, the step's gradients and the saved entries are
+// equal (at::equal: the same sums in the same order).
+TEST_CASE("tensor operations give the host path's values exactly") {
+  // w -= 0.1 * g on the touched rows; slot += g^2: through the pointers, or (rows as tensors) on
+  // the tensors, which the table writes back at end_step.
+  const auto update = [](EmbeddingTable& t) {
+    keel_sparse_rows rows{};
+    rows.struct_size = sizeof(rows);
+    keel_error err{};
+    const keel_sparse_table* a = t.abi();
+    REQUIRE(call(a->touched(a->self, &rows, &err), err) == "");
+    if (a->rows_as_tensors) {
+      CHECK((rows.values == nullptr && rows.slots == nullptr));
+      if (rows.count == 0) return;
+      const at::Tensor g = keel::borrow(rows.row_grads);
+      keel::borrow(rows.row_values).sub_(g * 0.1f);
+      keel::borrow(rows.row_slots).add_(g * g);
+      return;
+    }
+    for (size_t i = 0; i < rows.count; ++i)
+      for (int64_t j = 0; j < a->dim; ++j) {
+        rows.values[i][j] -= 0.1f * rows.grads[i][j];
+        rows.slots[i][j] += rows.grads[i][j] * rows.grads[i][j];
+      }
+  };
+  const auto reserve = [](EmbeddingTable& t) {
+    keel_error err{};
+    const keel_sparse_table* a = t.abi();
+    REQUIRE(call(a->reserve_slots(a->self, static_cast<size_t>(a->dim), &err), err) == "");
+  };
+  for (int world : {1, 2}) {
+    for (Pooling pooling : {Pooling::kSum, Pooling::kMean}) {
+      CAPTURE(world);
+      CAPTURE(static_cast<int>(pooling));
+      TableOptions o = options("paths", 3);
+      o.min_count = 2;
+      o.ttl_steps = 2;
+      std::vector<std::unique_ptr<EmbeddingTable>> host, tensors;  // per rank
+      FakeWorld fake_host(world), fake_tensors(world);
+      for (int r = 0; r < world; ++r) {
+        TableOptions t = o;
+        t.tensor_ops = true;
+        host.push_back(std::make_unique<EmbeddingTable>(o, world > 1 ? &fake_host.comms[r]
+                                                                     : nullptr));
+        tensors.push_back(std::make_unique<EmbeddingTable>(t, world > 1 ? &fake_tensors.comms[r]
+                                                                        : nullptr));
+        reserve(*host[r]);
+        reserve(*tensors[r]);
+        CHECK(host[r]->abi()->rows_as_tensors == 0);
+        CHECK(tensors[r]->abi()->rows_as_tensors == 1);
+        CHECK(std::string(tensors[r]->abi()->device) == "cpu");
+      }
+      for (int64_t step = 1; step <= 6; ++step) {
+        CAPTURE(step);
+        // Per rank and lookup: 5 bags over 12 ids drawn from [-1, 14) (ids 0..4 in early steps
+        // only, so that their rows are evicted and reused), a fixed function of the arguments.
+        const auto batch = [&](int r, int k) {
+          std::vector<int64_t> ids;
+          for (int i = 0; i < 12; ++i) {
+            const int64_t v = (step * 7 + r * 5 + k * 3 + i * i) % 15 - 1;
+            ids.push_back(step > 3 && v >= 0 && v < 5 ? v + 5 : v);
+          }
+          return longs(ids);
+        };
+        const at::Tensor offsets = longs({0, 1, 1, 4, 9});  // an empty bag too
+        const at::Tensor w = at::randn({5, 3});
+        std::vector<at::Tensor> out_host(world), out_tensors(world);
+        for (int k = 0; k < 2; ++k) {
+          const auto body = [&](std::vector<std::unique_ptr<EmbeddingTable>>& tables,
+                                std::vector<at::Tensor>& outs) {
+            return [&](int r) {
+              outs[r] = train_lookup(*tables[r], batch(r, k), offsets, pooling, w);
+            };
+          };
+          run_ranks(world, body(host, out_host));
+          run_ranks(world, body(tensors, out_tensors));
+          for (int r = 0; r < world; ++r) CHECK(at::equal(out_host[r], out_tensors[r]));
+        }
+        for (int r = 0; r < world; ++r) {
+          CHECK(grads_of(*host[r]) == grads_of(*tensors[r]));
+          update(*host[r]);
+          update(*tensors[r]);
+          end_step(*host[r], step);
+          end_step(*tensors[r], step);
+        }
+      }
+      for (int r = 0; r < world; ++r) {
+        CHECK(host[r]->stats().evicted > 0);
+        const Entries a = save(*host[r]), b = save(*tensors[r]);
+        REQUIRE(a.size() == b.size());
+        for (size_t k = 0; k < a.size(); ++k) {
+          CAPTURE(a[k].first);
+          CHECK(at::equal(a[k].second, b[k].second));
+        }
+        host[r]->set_training(false);
+        tensors[r]->set_training(false);
+      }
+      const at::Tensor ids = longs({3, 7, -1, 12, 3, 100});
+      std::vector<at::Tensor> eh(world), et(world);
+      run_ranks(world, [&](int r) { eh[r] = host[r]->lookup(ids, longs({0, 2, 2}), pooling); });
+      run_ranks(world, [&](int r) { et[r] = tensors[r]->lookup(ids, longs({0, 2, 2}), pooling); });
+      for (int r = 0; r < world; ++r) CHECK(at::equal(eh[r], et[r]));
+    }
   }
 }

@@ -151,10 +151,33 @@ def resume(run_dir, from_step, to_step):
     return line
 
 
+def ctr(run_dir, min_auc, device):
+    """The CTR model's run: a test record with an AUC of at least min_auc, and run.log saying
+    the sparse optimizer got the tables' rows as tensors on `device` (cuda: any CUDA device)."""
+    recs = records(run_dir)
+    train = train_records(recs)
+    tests = [r for r in recs if r.get("split") == "test" and "auc" in r]
+    if not tests:
+        raise Failure("no test record with an auc in metrics.jsonl")
+    auc = tests[-1]["auc"]
+    line = (f"{train[-1]['step']} steps, {train[-1].get('samples_per_s', 0):.0f} samples/s, "
+            f"{train[-1].get('table_rows', 0)} table rows, test auc {auc:.4f}")
+    m = re.search(r"rows as tensors on (\S+)\)", run_log(run_dir))
+    if not m:
+        raise Failure(f"{line}: run.log does not say the tables hand their rows as tensors "
+                      "('rows as tensors on DEVICE')")
+    if not m.group(1).startswith(device):
+        raise Failure(f"{line}: the tables' rows are on {m.group(1)}, not {device}")
+    line += f", rows on {m.group(1)}"
+    if not auc >= float(min_auc):
+        raise Failure(f"{line}: below {min_auc}")
+    return line
+
+
 def main():
-    kinds = {"quickstart": quickstart, "lm": lm, "mfu": mfu, "resume": resume}
+    kinds = {"quickstart": quickstart, "lm": lm, "mfu": mfu, "resume": resume, "ctr": ctr}
     if len(sys.argv) < 3 or sys.argv[1] not in kinds:
-        print("FAIL\tusage: judge.py quickstart|lm|mfu|resume RUN_DIR ...")
+        print("FAIL\tusage: judge.py quickstart|lm|mfu|resume|ctr RUN_DIR ...")
         return 2
     try:
         print("PASS\t" + kinds[sys.argv[1]](*sys.argv[2:]))

@@ -103,6 +103,12 @@ rewrite() {  # FILE NEW_PATH: a file without RPATH or RUNPATH stays as it is
 elves=("$keel")
 install -m 755 "$keel" "$b/bin/keel"
 rewrite "$b/bin/keel" '$ORIGIN/../lib'
+# The CTR check's data generator (no LibTorch; its libraries are packed as keel's are).
+generator=$build/plugins/criteo/keel-criteo-generate
+[[ -x $generator ]] || die "no $generator; hint: build it (ninja -C $build)"
+elves+=("$generator")
+install -m 755 "$generator" "$b/bin/keel-criteo-generate"
+rewrite "$b/bin/keel-criteo-generate" '$ORIGIN/../lib'
 mapfile -t plugins < <(find "$build/plugins" -maxdepth 2 -name 'libkeel-*.so' -type f | LC_ALL=C sort)
 [[ ${#plugins[@]} -gt 0 ]] || die "no plugins under $build/plugins; hint: build them (ninja -C $build)"
 for p in "${plugins[@]}"; do
@@ -137,7 +143,8 @@ for name in libstdc++.so.6 libgcc_s.so.1; do
   install -m 644 "$(readlink -f "$path")" "$b/lib/compat/$name"
 done
 
-install -m 644 "$root/configs/quickstart.toml" "$root/configs/char_gpt.toml" "$b/configs/"
+install -m 644 "$root/configs/quickstart.toml" "$root/configs/char_gpt.toml" \
+  "$root/configs/ctr.toml" "$b/configs/"
 install -m 644 "$fashion"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$b/data/fashion-mnist/"
 install -m 644 "$fortunes/tokens.bin" "$fortunes/vocab.json" "$b/data/fortunes/"
 install -m 755 "$here/run.sh" "$here/judge.py" "$b/"

@@ -177,11 +177,12 @@ keel=(env LD_LIBRARY_PATH="$ldp" KEEL_PLUGIN_PATH="$bundle/plugins" XDG_CACHE_HO
 if [[ $device == cuda ]]; then
   lm_steps=200 ckpt_steps=100 resume_steps=120 nccl_steps=100 qs_sets=() qs_accuracy=0.85
   limit_qs=120 limit_lm=90 limit_nccl=120 limit_ckpt=60 limit_resume=90 min_peak=5 backend=nccl
-  budget=${budget:-480}
+  limit_ctr=90 ctr_sets=() budget=${budget:-480}
 else
   lm_steps=20 ckpt_steps=10 resume_steps=14 nccl_steps=10 qs_sets=(--set train.max_steps=300)
   qs_accuracy=0.65 limit_qs=300 limit_lm=300 limit_nccl=300 limit_ckpt=300 limit_resume=300
-  min_peak=0 backend=gloo budget=${budget:-0}
+  min_peak=0 backend=gloo limit_ctr=300 ctr_sets=(--set model.table_tensor_ops=true)
+  budget=${budget:-0}
 fi
 dev_set="run.device=\"$device\""
 char=$bundle/configs/char_gpt.toml
@@ -285,6 +286,25 @@ else
   rc=$?
   if [[ $rc -eq 0 ]]; then verdict 6 "checkpoint saved on $device, resumed on cpu" $(( $(date +%s) - t0 )) resume "$work/runs/checkpoint" "$ckpt_steps" "$resume_steps"
   else report FAIL 6 "checkpoint saved on $device, resumed on cpu" "resuming: $(why checkpoint_resume $rc)"; fi
+fi
+
+# 7. The CTR model (dlrm) with its embedding tables on the device (table_device = "run"; the
+# CPU dry run reads and writes them with tensor operations instead, table_tensor_ops = true):
+# two generated windows of 20,000 records, the first trained, the second evaluated.
+t0=$(date +%s)
+run_limited ctr_data 60 "$bundle/bin/keel-criteo-generate" --output "$work/data/ctr" \
+  --windows 2 --records 20000 --seed 7
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  report FAIL 7 "CTR with its tables on $device" "generating its data: $(why ctr_data $rc)"
+else
+  keel_train ctr "$limit_ctr" "$bundle/configs/ctr.toml" --set "$dev_set" \
+    --set "data.train.path=\"$work/data/ctr\"" --set "data.test.path=\"$work/data/ctr\"" \
+    --set 'data.train.pattern="day_000.tsv*"' --set 'data.test.pattern="day_001.tsv*"' \
+    --set train.epochs=1 "${ctr_sets[@]}"
+  rc=$?
+  if [[ $rc -eq 0 ]]; then verdict 7 "CTR with its tables on $device" $(( $(date +%s) - t0 )) ctr "$work/runs/ctr" 0.7 "$device"
+  else report FAIL 7 "CTR with its tables on $device" "$(why ctr $rc)"; fi
 fi
 
 finish

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 10
+#define KEEL_ABI_MINOR 11
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.10)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.11)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -395,6 +395,16 @@ typedef struct keel_sparse_rows {
    * before the row's first update; NULL when slot_width is 0 */
   float* const* slots;
   size_t slot_width;
+  /* (1.11) The same rows as tensors, on the device that holds the table's rows, filled instead
+   * of values, grads and slots (which then stay NULL; ids and count do not change) by a table
+   * whose keel_sparse_table.rows_as_tensors is nonzero: float [count, dim] values and grads and
+   * float [count, slot_width] slots (NULL when slot_width is 0), row i for ids[i]. row_values
+   * and row_slots are the table's copies of those rows: a sparse optimizer updates them in
+   * place, and the table writes them back into its rows at end_step; row_grads is read-only.
+   * Borrowed, valid as the pointers are. */
+  keel_tensor* row_values;
+  keel_tensor* row_grads;
+  keel_tensor* row_slots;
 } keel_sparse_rows;
 
 /* A table's counters, for the training metrics; filled in by the table's `stats` slot. */
@@ -440,6 +450,14 @@ typedef struct keel_sparse_table {
    * with the rows that hash to it. An entry the table cannot use is an error naming it. [setup] */
   keel_status (*load)(void* self, const keel_named_tensor* entries, size_t count,
                       keel_error* err);
+  /* (1.11) Nonzero: `touched` hands the rows as tensors (keel_sparse_rows.row_values, ...), not
+   * as host pointers, as a table whose rows live in device memory must. The kernel refuses to
+   * give such a table to a sparse optimizer built against ABI 1.10 or older (it reads the
+   * pointers). 0 (and a table of 1.10 or older): host pointers. */
+  int32_t rows_as_tensors;
+  /* (1.11) Where the rows live, as LibTorch names a device ("cpu", "cuda:0"); NULL means "cpu".
+   * For messages and logs. */
+  const char* device;
 } keel_sparse_table;
 
 /* What a factory gets. Fields that do not apply to the component's kind are zero/NULL. */
@@ -485,6 +503,10 @@ typedef struct keel_create_context {
    * run. */
   const keel_sparse_table* const* tables;
   size_t table_count;
+  /* (1.11) Every kind: the run's device for this rank, as LibTorch names it ("cpu", "cuda:0"):
+   * where the kernel puts the model's parameters and the batches after the factories ran. A
+   * model may create state of its own there (the SDK's embedding tables: TableOptions::device). */
+  const char* device;
 } keel_create_context;
 
 /* Every instance struct begins with these three fields and holds nothing but function

@@ -51,6 +51,15 @@ struct TableOptions {
   int64_t max_pending = 0;
   double init_std = 0.01;    // rows start as N(0, init_std^2) drawn from (seed, name, id) only
   uint64_t seed = 0;         // the run's seed
+  // Where the rows live: the CPU, or a CUDA device (Context::device() gives the run's). A table
+  // on a device reads and writes its rows with tensor operations and hands them to the sparse
+  // optimizer as tensors (ABI 1.11, keel_sparse_table.rows_as_tensors).
+  at::Device device = at::kCPU;
+  // On the CPU, do the same (tensor operations, a lookup's rows at once, and the rows handed as
+  // tensors) instead of host loops over pointers into the rows. It gives the same values (the
+  // same sums in the same order) and is slower at small batches, so the default is false; tests
+  // set it to check that path against the host one.
+  bool tensor_ops = false;
 
   static constexpr int64_t kDefaultMaxPending = int64_t{1} << 20;  // 1,048,576
   // The limit max_pending gives: at the end of a step (end_step) with more ids waiting than
@@ -84,8 +93,8 @@ class EmbeddingTable {
   // ids int64 [N] (values < 0: ignored, contribute nothing), offsets int64 [bags] (bag b is
   // ids[offsets[b] .. offsets[b+1]) (last bag to N), like nn.EmbeddingBag with
   // include_last_offset=false: offsets[0] == 0, non-decreasing, <= N); returns float
-  // [bags, dim] on the CPU (ids and offsets may lie anywhere); in training (with gradients
-  // enabled) differentiable: the backward adds each row's gradient to the table.
+  // [bags, dim] on the table's device (ids and offsets may lie anywhere); in training (with
+  // gradients enabled) differentiable: the backward adds each row's gradient to the table.
   // Sightings in training count occurrences (an id twice in ids is sighted twice). Call it
   // once per step for all the features that use the table (concatenate their ids and offsets).
   // Throws std::invalid_argument on bad arguments and std::runtime_error when the rows
@@ -102,8 +111,8 @@ class EmbeddingTable {
 
   // --- Extensions beyond DESIGN24's interface (for tests, exports and tools) ---------------
   const TableOptions& options() const;
-  // The current values of this rank's rows of `ids` (int64 [n]) as float [n, dim], zeros for
-  // ids without a row here; no sightings, no exchange between ranks.
+  // The current values of this rank's rows of `ids` (int64 [n]) as float [n, dim] on the
+  // table's device, zeros for ids without a row here; no sightings, no exchange between ranks.
   at::Tensor read(const at::Tensor& ids) const;
   // The step the next lookup belongs to: 1 + the last end_step's step (1 before any).
   int64_t current_step() const;

@@ -23,6 +23,7 @@
 
 #include <torch/version.h>
 
+#include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -162,6 +163,13 @@ class Context {
   // "Collectives for components"); nullptr from a kernel older than 1.9.
   const keel_comm* comm() const {
     return KEEL_HAS_FIELD(raw_, keel_create_context, comm) ? raw_->comm : nullptr;
+  }
+  // (ABI 1.11) The run's device for this rank, where the kernel puts the model's parameters and
+  // the batches; the CPU from a kernel older than 1.11.
+  at::Device device() const {
+    if (KEEL_HAS_FIELD(raw_, keel_create_context, device) && raw_->device)
+      return at::Device(std::string(raw_->device));
+    return at::Device(at::kCPU);
   }
   // (ABI 1.9) sparse_optimizer: the model's embedding tables (abi.h "Sparse embedding tables").
   std::vector<const keel_sparse_table*> tables() const {
