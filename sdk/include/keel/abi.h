@@ -451,9 +451,10 @@ typedef struct keel_sparse_table {
   keel_status (*load)(void* self, const keel_named_tensor* entries, size_t count,
                       keel_error* err);
   /* (1.11) Nonzero: `touched` hands the rows as tensors (keel_sparse_rows.row_values, ...), not
-   * as host pointers, as a table whose rows live in device memory must. The kernel refuses to
-   * give such a table to a sparse optimizer built against ABI 1.10 or older (it reads the
-   * pointers). 0 (and a table of 1.10 or older): host pointers. */
+   * as host pointers, as a table whose rows live in device memory must. With such a table the
+   * kernel refuses a sparse optimizer built against ABI 1.10 or older (it reads the pointers):
+   * the run ends after the optimizer's factory, before any step. 0 (and a table of 1.10 or
+   * older): host pointers. */
   int32_t rows_as_tensors;
   /* (1.11) Where the rows live, as LibTorch names a device ("cpu", "cuda:0"); NULL means "cpu".
    * For messages and logs. */
