@@ -6,6 +6,8 @@ the step's gradients) to a dump file at every end_step; the cases read it:
 - the sparse optimizers' math against torch.optim.Adagrad / AdamW (same LibTorch, replayed on the
   dumped gradients; rows touched in every step for AdamW), with a step-decay [lr_scheduler], so
   that the schedule reaching set_lr is checked too: rtol 1e-5, atol 1e-7 (float32 rounding);
+  each case twice, the table handing host pointers and handing tensors (the fixture's
+  `as_tensors`, ABI 1.11: the optimizers' tensor form, update_tensors);
 - a step with a NaN row gradient: skipped (rows and slots as before it), or the run fails;
 - grad_accum = 2 micro-batches of 4 give the row gradients of one batch of 8 (atol 1e-7);
 - the train records' table_rows, admitted, evicted and sparse_grad_norm (with ttl eviction);
@@ -23,6 +25,7 @@ the step's gradients) to a dump file at every end_step; the cases read it:
 
 Usage: test_sparse.py KEEL_BINARY FIXTURE_DIR (with the Python of the LibTorch keel links:
 meson.build's torch_python)."""
+import itertools
 import json
 import math
 import os
@@ -177,10 +180,11 @@ class Sparse(unittest.TestCase):
              lambda ps: torch.optim.AdamW(ps, lr=0.5, betas=(0.8, 0.95), eps=1e-6,
                                           weight_decay=0.1)),
         ]
-        for sparse, options, make in cases:
-            with self.subTest(sparse=sparse, options=options):
+        for (sparse, options, make), tensors in itertools.product(cases, (False, True)):
+            with self.subTest(sparse=sparse, options=options, as_tensors=tensors):
                 base = BASE.replace('lr = 0.5\n', 'lr = 0.5\n' + options)
-                _, _, dump = self.run_keel(schedule, vocab=3, sparse=sparse, base=base)
+                _, _, dump = self.run_keel(schedule, vocab=3, sparse=sparse, base=base,
+                                           sets=[f"model.as_tensors={str(tensors).lower()}"])
                 self.assertGreaterEqual(self.replay(read_dump(dump), make, lr_at), 2)
 
     def test_abi_1_10_sparse_optimizer(self):
