@@ -67,8 +67,12 @@ fsdp2 / keel's "parameters" of the same round and malloc setting for the step ti
 rank's peak RSS (per-round ratios: median and min; > 1: FSDP2 slower or larger).
 
 Usage: bench_shard.py KEEL_BINARY [--rounds R] [--steps N] [--batch B] [--fsdp2 PYTHON]
-                      [--modes MODE,...] [--small]
-       (defaults R = 2, N = 6, B = 2, every keel mode, no FSDP2)
+                      [--modes MODE,...] [--small] [--ranks W] [--malloc both|true|false]
+       (defaults R = 2, N = 6, B = 2, every keel mode, no FSDP2, W = 2, both malloc settings)
+--ranks W: every run (keel's, FSDP2's, the baselines) on W ranks instead of 2. With W = 1 each
+side runs its sharded step with nothing to exchange (the collectives have one rank), which
+separates the model's own compute from the communication of the 2-rank runs.
+--malloc: only the malloc_tuning = true (or false) configurations.
 --modes: the keel shard modes to run (a comma-separated subset of none, optimizer, gradients,
 parameters; the baseline always runs; "vs none" needs none, fsdp2/keel needs parameters).
 --small: a gpt of width 64, 2 layers, 2 heads instead of the 50 M one, to try the script
@@ -104,8 +108,12 @@ MODES = ["none", "optimizer", "gradients", "parameters"]
 # keel's [run] malloc_tuning = true (kernel: mallopt) as glibc's environment variables.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
 SMALL = dict(width=64, layers=2, heads=2)
-EXPECTED = {"none": 16.0, "optimizer": 4 + 4 + 8 / WORLD, "gradients": 4 + 4 / WORLD + 8 / WORLD,
-            "parameters": 16 / WORLD}
+
+
+def expected(mode):
+    """fp32 AdamW's bytes per parameter at WORLD ranks, without activations and buffers."""
+    return {"none": 16.0, "optimizer": 4 + 4 + 8 / WORLD, "gradients": 4 + 4 / WORLD + 8 / WORLD,
+            "parameters": 16 / WORLD}[mode]
 
 
 def free_port():
@@ -205,8 +213,9 @@ def trained(keel, d, data, tag, model, shard, malloc, args):
                           f"--master_port={free_port()}", f"--log_dir={d}/torchrun-{tag}",
                           keel, "train", m], tag)
     rss = {}
-    for rank, mib in re.findall(r"\[rank (\d+)\] .*done: .*peak RSS ([\d.]+) MiB", out):
-        rss[int(rank)] = float(mib)
+    # keel prefixes its lines with "[rank R]" when there are several ranks.
+    for rank, mib in re.findall(r"(?:\[rank (\d+)\] )?.*done: .*peak RSS ([\d.]+) MiB", out):
+        rss[int(rank or 0)] = float(mib)
     if sorted(rss) != list(range(WORLD)):
         sys.exit(f"bench_shard: {tag}: no 'peak RSS' line from every rank (got ranks "
                  f"{sorted(rss)}); a keel from before that line?\n{out[-3000:]}")
@@ -314,6 +323,7 @@ def fsdp2_trained(python, d, data, tag, model, malloc, args):
 
 
 def main():
+    global WORLD
     ap = argparse.ArgumentParser()
     ap.add_argument("keel")
     ap.add_argument("--rounds", type=int, default=2)
@@ -326,10 +336,16 @@ def main():
     ap.add_argument("--small", action="store_true",
                     help=f"a gpt of width {SMALL['width']}, {SMALL['layers']} layers, "
                          f"{SMALL['heads']} heads instead (to try the script, not to measure)")
+    ap.add_argument("--ranks", type=int, default=2,
+                    help="ranks per run, keel's and FSDP2's alike (default 2; 1: the same "
+                         "sharded step with nothing to exchange)")
+    ap.add_argument("--malloc", choices=("both", "true", "false"), default="both",
+                    help="the malloc_tuning settings to run (default both)")
     args = ap.parse_args()
+    WORLD = args.ranks
     modes = args.modes.split(",")
-    if args.steps < 2 or args.rounds < 1:
-        ap.error("--steps must be >= 2 and --rounds >= 1")
+    if args.steps < 2 or args.rounds < 1 or args.ranks < 1:
+        ap.error("--steps must be >= 2, --rounds and --ranks >= 1")
     if not modes or any(m not in MODES for m in modes):
         ap.error(f"--modes: a comma-separated subset of {','.join(MODES)}")
     big = SMALL if args.small else BIG
@@ -338,7 +354,8 @@ def main():
     with open("/proc/meminfo") as f:
         avail = int(re.search(r"MemAvailable:\s+(\d+) kB", f.read()).group(1)) / 1048576
     sides = ["baseline"] + modes + (["fsdp2-base", "fsdp2"] if args.fsdp2 else [])
-    configs = [(shard, malloc) for malloc in (True, False) for shard in sides]
+    settings = {"both": (True, False), "true": (True,), "false": (False,)}[args.malloc]
+    configs = [(shard, malloc) for malloc in settings for shard in sides]
     with tempfile.TemporaryDirectory(prefix="keel-bench-shard-") as d:
         data = write_tokens(d)
         params = parameter_count(keel, d, data, big)
@@ -387,10 +404,13 @@ def main():
           f"over rounds; vs none: step time / keel's none's, per round, median [min, max]"
           + ("; fsdp2/keel: fsdp2 / keel's parameters, per round, step time and each rank's "
              "peak RSS, median [min]" if args.fsdp2 else ""))
-    print(f"{'mode':10s} {'malloc_tuning':13s} {'peak RSS rank 0 MiB':20s} "
-          f"{'peak RSS rank 1 MiB':20s} {'B/param rank 0':15s} {'B/param rank 1':15s} "
-          f"{'expected':8s} {'step ms':7s}  {'vs none':21s}"
-          + ("  fsdp2/keel: step, peak rank 0, peak rank 1" if args.fsdp2 else ""))
+    ranks = range(WORLD)
+    print(f"{'mode':10s} {'malloc_tuning':13s} "
+          + "".join(f"{f'peak RSS rank {k} MiB':20s} " for k in ranks)
+          + "".join(f"{f'B/param rank {k}':15s} " for k in ranks)
+          + f"{'expected':8s} {'step ms':7s}  {'vs none':21s}"
+          + ("  fsdp2/keel: step" + "".join(f", peak rank {k}" for k in ranks)
+             if args.fsdp2 else ""))
     for shard, malloc in configs:
         per_rank = [[round_[k] for round_ in rss[(shard, malloc)]] for k in range(WORLD)]
         line = f"{shard:10s} {str(malloc).lower():13s} "
@@ -398,15 +418,14 @@ def main():
             line += f"{f'{statistics.median(per_rank[k]):.1f} [{min(per_rank[k]):.1f}]':20s} "
         step = f"{statistics.median(ms[(shard, malloc)]):7.0f}"
         if shard in ("baseline", "fsdp2-base"):
-            print(f"{line}{'':15s} {'':15s} {'':8s} {step}")
+            print(line + "".join(f"{'':15s} " for _ in range(WORLD)) + f"{'':8s} {step}")
             continue
         base = "fsdp2-base" if shard == "fsdp2" else "baseline"
         base = [[round_[k] for round_ in rss[(base, malloc)]] for k in range(WORLD)]
         for k in range(WORLD):
             above = [(a - b) * 1048576 / params for a, b in zip(per_rank[k], base[k])]
             line += f"{f'{statistics.median(above):.2f} [{min(above):.2f}]':15s} "
-        expected = EXPECTED["parameters" if shard == "fsdp2" else shard]
-        line += f"{expected:8.0f} {step}  "
+        line += f"{expected('parameters' if shard == 'fsdp2' else shard):8.0f} {step}  "
         if shard != "fsdp2" and "none" in modes:
             ratios = [a / b for a, b in zip(ms[(shard, malloc)], ms[("none", malloc)])]
             line += (f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, "
