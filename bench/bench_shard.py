@@ -214,7 +214,7 @@ def trained(keel, d, data, tag, model, shard, malloc, args):
                           keel, "train", m], tag)
     rss = {}
     # keel prefixes its lines with "[rank R]" when there are several ranks.
-    for rank, mib in re.findall(r"(?:\[rank (\d+)\] )?.*done: .*peak RSS ([\d.]+) MiB", out):
+    for rank, mib in re.findall(r"(?:\[rank (\d+)\] )?done: .*peak RSS ([\d.]+) MiB", out):
         rss[int(rank or 0)] = float(mib)
     if sorted(rss) != list(range(WORLD)):
         sys.exit(f"bench_shard: {tag}: no 'peak RSS' line from every rank (got ranks "
