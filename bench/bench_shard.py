@@ -68,11 +68,14 @@ rank's peak RSS (per-round ratios: median and min; > 1: FSDP2 slower or larger).
 
 Usage: bench_shard.py KEEL_BINARY [--rounds R] [--steps N] [--batch B] [--fsdp2 PYTHON]
                       [--modes MODE,...] [--small] [--ranks W] [--malloc both|true|false]
+                      [--set KEY=VALUE]...
        (defaults R = 2, N = 6, B = 2, every keel mode, no FSDP2, W = 2, both malloc settings)
 --ranks W: every run (keel's, FSDP2's, the baselines) on W ranks instead of 2. With W = 1 each
 side runs its sharded step with nothing to exchange (the collectives have one rank), which
 separates the model's own compute from the communication of the 2-rank runs.
 --malloc: only the malloc_tuning = true (or false) configurations.
+--set KEY=VALUE (repeatable): passed to keel's training runs (the baseline's too), e.g.
+--set 'model.linear="reference"' (the gpt plugin's Linear layers as PyTorch's F.linear).
 --modes: the keel shard modes to run (a comma-separated subset of none, optimizer, gradients,
 parameters; the baseline always runs; "vs none" needs none, fsdp2/keel needs parameters).
 --small: a gpt of width 64, 2 layers, 2 heads instead of the 50 M one, to try the script
@@ -211,7 +214,7 @@ def trained(keel, d, data, tag, model, shard, malloc, args):
     m = manifest(d, tag, data, model, shard, malloc, args.steps, args.batch)
     out = run(TORCHRUN + [f"--nproc_per_node={WORLD}", "--master_addr=127.0.0.1",
                           f"--master_port={free_port()}", f"--log_dir={d}/torchrun-{tag}",
-                          keel, "train", m], tag)
+                          keel, "train", m] + [a for kv in args.set for a in ("--set", kv)], tag)
     rss = {}
     # keel prefixes its lines with "[rank R]" when there are several ranks.
     for rank, mib in re.findall(r"(?:\[rank (\d+)\] )?done: .*peak RSS ([\d.]+) MiB", out):
@@ -341,6 +344,9 @@ def main():
                          "sharded step with nothing to exchange)")
     ap.add_argument("--malloc", choices=("both", "true", "false"), default="both",
                     help="the malloc_tuning settings to run (default both)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a keel --set for keel's runs (not the probe's, not FSDP2's), e.g. "
+                         "model.linear='\"reference\"'")
     args = ap.parse_args()
     WORLD = args.ranks
     modes = args.modes.split(",")
@@ -364,7 +370,8 @@ def main():
               f"{WORLD} ranks x 1 thread, batch {args.batch} x {CTX} tokens per rank, "
               f"{args.steps} steps (step time: median of steps 2..{args.steps}); "
               f"{args.rounds} round(s); load average {os.getloadavg()[0]:.2f} on "
-              f"{os.cpu_count()} cores, {avail:.1f} GiB available", flush=True)
+              f"{os.cpu_count()} cores, {avail:.1f} GiB available"
+              + "".join(f"; keel --set {kv}" for kv in args.set), flush=True)
         if args.fsdp2:
             tuned = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
             print(f"FSDP2: {args.fsdp2} (torch {fsdp2_version}), fully_shard per block and on "
