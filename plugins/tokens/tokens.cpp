@@ -3,7 +3,7 @@
 // The token file (option `path`) is the layout of nanoGPT's train.bin and Modalities' packed
 // data: token ids as raw little-endian uint16, or uint32, one after the other, no header. The
 // vocabulary file beside it (option `vocab`, default vocab.json in the token file's directory;
-// `keel prepare` writes both, see kernel/cli/prepare.hpp for its format) gives the dtype and the
+// `keel prepare` writes both, see tools/cli/prepare.hpp for its format) gives the dtype and the
 // vocabulary size. The token file is memory-mapped read-only and must not be truncated or
 // rewritten while a run reads it.
 //
@@ -82,7 +82,7 @@ struct Vocab {
 
 Vocab check_vocab(const nlohmann::json& j, const std::string& path, const std::string& hint);
 
-// Reads and checks vocab.json (the keys the dataset needs; see kernel/cli/prepare.hpp).
+// Reads and checks vocab.json (the keys the dataset needs; see tools/cli/prepare.hpp).
 Vocab read_vocab(const std::string& path, const std::string& hint) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)

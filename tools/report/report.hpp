@@ -21,7 +21,7 @@
 // same_as) (the known ones first: loss, accuracy, bits per character or token, learning rate,
 // gradient norm, throughput, MFU, step time, evaluation and checkpoint time; then any other
 // key), the phase breakdown, the plugins and the manifest. The charts are drawn by uPlot
-// (kernel/report/vendor/, embedded in keel and inlined into the page with its licence), so the
+// (tools/report/vendor/, embedded in keel and inlined into the page with its licence), so the
 // page needs no network and no server. After drawing, the page writes what each chart plotted
 // (series, points, last value; the phase chart's values too) as JSON into <pre id="rendered">
 // and any script error into <pre id="errors">, which tests/cli/test_report.py reads through

@@ -23,7 +23,7 @@ def main(root, output, depfile):
                   if not f.startswith(".") and not f.endswith("~")]
     files.sort(key=lambda f: os.path.relpath(f, root))
     out = [
-        "// Generated from sdk/templates/ by kernel/scaffold/embed_templates.py: do not edit.",
+        "// Generated from sdk/templates/ by tools/scaffold/embed_templates.py: do not edit.",
         "#pragma once",
         "",
         "namespace keel::scaffold {",
