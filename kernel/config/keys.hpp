@@ -1,7 +1,7 @@
 // The kernel's manifest keys, each declared once, in one row: its schema entry (type, default,
 // help, bounds, choices), the member of the config it lands in, and whether changing it on
 // --resume keeps the run exact. `keel options` (kernel_tables), validation, the copy into
-// RunConfig, manifest.resolved.toml and the resume check (config/resume_check.hpp) all read
+// RunConfig, manifest.resolved.toml and the resume check (config/resume_changes.hpp) all read
 // these rows (config/keys.cpp).
 #pragma once
 
@@ -76,7 +76,7 @@ OnResume on_resume(const std::string& dotted);
 
 // The default (TOML text) of the kernel key `dotted` ("train.global_batch" -> "0"); null when
 // no row declares it. A key that a checkpoint's manifest lacks (written by a keel before the key
-// existed) and that now has its default changed nothing (config/resume_check.cpp).
+// existed) and that now has its default changed nothing (config/resume_changes.cpp).
 const char* row_default(const std::string& dotted);
 
 }  // namespace keel

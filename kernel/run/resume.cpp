@@ -19,8 +19,8 @@
 #include "files/files.hpp"
 #include "checkpoint/reshard.hpp"
 #include "compat/torch.hpp"
-#include "checkpoint/resume.hpp"
-#include "config/resume_check.hpp"
+#include "checkpoint/manifest_changes.hpp"
+#include "config/resume_changes.hpp"
 #include "distributed/on_rank0.hpp"
 #include "keel/tensor.hpp"
 #include "run/checkpointing.hpp"
@@ -66,7 +66,7 @@ std::string set_back(const std::vector<ManifestChange>& breaking) {
   return out;
 }
 
-// Manifest changes since the checkpoint: safe ones (config/resume_check.hpp: by the key rows)
+// Manifest changes since the checkpoint: safe ones (config/resume_changes.hpp: by the key rows)
 // are named in a warning; one that breaks an exact continuation is refused, unless
 // --resume-changed accepts it. The refusal's hint sets them back as the checkpoint has them.
 void check_manifest_changes(const Run& run, const std::string& saved) {

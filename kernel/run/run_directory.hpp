@@ -1,7 +1,7 @@
 // The run directory as the run uses it: rank 0 opens (and, for a fresh training run, claims)
 // it, the components get its path (a scratch directory when only validating), and run.log is
 // attached to the log once the run is assembled. What this start created is recorded in
-// `created` (the Trainer removes it again when the start fails; run_dir.hpp).
+// `created` (the Trainer removes it again when the start fails; files/run_dir.hpp).
 #pragma once
 
 #include <sys/types.h>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "run_config.hpp"
-#include "run_dir.hpp"
+#include "files/run_dir.hpp"
 
 namespace keel {
 
@@ -46,7 +46,7 @@ class AttachedRunLog {
 
 struct RunDirectory {
   std::filesystem::path path;  // the components' run directory (validating: the scratch one)
-  // Rank 0: the run directory, opened (run_dir.hpp), and its entries' identities then.
+  // Rank 0: the run directory, opened (files/run_dir.hpp), and its entries' identities then.
   std::optional<RunDir> dir;
   std::vector<std::pair<dev_t, ino_t>> before;
   CreatedEntries* created = nullptr;  // the Trainer's, while it assembles the run

@@ -12,7 +12,7 @@
 #include <limits>
 
 #include "config/keys.hpp"
-#include "config/resume_check.hpp"
+#include "config/resume_changes.hpp"
 #include "config/toml_text.hpp"
 #include "manifest.hpp"
 #include "loader/registry.hpp"

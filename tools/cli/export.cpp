@@ -51,7 +51,7 @@
 #include "run/resume.hpp"
 #include "run/run.hpp"
 #include "run_config.hpp"
-#include "run_dir.hpp"
+#include "files/run_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -476,8 +476,8 @@ struct ExportFiles {
 };
 
 // The directory that will hold DIR, opened (and created when missing) under a run directory's
-// rules (run_dir.hpp): not a symlink, yours, others cannot write it unless it is sticky, nor a
-// directory on the way to it. Opened before anything is loaded; what it created is in
+// rules (files/run_dir.hpp): not a symlink, yours, others cannot write it unless it is sticky,
+// nor a directory on the way to it. Opened before anything is loaded; what it created is in
 // `created`, removed when the export fails.
 struct OutputParent {
   CreatedEntries created;

@@ -1,4 +1,4 @@
-#include "checkpoint/resume.hpp"
+#include "checkpoint/manifest_changes.hpp"
 
 #include <map>
 

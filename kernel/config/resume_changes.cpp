@@ -1,4 +1,4 @@
-#include "config/resume_check.hpp"
+#include "config/resume_changes.hpp"
 
 #include "config/keys.hpp"
 

@@ -17,7 +17,7 @@ struct ManifestChange {
 
 // Every key whose value differs between two resolved manifests (manifest.resolved.toml
 // texts), in key order. Which of them break an exact continuation is the keys' rows' to say
-// (config/resume_check.hpp).
+// (config/resume_changes.hpp).
 std::vector<ManifestChange> manifest_changes(const std::string& saved, const std::string& now);
 
 // A TOML value ("0", "\"auto\"", "0.001") as manifest_changes writes it (floats in their

@@ -1,4 +1,4 @@
-#include "run_dir.hpp"
+#include "files/run_dir.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/resume.hpp"
+#include "checkpoint/manifest_changes.hpp"
 
 namespace keel {
 
