@@ -1,6 +1,6 @@
 """Peak memory and step time of [distributed] shard = "none", "optimizer" (ZeRO-1),
 "gradients" (ZeRO-2) and "parameters" (FSDP-style) on 2 ranks (issue 23), and with --fsdp2
-PyTorch's FSDP2 on the same model (issue 44).
+PyTorch's FSDP2 on the same model (issue 44). Every "2 ranks" below is W with --ranks W.
 
 The model: gpt, width 512, 16 layers, 8 heads, vocab 8192, context 128 (tied embeddings; its
 exact parameter count P is read from the safetensors checkpoint of a 1-step, 1-process probe
@@ -11,7 +11,7 @@ B windows of 128 tokens, N steps, log_every 1, no evaluation, no checkpoint, one
 thread per process (`[run] threads = 1`, OMP_NUM_THREADS=1, OPENBLAS_NUM_THREADS=1).
 
 Each configuration runs `keel train` on 2 ranks under `torchrun --no_python --redirects 1
---tee 1 --nproc_per_node=2`; every rank's `done: ... peak RSS X MiB` line (getrusage's
+--tee 1 --nproc_per_node=2` (the log lines of a 1-rank keel have no "[rank R]"); every rank's `done: ... peak RSS X MiB` line (getrusage's
 ru_maxrss, the process's peak resident memory) gives its peak, rank 0's metrics.jsonl the step
 times (`step_time_ms` of each 1-step record: the slowest rank's); the median over steps 2..N
 (step 1 pays first-touch allocations).
