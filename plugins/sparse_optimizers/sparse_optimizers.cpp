@@ -64,22 +64,21 @@ class RowOptimizer : public keel::SparseOptimizer {
         throw std::runtime_error(std::string("table '") + t->name + "': touched failed: " +
                                  err.message);
       if (rows.count == 0) continue;
-      if (KEEL_HAS_FIELD(t, keel_sparse_table, rows_as_tensors) && t->rows_as_tensors) {
-        if (!rows.row_values || !rows.row_grads || !rows.row_slots ||
-            rows.slot_width != widths_[i])
-          throw std::runtime_error(std::string("table '") + t->name + "': touched gave rows "
-                                   "without tensors of values, gradients or the reserved slots "
-                                   "(width " + std::to_string(rows.slot_width) + ", reserved " +
-                                   std::to_string(widths_[i]) + ")");
+      const bool tensors =
+          KEEL_HAS_FIELD(t, keel_sparse_table, rows_as_tensors) && t->rows_as_tensors;
+      const bool complete = tensors ? rows.row_values && rows.row_grads && rows.row_slots
+                                    : rows.values && rows.grads && rows.slots;
+      if (!complete || rows.slot_width != widths_[i])
+        throw std::runtime_error(std::string("table '") + t->name + "': touched gave rows " +
+                                 "without " + (tensors ? "tensors of " : "") +
+                                 "values, gradients or the reserved slots (width " +
+                                 std::to_string(rows.slot_width) + ", reserved " +
+                                 std::to_string(widths_[i]) + ")");
+      if (tensors) {
         at::Tensor w = keel::borrow(rows.row_values), s = keel::borrow(rows.row_slots);
         update_tensors(w, keel::borrow(rows.row_grads), s);
         continue;
       }
-      if (!rows.values || !rows.grads || !rows.slots || rows.slot_width != widths_[i])
-        throw std::runtime_error(std::string("table '") + t->name + "': touched gave rows "
-                                 "without values, gradients or the reserved slots (width " +
-                                 std::to_string(rows.slot_width) + ", reserved " +
-                                 std::to_string(widths_[i]) + ")");
       const int64_t dim = t->dim;
       // A row is 3 to 10 flops per float: split only when a chunk has enough of them.
       const int64_t grain = std::max<int64_t>(1, 16384 / dim);
