@@ -11,7 +11,8 @@
 // own autograd metadata and version counter), so the optimizer's in-place update of a shard is
 // an update of the model's rows, with no copy.
 //
-// Per optimizer step (run/step.cpp), with shard = "optimizer" (ZeRO-1) or "gradients" (ZeRO-2):
+// Per optimizer step (the step mode ShardedParameters, run/step_modes.cpp), with shard =
+// "optimizer" (ZeRO-1) or "gradients" (ZeRO-2):
 //   clear_gradients()    before the first forward: the whole parameters' gradients dropped (the
 //                        optimizer's zero_grad drops only the shards'); "gradients": the shards'
 //                        gradient accumulators zeroed

@@ -9,7 +9,8 @@
 // the negated counts), so every rank's schedule learns the same total_steps; and that either
 // every rank's training data is a stream (batches_per_epoch -1) or none is.
 //
-// Each training step (run/step.cpp, then run/trainer.cpp) issues them in this order:
+// Each training step (run/fetch.cpp, run/step.cpp and its modes in run/step_modes.cpp, then
+// run/trainer.cpp) issues them in this order:
 //   items    with item normalisation only, before the first forward: sum {items, unreported};
 //            waited for after that forward, which hides it.
 //   outcome  with no sparse tables and no [distributed] shard, before the last micro-batch's
@@ -31,7 +32,7 @@
 // tables or shards).
 //
 // A step fetches without asking the other ranks while its epoch is within the agreed count
-// (run/step.cpp, fetch_micro_batches); past it (the fetch that finds an epoch's end, or data
+// (run/fetch.cpp, fetch_micro_batches); past it (the fetch that finds an epoch's end, or data
 // beyond the count) each fetch agrees its micro-batches: max {-micro-batches}. A rank whose
 // data yields fewer than the agreed count says so in the outcome agreement, and every rank
 // then fails.

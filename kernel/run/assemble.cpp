@@ -21,6 +21,7 @@
 #include "run/parameters.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
+#include "run/step_modes.hpp"
 #include "run/tables.hpp"
 #include "text/text.hpp"
 
@@ -395,6 +396,7 @@ void assemble(Run& run, const RunConfig& config, bool validate_only,
   share_model_across_ranks(run);
   // shard = "parameters": every rank's rows into its shards, the whole parameters freed.
   if (run.residency) run.residency->start();
+  run.step_modes = choose_step_modes(run);  // what each step adds to the plain one
   if (run.ranks.rank == 0)  // rank 0 writes the run directory's files
     start_run_log(run.directory, config, run.resolved_manifest, run.run_id);
 }

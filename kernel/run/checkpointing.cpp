@@ -17,6 +17,7 @@
 #include "keel/tensor.hpp"
 #include "run/events.hpp"
 #include "run/plugin_state.hpp"
+#include "run/decisions.hpp"
 #include "run/run.hpp"
 #include "run/tables.hpp"
 

@@ -11,6 +11,7 @@
 #include "run/eval_metrics.hpp"
 #include "run/events.hpp"
 #include "run/model_calls.hpp"
+#include "run/decisions.hpp"
 #include "run/run.hpp"
 #include "run/signals.hpp"
 

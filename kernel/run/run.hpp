@@ -1,15 +1,12 @@
 // The state of one run, grouped into named parts; the loop's files (kernel/run/) each work on
 // the parts they name. Trainer (trainer.hpp) owns one Run.
 //
-// Destruction is by declaration order (last declared, first destroyed), which gives the order
-// the run needs: the gradient synchronisation first (its autograd hooks hold the parameters),
-// then the component instances in reverse order of creation (hooks first, then the checkpoint
-// store before the backend it writes with, ..., the model last), so that the files they hold
-// are closed; then the whole parameters' residency (shard = "parameters", which the model
-// calls) and the parameter shards the optimizer and clipper borrowed; then the components'
-// keel_comm; then the process group; then the run directory's part, which detaches run.log
-// and removes a scratch directory. The plugins themselves stay loaded until the caller's
-// Registry goes, after the Trainer (plugin code must outlive its instances).
+// ~Run releases the parts in one stated order (run/teardown.cpp: the step's modes first, then
+// the gradient synchronisation, the components in reverse order of creation, the residency and
+// the shards, the components' keel_comm, the process group, and the run directory last), each
+// only while the parts it needs still exist; the declaration order below does not matter. The
+// plugins themselves stay loaded until the caller's Registry goes, after the Trainer (plugin code
+// must outlive its instances).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +35,7 @@
 #include "run/eval_metrics.hpp"
 #include "run/requests.hpp"
 #include "run/run_directory.hpp"
+#include "run/step_modes.hpp"
 #include "run/tables.hpp"
 #include "run_config.hpp"
 #include "run/trainer.hpp"
@@ -45,15 +43,6 @@
 namespace keel {
 
 using Clock = std::chrono::steady_clock;
-
-// The points of the loop at which the periodic decisions are taken (trainer.cpp, train()).
-enum class Moment {
-  kStart,      // training starts (a resumed run may have reached its end already)
-  kStepEnd,    // a step was taken
-  kEpochOver,  // the epoch's last step was taken (its end events not sent yet)
-  kEpochEnd,   // the epoch's end events were sent
-  kFinish,     // the run is over
-};
 
 // The processes of a data-parallel run (a launcher started several; `group` is null when this
 // process runs alone), and this process's device.
@@ -168,7 +157,7 @@ struct Records {
   bool mfu_above_one = false;  // an mfu above 1 was left out of a record (and warned about)
 };
 
-// The reason the run ends, once decided (run/trainer.cpp, decide_end).
+// The reason the run ends, once decided (run/decisions.cpp, decide_end).
 struct RunEnd {
   std::string reason;  // "": still running
   int stop_signal = 0;  // SIGTERM / SIGINT that stopped the run
@@ -205,7 +194,15 @@ struct Run {
   CollectiveTally collectives;  // with several ranks: the collectives of the steps, for the log
   RunEnd end;
   RunSummary summary;  // what train() returns, filled in as the run goes
-  std::unique_ptr<GradSync> grad_sync;  // last: destroyed first (its hooks hold the parameters)
+  std::unique_ptr<GradSync> grad_sync;  // several ranks, unless shard = "gradients"/"parameters"
+  // What several ranks, shards, sparse tables and fp16 add to each step (run/step_modes.hpp),
+  // chosen at assembly.
+  StepModes step_modes;
+
+  Run() = default;
+  ~Run();  // run/teardown.cpp
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
 
   bool evaluates() const { return config.run.mode != RunMode::kTrain; }
 };

@@ -70,9 +70,12 @@ void claim(RunDirectory& directory, RunDir& run, const std::string& shown,
 
 }  // namespace
 
-ScratchDirectory::~ScratchDirectory() {
+ScratchDirectory::~ScratchDirectory() { remove(); }
+
+void ScratchDirectory::remove() {
   std::error_code ec;
   if (!path_.empty()) fs::remove_all(path_, ec);
+  path_.clear();
 }
 
 const std::string& ScratchDirectory::create() {
@@ -84,8 +87,11 @@ const std::string& ScratchDirectory::create() {
   return path_;
 }
 
-AttachedRunLog::~AttachedRunLog() {
+AttachedRunLog::~AttachedRunLog() { detach(); }
+
+void AttachedRunLog::detach() {
   if (attached_) detach_run_log();
+  attached_ = false;
 }
 
 void AttachedRunLog::attach(int fd, const std::string& path) {

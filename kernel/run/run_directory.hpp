@@ -26,6 +26,8 @@ class ScratchDirectory {
   ScratchDirectory& operator=(const ScratchDirectory&) = delete;
   // Creates keel-validate-XXXXXX in the temporary directory; returns its path.
   const std::string& create();
+  // Removes it, with what is in it (the destructor does too).
+  void remove();
 
  private:
   std::string path_;
@@ -39,6 +41,8 @@ class AttachedRunLog {
   AttachedRunLog(const AttachedRunLog&) = delete;
   AttachedRunLog& operator=(const AttachedRunLog&) = delete;
   void attach(int fd, const std::string& path);
+  // Detaches it (the destructor does too).
+  void detach();
 
  private:
   bool attached_ = false;
@@ -51,8 +55,8 @@ struct RunDirectory {
   std::vector<std::pair<dev_t, ino_t>> before;
   CreatedEntries* created = nullptr;  // the Trainer's, while it assembles the run
   bool claimed = false;  // a fresh run: manifest.resolved.toml created at the start (O_EXCL)
-  // Declared last, so gone first: run.log detached, then the scratch directory removed (after
-  // the components, declared later in Run, closed their files in it).
+  // Released last of the run (run/teardown.cpp): run.log detached, then the scratch directory
+  // removed, then the run directory closed.
   ScratchDirectory scratch;
   AttachedRunLog run_log;
 };

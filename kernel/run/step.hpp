@@ -1,4 +1,5 @@
-// One training step: the micro-batches of one optimizer step, and the step over them.
+// One training step over the micro-batches of one optimizer step (run/fetch.hpp fetches them);
+// what several ranks, shards, sparse tables and fp16 add to it are its modes (run/step_modes.hpp).
 #pragma once
 
 #include <cstdint>
@@ -9,15 +10,6 @@
 namespace keel {
 
 struct Run;
-
-// Fetches up to run.plan.grad_accum micro-batches ([train] grad_accum, or derived from [train]
-// global_batch); fewer at the end of an epoch, none when it is over.
-// With several ranks, every rank takes the same number: within the micro-batches agreed for
-// the epoch (run.plan.epoch_batches) without asking the others (a rank whose data yields fewer
-// sets run.epoch.missing, and the step then fails on every rank), past them as many as the
-// rank with the fewest (run/agreement.hpp); on a stream every rank must have as many (else
-// every rank throws, naming each rank's count).
-std::vector<MicroBatch> fetch_micro_batches(Run& run);
 
 // One optimizer step over `batches` (events STEP_START ... STEP_END, abi.h). Returns the step's
 // loss (the mean over ranks). With run.epoch.missing set (several ranks) it throws once the

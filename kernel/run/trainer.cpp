@@ -1,7 +1,7 @@
-// The training loop. Read Trainer::train first: it steps, decides and acts; every decision has
-// one owner that knows its own period (record_due: run/metrics.cpp, evaluation_due:
-// run/evaluate.cpp, save_due: run/checkpointing.cpp, decide_end: here), and the ranks agree on
-// hooks' requests underneath (run/requests.hpp).
+// The training loop. Read Trainer::train first: it steps, then walks the decision table
+// (run/decisions.cpp: the train records, evaluations and checkpoints, each row owning its period,
+// and the one decision that the run is over) after each step and at each epoch's end; the ranks
+// agree on hooks' requests underneath (run/requests.hpp).
 #include "run/trainer.hpp"
 
 #include <c10/util/Exception.h>
@@ -9,15 +9,16 @@
 #include <spdlog/spdlog.h>
 
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "log.hpp"
 #include "run/agreement.hpp"
 #include "run/assemble.hpp"
 #include "run/checkpointing.hpp"
+#include "run/decisions.hpp"
 #include "run/evaluate.hpp"
 #include "run/events.hpp"
+#include "run/fetch.hpp"
 #include "run/metrics.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
@@ -27,16 +28,6 @@
 namespace keel {
 
 namespace {
-
-// Whether the run has reached max_steps, max_samples or max_tokens: its reason, or "".
-std::string stop_target_reached(const Run& run) {
-  const RunConfig& c = run.config;
-  const keel_trainer_state& p = run.progress;
-  if (c.train.max_steps > 0 && p.step >= c.train.max_steps) return "max_steps reached";
-  if (c.train.max_samples > 0 && p.samples >= c.train.max_samples) return "max_samples reached";
-  if (c.train.max_tokens > 0 && p.tokens >= c.train.max_tokens) return "max_tokens reached";
-  return "";
-}
 
 // A SIGTERM / SIGINT that arrived during the step just taken (agreed by the ranks), or while
 // the training data waited for data and gave up (`waiting`, KEEL_BATCH_STOPPED): stop after
@@ -51,51 +42,12 @@ void stop_on_signal(Run& run, int sig, bool waiting = false) {
   run.requests.add_agreed(KEEL_REQUEST_STOP | (run.components.store ? KEEL_REQUEST_CHECKPOINT : 0u));
 }
 
-// The one place that decides the run is over, and why (run.end.reason; finish_training logs
-// it). At the start (a resumed run may have reached its end), after each step (a stop signal, a
-// stop target, a hook's stop request), when an epoch's last step was taken (the epochs are
-// done, or a stream's epoch had no batch at all), and after the events of an epoch's end (a
-// hook's stop request).
-void decide_end(Run& run, Moment moment) {
-  if (run.end.decided()) return;
-  const RunConfig& c = run.config;
-  std::string reason;
-  if (moment == Moment::kStart || moment == Moment::kStepEnd) reason = stop_target_reached(run);
-  if (run.end.stop_signal)
-    reason = std::string("stopped by ") + (run.end.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
-  // A stream's epoch that ended without a batch: the stream has no more windows.
-  if (reason.empty() && moment == Moment::kEpochOver && run.plan.stream && run.epoch.batches == 0)
-    reason = "the stream ended (epoch " + std::to_string(run.progress.epoch) + " had no batch)";
-  const bool epochs_done =
-      c.train.epochs > 0 && (moment == Moment::kStart ? run.progress.epoch >= c.train.epochs
-                       : moment == Moment::kEpochOver ? run.progress.epoch + 1 >= c.train.epochs
-                                                      : false);
-  if (reason.empty() && epochs_done) reason = "epochs done";
-  if (reason.empty() && (moment == Moment::kStepEnd || moment == Moment::kEpochEnd) &&
-      run.requests.stop())
-    reason = "stop requested by a hook";
-  if (reason.empty()) return;
-  if (moment == Moment::kStart) {
-    // The stop target it reached, and twice its value: a --set that trains on from here.
-    std::pair<std::string, int64_t> target{"train.epochs", c.train.epochs};
-    if (reason == "max_steps reached") target = {"train.max_steps", c.train.max_steps};
-    if (reason == "max_samples reached") target = {"train.max_samples", c.train.max_samples};
-    if (reason == "max_tokens reached") target = {"train.max_tokens", c.train.max_tokens};
-    const auto& [key, value] = target;
-    spdlog::warn("--resume: the run had already reached its end at step {} ({}): nothing left to "
-                 "train; hint: to train on from its checkpoint, raise {} (e.g. --resume --set "
-                 "{}={})",
-                 run.progress.step, reason, key, key, value * 2);
-  }
-  run.end.reason = reason;
-}
-
 // TRAIN_START, and the initial checkpoint of a fresh run; the log window starts.
 void start_training(Run& run) {
   run.components.model.run("set_training", run.components.model->set_training, 1);
   set_lr_for(run, run.progress.step);
   emit(run, KEEL_EVENT_TRAIN_START);
-  if (save_due(run, Moment::kStart)) save_checkpoint(run);
+  walk_decisions(run, {Moment::kStart});  // the initial checkpoint; a resumed run at its end
   if (!run.resume.active()) run.window = Window();  // a resumed run continues its window
   run.window.start = Clock::now();
 }
@@ -119,28 +71,19 @@ void start_epoch(Run& run, int64_t epoch) {
 // evaluation's may end the run; the record of the steps since the last one comes before
 // EPOCH_END in the final epoch, else after the epoch's evaluation.
 void end_epoch(Run& run, bool complete) {
-  decide_end(run, Moment::kEpochOver);
-  if (record_due(run)) record_train(run);  // the final epoch's last, partial window
+  walk_decisions(run, {Moment::kEpochOver});  // the final epoch's last, partial window
   if (complete) {
     emit(run, KEEL_EVENT_EPOCH_END);
     run.epoch.finished = true;  // a checkpoint from here on starts the next epoch
   }
-  decide_end(run, Moment::kEpochEnd);
-  if (evaluation_due(run, Moment::kEpochEnd, complete)) evaluate(run);
-  decide_end(run, Moment::kEpochEnd);  // e.g. early stopping on that evaluation
-  if (record_due(run)) record_train(run);
-  if (save_due(run, Moment::kEpochEnd)) save_checkpoint(run);
-  decide_end(run, Moment::kEpochEnd);  // a stop requested by that CHECKPOINT_SAVED
-  if (record_due(run)) record_train(run);
-  run.requests.clear();
+  walk_decisions(run, {Moment::kEpochEnd, complete});
 }
 
 // The at_end checkpoint, the last asynchronous save, TRAIN_END; then every rank leaves together
 // (none takes the store it may serve with it while another still needs it). Logs why the run
 // ended, as one line "run finished at step N: <reason>" (`keel report` reads that prefix).
 void finish_training(Run& run) {
-  if (save_due(run, Moment::kFinish)) save_checkpoint(run);
-  finish_async_save(run, /*block=*/true);
+  walk_decisions(run, {Moment::kFinish});  // the at_end checkpoint, the last asynchronous save
   emit(run, KEEL_EVENT_TRAIN_END);
   if (run.components.profiler)
     run.components.profiler.call("flush", run.components.profiler->flush);
@@ -205,7 +148,6 @@ RunSummary Trainer::train() {
   const StopSignals signals;
   try {
     start_training(run);
-    decide_end(run, Moment::kStart);
     for (int64_t epoch = run.progress.epoch; !run.end.decided(); ++epoch) {
       start_epoch(run, epoch);
       bool epoch_complete = false;
@@ -229,23 +171,15 @@ RunSummary Trainer::train() {
         }
         run.epoch.batches += static_cast<int64_t>(batches.size());
         run.summary.last_loss = train_step(run, batches);
-        // Decide, then act: each on its own period, on a hook's request, or at the run's end.
-        // The ranks agree on the requests, the signals, the window's times and whether every
-        // rank's asynchronous save has finished at once; a finished one is announced then, at
-        // the same step on every rank.
+        // Decide, then act: each row of the decision table on its own period, on a hook's
+        // request, or at the run's end. The ranks agree first on the requests, the signals, the
+        // window's times and whether every rank's asynchronous save has finished.
         std::vector<double> slowest = window_times(run);
         bool saved = async_save_done(run);
         stop_on_signal(run,
                        run.requests.agree_at_step_end(StopSignals::received(), slowest, saved));
         run.collectives.step_ended(run);
-        if (saved) finish_async_save(run, /*block=*/true);
-        decide_end(run, Moment::kStepEnd);
-        if (record_due(run)) record_train(run, &slowest);
-        if (evaluation_due(run, Moment::kStepEnd)) evaluate(run);
-        if (save_due(run, Moment::kStepEnd)) save_checkpoint(run);
-        decide_end(run, Moment::kStepEnd);  // a stop requested by that evaluation or save
-        if (record_due(run)) record_train(run);
-        run.requests.clear();
+        walk_decisions(run, {Moment::kStepEnd, false, saved, &slowest});
         if (!run.end.decided()) set_lr_for(run, run.progress.step);
       }
       end_epoch(run, epoch_complete);

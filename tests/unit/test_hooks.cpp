@@ -6,6 +6,7 @@
 #include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
+#include "run/decisions.hpp"
 #include "run/trainer.hpp"
 
 namespace unit_hooks {  // keel_units is one unity build: each file's names stay its own
@@ -202,6 +203,41 @@ void check_event_order(const RunShape& shape, const std::vector<std::string>& se
     CHECK(std::search(expected.begin(), expected.end(), anchor.begin(), anchor.end()) !=
           expected.end());
   }
+}
+
+
+// The events of abi.h's pseudocode (above keel_event_kind) between the line that starts with
+// `from` and the next that starts with `to` (after " * " and indentation): the text of each
+// line that names an event (its first word is an event name in capitals) up to the description,
+// a CHECKPOINT_SAVED described as the asynchronous one marked " (async)".
+std::vector<std::string> abi_events(const std::vector<std::string>& pseudocode,
+                                    const std::string& from, const std::string& to) {
+  std::vector<std::string> out;
+  bool inside = false;
+  for (const std::string& line : pseudocode) {
+    const std::string text = line.substr(std::min(line.find_first_not_of(" *"), line.size()));
+    if (!inside) {
+      inside = text.rfind(from, 0) == 0;
+      continue;
+    }
+    if (text.rfind(to, 0) == 0) return out;
+    const size_t word = text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ_");
+    if (word < 3 || (word != std::string::npos && text[word] != ' ' && text[word] != ',')) continue;
+    const size_t gap = text.find("  ");
+    std::string event = text.substr(0, gap);
+    const std::string said = gap == std::string::npos ? "" : text.substr(gap);
+    if (event == "CHECKPOINT_SAVED" && said.find("async = true") != std::string::npos)
+      event += " (async)";
+    out.push_back(event);
+  }
+  FAIL("abi.h's pseudocode has no line starting with " << to << " after " << from);
+  return out;
+}
+
+std::string joined(const std::string& moment, const std::vector<std::string>& events) {
+  std::string line = moment + ":";
+  for (size_t i = 0; i < events.size(); ++i) line += (i ? ", " : " ") + events[i];
+  return line;
 }
 
 }  // namespace
@@ -414,6 +450,40 @@ TEST_CASE("hooks run in ascending priority, ties in manifest order") {
     CHECK(got[i + 2].rfind("c ", 0) == 0);
     CHECK(got[i].substr(2) == got[i + 1].substr(2));
   }
+}
+
+// The decision table (kernel/run/decisions.cpp) is the one source of the order of the events
+// after a step and at an epoch's end: abi.h's pseudocode, read line by line, names the same
+// events at each moment in the same order, and docs/loop.md shows the table as the kernel
+// describes it.
+TEST_CASE("abi.h's pseudocode and docs/loop.md follow the kernel's decision table") {
+  const std::vector<std::string> abi = lines(keel_test::read(
+      std::string(KEEL_SOURCE_ROOT) + "/sdk/include/keel/abi.h"));
+  const auto begin = std::find_if(abi.begin(), abi.end(), [](const std::string& l) {
+    return l.find("The call order, as the kernel runs it") != std::string::npos;
+  });
+  REQUIRE(begin != abi.end());
+  const std::vector<std::string> pseudocode(begin, abi.end());
+  std::vector<std::string> epoch =
+      abi_events(pseudocode, "the rest of this epoch's events follow", "(after the final epoch");
+  const auto epoch_end = std::find(epoch.begin(), epoch.end(), "EPOCH_END");
+  REQUIRE(epoch_end != epoch.end());
+  const std::vector<std::string> from_abi = {
+      joined("start", abi_events(pseudocode, "TRAIN_START", "for each epoch")),
+      joined("step end", abi_events(pseudocode, "STEP_END", "(max_steps")),
+      joined("epoch over", {epoch.begin(), epoch_end}),
+      "EPOCH_END",
+      joined("epoch end", {epoch_end + 1, epoch.end()}),
+      joined("finish", abi_events(pseudocode, "(after the final epoch", "TRAIN_END")),
+  };
+  CHECK(from_abi == keel::describe_decisions());
+
+  const std::vector<std::string> docs = lines(keel_test::read(
+      std::string(KEEL_SOURCE_ROOT) + "/docs/loop.md"));
+  const auto table = std::find(docs.begin(), docs.end(), "```decision-table");
+  REQUIRE(table != docs.end());
+  const std::vector<std::string> shown(table + 1, std::find(table + 1, docs.end(), "```"));
+  CHECK(shown == keel::describe_decisions());
 }
 
 }  // namespace unit_hooks

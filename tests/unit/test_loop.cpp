@@ -4,6 +4,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <regex>
 
 #include "components.hpp"
@@ -13,6 +14,7 @@
 #include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
+#include "run/teardown.hpp"
 #include "run/trainer.hpp"
 
 namespace unit_loop {  // keel_units is one unity build: each file's names stay its own
@@ -297,5 +299,31 @@ at::Tensor weights_of(const TempDir& d, const std::string& checkpoint, const std
   return t;
 }
 }  // namespace
+
+// ~Run releases the run's parts in teardown_order() (kernel/run/teardown.cpp), and that order
+// releases every part before the parts it needs. The check catches a reordering: moving a part
+// after one that it needs (swapping the two) is refused, for every such pair.
+TEST_CASE("the run's teardown releases every part before the parts it needs") {
+  const std::vector<keel::TeardownPart>& order = keel::teardown_order();
+  CHECK(keel::check_teardown_order(order) == "");
+  int pairs = 0;
+  for (size_t i = 0; i < order.size(); ++i)
+    for (size_t j = i + 1; j < order.size(); ++j) {
+      const std::vector<const char*>& needs = order[i].needs;
+      if (std::none_of(needs.begin(), needs.end(),
+                       [&](const char* n) { return std::string(n) == order[j].name; }))
+        continue;
+      std::vector<keel::TeardownPart> swapped = order;
+      std::swap(swapped[i], swapped[j]);
+      INFO(order[i].name << " swapped with " << order[j].name);
+      CHECK(keel::check_teardown_order(swapped).find("which it needs") != std::string::npos);
+      ++pairs;
+    }
+  CHECK(pairs >= 20);
+  // A part that needs a part the run does not have is refused too.
+  std::vector<keel::TeardownPart> unknown = order;
+  unknown.front().needs.push_back("no such part");
+  CHECK(keel::check_teardown_order(unknown) == "step modes needs no such part, which is not a part");
+}
 
 }  // namespace unit_loop

@@ -956,6 +956,10 @@ typedef struct keel_checkpoint {
  *   TRAIN_END
  *   EXCEPTION                                  instead of the rest, when the run fails
  *
+ * The events after TRAIN_START, after STEP_END, at an epoch's end and before TRAIN_END are the
+ * rows of the kernel's decision table, in its order (docs/loop.md, "The decision table"); a
+ * unit test reads this pseudocode and checks it against that table.
+ *
  * Hooks are called in ascending `priority` (a kernel key of each [[hooks]] table, default 0),
  * ties in manifest order. With async = true a save in flight is also waited for (and its
  * CHECKPOINT_SAVED sent) before the next save starts; the save copies the model's parameters

@@ -1,0 +1,112 @@
+// The training data's micro-batches for each step (fetch.hpp).
+#include "run/fetch.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "run/events.hpp"
+#include "run/run.hpp"
+#include "run/signals.hpp"
+
+namespace keel {
+
+namespace {
+
+// Up to `count` micro-batches of the training data (fewer at the end of its epoch).
+std::vector<MicroBatch> next_micro_batches(Run& run, int64_t count) {
+  const Instance<keel_dataset>& data = run.components.train_data;
+  std::vector<MicroBatch> out;
+  for (int64_t i = 0; i < count; ++i) {
+    keel_batch b{};
+    int has = 0;
+    data.call("next", data->next, &b, &has);
+    const NextResult result = next_result(data, has);
+    if (result == NextResult::kStopped) run.epoch.stopped = StopSignals::received();
+    if (result != NextResult::kBatch) break;
+    out.push_back(on_device(run, checked_batch(data, b)));
+  }
+  return out;
+}
+
+// Past the agreed micro-batches of the epoch: every rank takes as many as the rank with the
+// fewest (none: the epoch ends on every rank), agreed with one all-reduce, so that all run
+// the same gradient all-reduces.
+void agree_on_fetched(Run& run, std::vector<MicroBatch>& out) {
+  const size_t fewest = static_cast<size_t>(-run.ranks.group->max(
+      {-static_cast<double>(out.size())},
+      "agreeing on the batches of step " + std::to_string(run.progress.step + 1))[0]);
+  if (fewest < out.size()) {
+    spdlog::warn("{} has {} more micro-batch(es) in epoch {} than another rank: left out "
+                 "(hint: shard the data evenly, e.g. fashion_mnist remainder = \"pad\" or "
+                 "\"drop\")", run.components.train_data.label(), out.size() - fewest,
+                 run.progress.epoch);
+    out.resize(fewest);
+  }
+}
+
+// A stream (no agreed count): every rank must take as many micro-batches as every other, so
+// that all end each epoch at the same step. One all-reduce (a max over one field per rank,
+// rank r's count in field r and -1 in the others) gives every rank each rank's count, and in
+// one more field the signal with which a rank's data stopped while waiting (0: none), which
+// every rank then takes as its own; unequal counts fail every rank at once with one line naming
+// them.
+void agree_on_stream(Run& run, const std::vector<MicroBatch>& out) {
+  const int64_t step = run.progress.step + 1;
+  std::vector<double> counts(static_cast<size_t>(run.ranks.world) + 1, -1.0);
+  counts[static_cast<size_t>(run.ranks.rank)] = static_cast<double>(out.size());
+  counts.back() = run.epoch.stopped;
+  counts = run.ranks.group->max(counts, "agreeing on the batches of step " + std::to_string(step));
+  run.epoch.stopped = static_cast<int>(counts.back());
+  counts.pop_back();
+  if (std::all_of(counts.begin(), counts.end(), [&](double c) { return c == counts[0]; })) return;
+  std::string each;
+  for (size_t r = 0; r < counts.size(); ++r)
+    each += (r ? ", rank " : "rank ") + std::to_string(r) + " " +
+            std::to_string(static_cast<int64_t>(counts[r]));
+  throw run.components.train_data.error(
+      "a stream whose ranks' data ends epoch " + std::to_string(run.progress.epoch) +
+      " at different steps: micro-batches for step " + std::to_string(step) + " (up to " +
+      std::to_string(run.plan.grad_accum) + "): " + each + ", after " +
+      std::to_string(run.epoch.batches) + " in this epoch" +
+      (run.epoch.stopped ? " (a rank's data stopped while waiting for data, another's did not)"
+                         : "") +
+      "; hint: a stream (batches_per_epoch -1) must give every rank the same number of batches "
+      "in each window" +
+      (run.epoch.stopped ? ", and a stop while waiting for data needs the signal on every rank"
+                         : ""));
+}
+
+}  // namespace
+
+std::vector<MicroBatch> fetch_micro_batches(Run& run) {
+  const auto t0 = Clock::now();
+  profile_begin(run, "data");
+  // With several ranks, within the agreed micro-batches of the epoch every rank takes its
+  // share without asking the others; a rank whose data yields fewer marks them missing.
+  const int64_t left = run.plan.epoch_batches - run.epoch.batches;
+  const bool within = run.ranks.group && left > 0;
+  const int64_t want = within ? std::min(run.plan.grad_accum, left) : run.plan.grad_accum;
+  std::vector<MicroBatch> out = next_micro_batches(run, want);
+  profile_end(run, "data");
+  if (run.epoch.stopped && run.ranks.group && !run.plan.stream)
+    throw run.components.train_data.error(
+        "stopped while waiting for data (KEEL_BATCH_STOPPED) in a run of " +
+        std::to_string(run.ranks.world) + " ranks, which only a stream (batches_per_epoch -1) "
+        "may do: the ranks could not agree on where the epoch stands; hint: run it on one "
+        "process, or make the dataset a stream");
+  run.epoch.missing = within ? want - static_cast<int64_t>(out.size()) : 0;
+  if (run.ranks.group && !within) {
+    if (run.plan.stream)
+      agree_on_stream(run, out);
+    else
+      agree_on_fetched(run, out);
+  }
+  run.window.data_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace keel

@@ -1,0 +1,21 @@
+// The training data's micro-batches for each optimizer step.
+#pragma once
+
+#include <vector>
+
+#include "run/model_calls.hpp"
+
+namespace keel {
+
+struct Run;
+
+// Fetches up to run.plan.grad_accum micro-batches ([train] grad_accum, or derived from [train]
+// global_batch); fewer at the end of an epoch, none when it is over.
+// With several ranks, every rank takes the same number: within the micro-batches agreed for
+// the epoch (run.plan.epoch_batches) without asking the others (a rank whose data yields fewer
+// sets run.epoch.missing, and the step then fails on every rank), past them as many as the
+// rank with the fewest (run/agreement.hpp); on a stream every rank must have as many (else
+// every rank throws, naming each rank's count).
+std::vector<MicroBatch> fetch_micro_batches(Run& run);
+
+}  // namespace keel
