@@ -30,18 +30,14 @@ std::vector<std::string> choices_of(const keel_option_desc& o) {
   return out;
 }
 
-// Whether a member of type T can hold the option's values (a row that pairs them wrongly fails
-// as soon as the table is first used).
-template <class T>
-bool fits(const keel_option_desc& o) {
-  if constexpr (std::is_enum_v<T>) return o.type == KEEL_OPT_STRING && o.choices;
-  if constexpr (std::is_same_v<T, bool>) return o.type == KEEL_OPT_BOOL;
-  if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>)
-    return o.type == KEEL_OPT_INT;
-  if constexpr (std::is_same_v<T, double>) return o.type == KEEL_OPT_FLOAT;
-  if constexpr (std::is_same_v<T, std::string>)
-    return o.type == KEEL_OPT_STRING || o.type == KEEL_OPT_PATH;
-  return false;
+// Whether a member of type T holds the values of an option read as U (keel::Option<U>,
+// keel/schema.hpp): a choice (a string option) lands in an enum, an int in int64_t or uint64_t,
+// a path in std::string.
+template <class T, class U>
+constexpr bool fits() {
+  if constexpr (std::is_enum_v<T>) return std::is_same_v<U, std::string>;
+  else if constexpr (std::is_same_v<T, uint64_t>) return std::is_same_v<U, int64_t>;
+  else return std::is_same_v<T, U>;
 }
 
 // A validated value as the member's type: a choice as the enum whose order is the choices'.
@@ -67,12 +63,14 @@ KeelOptionValue to_value(const T& x, const keel_option_desc& o) {
   else return x;
 }
 
-// One row: `option` lands in `member` of the section struct S.
-template <class S, class T>
-Key<S> key(T S::*member, keel_option_desc option, OnResume on_resume) {
-  if (!fits<T>(option))
+// One row: `option` lands in `member` of the section struct S. A member whose type does not hold
+// the option's values does not compile; an enum member needs the option's choices.
+template <class S, class T, class U>
+Key<S> key(T S::*member, Option<U> option, OnResume on_resume) {
+  static_assert(fits<T, U>(), "a kernel key's member type does not hold its option's values");
+  if (std::is_enum_v<T> && option.choices == nullptr)
     throw std::logic_error(std::string("kernel key '") + option.key +
-                           "': its schema type does not fit its member");
+                           "': an enum member needs the option's choices");
   return {option, on_resume,
           [member, option](S& s, const KeelOptionValue& v) {
             s.*member = from_value<T>(v, option);
@@ -82,7 +80,7 @@ Key<S> key(T S::*member, keel_option_desc option, OnResume on_resume) {
 
 // [[optimizer.groups]] lr / weight_decay: left out (the default, -1) lands as NaN, "the
 // optimizer's own" (a value written must be >= 0: resolve checks it where it was written).
-Key<ParamGroupSpec> unless_negative(double ParamGroupSpec::*member, keel_option_desc option) {
+Key<ParamGroupSpec> unless_negative(double ParamGroupSpec::*member, Option<double> option) {
   return {option, kBreaks,
           [member](ParamGroupSpec& g, const KeelOptionValue& v) {
             const double d = std::get<double>(v);

@@ -17,6 +17,15 @@
 
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kMaxNorm = keel::opt_float(
+    "max_norm", "1.0", "largest allowed total gradient norm", keel::above(0), keel::kInf);
+constexpr auto kNormType = keel::opt_float(
+    "norm_type", "2.0", "order of the norm (inf: max norm)", 0, keel::kInf);
+constexpr auto kClipValue = keel::opt_float(
+    "clip_value", "1.0", "gradients are clamped to [-clip_value, clip_value]", 0, keel::kInf);
+
 // Detached gradients of the parameters that have one.
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
@@ -71,8 +80,8 @@ class Norm : public keel::GradClipper {
   explicit Norm(const keel::Context& ctx)
       : params_(ctx.params()),
         shards_(ctx.shards()),
-        max_norm_(ctx.get_float("max_norm")),
-        norm_type_(ctx.get_float("norm_type")) {}  // max_norm > 0: the schema's bound
+        max_norm_(ctx.get(kMaxNorm)),
+        norm_type_(ctx.get(kNormType)) {}  // max_norm > 0: the schema's bound
   // As clip_grad_norm_: grads *= clamp(max_norm / (total + 1e-6), max = 1).
   double clip() override {
     const std::vector<at::Tensor> grads = grads_of(params_);
@@ -100,7 +109,7 @@ class Norm : public keel::GradClipper {
 class Value : public keel::GradClipper {
  public:
   explicit Value(const keel::Context& ctx)
-      : params_(ctx.params()), shards_(ctx.shards()), clip_value_(ctx.get_float("clip_value")) {}
+      : params_(ctx.params()), shards_(ctx.shards()), clip_value_(ctx.get(kClipValue)) {}
   // As clip_grad_value_: every gradient element is clamped to [-clip_value, clip_value].
   double clip() override {
     const std::vector<at::Tensor> grads = grads_of(params_);
@@ -130,15 +139,8 @@ class None : public keel::GradClipper {
   keel::Shards shards_;
 };
 
-const keel_option_desc kNormOptions[] = {
-    keel::opt_float("max_norm", "1.0", "largest allowed total gradient norm", keel::above(0),
-                    keel::kInf),
-    keel::opt_float("norm_type", "2.0", "order of the norm (inf: max norm)", 0, keel::kInf),
-};
-const keel_option_desc kValueOptions[] = {
-    keel::opt_float("clip_value", "1.0", "gradients are clamped to [-clip_value, clip_value]", 0,
-                    keel::kInf),
-};
+const keel_option_desc kNormOptions[] = {kMaxNorm, kNormType};
+const keel_option_desc kValueOptions[] = {kClipValue};
 const keel_component_desc kComponents[] = {
     keel::component<Norm>("norm", "scale gradients so their total norm is at most max_norm",
                           kNormOptions),

@@ -54,6 +54,43 @@
 
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kPath = keel::opt_path(
+    "path", nullptr,
+    "a directory of window files (those matching `pattern`) or a glob; windows "
+    "are taken in name order, one per epoch; dotfiles and *.tmp files are skipped");
+constexpr auto kPattern = keel::opt_string(
+    "pattern", "\"*\"", "with a directory `path`: the glob the window files' names match");
+constexpr auto kBatchSize = keel::opt_int(
+    "batch_size", "256",
+    "records per batch on each rank (a global batch is batch_size * world_size "
+    "records; a window's last batch may be smaller)",
+    1, 1e7);
+constexpr auto kFollow = keel::opt_bool(
+    "follow", "false",
+    "true: after the last file, wait for new files (published by rename) that "
+    "sort after it; false: the stream ends after the last file");
+constexpr auto kPollS = keel::opt_float(
+    "poll_s", "1.0", "follow = true: seconds between looks for a new file", 0.001, 3600);
+constexpr auto kOnBadRecord = keel::opt_string(
+    "on_bad_record", "\"error\"",
+    "error: a malformed line stops the run naming FILE:LINE and the field; "
+    "skip: skip it, count it in the IO state and log the count at the "
+    "window's end",
+    "error|skip");
+constexpr auto kThreads = keel::opt_int(
+    "threads", "1", "background threads that parse lines (one of them also reads)", 1, 64);
+constexpr auto kPrefetch = keel::opt_int(
+    "prefetch", "4", "batches parsed ahead of the step (the queue's bound)", 1, 4096);
+constexpr auto kMaxWindows = keel::opt_int(
+    "max_windows", "0", "end the stream after this many windows (0: no limit)", 0, 1e12);
+constexpr auto kMaxLineBytes = keel::opt_int(
+    "max_line_bytes", "1048576",
+    "the longest line (bytes before its newline): a longer one, or that many bytes "
+    "without a newline, stops the run naming FILE:LINE (the reader's memory bound)",
+    64, 1e9);
+
 using criteo::Item;
 using criteo::Position;
 
@@ -90,20 +127,20 @@ at::Tensor int64s(const std::vector<int64_t>& v) {
 class Criteo : public keel::Dataset {
  public:
   explicit Criteo(const keel::Context& ctx)
-      : path_(ctx.get_string("path")),
-        pattern_(ctx.get_string("pattern")),
-        follow_(ctx.get_bool("follow")),
-        poll_s_(ctx.get_float("poll_s")),
-        max_windows_(ctx.get_int("max_windows")),
+      : path_(ctx.get(kPath)),
+        pattern_(ctx.get(kPattern)),
+        follow_(ctx.get(kFollow)),
+        poll_s_(ctx.get(kPollS)),
+        max_windows_(ctx.get(kMaxWindows)),
         log_(ctx),
         stop_requested_(ctx) {
-    o_.batch_size = ctx.get_int("batch_size");
+    o_.batch_size = ctx.get(kBatchSize);
     o_.rank = ctx.rank();
     o_.world = ctx.world_size();
-    o_.threads = static_cast<int>(ctx.get_int("threads"));
-    o_.prefetch = static_cast<size_t>(ctx.get_int("prefetch"));
-    o_.skip_bad = ctx.get_string("on_bad_record") == "skip";
-    o_.max_line = static_cast<size_t>(ctx.get_int("max_line_bytes"));
+    o_.threads = static_cast<int>(ctx.get(kThreads));
+    o_.prefetch = static_cast<size_t>(ctx.get(kPrefetch));
+    o_.skip_bad = ctx.get(kOnBadRecord) == "skip";
+    o_.max_line = static_cast<size_t>(ctx.get(kMaxLineBytes));
     o_.section = "[" + ctx.section() + "]";
     if (o_.world < 1 || o_.rank < 0 || o_.rank >= o_.world)
       throw std::runtime_error("criteo: rank " + std::to_string(o_.rank) + " of world_size " +
@@ -407,35 +444,8 @@ std::string Criteo::listed_window(const std::string& saved) const {
 }
 
 const keel_option_desc kOptions[] = {
-    keel::opt_path("path", nullptr,
-                   "a directory of window files (those matching `pattern`) or a glob; windows "
-                   "are taken in name order, one per epoch; dotfiles and *.tmp files are skipped"),
-    keel::opt_string("pattern", "\"*\"",
-                     "with a directory `path`: the glob the window files' names match"),
-    keel::opt_int("batch_size", "256",
-                  "records per batch on each rank (a global batch is batch_size * world_size "
-                  "records; a window's last batch may be smaller)",
-                  1, 1e7),
-    keel::opt_bool("follow", "false",
-                   "true: after the last file, wait for new files (published by rename) that "
-                   "sort after it; false: the stream ends after the last file"),
-    keel::opt_float("poll_s", "1.0", "follow = true: seconds between looks for a new file",
-                    0.001, 3600),
-    keel::opt_string("on_bad_record", "\"error\"",
-                     "error: a malformed line stops the run naming FILE:LINE and the field; "
-                     "skip: skip it, count it in the IO state and log the count at the "
-                     "window's end",
-                     "error|skip"),
-    keel::opt_int("threads", "1", "background threads that parse lines (one of them also reads)",
-                  1, 64),
-    keel::opt_int("prefetch", "4", "batches parsed ahead of the step (the queue's bound)", 1,
-                  4096),
-    keel::opt_int("max_windows", "0",
-                  "end the stream after this many windows (0: no limit)", 0, 1e12),
-    keel::opt_int("max_line_bytes", "1048576",
-                  "the longest line (bytes before its newline): a longer one, or that many bytes "
-                  "without a newline, stops the run naming FILE:LINE (the reader's memory bound)",
-                  64, 1e9),
+    kPath, kPattern, kBatchSize, kFollow, kPollS, kOnBadRecord, kThreads, kPrefetch, kMaxWindows,
+    kMaxLineBytes,
 };
 const keel_component_desc kComponents[] = {
     keel::component<Criteo>(

@@ -61,6 +61,68 @@
 namespace keel_ctr {
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kEmbeddingDim = keel::opt_int(
+    "embedding_dim", "16", "floats per embedding row", 1, 4096);
+constexpr auto kBottomMlp = keel::opt_int_list(
+    "bottom_mlp", "[64, 16]",
+    "widths of the bottom MLP over the 13 numeric features (Linear + ReLU "
+    "each; [] for none); with interaction = \"dot\" the last width must equal "
+    "embedding_dim",
+    1, 1e6);
+constexpr auto kTopMlp = keel::opt_int_list(
+    "top_mlp", "[128, 64]",
+    "widths of the top MLP's hidden layers (Linear + ReLU each); a Linear "
+    "layer to the one logit follows",
+    1, 1e6);
+constexpr auto kInteraction = keel::opt_string(
+    "interaction", "\"dot\"",
+    "how the bottom MLP's output and the 26 embeddings meet: their pairwise dot "
+    "products (dot) or their concatenation (cat), beside the bottom output",
+    "dot|cat");
+constexpr auto kTables = keel::opt_string(
+    "tables", "\"per_feature\"",
+    "one embedding table per categorical feature (C1 .. C26), or one table for "
+    "all of them (shared, named categorical) with the feature mixed into each id",
+    "per_feature|shared");
+constexpr auto kPooling = keel::opt_string(
+    "pooling", "\"sum\"",
+    "how a bag of several ids combines (sum or mean of the rows); Criteo fields "
+    "hold one id, so both give that id's row, and zeros for a missing id",
+    "sum|mean");
+constexpr auto kMinCount = keel::opt_int(
+    "min_count", "1",
+    "an id gets a row at its min_count-th sighting in training (until then it "
+    "reads zeros); 1: at once",
+    1, 1e9);
+constexpr auto kTtlSteps = keel::opt_int(
+    "ttl_steps", "0", "evict rows not looked up in training for this many steps (0: never)", 0,
+    1e15);
+constexpr auto kMaxRows = keel::opt_int(
+    "max_rows", "0",
+    "most rows per table on one rank (more is an error naming the table); 0: no " "limit", 0, 1e15);
+constexpr auto kMaxPending = keel::opt_int(
+    "max_pending", "0",
+    "most ids waiting for admission (min_count > 1) per table on one rank after a "
+    "step; past it the oldest steps' ids are forgotten until half wait; 0: 4 x "
+    "max_rows, or 1048576 without max_rows",
+    0, 1e15);
+constexpr auto kInitStd = keel::opt_float(
+    "init_std", "0.01", "a new row starts as N(0, init_std^2), drawn from (seed, table, id) alone",
+    0, 1e3);
+constexpr auto kTableDevice = keel::opt_string(
+    "table_device", "\"run\"",
+    "where the tables keep their rows: the run's device ([run] device; on a "
+    "GPU, device memory) or the CPU's memory (then the pooled rows move to the "
+    "GPU and their gradients back)",
+    "run|cpu");
+constexpr auto kTableTensorOps = keel::opt_bool(
+    "table_tensor_ops", "false",
+    "CPU tables: read and write the rows with tensor operations and hand them to "
+    "the sparse optimizer as tensors, as tables in device memory do (the same "
+    "values, slower at small batches; to check that path on the CPU)");
+
 namespace nn = torch::nn;
 namespace text = keel::text;
 
@@ -69,12 +131,12 @@ constexpr int64_t kNumeric = 13, kCategorical = 26, kColumns = kNumeric + kCateg
 class Dlrm : public keel::Model {
  public:
   explicit Dlrm(const keel::Context& ctx)
-      : dim_(ctx.get_int("embedding_dim")),
-        dot_(ctx.get_string("interaction") == "dot"),
-        pooling_(ctx.get_string("pooling") == "mean" ? keel::Pooling::kMean
+      : dim_(ctx.get(kEmbeddingDim)),
+        dot_(ctx.get(kInteraction) == "dot"),
+        pooling_(ctx.get(kPooling) == "mean" ? keel::Pooling::kMean
                                                      : keel::Pooling::kSum) {
     int64_t width = kNumeric;
-    for (int64_t w : ctx.get_int_list("bottom_mlp")) width = add(bottom_, "bottom", width, w);
+    for (int64_t w : ctx.get(kBottomMlp)) width = add(bottom_, "bottom", width, w);
     if (dot_ && width != dim_)
       throw std::invalid_argument(
           "dlrm: interaction = \"dot\" needs the bottom MLP's output as wide as the "
@@ -83,7 +145,7 @@ class Dlrm : public keel::Model {
           "width " + std::to_string(dim_) + ", or set interaction = \"cat\"");
     const int64_t vectors = 1 + kCategorical;
     width = dot_ ? width + vectors * (vectors - 1) / 2 : width + kCategorical * dim_;
-    for (int64_t w : ctx.get_int_list("top_mlp")) width = add(top_, "top", width, w);
+    for (int64_t w : ctx.get(kTopMlp)) width = add(top_, "top", width, w);
     out_ = root_->register_module("out", nn::Linear(width, 1));
     forward_macs_ += static_cast<double>(width);
     if (dot_) {
@@ -152,16 +214,16 @@ class Dlrm : public keel::Model {
   void make_tables(const keel::Context& ctx) {
     keel::TableOptions options;
     options.dim = dim_;
-    options.min_count = ctx.get_int("min_count");
-    options.ttl_steps = ctx.get_int("ttl_steps");
-    options.max_rows = ctx.get_int("max_rows");
-    options.max_pending = ctx.get_int("max_pending");
-    options.init_std = ctx.get_float("init_std");
+    options.min_count = ctx.get(kMinCount);
+    options.ttl_steps = ctx.get(kTtlSteps);
+    options.max_rows = ctx.get(kMaxRows);
+    options.max_pending = ctx.get(kMaxPending);
+    options.init_std = ctx.get(kInitStd);
     options.seed = ctx.seed();
-    if (ctx.get_string("table_device") == "run") options.device = ctx.device();
-    options.tensor_ops = ctx.get_bool("table_tensor_ops");
+    if (ctx.get(kTableDevice) == "run") options.device = ctx.device();
+    options.tensor_ops = ctx.get(kTableTensorOps);
     tables_.reserve(kCategorical);
-    if (ctx.get_string("tables") == "shared") {
+    if (ctx.get(kTables) == "shared") {
       options.name = "categorical";
       tables_.emplace_back(options, ctx.comm());
       return;
@@ -204,55 +266,8 @@ class Dlrm : public keel::Model {
 };
 
 const keel_option_desc kOptions[] = {
-    keel::opt_int("embedding_dim", "16", "floats per embedding row", 1, 4096),
-    keel::opt_int_list("bottom_mlp", "[64, 16]",
-                       "widths of the bottom MLP over the 13 numeric features (Linear + ReLU "
-                       "each; [] for none); with interaction = \"dot\" the last width must equal "
-                       "embedding_dim",
-                       1, 1e6),
-    keel::opt_int_list("top_mlp", "[128, 64]",
-                       "widths of the top MLP's hidden layers (Linear + ReLU each); a Linear "
-                       "layer to the one logit follows",
-                       1, 1e6),
-    keel::opt_string("interaction", "\"dot\"",
-                     "how the bottom MLP's output and the 26 embeddings meet: their pairwise dot "
-                     "products (dot) or their concatenation (cat), beside the bottom output",
-                     "dot|cat"),
-    keel::opt_string("tables", "\"per_feature\"",
-                     "one embedding table per categorical feature (C1 .. C26), or one table for "
-                     "all of them (shared, named categorical) with the feature mixed into each id",
-                     "per_feature|shared"),
-    keel::opt_string("pooling", "\"sum\"",
-                     "how a bag of several ids combines (sum or mean of the rows); Criteo fields "
-                     "hold one id, so both give that id's row, and zeros for a missing id",
-                     "sum|mean"),
-    keel::opt_int("min_count", "1",
-                  "an id gets a row at its min_count-th sighting in training (until then it "
-                  "reads zeros); 1: at once",
-                  1, 1e9),
-    keel::opt_int("ttl_steps", "0",
-                  "evict rows not looked up in training for this many steps (0: never)", 0, 1e15),
-    keel::opt_int("max_rows", "0",
-                  "most rows per table on one rank (more is an error naming the table); 0: no "
-                  "limit",
-                  0, 1e15),
-    keel::opt_int("max_pending", "0",
-                  "most ids waiting for admission (min_count > 1) per table on one rank after a "
-                  "step; past it the oldest steps' ids are forgotten until half wait; 0: 4 x "
-                  "max_rows, or 1048576 without max_rows",
-                  0, 1e15),
-    keel::opt_float("init_std", "0.01",
-                    "a new row starts as N(0, init_std^2), drawn from (seed, table, id) alone", 0,
-                    1e3),
-    keel::opt_string("table_device", "\"run\"",
-                     "where the tables keep their rows: the run's device ([run] device; on a "
-                     "GPU, device memory) or the CPU's memory (then the pooled rows move to the "
-                     "GPU and their gradients back)",
-                     "run|cpu"),
-    keel::opt_bool("table_tensor_ops", "false",
-                   "CPU tables: read and write the rows with tensor operations and hand them to "
-                   "the sparse optimizer as tensors, as tables in device memory do (the same "
-                   "values, slower at small batches; to check that path on the CPU)"),
+    kEmbeddingDim, kBottomMlp, kTopMlp, kInteraction, kTables, kPooling, kMinCount, kTtlSteps,
+    kMaxRows, kMaxPending, kInitStd, kTableDevice, kTableTensorOps,
 };
 
 }  // namespace

@@ -41,6 +41,30 @@
 
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kPath = keel::opt_path(
+    "path", "\"/usr/share/datasets/fashion-mnist\"", "directory holding the four *-ubyte.gz files");
+constexpr auto kSplit = keel::opt_string("split", "\"train\"", "which split to read", "train|test");
+constexpr auto kBatchSize = keel::opt_int("batch_size", "64", "samples per batch", 1, 1e9);
+constexpr auto kShuffle = keel::opt_bool(
+    "shuffle", "true", "reshuffle every epoch (seeded by the run's seed)");
+constexpr auto kDropLast = keel::opt_bool("drop_last", "false", "drop the last, incomplete batch");
+constexpr auto kNormalize = keel::opt_bool(
+    "normalize", "true", "standardise pixels with mean 0.2860, std 0.3530");
+constexpr auto kLimit = keel::opt_int(
+    "limit", "0",
+    "use only the first N samples (0: all); only those are read, so the files "
+    "are not checked past them",
+    0, 1e12);
+constexpr auto kRemainder = keel::opt_string(
+    "remainder", "\"auto\"",
+    "how ranks share an epoch whose length world_size does not divide: pad "
+    "(repeat the order's first samples), drop (leave its last ones out), uneven "
+    "(shards differ by at most one sample: for evaluation); auto: pad for split "
+    "train, uneven for split test",
+    "auto|pad|drop|uneven");
+
 constexpr int64_t kSide = 28;
 constexpr uint32_t kImagesMagic = 2051, kLabelsMagic = 2049;
 // Every error names the file, what is wrong with it, and how to fix it.
@@ -237,9 +261,9 @@ std::vector<uint8_t> read_idx(const std::string& path, uint32_t magic, size_t nd
 class FashionMnist : public keel::Dataset {
  public:
   explicit FashionMnist(const keel::Context& ctx)
-      : batch_(ctx.get_int("batch_size")),
-        shuffle_(ctx.get_bool("shuffle")),
-        drop_last_(ctx.get_bool("drop_last")),
+      : batch_(ctx.get(kBatchSize)),
+        shuffle_(ctx.get(kShuffle)),
+        drop_last_(ctx.get(kDropLast)),
         seed_(ctx.seed()),
         rank_(ctx.rank()),
         world_(ctx.world_size()) {
@@ -248,14 +272,14 @@ class FashionMnist : public keel::Dataset {
                                std::to_string(world_) +
                                " is out of range; hint: the kernel must pass 0 <= rank < "
                                "world_size");
-    const std::string dir = ctx.get_string("path"), split = ctx.get_string("split");
+    const std::string dir = ctx.get(kPath), split = ctx.get(kSplit);
     const std::string stem = dir + "/" + (split == "train" ? "train" : "t10k");
     std::vector<int64_t> idims, ldims;
     const std::string ipath = stem + "-images-idx3-ubyte.gz",
                       lpath = stem + "-labels-idx1-ubyte.gz";
     const std::string hint = "hint: install dataset-fashion-mnist or set [" + ctx.section() +
                              "] path to the directory holding the *-ubyte.gz files";
-    const int64_t limit = ctx.get_int("limit");
+    const int64_t limit = ctx.get(kLimit);
     std::vector<uint8_t> ibytes = read_idx(ipath, kImagesMagic, 3, limit, idims, hint);
     std::vector<uint8_t> lbytes = read_idx(lpath, kLabelsMagic, 1, limit, ldims, hint);
     if (idims[1] != kSide || idims[2] != kSide)
@@ -273,12 +297,12 @@ class FashionMnist : public keel::Dataset {
     n_ = limit > 0 ? std::min(limit, idims[0]) : idims[0];
     auto u8 = at::TensorOptions().dtype(at::kByte);
     images_ = at::from_blob(ibytes.data() + 16, {n_, 1, kSide, kSide}, u8).to(at::kFloat).div_(255);
-    if (ctx.get_bool("normalize")) images_.sub_(0.2860).div_(0.3530);
+    if (ctx.get(kNormalize)) images_.sub_(0.2860).div_(0.3530);
     labels_ = at::from_blob(lbytes.data() + 8, {n_}, u8).to(at::kLong);
     if (labels_.max().item<int64_t>() > 9) fail(lpath, "a label is outside 0..9", hint);
 
     // The padded or cut order holds `total_` positions; this rank's are rank, rank + W, ...
-    std::string remainder = ctx.get_string("remainder");
+    std::string remainder = ctx.get(kRemainder);
     if (remainder == "auto") remainder = split == "train" ? "pad" : "uneven";
     total_ = remainder == "pad"    ? (n_ + world_ - 1) / world_ * world_
              : remainder == "drop" ? n_ / world_ * world_
@@ -361,23 +385,7 @@ class FashionMnist : public keel::Dataset {
 };
 
 const keel_option_desc kOptions[] = {
-    keel::opt_path("path", "\"/usr/share/datasets/fashion-mnist\"",
-                     "directory holding the four *-ubyte.gz files"),
-    keel::opt_string("split", "\"train\"", "which split to read", "train|test"),
-    keel::opt_int("batch_size", "64", "samples per batch", 1, 1e9),
-    keel::opt_bool("shuffle", "true", "reshuffle every epoch (seeded by the run's seed)"),
-    keel::opt_bool("drop_last", "false", "drop the last, incomplete batch"),
-    keel::opt_bool("normalize", "true", "standardise pixels with mean 0.2860, std 0.3530"),
-    keel::opt_int("limit", "0",
-                  "use only the first N samples (0: all); only those are read, so the files "
-                  "are not checked past them",
-                  0, 1e12),
-    keel::opt_string("remainder", "\"auto\"",
-                     "how ranks share an epoch whose length world_size does not divide: pad "
-                     "(repeat the order's first samples), drop (leave its last ones out), uneven "
-                     "(shards differ by at most one sample: for evaluation); auto: pad for split "
-                     "train, uneven for split test",
-                     "auto|pad|drop|uneven"),
+    kPath, kSplit, kBatchSize, kShuffle, kDropLast, kNormalize, kLimit, kRemainder,
 };
 const keel_component_desc kComponents[] = {
     keel::component<FashionMnist>("fashion_mnist", "Fashion-MNIST 28x28 grayscale, 10 classes",

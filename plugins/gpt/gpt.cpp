@@ -67,6 +67,44 @@
 
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kVocabSize = keel::opt_int(
+    "vocab_size", nullptr, "token ids are 0..vocab_size-1 (vocab.json's size)", 1, 1e9);
+constexpr auto kContext = keel::opt_int(
+    "context", "128", "longest sequence (position embeddings)", 1, 1e7);
+constexpr auto kLayers = keel::opt_int("layers", "4", "transformer blocks", 1, 1e4);
+constexpr auto kHeads = keel::opt_int(
+    "heads", "4", "attention heads per block (divides width)", 1, 1e4);
+constexpr auto kWidth = keel::opt_int("width", "128", "embedding width", 1, 1e6);
+constexpr auto kDropout = keel::opt_float(
+    "dropout", "0.0", "dropout on embeddings, attention weights and residuals", 0, 1);
+constexpr auto kBias = keel::opt_bool(
+    "bias", "true", "biases in the Linear layers and LayerNorms (not lm_head)");
+constexpr auto kAttention = keel::opt_string(
+    "attention", "\"fused\"",
+    "how causal attention runs: 'fused' (one (batch, head) block at a time, "
+    "for float32 on the CPU without attention dropout; otherwise as "
+    "'reference') or 'reference' (nanoGPT's LibTorch operators); the same "
+    "function either way",
+    "fused|reference");
+constexpr auto kLinear = keel::opt_string(
+    "linear", "\"split\"",
+    "how the Linear layers and the output layer run: 'split' (each product "
+    "split into blocks of rows that the intra-op threads take as they ask, "
+    "one single-threaded BLAS call per block, for float32 on the CPU; "
+    "otherwise as 'reference') or "
+    "'reference' (LibTorch's linear, as PyTorch's F.linear); the same function "
+    "either way, within float32 rounding",
+    "split|reference");
+constexpr auto kGelu = keel::opt_string(
+    "gelu", "\"fused\"",
+    "how the MLP's GELU (erf form) runs: 'fused' (one pass computes it and its "
+    "slope, the backward multiplies by the slope; for float32 on the CPU, "
+    "otherwise as 'reference') or 'reference' (LibTorch's gelu); the same "
+    "function either way, within float32 rounding and 1.5e-7 (its erf's error)",
+    "fused|reference");
+
 namespace text = keel::text;
 
 namespace nn = torch::nn;
@@ -471,10 +509,10 @@ class GptModel : public keel::ModuleModel<Gpt> {
            "}\n";
   }
   static Config config(const keel::Context& ctx) {
-    Config c{ctx.get_int("vocab_size"), ctx.get_int("context"), ctx.get_int("layers"),
-             ctx.get_int("heads"),      ctx.get_int("width"),   ctx.get_float("dropout"),
-             ctx.get_bool("bias"),      ctx.get_string("attention") == "fused",
-             ctx.get_string("linear") == "split", ctx.get_string("gelu") == "fused"};
+    Config c{ctx.get(kVocabSize), ctx.get(kContext), ctx.get(kLayers),
+             ctx.get(kHeads),     ctx.get(kWidth),   ctx.get(kDropout),
+             ctx.get(kBias),      ctx.get(kAttention) == "fused",
+             ctx.get(kLinear) == "split", ctx.get(kGelu) == "fused"};
     if (c.width % c.heads != 0)
       throw std::runtime_error("gpt: width (" + std::to_string(c.width) +
                                ") is not divisible by heads (" + std::to_string(c.heads) +
@@ -486,35 +524,7 @@ class GptModel : public keel::ModuleModel<Gpt> {
 };
 
 const keel_option_desc kOptions[] = {
-    keel::opt_int("vocab_size", nullptr, "token ids are 0..vocab_size-1 (vocab.json's size)", 1,
-                  1e9),
-    keel::opt_int("context", "128", "longest sequence (position embeddings)", 1, 1e7),
-    keel::opt_int("layers", "4", "transformer blocks", 1, 1e4),
-    keel::opt_int("heads", "4", "attention heads per block (divides width)", 1, 1e4),
-    keel::opt_int("width", "128", "embedding width", 1, 1e6),
-    keel::opt_float("dropout", "0.0", "dropout on embeddings, attention weights and residuals",
-                    0, 1),
-    keel::opt_bool("bias", "true", "biases in the Linear layers and LayerNorms (not lm_head)"),
-    keel::opt_string("attention", "\"fused\"",
-                     "how causal attention runs: 'fused' (one (batch, head) block at a time, "
-                     "for float32 on the CPU without attention dropout; otherwise as "
-                     "'reference') or 'reference' (nanoGPT's LibTorch operators); the same "
-                     "function either way",
-                     "fused|reference"),
-    keel::opt_string("linear", "\"split\"",
-                     "how the Linear layers and the output layer run: 'split' (each product "
-                     "split into blocks of rows that the intra-op threads take as they ask, "
-                     "one single-threaded BLAS call per block, for float32 on the CPU; "
-                     "otherwise as 'reference') or "
-                     "'reference' (LibTorch's linear, as PyTorch's F.linear); the same function "
-                     "either way, within float32 rounding",
-                     "split|reference"),
-    keel::opt_string("gelu", "\"fused\"",
-                     "how the MLP's GELU (erf form) runs: 'fused' (one pass computes it and its "
-                     "slope, the backward multiplies by the slope; for float32 on the CPU, "
-                     "otherwise as 'reference') or 'reference' (LibTorch's gelu); the same "
-                     "function either way, within float32 rounding and 1.5e-7 (its erf's error)",
-                     "fused|reference"),
+    kVocabSize, kContext, kLayers, kHeads, kWidth, kDropout, kBias, kAttention, kLinear, kGelu,
 };
 const keel_component_desc kComponents[] = {
     keel::component<GptModel>("gpt",

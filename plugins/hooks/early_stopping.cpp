@@ -17,6 +17,19 @@
 
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kMetric = keel::opt_string(
+    "metric", "\"loss\"", "key of the metric record to watch");
+constexpr auto kSplit = keel::opt_string(
+    "split", "\"test\"", "split whose METRICS records are watched");
+constexpr auto kMode = keel::opt_string(
+    "mode", "\"min\"", "whether lower or higher values are better", "min|max");
+constexpr auto kPatience = keel::opt_int(
+    "patience", "3", "evaluations without improvement tolerated before stopping", 0, 1e12);
+constexpr auto kMinDelta = keel::opt_float(
+    "min_delta", "0.0", "smallest change that counts as an improvement", 0, keel::kInf);
+
 std::string number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
@@ -27,11 +40,11 @@ class EarlyStopping : public keel::Hook {
  public:
   explicit EarlyStopping(const keel::Context& ctx)
       : log_(ctx),
-        metric_(ctx.get_string("metric")),
-        split_(ctx.get_string("split")),
-        maximize_(ctx.get_string("mode") == "max"),
-        patience_(ctx.get_int("patience")),
-        min_delta_(ctx.get_float("min_delta")),
+        metric_(ctx.get(kMetric)),
+        split_(ctx.get(kSplit)),
+        maximize_(ctx.get(kMode) == "max"),
+        patience_(ctx.get(kPatience)),
+        min_delta_(ctx.get(kMinDelta)),
         best_(at::full({}, maximize_ ? -keel::kInf : keel::kInf, at::kDouble)),
         best_step_(at::full({}, -1, at::kLong)),
         bad_evals_(at::zeros({}, at::kLong)) {}
@@ -86,15 +99,7 @@ class EarlyStopping : public keel::Hook {
   at::Tensor best_, best_step_, bad_evals_;
 };
 
-const keel_option_desc kEarlyStoppingOptions[] = {
-    keel::opt_string("metric", "\"loss\"", "key of the metric record to watch"),
-    keel::opt_string("split", "\"test\"", "split whose METRICS records are watched"),
-    keel::opt_string("mode", "\"min\"", "whether lower or higher values are better", "min|max"),
-    keel::opt_int("patience", "3", "evaluations without improvement tolerated before stopping", 0,
-                  1e12),
-    keel::opt_float("min_delta", "0.0", "smallest change that counts as an improvement", 0,
-                    keel::kInf),
-};
+const keel_option_desc kEarlyStoppingOptions[] = {kMetric, kSplit, kMode, kPatience, kMinDelta};
 const keel_component_desc kComponents[] = {
     keel::component<EarlyStopping>("early_stopping",
                                    "stops the run when a metric stops improving",

@@ -48,13 +48,34 @@
 
 namespace {
 
+constexpr int64_t kNoIgnore = std::numeric_limits<int64_t>::min();
+// kNoIgnore as the option's TOML default.
+constexpr const char* kNoIgnoreToml = "-9223372036854775808";
+
+// class_dim's bounds, checked when the manifest is validated (LibTorch itself has no such
+// limit; an output with more dimensions can still put its classes within these).
+constexpr double kMaxClassDims = 64;
+constexpr const char* kIgnoreHelp =
+    "target value left out of the mean; the default (the smallest int64) means none: every "
+    "target counts, and counting them needs no host sync";
+
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kIgnoreIndex = keel::opt_int("ignore_index", kNoIgnoreToml, kIgnoreHelp);
+constexpr auto kLabelSmoothing = keel::opt_float(
+    "label_smoothing", "0.0", "mass spread uniformly over all classes", 0, 1);
+constexpr auto kClassDim = keel::opt_int(
+    "class_dim", "1",
+    "dimension of the output that holds the classes (negative: from the end, -1 "
+    "for [batch, time, vocab]); a dimension the output lacks is an error at its "
+    "first batch",
+    -kMaxClassDims, kMaxClassDims - 1);
+constexpr auto kChunkTokens = keel::opt_int(
+    "chunk_tokens", "1024", "tokens (rows of logits) per chunk", 1, 1e12);
+
 namespace text = keel::text;
 
 namespace F = torch::nn::functional;
-
-constexpr int64_t kNoIgnore = std::numeric_limits<int64_t>::min();
-// kNoIgnore as the option's TOML default.
-const char* const kNoIgnoreToml = "-9223372036854775808";
 
 // Class-index targets that count: all of them (numel, no host sync) without an ignore_index,
 // else those not equal to it (one host sync).
@@ -132,11 +153,11 @@ void add_accuracy(const at::Tensor& output, const at::Tensor& labels, int64_t di
 class CrossEntropy : public keel::Loss {
  public:
   explicit CrossEntropy(const keel::Context& ctx)
-      : class_dim_(ctx.get_int("class_dim")),
-        ignore_index_(ctx.get_int("ignore_index")),
+      : class_dim_(ctx.get(kClassDim)),
+        ignore_index_(ctx.get(kIgnoreIndex)),
         options_(F::CrossEntropyFuncOptions()
                      .ignore_index(ignore_index_)
-                     .label_smoothing(ctx.get_float("label_smoothing"))) {}
+                     .label_smoothing(ctx.get(kLabelSmoothing))) {}
 
   // output: logits with the classes along class_dim; target: class indices shaped like the
   // output without class_dim (any integer type), or class probabilities shaped like the output.
@@ -346,7 +367,7 @@ class LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropy
 class TokenLossBase : public keel::Loss {
  public:
   explicit TokenLossBase(const keel::Context& ctx, const char* name)
-      : name_(name), ignore_index_(ctx.get_int("ignore_index")) {}
+      : name_(name), ignore_index_(ctx.get(kIgnoreIndex)) {}
 
   // What compute reports as count: every token without ignore_index (no host sync), those
   // other than ignore_index otherwise.
@@ -406,7 +427,7 @@ class TokenCrossEntropy : public TokenLossBase {
 class ChunkedCrossEntropy : public TokenLossBase {
  public:
   explicit ChunkedCrossEntropy(const keel::Context& ctx)
-      : TokenLossBase(ctx, "chunked_cross_entropy"), chunk_(ctx.get_int("chunk_tokens")) {}
+      : TokenLossBase(ctx, "chunked_cross_entropy"), chunk_(ctx.get(kChunkTokens)) {}
   at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
     // (Not a structured binding: C++17 does not let the lambda below capture one.)
     at::Tensor logits, ids;
@@ -448,28 +469,9 @@ class ChunkedCrossEntropy : public TokenLossBase {
   int64_t chunk_;
 };
 
-// class_dim's bounds, checked when the manifest is validated (LibTorch itself has no such
-// limit; an output with more dimensions can still put its classes within these).
-constexpr double kMaxClassDims = 64;
-const char* const kIgnoreHelp =
-    "target value left out of the mean; the default (the smallest int64) means none: every "
-    "target counts, and counting them needs no host sync";
-const keel_option_desc kOptions[] = {
-    keel::opt_int("ignore_index", kNoIgnoreToml, kIgnoreHelp),
-    keel::opt_float("label_smoothing", "0.0", "mass spread uniformly over all classes", 0, 1),
-    keel::opt_int("class_dim", "1",
-                  "dimension of the output that holds the classes (negative: from the end, -1 "
-                  "for [batch, time, vocab]); a dimension the output lacks is an error at its "
-                  "first batch",
-                  -kMaxClassDims, kMaxClassDims - 1),
-};
-const keel_option_desc kTokenOptions[] = {
-    keel::opt_int("ignore_index", kNoIgnoreToml, kIgnoreHelp),
-};
-const keel_option_desc kChunkedOptions[] = {
-    keel::opt_int("ignore_index", kNoIgnoreToml, kIgnoreHelp),
-    keel::opt_int("chunk_tokens", "1024", "tokens (rows of logits) per chunk", 1, 1e12),
-};
+const keel_option_desc kOptions[] = {kIgnoreIndex, kLabelSmoothing, kClassDim};
+const keel_option_desc kTokenOptions[] = {kIgnoreIndex};
+const keel_option_desc kChunkedOptions[] = {kIgnoreIndex, kChunkTokens};
 const keel_component_desc kComponents[] = {
     keel::component<CrossEntropy>("cross_entropy", "softmax cross-entropy, mean over targets",
                                   kOptions),

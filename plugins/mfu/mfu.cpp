@@ -197,13 +197,42 @@ std::string utc_now() {
   return buf;
 }
 
+constexpr const char* kPeakHelp =
+    "peak TFLOP/s of one device (one rank's; keel hands MFU the samples per second per device); "
+    "0: measure it on this machine (float32 matmuls, cached per host, CPU, device, threads and "
+    "BLAS)";
+constexpr const char* kRecalibrateHelp =
+    "measure the peak again even when a cached value exists (and cache it unless under load)";
+constexpr const char* kMinCpuShareHelp =
+    "a peak measured on the CPU whose matmul threads got less than this share of their cores' "
+    "time (other processes were running), or whose rounds' rates spread widely, is used for the "
+    "run but not cached; 0: no load check, cache every measurement";
+
+// Options, each declared once: the schemas at the end list them, the components read them as
+// the types they declare (ctx.get). peak_tflops is required of peak_flops and defaults to 0
+// (measure) for transformer; Peak reads the declaration its component hands it.
+constexpr auto kPeakTflopsRequired =
+    keel::opt_float("peak_tflops", nullptr, kPeakHelp, 0, keel::kInf);
+constexpr auto kPeakTflopsOr0 = keel::opt_float("peak_tflops", "0", kPeakHelp, 0, keel::kInf);
+constexpr auto kRecalibrate = keel::opt_bool("recalibrate", "false", kRecalibrateHelp);
+constexpr auto kMinCpuShare = keel::opt_float("min_cpu_share", "0.8", kMinCpuShareHelp, 0, 1);
+constexpr auto kLayers = keel::opt_int("layers", nullptr, "transformer blocks (L)", 1, 1 << 20);
+constexpr auto kWidth =
+    keel::opt_int("width", nullptr, "model width, heads x head dimension (H*Q)", 1, 1 << 24);
+constexpr auto kContext =
+    keel::opt_int("context", nullptr, "tokens per sample (T, the sequence length)", 1, 1 << 30);
+constexpr auto kExclude =
+    keel::opt_string("exclude", "'(^|\\.)wpe\\.weight$'",
+                     "regex: parameters (by name) not counted in N (lookups, not matmuls)");
+
 // The peak FLOP/s of one device: `peak_tflops` from the manifest when > 0, else the cached
 // or newly measured calibration. Logs which.
 class Peak {
  public:
-  Peak(const keel::Context& ctx, const at::Device& device) {
+  Peak(const keel::Context& ctx, const keel::Option<double>& peak_tflops,
+       const at::Device& device) {
     const keel::Logger log(ctx);
-    const double given = ctx.get_float("peak_tflops");
+    const double given = ctx.get(peak_tflops);
     if (given > 0) {
       flops_ = given * 1e12;
       log(KEEL_LOG_INFO, "peak " + tflops(flops_) + " TFLOP/s per device (peak_tflops)");
@@ -225,7 +254,7 @@ class Peak {
         if (!cache.is_object()) cache = nlohmann::json::object();
       }
     }
-    if (!ctx.get_bool("recalibrate")) {
+    if (!ctx.get(kRecalibrate)) {
       const auto it = cache.find(key.str());
       if (it != cache.end() && it->is_object() && it->contains("flops") &&
           (*it)["flops"].is_number() && (*it)["flops"].get<double>() > 0) {
@@ -247,7 +276,7 @@ class Peak {
     const std::string how = "float32 " + std::to_string(kCalibrationSize) + "^3 matmuls, " +
                             std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
                             ", BLAS " + b.text;
-    const std::string loaded = under_load(m, ctx.get_float("min_cpu_share"));
+    const std::string loaded = under_load(m, ctx.get(kMinCpuShare));
     if (!loaded.empty()) {
       log(KEEL_LOG_WARN,
           "peak " + tflops(flops_) + " TFLOP/s per device, measured now under load (" + how +
@@ -298,7 +327,8 @@ at::Device device_of(const keel::Context& ctx) {
 
 class PeakFlops : public keel::Mfu {
  public:
-  explicit PeakFlops(const keel::Context& ctx) : peak_(ctx, device_of(ctx)) {}
+  explicit PeakFlops(const keel::Context& ctx)
+      : peak_(ctx, kPeakTflopsRequired, device_of(ctx)) {}
   double compute(double flops_per_sample, double samples_per_second) override {
     if (flops_per_sample == 0.0 || !std::isfinite(flops_per_sample)) return 0.0;
     return flops_per_sample * samples_per_second / peak_.flops();
@@ -321,11 +351,11 @@ class PeakFlops : public keel::Mfu {
 class Transformer : public keel::Mfu {
  public:
   explicit Transformer(const keel::Context& ctx)
-      : peak_(ctx, device_of(ctx)),
-        layers_(ctx.get_int("layers")),
-        width_(ctx.get_int("width")),
-        context_(ctx.get_int("context")) {
-    const std::regex exclude(ctx.get_string("exclude"));
+      : peak_(ctx, kPeakTflopsOr0, device_of(ctx)),
+        layers_(ctx.get(kLayers)),
+        width_(ctx.get(kWidth)),
+        context_(ctx.get(kContext)) {
+    const std::regex exclude(ctx.get(kExclude));
     const auto params = ctx.params();
     const auto& raw = ctx.raw();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -356,32 +386,9 @@ class Transformer : public keel::Mfu {
   double flops_per_token_ = 0;
 };
 
-const char* const kPeakHelp =
-    "peak TFLOP/s of one device (one rank's; keel hands MFU the samples per second per device); "
-    "0: measure it on this machine (float32 matmuls, cached per host, CPU, device, threads and "
-    "BLAS)";
-const char* const kRecalibrateHelp =
-    "measure the peak again even when a cached value exists (and cache it unless under load)";
-const char* const kMinCpuShareHelp =
-    "a peak measured on the CPU whose matmul threads got less than this share of their cores' "
-    "time (other processes were running), or whose rounds' rates spread widely, is used for the "
-    "run but not cached; 0: no load check, cache every measurement";
-
-const keel_option_desc kPeakFlopsOptions[] = {
-    keel::opt_float("peak_tflops", nullptr, kPeakHelp, 0, keel::kInf),
-    keel::opt_bool("recalibrate", "false", kRecalibrateHelp),
-    keel::opt_float("min_cpu_share", "0.8", kMinCpuShareHelp, 0, 1),
-};
-const keel_option_desc kTransformerOptions[] = {
-    keel::opt_int("layers", nullptr, "transformer blocks (L)", 1, 1 << 20),
-    keel::opt_int("width", nullptr, "model width, heads x head dimension (H*Q)", 1, 1 << 24),
-    keel::opt_int("context", nullptr, "tokens per sample (T, the sequence length)", 1, 1 << 30),
-    keel::opt_string("exclude", "'(^|\\.)wpe\\.weight$'",
-                     "regex: parameters (by name) not counted in N (lookups, not matmuls)", nullptr),
-    keel::opt_float("peak_tflops", "0", kPeakHelp, 0, keel::kInf),
-    keel::opt_bool("recalibrate", "false", kRecalibrateHelp),
-    keel::opt_float("min_cpu_share", "0.8", kMinCpuShareHelp, 0, 1),
-};
+const keel_option_desc kPeakFlopsOptions[] = {kPeakTflopsRequired, kRecalibrate, kMinCpuShare};
+const keel_option_desc kTransformerOptions[] = {kLayers,        kWidth,       kContext,    kExclude,
+                                                kPeakTflopsOr0, kRecalibrate, kMinCpuShare};
 const keel_component_desc kComponents[] = {
     keel::component<PeakFlops>("peak_flops",
                                "achieved FLOP/s (the model's FLOPs per sample) over a peak",

@@ -44,10 +44,35 @@ nn::AnyModule make_activation(const std::string& name) {
   return nn::AnyModule(nn::ReLU());
 }
 
+// Options, each declared once per model (the two declare num_classes, dropout and hidden with
+// their own defaults or types): the schemas at the end list them, the models read them as the
+// types they declare (ctx.get).
+namespace mlp {
+constexpr auto kInputShape =
+    keel::opt_int_list("input_shape", "[1, 28, 28]", "per-sample input shape (flattened)", 1, 1e9);
+constexpr auto kHidden =
+    keel::opt_int_list("hidden", "[256, 128]", "widths of the hidden layers", 1, 1e9);
+constexpr auto kNumClasses = keel::opt_int("num_classes", "10", "output width", 1, 1e9);
+constexpr auto kActivation =
+    keel::opt_string("activation", "\"relu\"", "hidden-layer activation", "relu|gelu|tanh");
+constexpr auto kDropout =
+    keel::opt_float("dropout", "0.0", "dropout after each hidden activation", 0, 1);
+}  // namespace mlp
+namespace cnn {
+constexpr auto kInChannels = keel::opt_int("in_channels", "1", "input channels", 1, 1e6);
+constexpr auto kImageSize =
+    keel::opt_int("image_size", "28", "input height and width (divisible by 4)", 4, 1e6);
+constexpr auto kNumClasses = keel::opt_int("num_classes", "10", "output width", 1, 1e9);
+constexpr auto kDropout =
+    keel::opt_float("dropout", "0.4", "dropout before the output layer", 0, 1);
+constexpr auto kHidden =
+    keel::opt_int("hidden", "1024", "width of the fully connected layer", 1, 1e9);
+}  // namespace cnn
+
 class Mlp : public keel::ModuleModel<nn::Sequential> {
  public:
   explicit Mlp(const keel::Context& ctx) : ModuleModel(nn::Sequential()) {
-    input_shape_ = ctx.get_int_list("input_shape");
+    input_shape_ = ctx.get(mlp::kInputShape);
     if (input_shape_.empty())
       throw std::runtime_error(
           "mlp: input_shape is empty; hint: give the per-sample shape, "
@@ -57,12 +82,12 @@ class Mlp : public keel::ModuleModel<nn::Sequential> {
     if (in_features_ < 1)
       throw std::runtime_error("mlp: input_shape " + text::shape(input_shape_) +
                                " has no elements; hint: every extent must be >= 1");
-    const std::string activation = ctx.get_string("activation");
-    const double dropout = ctx.get_float("dropout");
+    const std::string activation = ctx.get(mlp::kActivation);
+    const double dropout = ctx.get(mlp::kDropout);
 
-    std::vector<int64_t> widths = ctx.get_int_list("hidden");
+    std::vector<int64_t> widths = ctx.get(mlp::kHidden);
     widths.insert(widths.begin(), in_features_);
-    widths.push_back(ctx.get_int("num_classes"));
+    widths.push_back(ctx.get(mlp::kNumClasses));
     const size_t layers = widths.size() - 1;
     for (size_t i = 0; i < layers; ++i) {
       const std::string id = std::to_string(i + 1);
@@ -118,13 +143,13 @@ class Cnn : public keel::ModuleModel<nn::Sequential> {
  public:
   explicit Cnn(const keel::Context& ctx)
       : ModuleModel(nn::Sequential()),
-        in_channels_(ctx.get_int("in_channels")),
-        size_(ctx.get_int("image_size")) {
+        in_channels_(ctx.get(cnn::kInChannels)),
+        size_(ctx.get(cnn::kImageSize)) {
     if (size_ % 4 != 0)
       throw std::runtime_error("cnn: image_size " + std::to_string(size_) +
                                " is not divisible by 4 (two 2x2 max-pools); hint: pad or "
                                "resize the images, e.g. image_size = 28");
-    const int64_t hidden = ctx.get_int("hidden"), classes = ctx.get_int("num_classes");
+    const int64_t hidden = ctx.get(cnn::kHidden), classes = ctx.get(cnn::kNumClasses);
     const int64_t s2 = size_ / 2, s4 = size_ / 4, flat = 64 * s4 * s4;
     auto conv = [](int64_t in, int64_t out) {
       return nn::Conv2d(nn::Conv2dOptions(in, out, 5).padding(2));
@@ -138,7 +163,7 @@ class Cnn : public keel::ModuleModel<nn::Sequential> {
     module_->push_back("flatten", nn::Flatten());
     module_->push_back("fc1", nn::Linear(flat, hidden));
     module_->push_back("relu3", nn::ReLU());
-    module_->push_back("dropout", nn::Dropout(ctx.get_float("dropout")));
+    module_->push_back("dropout", nn::Dropout(ctx.get(cnn::kDropout)));
     module_->push_back("fc2", nn::Linear(hidden, classes));
     const double macs =
         static_cast<double>(in_channels_ * 32 * 25 * size_ * size_ + 32 * 64 * 25 * s2 * s2 +
@@ -162,20 +187,10 @@ class Cnn : public keel::ModuleModel<nn::Sequential> {
   double forward_flops_ = 0;
 };
 
-const keel_option_desc kMlpOptions[] = {
-    keel::opt_int_list("input_shape", "[1, 28, 28]", "per-sample input shape (flattened)", 1, 1e9),
-    keel::opt_int_list("hidden", "[256, 128]", "widths of the hidden layers", 1, 1e9),
-    keel::opt_int("num_classes", "10", "output width", 1, 1e9),
-    keel::opt_string("activation", "\"relu\"", "hidden-layer activation", "relu|gelu|tanh"),
-    keel::opt_float("dropout", "0.0", "dropout after each hidden activation", 0, 1),
-};
-const keel_option_desc kCnnOptions[] = {
-    keel::opt_int("in_channels", "1", "input channels", 1, 1e6),
-    keel::opt_int("image_size", "28", "input height and width (divisible by 4)", 4, 1e6),
-    keel::opt_int("num_classes", "10", "output width", 1, 1e9),
-    keel::opt_float("dropout", "0.4", "dropout before the output layer", 0, 1),
-    keel::opt_int("hidden", "1024", "width of the fully connected layer", 1, 1e9),
-};
+const keel_option_desc kMlpOptions[] = {mlp::kInputShape, mlp::kHidden, mlp::kNumClasses,
+                                       mlp::kActivation, mlp::kDropout};
+const keel_option_desc kCnnOptions[] = {cnn::kInChannels, cnn::kImageSize, cnn::kNumClasses,
+                                        cnn::kDropout, cnn::kHidden};
 const keel_component_desc kComponents[] = {
     keel::component<Mlp>("mlp", "multi-layer perceptron over flattened inputs", kMlpOptions),
     keel::component<Cnn>("cnn",

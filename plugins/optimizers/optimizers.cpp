@@ -155,20 +155,46 @@ class TorchOptimizer : public keel::Optimizer {
   Index index_;
 };
 
+// Options, each declared once: the schemas at the end list them, the optimizers read them as
+// the types they declare (ctx.get). lr, momentum, betas, eps and weight_decay bounds (>= 0,
+// betas in [0, 1)) are enforced by the schema, at validation; nesterov's requirements (two
+// options together) in Sgd's constructor.
+constexpr auto kSgdLr = keel::opt_float("lr", "0.01", "learning rate", 0, keel::kInf);
+constexpr auto kMomentum = keel::opt_float("momentum", "0.0", "momentum factor", 0, keel::kInf);
+constexpr auto kDampening =
+    keel::opt_float("dampening", "0.0", "dampening for momentum", 0, keel::kInf);
+constexpr auto kNesterov =
+    keel::opt_bool("nesterov", "false", "Nesterov momentum (needs momentum > 0, dampening 0)");
+constexpr auto kSgdWeightDecay =
+    keel::opt_float("weight_decay", "0.0", "L2 penalty added to the gradient", 0, keel::kInf);
+// Adam and AdamW share every option but the weight-decay default and meaning.
+constexpr auto kAdamLr = keel::opt_float("lr", "0.001", "learning rate", 0, keel::kInf);
+constexpr auto kBeta1 =
+    keel::opt_float("beta1", "0.9", "decay of the first-moment average", 0, keel::below(1));
+constexpr auto kBeta2 =
+    keel::opt_float("beta2", "0.999", "decay of the second-moment average", 0, keel::below(1));
+constexpr auto kEps =
+    keel::opt_float("eps", "1e-8", "term added to the denominator", 0, keel::kInf);
+constexpr auto kAmsgrad = keel::opt_bool("amsgrad", "false", "use the AMSGrad variant");
+constexpr auto kAdamWeightDecay =
+    keel::opt_float("weight_decay", "0.0", "L2 penalty added to the gradient", 0, keel::kInf);
+constexpr auto kAdamWWeightDecay =
+    keel::opt_float("weight_decay", "0.01", "decoupled weight decay", 0, keel::kInf);
+
 class Sgd : public TorchOptimizer {
  public:
   explicit Sgd(const keel::Context& ctx) : TorchOptimizer(ctx) {
-    const double momentum = ctx.get_float("momentum"), dampening = ctx.get_float("dampening");
-    const bool nesterov = ctx.get_bool("nesterov");
+    const double momentum = ctx.get(kMomentum), dampening = ctx.get(kDampening);
+    const bool nesterov = ctx.get(kNesterov);
     check(!nesterov || (momentum > 0 && dampening == 0),
           "sgd: nesterov momentum requires momentum > 0 and dampening = 0",
           c10::str("set [", ctx.section(),
                    "] momentum (e.g. 0.9) and dampening = 0, or nesterov = false"));
-    const auto options = optim::SGDOptions(ctx.get_float("lr"))
+    const auto options = optim::SGDOptions(ctx.get(kSgdLr))
                              .momentum(momentum)
                              .dampening(dampening)
                              .nesterov(nesterov)
-                             .weight_decay(ctx.get_float("weight_decay"));
+                             .weight_decay(ctx.get(kSgdWeightDecay));
     opt_ = std::make_unique<optim::SGD>(param_groups(ctx, options), options);
   }
 
@@ -203,17 +229,18 @@ class Sgd : public TorchOptimizer {
   }
 };
 
-// Adam and AdamW share their options; only the weight-decay rule differs.
-template <class Opt, class Options, class ParamState>
+// Adam and AdamW share their options; only the weight-decay rule (and its option's default)
+// differs.
+template <class Opt, class Options, class ParamState, const keel::Option<double>& kWeightDecay>
 class AdamLike : public TorchOptimizer {
  public:
   explicit AdamLike(const keel::Context& ctx) : TorchOptimizer(ctx) {
-    const double beta1 = ctx.get_float("beta1"), beta2 = ctx.get_float("beta2");
-    const auto options = Options(ctx.get_float("lr"))
+    const double beta1 = ctx.get(kBeta1), beta2 = ctx.get(kBeta2);
+    const auto options = Options(ctx.get(kAdamLr))
                              .betas(std::make_tuple(beta1, beta2))
-                             .eps(ctx.get_float("eps"))
-                             .weight_decay(ctx.get_float("weight_decay"))
-                             .amsgrad(ctx.get_bool("amsgrad"));
+                             .eps(ctx.get(kEps))
+                             .weight_decay(ctx.get(kWeightDecay))
+                             .amsgrad(ctx.get(kAmsgrad));
     opt_ = std::make_unique<Opt>(param_groups(ctx, options), options);
   }
 
@@ -260,37 +287,15 @@ class AdamLike : public TorchOptimizer {
     o.amsgrad(e.number(prefix + "amsgrad") != 0);
   }
 };
-using Adam = AdamLike<optim::Adam, optim::AdamOptions, optim::AdamParamState>;
-using AdamW = AdamLike<optim::AdamW, optim::AdamWOptions, optim::AdamWParamState>;
+using Adam = AdamLike<optim::Adam, optim::AdamOptions, optim::AdamParamState, kAdamWeightDecay>;
+using AdamW =
+    AdamLike<optim::AdamW, optim::AdamWOptions, optim::AdamWParamState, kAdamWWeightDecay>;
 
-// lr, momentum, betas, eps and weight_decay bounds (>= 0, betas in [0, 1)) are enforced by the
-// schema, at validation; nesterov's requirements (two options together) in Sgd's constructor.
-const keel_option_desc kSgdOptions[] = {
-    keel::opt_float("lr", "0.01", "learning rate", 0, keel::kInf),
-    keel::opt_float("momentum", "0.0", "momentum factor", 0, keel::kInf),
-    keel::opt_float("dampening", "0.0", "dampening for momentum", 0, keel::kInf),
-    keel::opt_bool("nesterov", "false", "Nesterov momentum (needs momentum > 0, dampening 0)"),
-    keel::opt_float("weight_decay", "0.0", "L2 penalty added to the gradient", 0, keel::kInf),
-};
-// Adam and AdamW share every option but the weight-decay default and meaning.
-constexpr keel_option_desc kAdamLr = keel::opt_float("lr", "0.001", "learning rate", 0, keel::kInf);
-constexpr keel_option_desc kBeta1 =
-    keel::opt_float("beta1", "0.9", "decay of the first-moment average", 0, keel::below(1));
-constexpr keel_option_desc kBeta2 =
-    keel::opt_float("beta2", "0.999", "decay of the second-moment average", 0, keel::below(1));
-constexpr keel_option_desc kEps =
-    keel::opt_float("eps", "1e-8", "term added to the denominator", 0, keel::kInf);
-constexpr keel_option_desc kAmsgrad = keel::opt_bool("amsgrad", "false", "use the AMSGrad variant");
-const keel_option_desc kAdamOptions[] = {
-    kAdamLr, kBeta1, kBeta2, kEps,
-    keel::opt_float("weight_decay", "0.0", "L2 penalty added to the gradient", 0, keel::kInf),
-    kAmsgrad,
-};
-const keel_option_desc kAdamWOptions[] = {
-    kAdamLr, kBeta1, kBeta2, kEps,
-    keel::opt_float("weight_decay", "0.01", "decoupled weight decay", 0, keel::kInf),
-    kAmsgrad,
-};
+const keel_option_desc kSgdOptions[] = {kSgdLr, kMomentum, kDampening, kNesterov,
+                                       kSgdWeightDecay};
+const keel_option_desc kAdamOptions[] = {kAdamLr, kBeta1, kBeta2, kEps, kAdamWeightDecay, kAmsgrad};
+const keel_option_desc kAdamWOptions[] = {kAdamLr, kBeta1, kBeta2, kEps, kAdamWWeightDecay,
+                                          kAmsgrad};
 
 const keel_component_desc kComponents[] = {
     keel::component<Sgd>("sgd", "stochastic gradient descent (momentum, Nesterov)", kSgdOptions),

@@ -31,16 +31,40 @@
 
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kPath = keel::opt_string(
+    "path", "\"trace.json\"",
+    "output file (relative paths: inside the run dir; missing directories are "
+    "created); rank r > 0 writes it with .rank<r> before the extension");
+constexpr auto kStartStep = keel::opt_int(
+    "start_step", "0", "first optimizer step to record", 0, 1e18);
+constexpr auto kEndStep = keel::opt_int(
+    "end_step", "-1", "last optimizer step to record (-1: until the end)", -1, 1e18);
+constexpr auto kMaxEvents = keel::opt_int(
+    "max_events", "1000000", "events kept at most (memory is reserved up front)", 1, 1e8);
+constexpr auto kOperators = keel::opt_bool(
+    "operators", "false",
+    "also record LibTorch's operators in the same steps (LibTorch's profiler) "
+    "into the same trace; needs end_step");
+constexpr auto kRecordShapes = keel::opt_bool(
+    "record_shapes", "true",
+    "with operators: record each operator's input shapes (and its FLOPs, for "
+    "the operators LibTorch counts)");
+constexpr auto kProfileMemory = keel::opt_bool(
+    "profile_memory", "true",
+    "with operators: record each CPU allocation and free, and each operator's " "net CPU memory");
+
 class ChromeTrace : public keel::Profiler {
  public:
   explicit ChromeTrace(const keel::Context& ctx)
-      : path_(ctx.get_string("path")),
-        start_step_(ctx.get_int("start_step")),
-        end_step_(ctx.get_int("end_step")),
-        max_events_(static_cast<size_t>(ctx.get_int("max_events"))),
-        operators_(ctx.get_bool("operators")),
-        record_shapes_(ctx.get_bool("record_shapes")),
-        profile_memory_(ctx.get_bool("profile_memory")),
+      : path_(ctx.get(kPath)),
+        start_step_(ctx.get(kStartStep)),
+        end_step_(ctx.get(kEndStep)),
+        max_events_(static_cast<size_t>(ctx.get(kMaxEvents))),
+        operators_(ctx.get(kOperators)),
+        record_shapes_(ctx.get(kRecordShapes)),
+        profile_memory_(ctx.get(kProfileMemory)),
         log_(ctx),
         origin_(std::chrono::steady_clock::now()),
         wall_origin_(std::chrono::duration<double, std::micro>(
@@ -309,22 +333,7 @@ class ChromeTrace : public keel::Profiler {
 };
 
 const keel_option_desc kChromeTraceOptions[] = {
-    keel::opt_string("path", "\"trace.json\"",
-                     "output file (relative paths: inside the run dir; missing directories are "
-                     "created); rank r > 0 writes it with .rank<r> before the extension"),
-    keel::opt_int("start_step", "0", "first optimizer step to record", 0, 1e18),
-    keel::opt_int("end_step", "-1", "last optimizer step to record (-1: until the end)", -1, 1e18),
-    keel::opt_int("max_events", "1000000", "events kept at most (memory is reserved up front)", 1,
-                  1e8),
-    keel::opt_bool("operators", "false",
-                   "also record LibTorch's operators in the same steps (LibTorch's profiler) "
-                   "into the same trace; needs end_step"),
-    keel::opt_bool("record_shapes", "true",
-                   "with operators: record each operator's input shapes (and its FLOPs, for "
-                   "the operators LibTorch counts)"),
-    keel::opt_bool("profile_memory", "true",
-                   "with operators: record each CPU allocation and free, and each operator's "
-                   "net CPU memory"),
+    kPath, kStartStep, kEndStep, kMaxEvents, kOperators, kRecordShapes, kProfileMemory,
 };
 const keel_component_desc kComponents[] = {
     keel::component<ChromeTrace>("chrome_trace",

@@ -19,6 +19,25 @@
 
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as the
+// types they declare (ctx.get).
+constexpr auto kWarmup =
+    keel::opt_int("warmup_steps", "0", "linear warmup length in optimizer steps", 0, 1e12);
+constexpr auto kTotal =
+    keel::opt_int("total_steps", "0", "schedule length (0: the run's planned steps)", 0, 1e12);
+constexpr auto kMinFactor =
+    keel::opt_float("min_factor", "0.0", "final lr as a fraction of the base lr", 0, 1);
+constexpr auto kStepSize =
+    keel::opt_int("step_size", nullptr, "optimizer steps between two decays", 1, 1e12);
+constexpr auto kGamma =
+    keel::opt_float("gamma", "0.1", "factor applied every step_size steps", 0, 1);
+constexpr auto kDecaySteps =
+    keel::opt_int("decay_steps", "0", "length of the final decay (0: use decay_fraction)", 0, 1e12);
+constexpr auto kDecayFraction =
+    keel::opt_float("decay_fraction", "0.1", "final decay as a fraction of total_steps", 0, 1);
+constexpr auto kDecayShape =
+    keel::opt_string("decay_shape", "\"linear\"", "curve of the final decay", "linear|cosine|sqrt");
+
 // Linear warmup from 1/warmup to 1 over the first `warmup_steps` optimizer steps.
 double warmup_factor(int64_t step, int64_t warmup) {
   if (warmup <= 0 || step >= warmup) return 1.0;
@@ -27,7 +46,7 @@ double warmup_factor(int64_t step, int64_t warmup) {
 
 class Constant : public keel::LrScheduler {
  public:
-  explicit Constant(const keel::Context& ctx) : warmup_(ctx.get_int("warmup_steps")) {}
+  explicit Constant(const keel::Context& ctx) : warmup_(ctx.get(kWarmup)) {}
   double factor(int64_t step) override { return warmup_factor(step, warmup_); }
 
  private:
@@ -37,9 +56,9 @@ class Constant : public keel::LrScheduler {
 class Step : public keel::LrScheduler {
  public:
   explicit Step(const keel::Context& ctx)
-      : warmup_(ctx.get_int("warmup_steps")),
-        step_size_(ctx.get_int("step_size")),
-        gamma_(ctx.get_float("gamma")) {}
+      : warmup_(ctx.get(kWarmup)),
+        step_size_(ctx.get(kStepSize)),
+        gamma_(ctx.get(kGamma)) {}
   double factor(int64_t step) override {
     if (step < warmup_) return warmup_factor(step, warmup_);
     return std::pow(gamma_, static_cast<double>((step - warmup_) / step_size_));
@@ -84,9 +103,9 @@ class Decay : public keel::LrScheduler {
 
  protected:
   Decay(const keel::Context& ctx, Shape shape)
-      : warmup_(ctx.get_int("warmup_steps")),
-        total_(ctx.get_int("total_steps") > 0 ? ctx.get_int("total_steps") : ctx.total_steps()),
-        min_factor_(ctx.get_float("min_factor")),
+      : warmup_(ctx.get(kWarmup)),
+        total_(ctx.get(kTotal) > 0 ? ctx.get(kTotal) : ctx.total_steps()),
+        min_factor_(ctx.get(kMinFactor)),
         shape_(shape),
         decay_start_(warmup_) {
     if (total_ <= 0)
@@ -118,10 +137,10 @@ class Cosine : public Decay {
 
 class Wsd : public Decay {
  public:
-  explicit Wsd(const keel::Context& ctx) : Decay(ctx, shape_from(ctx.get_string("decay_shape"))) {
-    const int64_t steps = ctx.get_int("decay_steps");
+  explicit Wsd(const keel::Context& ctx) : Decay(ctx, shape_from(ctx.get(kDecayShape))) {
+    const int64_t steps = ctx.get(kDecaySteps);
     const int64_t decay =
-        steps > 0 ? steps : std::llround(ctx.get_float("decay_fraction") * total_);
+        steps > 0 ? steps : std::llround(ctx.get(kDecayFraction) * total_);
     if (warmup_ < total_ && warmup_ + decay > total_)
       throw std::runtime_error(
           "warmup_steps (" + std::to_string(warmup_) + ") + decay (" + std::to_string(decay) +
@@ -131,30 +150,11 @@ class Wsd : public Decay {
   }
 };
 
-constexpr keel_option_desc kWarmup =
-    keel::opt_int("warmup_steps", "0", "linear warmup length in optimizer steps", 0, 1e12);
-constexpr keel_option_desc kTotal =
-    keel::opt_int("total_steps", "0", "schedule length (0: the run's planned steps)", 0, 1e12);
-constexpr keel_option_desc kMinFactor =
-    keel::opt_float("min_factor", "0.0", "final lr as a fraction of the base lr", 0, 1);
-
 const keel_option_desc kConstantOptions[] = {kWarmup};
-const keel_option_desc kStepOptions[] = {
-    kWarmup,
-    keel::opt_int("step_size", nullptr, "optimizer steps between two decays", 1, 1e12),
-    keel::opt_float("gamma", "0.1", "factor applied every step_size steps", 0, 1),
-};
+const keel_option_desc kStepOptions[] = {kWarmup, kStepSize, kGamma};
 const keel_option_desc kDecayOptions[] = {kWarmup, kTotal, kMinFactor};
-const keel_option_desc kWsdOptions[] = {
-    kWarmup,
-    kTotal,
-    kMinFactor,
-    keel::opt_int("decay_steps", "0", "length of the final decay (0: use decay_fraction)", 0,
-                  1e12),
-    keel::opt_float("decay_fraction", "0.1", "final decay as a fraction of total_steps", 0, 1),
-    keel::opt_string("decay_shape", "\"linear\"", "curve of the final decay",
-                     "linear|cosine|sqrt"),
-};
+const keel_option_desc kWsdOptions[] = {kWarmup,     kTotal,         kMinFactor,
+                                        kDecaySteps, kDecayFraction, kDecayShape};
 
 const keel_component_desc kComponents[] = {
     keel::component<Constant>("constant", "constant learning rate (optional linear warmup)",

@@ -23,6 +23,19 @@
 namespace sinks {
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kEvery = keel::opt_int(
+    "every", "1",
+    "print the line of every Nth train record, from the first (eval records "
+    "always; run.log gets every record whole)",
+    1, 1e12);
+constexpr auto kProgress = keel::opt_string(
+    "progress", "\"auto\"",
+    "live progress bar on stdout between the lines: steps, elapsed time, rate, "
+    "ETA (auto: only when stdout is a terminal)",
+    "auto|always|never");
+
 using Clock = std::chrono::steady_clock;
 
 // The bar on stdout: drawn when training starts, redrawn on STEP_END at most every 0.25 s (and
@@ -148,8 +161,8 @@ class Console : public keel::Hook {
  public:
   explicit Console(const keel::Context& ctx)
       : log_(ctx, ""),
-        every_(ctx.get_int("every")),
-        bar_(wants_bar(ctx.get_string("progress")),
+        every_(ctx.get(kEvery)),
+        bar_(wants_bar(ctx.get(kProgress)),
              ctx.rank() > 0 ? "[rank " + std::to_string(ctx.rank()) + "] " : "") {}
 
   void on_event(keel_event& ev) override {
@@ -224,17 +237,7 @@ class Console : public keel::Hook {
   LiveBar bar_;
 };
 
-const keel_option_desc kConsoleOptions[] = {
-    keel::opt_int("every", "1",
-                  "print the line of every Nth train record, from the first (eval records "
-                  "always; run.log gets every record whole)",
-                  1, 1e12),
-    keel::opt_string("progress", "\"auto\"",
-                     "live progress bar on stdout between the lines: steps, elapsed time, rate, "
-                     "ETA (auto: only when stdout is a terminal)",
-                     "auto|always|never"),
-    kEveryRank,
-};
+const keel_option_desc kConsoleOptions[] = {kEvery, kProgress, kEveryRank};
 
 }  // namespace
 

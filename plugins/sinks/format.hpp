@@ -61,7 +61,7 @@ inline std::string output_path(const keel::Context& ctx) {
 }
 
 // The option of every sink that OnRank reads.
-inline constexpr keel_option_desc kEveryRank = keel::opt_bool(
+inline constexpr auto kEveryRank = keel::opt_bool(
     "every_rank", "false",
     "write on every rank, not only on rank 0 (rank r > 0: files get .rank<r> before the "
     "extension; the console's lines carry keel's \"[rank r] \" tag)");
@@ -73,7 +73,7 @@ template <class S>
 class OnRank : public keel::Hook {
  public:
   explicit OnRank(const keel::Context& ctx) {
-    if (ctx.rank() == 0 || ctx.get_bool("every_rank")) sink_ = std::make_unique<S>(ctx);
+    if (ctx.rank() == 0 || ctx.get(kEveryRank)) sink_ = std::make_unique<S>(ctx);
   }
   void on_event(keel_event& ev) override {
     if (sink_) sink_->on_event(ev);

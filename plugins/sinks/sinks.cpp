@@ -26,6 +26,9 @@ int64_t step_of_record(const std::string& line) {
   return j["step"].get<int64_t>();
 }
 
+constexpr auto kAppend =
+    keel::opt_bool("append", "false", "append to an existing file instead of starting it afresh");
+
 class JsonLines : public keel::Hook {
  public:
   // A resumed run (ctx.resume_step() > 0) keeps the records up to the step it resumes from,
@@ -33,7 +36,7 @@ class JsonLines : public keel::Hook {
   // appends.
   explicit JsonLines(const keel::Context& ctx)
       : file_(sinks::output_path(ctx),
-              ctx.get_bool("append") || sinks::keep_records_until(sinks::output_path(ctx),
+              ctx.get(kAppend) || sinks::keep_records_until(sinks::output_path(ctx),
                                                                   ctx.resume_step(),
                                                                   &step_of_record)) {}
 
@@ -56,7 +59,7 @@ class JsonLines : public keel::Hook {
 const keel_option_desc kJsonLinesOptions[] = {
     keel::opt_string("path", "\"metrics.jsonl\"",
                      "output file (relative paths: inside the run dir)"),
-    keel::opt_bool("append", "false", "append to an existing file instead of starting it afresh"),
+    kAppend,
     sinks::kEveryRank,
 };
 

@@ -38,11 +38,39 @@ void check(bool ok, const std::string& what, const std::string& hint) {
   if (!ok) throw std::invalid_argument(what + "; hint: " + hint);
 }
 
+// Options, each declared once per optimizer (the two declare lr and eps with their own
+// defaults): the schemas at the end list them, the optimizers read them as the types they
+// declare (ctx.get).
+namespace adagrad {
+constexpr auto kLr = keel::opt_float(
+    "lr", "0.01", "learning rate (the [lr_scheduler]'s factor applies to it)", 0, 1e9);
+constexpr auto kEps =
+    keel::opt_float("eps", "1e-10", "added to the root of the sum of squares", 0, 1);
+constexpr auto kInitialAccumulatorValue =
+    keel::opt_float("initial_accumulator_value", "0.0",
+                    "the sum of squares of a row before its first update", 0, 1e9);
+}  // namespace adagrad
+namespace adamw {
+constexpr auto kLr = keel::opt_float(
+    "lr", "0.001", "learning rate (the [lr_scheduler]'s factor applies to it)", 0, 1e9);
+constexpr auto kBeta1 =
+    keel::opt_float("beta1", "0.9", "decay of the first moment", 0, keel::below(1));
+constexpr auto kBeta2 =
+    keel::opt_float("beta2", "0.999", "decay of the second moment", 0, keel::below(1));
+constexpr auto kEps =
+    keel::opt_float("eps", "1e-8", "added to the root of the second moment", 0, 1);
+constexpr auto kWeightDecay =
+    keel::opt_float("weight_decay", "0.01",
+                    "decoupled weight decay, applied to the rows a step touches only", 0, 1e9);
+}  // namespace adamw
+
 // The rows of the tables, as a sparse optimizer sees them.
 class RowOptimizer : public keel::SparseOptimizer {
  public:
-  RowOptimizer(const keel::Context& ctx, size_t floats_per_dim, size_t extra)
-      : lr_(ctx.get_float("lr")), tables_(ctx.tables()) {
+  // lr: the optimizer's declaration of its learning rate.
+  RowOptimizer(const keel::Context& ctx, const keel::Option<double>& lr, size_t floats_per_dim,
+               size_t extra)
+      : lr_(ctx.get(lr)), tables_(ctx.tables()) {
     check(!tables_.empty(), "the sparse optimizer got no tables",
           "[sparse_optimizer] trains the sparse embedding tables of a model that has them");
     for (const keel_sparse_table* t : tables_) {
@@ -105,9 +133,9 @@ class RowOptimizer : public keel::SparseOptimizer {
 class Adagrad : public RowOptimizer {
  public:
   explicit Adagrad(const keel::Context& ctx)
-      : RowOptimizer(ctx, 1, 0),
-        eps_(ctx.get_float("eps")),
-        init_(ctx.get_float("initial_accumulator_value")) {}
+      : RowOptimizer(ctx, adagrad::kLr, 1, 0),
+        eps_(ctx.get(adagrad::kEps)),
+        init_(ctx.get(adagrad::kInitialAccumulatorValue)) {}
 
  private:
   void update(float* w, const float* g, float* s, int64_t dim) const override {
@@ -130,11 +158,11 @@ class Adagrad : public RowOptimizer {
 class AdamW : public RowOptimizer {
  public:
   explicit AdamW(const keel::Context& ctx)
-      : RowOptimizer(ctx, 2, 1),
-        beta1_(ctx.get_float("beta1")),
-        beta2_(ctx.get_float("beta2")),
-        eps_(ctx.get_float("eps")),
-        weight_decay_(ctx.get_float("weight_decay")) {}
+      : RowOptimizer(ctx, adamw::kLr, 2, 1),
+        beta1_(ctx.get(adamw::kBeta1)),
+        beta2_(ctx.get(adamw::kBeta2)),
+        eps_(ctx.get(adamw::kEps)),
+        weight_decay_(ctx.get(adamw::kWeightDecay)) {}
 
  private:
   void update(float* w, const float* g, float* slots, int64_t dim) const override {
@@ -175,22 +203,10 @@ class AdamW : public RowOptimizer {
   double beta1_, beta2_, eps_, weight_decay_;
 };
 
-const keel_option_desc kAdagradOptions[] = {
-    keel::opt_float("lr", "0.01", "learning rate (the [lr_scheduler]'s factor applies to it)", 0,
-                    1e9),
-    keel::opt_float("eps", "1e-10", "added to the root of the sum of squares", 0, 1),
-    keel::opt_float("initial_accumulator_value", "0.0",
-                    "the sum of squares of a row before its first update", 0, 1e9),
-};
-const keel_option_desc kAdamWOptions[] = {
-    keel::opt_float("lr", "0.001", "learning rate (the [lr_scheduler]'s factor applies to it)", 0,
-                    1e9),
-    keel::opt_float("beta1", "0.9", "decay of the first moment", 0, keel::below(1)),
-    keel::opt_float("beta2", "0.999", "decay of the second moment", 0, keel::below(1)),
-    keel::opt_float("eps", "1e-8", "added to the root of the second moment", 0, 1),
-    keel::opt_float("weight_decay", "0.01",
-                    "decoupled weight decay, applied to the rows a step touches only", 0, 1e9),
-};
+const keel_option_desc kAdagradOptions[] = {adagrad::kLr, adagrad::kEps,
+                                           adagrad::kInitialAccumulatorValue};
+const keel_option_desc kAdamWOptions[] = {adamw::kLr, adamw::kBeta1, adamw::kBeta2, adamw::kEps,
+                                          adamw::kWeightDecay};
 const keel_component_desc kComponents[] = {
     keel::component<Adagrad>("adagrad", "Adagrad over the touched rows of sparse tables "
                              "(state: one sum of squares per float)", kAdagradOptions),

@@ -51,6 +51,34 @@
 
 namespace {
 
+// Options, each declared once: the schemas below list them, the components read them as
+// the types they declare (ctx.get).
+constexpr auto kPath = keel::opt_path(
+    "path", nullptr,
+    "the token file: raw little-endian uint16 or uint32 ids, no header (`keel "
+    "prepare` writes one)");
+constexpr auto kVocab = keel::opt_path(
+    "vocab", "\"\"",
+    "its vocabulary file, which gives dtype and size (\"\": vocab.json in the "
+    "token file's directory)");
+constexpr auto kContext = keel::opt_int(
+    "context", "256", "tokens per sample (the targets are the next tokens)", 1, 1e9);
+constexpr auto kBatchSize = keel::opt_int(
+    "batch_size", "32", "samples per batch (a last partial batch is dropped)", 1, 1e9);
+constexpr auto kSplit = keel::opt_string(
+    "split", "\"train\"", "train: the tokens before the last val_fraction of the file; val: those",
+    "train|val");
+constexpr auto kValFraction = keel::opt_float(
+    "val_fraction", "0.1", "the share of the file (its end) that is split val", 0, 1);
+constexpr auto kSampling = keel::opt_string(
+    "sampling", "\"random\"",
+    "random: windows at offsets drawn from the run's seed and the epoch; "
+    "sequential: consecutive non-overlapping windows",
+    "random|sequential");
+constexpr auto kSamplesPerEpoch = keel::opt_int(
+    "samples_per_epoch", "0",
+    "random sampling: windows per epoch (0: the split's non-overlapping windows)", 0, 1e15);
+
 [[noreturn]] void fail(const std::string& path, const std::string& what, const std::string& hint) {
   throw std::runtime_error("tokens: " + path + ": " + what + "; hint: " + hint);
 }
@@ -127,20 +155,20 @@ Vocab check_vocab(const nlohmann::json& j, const std::string& path, const std::s
 class Tokens : public keel::Dataset {
  public:
   explicit Tokens(const keel::Context& ctx)
-      : path_(ctx.get_string("path")),
-        context_(ctx.get_int("context")),
-        batch_(ctx.get_int("batch_size")),
-        random_(ctx.get_string("sampling") == "random"),
+      : path_(ctx.get(kPath)),
+        context_(ctx.get(kContext)),
+        batch_(ctx.get(kBatchSize)),
+        random_(ctx.get(kSampling) == "random"),
         seed_(ctx.seed()),
         rank_(ctx.rank()),
         world_(ctx.world_size()) {
-    const std::string split = ctx.get_string("split"), section = ctx.section();
+    const std::string split = ctx.get(kSplit), section = ctx.section();
     if (world_ < 1 || rank_ < 0 || rank_ >= world_)
       throw std::runtime_error("tokens: rank " + std::to_string(rank_) + " of world_size " +
                                std::to_string(world_) +
                                " is out of range; hint: the kernel must pass 0 <= rank < "
                                "world_size");
-    std::string vocab_path = ctx.get_string("vocab");
+    std::string vocab_path = ctx.get(kVocab);
     if (vocab_path.empty())
       vocab_path = (std::filesystem::path(path_).parent_path() / "vocab.json").string();
     const Vocab vocab = read_vocab(
@@ -189,7 +217,7 @@ class Tokens : public keel::Dataset {
     const int64_t n = static_cast<int64_t>(size / static_cast<uint64_t>(bytes_));
 
     // The split: "val" is the last floor(n * val_fraction) tokens, "train" the rest.
-    const double fraction = ctx.get_float("val_fraction");
+    const double fraction = ctx.get(kValFraction);
     const int64_t n_val = static_cast<int64_t>(static_cast<double>(n) * fraction);
     begin_ = split == "val" ? n - n_val : 0;
     length_ = split == "val" ? n_val : n - n_val;
@@ -202,7 +230,7 @@ class Tokens : public keel::Dataset {
            "lower [" + section + "] context, adjust val_fraction, or use a longer token file");
     windows_ = (length_ - 1) / context_;
 
-    const int64_t spe = ctx.get_int("samples_per_epoch");
+    const int64_t spe = ctx.get(kSamplesPerEpoch);
     if (!random_ && spe > 0)
       throw std::runtime_error("tokens: samples_per_epoch = " + std::to_string(spe) +
                                " applies to sampling = \"random\" only; hint: remove it from [" +
@@ -305,28 +333,7 @@ class Tokens : public keel::Dataset {
 };
 
 const keel_option_desc kOptions[] = {
-    keel::opt_path("path", nullptr,
-                   "the token file: raw little-endian uint16 or uint32 ids, no header (`keel "
-                   "prepare` writes one)"),
-    keel::opt_path("vocab", "\"\"",
-                   "its vocabulary file, which gives dtype and size (\"\": vocab.json in the "
-                   "token file's directory)"),
-    keel::opt_int("context", "256", "tokens per sample (the targets are the next tokens)", 1,
-                  1e9),
-    keel::opt_int("batch_size", "32", "samples per batch (a last partial batch is dropped)", 1,
-                  1e9),
-    keel::opt_string("split", "\"train\"",
-                     "train: the tokens before the last val_fraction of the file; val: those",
-                     "train|val"),
-    keel::opt_float("val_fraction", "0.1", "the share of the file (its end) that is split val",
-                    0, 1),
-    keel::opt_string("sampling", "\"random\"",
-                     "random: windows at offsets drawn from the run's seed and the epoch; "
-                     "sequential: consecutive non-overlapping windows",
-                     "random|sequential"),
-    keel::opt_int("samples_per_epoch", "0",
-                  "random sampling: windows per epoch (0: the split's non-overlapping windows)",
-                  0, 1e15),
+    kPath, kVocab, kContext, kBatchSize, kSplit, kValFraction, kSampling, kSamplesPerEpoch,
 };
 const keel_component_desc kComponents[] = {
     keel::component<Tokens>("tokens",

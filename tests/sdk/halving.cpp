@@ -4,18 +4,19 @@
 
 #include "keel/plugin.hpp"
 
+constexpr auto kEvery =
+    keel::opt_int("every", "1000", "halve the learning rate every N steps", 1, 1e12);
+
 class Halving : public keel::LrScheduler {
  public:
-  explicit Halving(const keel::Context& ctx) : every_(ctx.get_int("every")) {}
+  explicit Halving(const keel::Context& ctx) : every_(ctx.get(kEvery)) {}
   double factor(int64_t step) override { return std::pow(0.5, step / every_); }
 
  private:
   int64_t every_;
 };
 
-static const keel_option_desc kOptions[] = {
-    keel::opt_int("every", "1000", "halve the learning rate every N steps", 1, 1e12),
-};
+static const keel_option_desc kOptions[] = {kEvery};
 static const keel_component_desc kComponents[] = {
     keel::component<Halving>("halving", "lr halves every N steps", kOptions),
 };

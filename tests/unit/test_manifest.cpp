@@ -14,6 +14,8 @@
 #include "config/keys.hpp"
 #include "config/resume_changes.hpp"
 #include "config/toml_text.hpp"
+#include "host.hpp"
+#include "keel/plugin.hpp"
 #include "manifest.hpp"
 #include "loader/registry.hpp"
 #include "run_config.hpp"
@@ -666,6 +668,58 @@ TEST_CASE("[[hooks]] without keel's metric sinks: one warning, naming the base's
     CHECK(warnings[0].find("hint: add [[hooks]] type = \"console\" and [[hooks]] type = "
                            "\"jsonl\"") != std::string::npos);
   }
+}
+
+// A plugin's option, declared once (keel::opt_* returns a keel::Option<T>), goes into the
+// schema as it is and reads back through Context::get as the type it declares.
+namespace typed {
+constexpr auto kFlag = keel::opt_bool("flag", "false", "a bool");
+constexpr auto kCount = keel::opt_int("count", "3", "an int", 0, 100);
+constexpr auto kRate = keel::opt_float("rate", "0.5", "a float", 0, 1);
+constexpr auto kMode = keel::opt_string("mode", "\"a\"", "a choice", "a|b");
+constexpr auto kDir = keel::opt_path("dir", "\"\"", "a path");
+constexpr auto kSizes = keel::opt_int_list("sizes", "[1, 2]", "ints");
+constexpr auto kBetas = keel::opt_float_list("betas", "[0.9]", "floats");
+constexpr auto kUndeclared = keel::opt_int("undeclared", "0", "not in the schema");
+const keel::Context* kContext = nullptr;
+static_assert(std::is_same_v<decltype(kContext->get(kFlag)), bool>);
+static_assert(std::is_same_v<decltype(kContext->get(kCount)), int64_t>);
+static_assert(std::is_same_v<decltype(kContext->get(kRate)), double>);
+static_assert(std::is_same_v<decltype(kContext->get(kMode)), std::string>);
+static_assert(std::is_same_v<decltype(kContext->get(kDir)), std::string>);
+static_assert(std::is_same_v<decltype(kContext->get(kSizes)), std::vector<int64_t>>);
+static_assert(std::is_same_v<decltype(kContext->get(kBetas)), std::vector<double>>);
+}  // namespace typed
+
+TEST_CASE("a plugin's typed options: declared once, listed in the schema, read as their type") {
+  using namespace typed;
+  const keel::Schema schema = {kFlag, kCount, kRate, kMode, kDir, kSizes, kBetas};
+  CHECK(schema[1].type == KEEL_OPT_INT);
+  CHECK(std::string(schema[3].choices) == "a|b");
+  CHECK(keel::check_schema(schema) == "");
+  const keel_options values = keel::validate_options(
+      toml::parse("flag = true\ncount = 7\nrate = 1\nmode = \"b\"\ndir = \"/x\"\n"
+                  "sizes = [4, 5, 6]\n"),
+      "model", "keel plugins show typed", schema);
+  keel_create_context raw{};
+  raw.struct_size = sizeof raw;
+  raw.host = keel::host();
+  raw.options = &values;
+  const keel::Context ctx(&raw);
+  CHECK(ctx.get(kFlag) == true);
+  CHECK(ctx.get(kCount) == 7);
+  CHECK(ctx.get(kRate) == 1.0);  // an integer for a float option
+  CHECK(ctx.get(kMode) == "b");
+  CHECK(ctx.get(kDir) == "/x");
+  CHECK(ctx.get(kSizes) == std::vector<int64_t>{4, 5, 6});
+  CHECK(ctx.get(kBetas) == std::vector<double>{0.9});  // the default
+  std::string message = "<no error>";
+  try {
+    ctx.get(kUndeclared);
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  CHECK(message == "option 'undeclared' is not declared as int in this component's schema");
 }
 
 }  // namespace unit_manifest

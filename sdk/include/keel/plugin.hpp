@@ -94,7 +94,18 @@ class Context {
     return KEEL_HAS_FIELD(raw_, keel_create_context, resume_step) ? raw_->resume_step : 0;
   }
 
-  // Option values (the kernel validated them and filled in defaults).
+  // Option values (the kernel validated them and filled in defaults). get(option) reads an
+  // option declared with keel::opt_int and the others (schema.hpp) as the type it declares.
+  template <class T>
+  T get(const Option<T>& option) const {
+    if constexpr (std::is_same_v<T, bool>) return get_bool(option.key);
+    else if constexpr (std::is_same_v<T, int64_t>) return get_int(option.key);
+    else if constexpr (std::is_same_v<T, double>) return get_float(option.key);
+    else if constexpr (std::is_same_v<T, std::string>) return get_string(option.key);
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return get_int_list(option.key);
+    else return get_float_list(option.key);
+  }
+  // By name, as the schema entry spells the key.
   bool get_bool(const char* key) const {
     int v = 0;
     if (!host().option_bool(raw_->options, key, &v)) missing(key, "bool");

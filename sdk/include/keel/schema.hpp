@@ -1,7 +1,22 @@
 // Helpers to write option schemas (arrays of keel_option_desc) in C++. No LibTorch needed.
+//
+// Each option is declared once: opt_int(...) and the others return a keel::Option<T>, a
+// keel_option_desc that also carries the C++ type its value is read as. Keep it as a constant,
+// list it in the component's schema array, and read it with Context::get, which needs no second
+// spelling of the key or its type:
+//
+//   constexpr auto kPatience = keel::opt_int("patience", "3", "evaluations tolerated", 0, 1e12);
+//   const keel_option_desc kOptions[] = {kPatience};
+//   ...  patience_(ctx.get(kPatience))   // an int64_t
+//
+// (Context::get_int("patience") and the other by-name getters stay, for schemas written as
+// plain keel_option_desc rows.)
 #pragma once
 
+#include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "keel/abi.h"
 
@@ -11,32 +26,42 @@ namespace keel {
 // bound is the next double inside it, keel::below(1.0) or keel::above(0.0) (below): in doubles,
 // [0, below(1)] is [0, 1), and keel shows and checks it as that ("float in [0, 1)").
 constexpr double kNoMin = 1.0, kNoMax = 0.0;
-constexpr keel_option_desc opt_bool(const char* key, const char* def, const char* help) {
-  return {key, KEEL_OPT_BOOL, def, help, kNoMin, kNoMax, nullptr};
+
+// A schema entry whose value reads as a T (bool, int64_t, double, std::string, or a vector of
+// int64_t or double). It is a keel_option_desc: it goes into a schema array as it is.
+template <class T>
+struct Option : keel_option_desc {
+  using Value = T;
+};
+
+constexpr Option<bool> opt_bool(const char* key, const char* def, const char* help) {
+  return {{key, KEEL_OPT_BOOL, def, help, kNoMin, kNoMax, nullptr}};
 }
-constexpr keel_option_desc opt_int(const char* key, const char* def, const char* help,
+constexpr Option<int64_t> opt_int(const char* key, const char* def, const char* help,
+                                  double min = kNoMin, double max = kNoMax) {
+  return {{key, KEEL_OPT_INT, def, help, min, max, nullptr}};
+}
+constexpr Option<double> opt_float(const char* key, const char* def, const char* help,
                                    double min = kNoMin, double max = kNoMax) {
-  return {key, KEEL_OPT_INT, def, help, min, max, nullptr};
+  return {{key, KEEL_OPT_FLOAT, def, help, min, max, nullptr}};
 }
-constexpr keel_option_desc opt_float(const char* key, const char* def, const char* help,
-                                     double min = kNoMin, double max = kNoMax) {
-  return {key, KEEL_OPT_FLOAT, def, help, min, max, nullptr};
-}
-constexpr keel_option_desc opt_string(const char* key, const char* def, const char* help,
-                                      const char* choices = nullptr) {
-  return {key, KEEL_OPT_STRING, def, help, kNoMin, kNoMax, choices};
+constexpr Option<std::string> opt_string(const char* key, const char* def, const char* help,
+                                         const char* choices = nullptr) {
+  return {{key, KEEL_OPT_STRING, def, help, kNoMin, kNoMax, choices}};
 }
 // (ABI 1.2) A filesystem path: the kernel hands the factory an absolute path (abi.h).
-constexpr keel_option_desc opt_path(const char* key, const char* def, const char* help) {
-  return {key, KEEL_OPT_PATH, def, help, kNoMin, kNoMax, nullptr};
+constexpr Option<std::string> opt_path(const char* key, const char* def, const char* help) {
+  return {{key, KEEL_OPT_PATH, def, help, kNoMin, kNoMax, nullptr}};
 }
-constexpr keel_option_desc opt_int_list(const char* key, const char* def, const char* help,
-                                        double min = kNoMin, double max = kNoMax) {
-  return {key, KEEL_OPT_INT_LIST, def, help, min, max, nullptr};
+constexpr Option<std::vector<int64_t>> opt_int_list(const char* key, const char* def,
+                                                    const char* help, double min = kNoMin,
+                                                    double max = kNoMax) {
+  return {{key, KEEL_OPT_INT_LIST, def, help, min, max, nullptr}};
 }
-constexpr keel_option_desc opt_float_list(const char* key, const char* def, const char* help,
-                                          double min = kNoMin, double max = kNoMax) {
-  return {key, KEEL_OPT_FLOAT_LIST, def, help, min, max, nullptr};
+constexpr Option<std::vector<double>> opt_float_list(const char* key, const char* def,
+                                                     const char* help, double min = kNoMin,
+                                                     double max = kNoMax) {
+  return {{key, KEEL_OPT_FLOAT_LIST, def, help, min, max, nullptr}};
 }
 constexpr double kInf = std::numeric_limits<double>::infinity();
 

@@ -11,6 +11,11 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+// The option, declared once: the schema below lists it, the constructor reads it as the
+// type it declares (ctx.get).
+constexpr auto kChecksum = keel::opt_bool(
+    "checksum", "true", "store a checksum of each tensor's bytes, which load verifies");
+
 // Each object ("model", "optimizer", ...) is one file, <stem>.tensors: the 8 bytes "KEELTNS1", a
 // byte that is 1 when tensors carry checksums, then per tensor its name length (uint32), name,
 // dtype (int32, at::ScalarType), dimension count (int32), sizes (int64 each), byte count
@@ -19,7 +24,7 @@
 class @{Class} final : public keel::Checkpoint {
  public:
   // Options arrive checked against kOptions below, with defaults filled in.
-  explicit @{Class}(const keel::Context& ctx) : checksum_(ctx.get_bool("checksum")) {}
+  explicit @{Class}(const keel::Context& ctx) : checksum_(ctx.get(kChecksum)) {}
 
   void save(const std::string& dir, const std::string& stem,
             const keel::NamedTensors& tensors) override {
@@ -129,10 +134,7 @@ class @{Class} final : public keel::Checkpoint {
 };
 
 // The option schema: what `keel plugins show @{component}` lists and a manifest may set.
-const keel_option_desc kOptions[] = {
-    keel::opt_bool("checksum", "true",
-                   "store a checksum of each tensor's bytes, which load verifies"),
-};
+const keel_option_desc kOptions[] = {kChecksum};
 const keel_component_desc kComponents[] = {
     keel::component<@{Class}>("@{component}", "@{summary}", kOptions),
 };

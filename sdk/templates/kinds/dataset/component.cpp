@@ -5,6 +5,10 @@
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
 
+// The option, declared once: the schema below lists it, the constructor reads it as the
+// type it declares (ctx.get).
+constexpr auto kBatchSize = keel::opt_int("batch_size", "32", "samples per batch", 1, 1e6);
+
 // 256 points on a 16 x 16 grid in [-1, 1]^2: inputs [x, y] (float32), target 1 where x * y > 0,
 // else 0 (int64). Each epoch visits them in an order shuffled from the run's seed and the epoch
 // alone, so a resumed run sees the same batches. With several ranks, rank r takes every
@@ -14,7 +18,7 @@ class @{Class} final : public keel::Dataset {
  public:
   // Options arrive checked against kOptions below, with defaults filled in.
   explicit @{Class}(const keel::Context& ctx)
-      : batch_size_(ctx.get_int("batch_size")),
+      : batch_size_(ctx.get(kBatchSize)),
         seed_(ctx.seed()),
         rank_(ctx.rank()),
         world_size_(ctx.world_size()) {
@@ -51,9 +55,7 @@ class @{Class} final : public keel::Dataset {
 };
 
 // The option schema: what `keel plugins show @{component}` lists and a manifest may set.
-const keel_option_desc kOptions[] = {
-    keel::opt_int("batch_size", "32", "samples per batch", 1, 1e6),
-};
+const keel_option_desc kOptions[] = {kBatchSize};
 const keel_component_desc kComponents[] = {
     keel::component<@{Class}>("@{component}", "@{summary}", kOptions),
 };

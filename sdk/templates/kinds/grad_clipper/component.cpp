@@ -3,6 +3,11 @@
 
 #include <ATen/core/Tensor.h>
 
+// The option, declared once: the schema below lists it, the constructor reads it as the
+// type it declares (ctx.get).
+constexpr auto kMaxNorm = keel::opt_float(
+    "max_norm", "1.0", "largest global L2 norm the gradients keep", 0.0, keel::kInf);
+
 // Clipping by global norm: when the L2 norm of all gradients together exceeds max_norm, every
 // gradient is scaled by max_norm / norm. Returns the norm before clipping; parameters without a
 // gradient are skipped.
@@ -10,7 +15,7 @@ class @{Class} final : public keel::GradClipper {
  public:
   // Options arrive checked against kOptions below, with defaults filled in.
   explicit @{Class}(const keel::Context& ctx)
-      : params_(ctx.params()), max_norm_(ctx.get_float("max_norm")) {}
+      : params_(ctx.params()), max_norm_(ctx.get(kMaxNorm)) {}
   double clip() override {
     double sum = 0;
     for (const auto& p : params_)
@@ -28,10 +33,7 @@ class @{Class} final : public keel::GradClipper {
 };
 
 // The option schema: what `keel plugins show @{component}` lists and a manifest may set.
-const keel_option_desc kOptions[] = {
-    keel::opt_float("max_norm", "1.0", "largest global L2 norm the gradients keep", 0.0,
-                    keel::kInf),
-};
+const keel_option_desc kOptions[] = {kMaxNorm};
 const keel_component_desc kComponents[] = {
     keel::component<@{Class}>("@{component}", "@{summary}", kOptions),
 };

@@ -1,11 +1,17 @@
 #include <string>
 
+// The option, declared once: the schema below lists it, the constructor reads it as the
+// type it declares (ctx.get).
+constexpr auto kTargetLoss = keel::opt_float(
+    "target_loss", "0.0", "stop once a step's training loss is below this (0: never)", 0.0,
+    keel::kInf);
+
 // Stops the run at the first step whose training loss falls below target_loss (0: never).
 class @{Class} final : public keel::Hook {
  public:
   // Options arrive checked against kOptions below, with defaults filled in.
   explicit @{Class}(const keel::Context& ctx)
-      : target_loss_(ctx.get_float("target_loss")), log_(ctx) {}
+      : target_loss_(ctx.get(kTargetLoss)), log_(ctx) {}
   // Sees every event of the run (abi.h lists them in order); acts on STEP_END only.
   void on_event(keel_event& event) override {
     if (event.kind != KEEL_EVENT_STEP_END || !(target_loss_ > 0)) return;
@@ -22,11 +28,7 @@ class @{Class} final : public keel::Hook {
 };
 
 // The option schema: what `keel plugins show @{component}` lists and a manifest may set.
-const keel_option_desc kOptions[] = {
-    keel::opt_float("target_loss", "0.0",
-                    "stop once a step's training loss is below this (0: never)", 0.0,
-                    keel::kInf),
-};
+const keel_option_desc kOptions[] = {kTargetLoss};
 const keel_component_desc kComponents[] = {
     keel::component<@{Class}>("@{component}", "@{summary}", kOptions),
 };

@@ -6,13 +6,19 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/log_softmax.h>
 
+// The option, declared once: the schema below lists it, the constructor reads it as the
+// type it declares (ctx.get).
+constexpr auto kLabelSmoothing = keel::opt_float(
+    "label_smoothing", "0.1",
+    "share of the target spread evenly over all classes (0: plain cross-entropy)", 0.0, 1.0);
+
 // Cross-entropy with label smoothing, averaged over the batch: logits [N, C], targets [N]
 // (class indices). Each sample's target distribution puts 1 - label_smoothing on its class and
 // spreads label_smoothing evenly over all C classes, as torch.nn.CrossEntropyLoss does.
 class @{Class} final : public keel::Loss {
  public:
   // Options arrive checked against kOptions below, with defaults filled in.
-  explicit @{Class}(const keel::Context& ctx) : smoothing_(ctx.get_float("label_smoothing")) {}
+  explicit @{Class}(const keel::Context& ctx) : smoothing_(ctx.get(kLabelSmoothing)) {}
   at::Tensor compute(const at::Tensor& output, const at::Tensor& target,
                      int64_t* count) override {
     if (output.dim() != 2 || target.dim() != 1 || target.size(0) != output.size(0)) {
@@ -48,11 +54,7 @@ class @{Class} final : public keel::Loss {
 };
 
 // The option schema: what `keel plugins show @{component}` lists and a manifest may set.
-const keel_option_desc kOptions[] = {
-    keel::opt_float("label_smoothing", "0.1",
-                    "share of the target spread evenly over all classes (0: plain cross-entropy)",
-                    0.0, 1.0),
-};
+const keel_option_desc kOptions[] = {kLabelSmoothing};
 const keel_component_desc kComponents[] = {
     keel::component<@{Class}>("@{component}", "@{summary}", kOptions),
 };

@@ -9,6 +9,11 @@
 #include <ATen/ops/rand.h>
 #include <ATen/ops/relu.h>
 
+// The option, declared once: the schema below lists it, the constructor reads it as the
+// type it declares (ctx.get).
+constexpr auto kLayers = keel::opt_int_list(
+    "layers", "[784, 256, 10]", "sizes of the layers, inputs first and classes last", 1, 1e9);
+
 // A multi-layer perceptron: linear layers of the sizes `layers` lists (inputs first, outputs
 // last), a ReLU between two of them; each sample is flattened first. Parameters "fc<i>.weight"
 // [out, in] and "fc<i>.bias" [out] start uniform in [-1/sqrt(in), 1/sqrt(in)], as PyTorch's
@@ -17,7 +22,7 @@ class @{Class} final : public keel::Model {
  public:
   // Options arrive checked against kOptions below, with defaults filled in.
   explicit @{Class}(const keel::Context& ctx) {
-    const std::vector<int64_t> sizes = ctx.get_int_list("layers");
+    const std::vector<int64_t> sizes = ctx.get(kLayers);
     if (sizes.size() < 2)
       throw std::invalid_argument("layers needs at least two sizes (inputs, outputs); hint: "
                                   "layers = [784, 10]");
@@ -48,10 +53,7 @@ class @{Class} final : public keel::Model {
 };
 
 // The option schema: what `keel plugins show @{component}` lists and a manifest may set.
-const keel_option_desc kOptions[] = {
-    keel::opt_int_list("layers", "[784, 256, 10]",
-                       "sizes of the layers, inputs first and classes last", 1, 1e9),
-};
+const keel_option_desc kOptions[] = {kLayers};
 const keel_component_desc kComponents[] = {
     keel::component<@{Class}>("@{component}", "@{summary}", kOptions),
 };

@@ -6,6 +6,11 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/tensor.h>
 
+// The option, declared once: the schema below lists it, the constructor reads it as the
+// type it declares (ctx.get).
+constexpr auto kLr = keel::opt_float(
+    "lr", "0.01", "learning rate (a parameter group may set its own)", 0.0, keel::kInf);
+
 // Plain stochastic gradient descent: every parameter p with a gradient becomes p - lr * grad. A
 // parameter group ([[optimizer.groups]]) may set its own lr; weight decay is not supported.
 class @{Class} final : public keel::Optimizer {
@@ -18,7 +23,7 @@ class @{Class} final : public keel::Optimizer {
         throw std::invalid_argument("parameter group " + std::to_string(g) +
                                     " sets weight_decay, which @{component} does not support; "
                                     "hint: remove weight_decay from [[optimizer.groups]]");
-      lr_.push_back(std::isnan(ctx.group_lr(g)) ? ctx.get_float("lr") : ctx.group_lr(g));
+      lr_.push_back(std::isnan(ctx.group_lr(g)) ? ctx.get(kLr) : ctx.group_lr(g));
     }
   }
   void step() override {
@@ -53,10 +58,7 @@ class @{Class} final : public keel::Optimizer {
 };
 
 // The option schema: what `keel plugins show @{component}` lists and a manifest may set.
-const keel_option_desc kOptions[] = {
-    keel::opt_float("lr", "0.01", "learning rate (a parameter group may set its own)", 0.0,
-                    keel::kInf),
-};
+const keel_option_desc kOptions[] = {kLr};
 const keel_component_desc kComponents[] = {
     keel::component<@{Class}>("@{component}", "@{summary}", kOptions),
 };

@@ -6,6 +6,12 @@
 #include <stdexcept>
 #include <string>
 
+// The option, declared once: the schema below lists it, the constructor reads it as the
+// type it declares (ctx.get).
+constexpr auto kPath = keel::opt_string(
+    "path", "\"phases.tsv\"",
+    "file the phase timings are written to (relative: in the run directory)");
+
 // Times each phase of the training loop ("data", "forward", "backward", ...) and, at the end of
 // the run, writes one line per phase to `path`: its name, how often it ran and its total seconds,
 // tab-separated, after a header line. A relative path is taken in the run directory; with
@@ -13,7 +19,7 @@
 class @{Class} final : public keel::Profiler {
  public:
   // Options arrive checked against kOptions below, with defaults filled in.
-  explicit @{Class}(const keel::Context& ctx) : path_(ctx.get_string("path")) {
+  explicit @{Class}(const keel::Context& ctx) : path_(ctx.get(kPath)) {
     if (path_.empty())
       throw std::invalid_argument("path is empty; hint: path = \"phases.tsv\"");
     if (path_[0] != '/') path_ = ctx.run_dir() + "/" + path_;
@@ -58,10 +64,7 @@ class @{Class} final : public keel::Profiler {
 };
 
 // The option schema: what `keel plugins show @{component}` lists and a manifest may set.
-const keel_option_desc kOptions[] = {
-    keel::opt_string("path", "\"phases.tsv\"",
-                     "file the phase timings are written to (relative: in the run directory)"),
-};
+const keel_option_desc kOptions[] = {kPath};
 const keel_component_desc kComponents[] = {
     keel::component<@{Class}>("@{component}", "@{summary}", kOptions),
 };
