@@ -1,4 +1,4 @@
-#include "files/run_dir.hpp"
+#include "files/owned_dir.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -121,7 +121,7 @@ bool CreatedEntries::contains(dev_t dev, ino_t ino) const {
                      [&](const Entry& e) { return e.dev == dev && e.ino == ino; });
 }
 
-void CreatedEntries::add_open_files(const RunDir& dir,
+void CreatedEntries::add_open_files(const OwnedDir& dir,
                                     const std::vector<std::pair<dev_t, ino_t>>& before) {
   const std::set<std::pair<dev_t, ino_t>> had(before.begin(), before.end());
   std::set<std::pair<dev_t, ino_t>> open;
@@ -183,9 +183,9 @@ void CreatedEntries::forget() {
   entries_.clear();
 }
 
-// ---- RunDir ----
+// ---- OwnedDir ----
 
-RunDir RunDir::open(const std::string& path_text, CreatedEntries& created, const DirUse& use) {
+OwnedDir OwnedDir::open(const std::string& path_text, CreatedEntries& created, const DirUse& use) {
   fs::path path = fs::path(path_text).lexically_normal();
   if (!path.has_filename() && path.has_relative_path()) path = path.parent_path();  // "/a/b/"
   const std::string shown = path.string();
@@ -257,13 +257,13 @@ RunDir RunDir::open(const std::string& path_text, CreatedEntries& created, const
     dir.reset(next.release());
     at = here;
   }
-  return RunDir(dir.release(), shown, use);
+  return OwnedDir(dir.release(), shown, use);
 }
 
-RunDir::RunDir(RunDir&& other) noexcept
+OwnedDir::OwnedDir(OwnedDir&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)), use_(std::move(other.use_)) {}
 
-RunDir& RunDir::operator=(RunDir&& other) noexcept {
+OwnedDir& OwnedDir::operator=(OwnedDir&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = std::exchange(other.fd_, -1);
@@ -273,11 +273,11 @@ RunDir& RunDir::operator=(RunDir&& other) noexcept {
   return *this;
 }
 
-RunDir::~RunDir() {
+OwnedDir::~OwnedDir() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-RunDir RunDir::subdir(const std::string& name, CreatedEntries& created) const {
+OwnedDir OwnedDir::subdir(const std::string& name, CreatedEntries& created) const {
   const std::string shown = path_of(name);
   const bool made = ::mkdirat(fd_, name.c_str(), 0755) == 0;
   if (!made && errno != EEXIST)
@@ -294,10 +294,10 @@ RunDir RunDir::subdir(const std::string& name, CreatedEntries& created) const {
   if (made) created.add(fd_, name, shown, st.st_dev, st.st_ino, true);
   const std::string why = untrusted_directory(st, true);
   if (!why.empty()) throw Error(shown + " " + why + own_hint(use_));
-  return RunDir(fd.release(), shown, use_);
+  return OwnedDir(fd.release(), shown, use_);
 }
 
-RunDir RunDir::new_subdir(const std::string& stem, CreatedEntries& created) const {
+OwnedDir OwnedDir::new_subdir(const std::string& stem, CreatedEntries& created) const {
   for (int i = 0; i < 1000; ++i) {
     const std::string name = i == 0 ? stem : stem + "-" + std::to_string(i);
     if (::mkdirat(fd_, name.c_str(), 0755) != 0) {
@@ -311,12 +311,12 @@ RunDir RunDir::new_subdir(const std::string& stem, CreatedEntries& created) cons
       throw Error(path_of(name) + ": cannot open the directory keel just created (" +
                   errno_text() + "); hint: check who else writes " + path_);
     created.add(fd_, name, path_of(name), st.st_dev, st.st_ino, true);
-    return RunDir(fd.release(), path_of(name), use_);
+    return OwnedDir(fd.release(), path_of(name), use_);
   }
   throw Error(path_of(stem) + "-999 exists too; hint: move earlier ones out of " + path_);
 }
 
-int RunDir::open_file(const std::string& name, int flags, CreatedEntries& created,
+int OwnedDir::open_file(const std::string& name, int flags, CreatedEntries& created,
                       bool* existed) const {
   const std::string shown = path_of(name);
   constexpr int kBase = O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
@@ -354,7 +354,7 @@ int RunDir::open_file(const std::string& name, int flags, CreatedEntries& create
   return fd.release();
 }
 
-void RunDir::write_file(const std::string& name, const std::string& text,
+void OwnedDir::write_file(const std::string& name, const std::string& text,
                         CreatedEntries& created) const {
   const std::string tmp = own_name("." + name) + ".tmp";
   UniqueFd fd(open_file(tmp, O_EXCL, created));
@@ -379,19 +379,19 @@ void RunDir::write_file(const std::string& name, const std::string& text,
     created.renamed(st.st_dev, st.st_ino, name, path_of(name));
 }
 
-void RunDir::check_replaceable(const std::string& name) const {
+void OwnedDir::check_replaceable(const std::string& name) const {
   struct stat st {};
   // renameat replaces a file or a symlink of that name, and fails on a directory.
   if (::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
     throw Error(cannot_replace(path_of(name), std::strerror(EISDIR), use_));
 }
 
-bool RunDir::has(const std::string& name) const {
+bool OwnedDir::has(const std::string& name) const {
   struct stat st {};
   return ::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
-std::vector<std::string> RunDir::entries(const std::string& sub) const {
+std::vector<std::string> OwnedDir::entries(const std::string& sub) const {
   std::vector<std::string> names;
   const int fd = ::openat(fd_, sub.empty() ? "." : sub.c_str(),
                           O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -408,7 +408,7 @@ std::vector<std::string> RunDir::entries(const std::string& sub) const {
   return names;
 }
 
-std::vector<std::pair<dev_t, ino_t>> RunDir::identities() const {
+std::vector<std::pair<dev_t, ino_t>> OwnedDir::identities() const {
   std::vector<std::pair<dev_t, ino_t>> ids;
   for (const std::string& name : entries()) {
     struct stat st {};
@@ -418,7 +418,7 @@ std::vector<std::pair<dev_t, ino_t>> RunDir::identities() const {
   return ids;
 }
 
-void RunDir::probe_writable(CreatedEntries& created) const {
+void OwnedDir::probe_writable(CreatedEntries& created) const {
   const std::string name = own_name(".keel-write-check");
   UniqueFd fd(open_file(name, O_EXCL, created));
   if (fd.get() < 0) throw Error(path_of(name) + ": exists already; hint: remove it");

@@ -1,5 +1,7 @@
-// Run directories: opened so that another local user cannot redirect what a run writes, and
-// cleaned up after a failed start by removing exactly what this process created.
+// Directories we own (OwnedDir): the run directory, a checkpoint's, `keel prepare`'s and
+// `keel export`'s output, opened so that another local user cannot redirect what keel writes,
+// and cleaned up after a failed start by removing exactly what this process created. (How the
+// run uses its directory is run/run_directory.hpp.)
 //
 // The rule, checked on the directory itself (fstat of the descriptor the run then works
 // through) and on every existing directory on the way to it (each prefix of the path as given
@@ -36,9 +38,9 @@
 
 namespace keel {
 
-class RunDir;
+class OwnedDir;
 
-// What a directory RunDir opens is for: how its messages name it and which rule applies to the
+// What a directory OwnedDir opens is for: how its messages name it and which rule applies to the
 // directory itself. The defaults are a run directory's. keel's other outputs (keel report's
 // page, keel prepare's token files, keel export's directory) are opened with their own.
 struct DirUse {
@@ -75,7 +77,7 @@ class CreatedEntries {
   // it): files its components created during the start (a metric sink's metrics.jsonl, which
   // holds no record before training starts). One with content stays: another run sharing the
   // directory (--overwrite) may have written its records into it.
-  void add_open_files(const RunDir& dir, const std::vector<std::pair<dev_t, ino_t>>& before);
+  void add_open_files(const OwnedDir& dir, const std::vector<std::pair<dev_t, ino_t>>& before);
   // An entry renamed from `from` to `to` in the same directory (write_file's temporary file).
   void renamed(dev_t dev, ino_t ino, const std::string& to, const std::string& to_path);
   // Removes the record of (dev, ino) (an entry this process removed itself).
@@ -99,20 +101,21 @@ class CreatedEntries {
   std::vector<Entry> entries_;
 };
 
-// An open run directory (or a subdirectory of one), read and written through its descriptor.
-class RunDir {
+// An open directory of ours (a run directory, a subdirectory of one, or an output directory),
+// read and written through its descriptor.
+class OwnedDir {
  public:
   // Opens directory `path` (absolute), creating it and its missing parents (each with mkdirat
   // relative to its parent's descriptor); refuses, with one line and a hint, a directory the
   // rule above does not trust. What it creates is recorded in `created`. Throws keel::Error.
   // `use`: what the directory is for (messages; the sticky exception for the directory itself).
-  static RunDir open(const std::string& path, CreatedEntries& created, const DirUse& use = {});
+  static OwnedDir open(const std::string& path, CreatedEntries& created, const DirUse& use = {});
 
-  RunDir(RunDir&& other) noexcept;
-  RunDir& operator=(RunDir&& other) noexcept;
-  ~RunDir();
-  RunDir(const RunDir&) = delete;
-  RunDir& operator=(const RunDir&) = delete;
+  OwnedDir(OwnedDir&& other) noexcept;
+  OwnedDir& operator=(OwnedDir&& other) noexcept;
+  ~OwnedDir();
+  OwnedDir(const OwnedDir&) = delete;
+  OwnedDir& operator=(const OwnedDir&) = delete;
 
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
@@ -120,10 +123,10 @@ class RunDir {
 
   // Subdirectory `name`: created (recorded) when missing, else opened O_NOFOLLOW and checked
   // like the run directory itself.
-  RunDir subdir(const std::string& name, CreatedEntries& created) const;
+  OwnedDir subdir(const std::string& name, CreatedEntries& created) const;
   // A new subdirectory `<stem>`, or `<stem>-1`, `<stem>-2`, ... when that name exists
   // (mkdirat: never an existing one). Recorded in `created`.
-  RunDir new_subdir(const std::string& stem, CreatedEntries& created) const;
+  OwnedDir new_subdir(const std::string& stem, CreatedEntries& created) const;
 
   // Opens file `name` for writing: O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | `flags`
   // (O_EXCL, O_TRUNC or O_APPEND), mode 0644 less the umask. A newly created file is recorded
@@ -153,7 +156,7 @@ class RunDir {
   void probe_writable(CreatedEntries& created) const;
 
  private:
-  RunDir(int fd, std::string path, DirUse use)
+  OwnedDir(int fd, std::string path, DirUse use)
       : fd_(fd), path_(std::move(path)), use_(std::move(use)) {}
   int fd_ = -1;
   std::string path_;

@@ -34,7 +34,7 @@ std::string utc_stamp(bool compact) {
 // The files by which run directory `dir` shows that an earlier run wrote it, comma-separated
 // ("" when none): manifest.resolved.toml, plugins.json and metrics.jsonl (the jsonl sink's
 // default name), and checkpoints/step-<N> directories.
-std::string earlier_records(const RunDir& dir) {
+std::string earlier_records(const OwnedDir& dir) {
   std::vector<std::string> found;
   for (const char* name : {"manifest.resolved.toml", "plugins.json", "metrics.jsonl"})
     if (dir.has(name)) found.push_back(name);
@@ -55,7 +55,7 @@ std::string earlier_records(const RunDir& dir) {
 
 // A fresh training run: refused when `run` holds an earlier run's records; claimed by creating
 // manifest.resolved.toml, so that a second fresh run starting into it meanwhile is refused.
-void claim(RunDirectory& directory, RunDir& run, const std::string& shown,
+void claim(RunDirectory& directory, OwnedDir& run, const std::string& shown,
            const std::string& resolved_manifest) {
   const std::string records = earlier_records(run);
   if (!records.empty()) refuse_earlier_records(shown, records);
@@ -103,7 +103,7 @@ std::string prepare_run_directory(RunDirectory& directory, const RunConfig& conf
                                   const std::string& resolved_manifest, bool validate_only) {
   const fs::path out = config.run.output_dir;
   CreatedEntries& created = *directory.created;
-  RunDir run = RunDir::open(out.string(), created);
+  OwnedDir run = OwnedDir::open(out.string(), created);
   run.probe_writable(created);
   if (validate_only) {
     // What a training run's start checks here too, with the same error lines, writing nothing
@@ -136,7 +136,7 @@ std::string prepare_run_directory(RunDirectory& directory, const RunConfig& conf
 
 void check_run_files(RunDirectory& directory) {
   if (!directory.dir) return;  // an evaluation: its eval-<time>/ is new
-  RunDir& dir = *directory.dir;
+  OwnedDir& dir = *directory.dir;
   const int log_fd = dir.open_file("run.log", O_APPEND, *directory.created);
   ::close(log_fd);
   for (const char* name : {"manifest.resolved.toml", "plugins.json"}) dir.check_replaceable(name);
@@ -148,7 +148,7 @@ void start_run_log(RunDirectory& directory, const RunConfig& config,
   // that a resumed or --overwrite run failing before step 1 leaves the earlier ones untouched.
   // run.log is opened first: a run.log keel refuses to write leaves the earlier files as they
   // were. It is appended to, each run's part starting with a line naming it.
-  RunDir& dir = *directory.dir;
+  OwnedDir& dir = *directory.dir;
   CreatedEntries& created = *directory.created;
   bool had_log = false;
   const int log_fd = dir.open_file("run.log", O_APPEND, created, &had_log);

@@ -1,7 +1,7 @@
 // The run directory as the run uses it: rank 0 opens (and, for a fresh training run, claims)
 // it, the components get its path (a scratch directory when only validating), and run.log is
 // attached to the log once the run is assembled. What this start created is recorded in
-// `created` (the Trainer removes it again when the start fails; files/run_dir.hpp).
+// `created` (the Trainer removes it again when the start fails; files/owned_dir.hpp).
 #pragma once
 
 #include <sys/types.h>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "run_config.hpp"
-#include "files/run_dir.hpp"
+#include "files/owned_dir.hpp"
 
 namespace keel {
 
@@ -50,8 +50,8 @@ class AttachedRunLog {
 
 struct RunDirectory {
   std::filesystem::path path;  // the components' run directory (validating: the scratch one)
-  // Rank 0: the run directory, opened (files/run_dir.hpp), and its entries' identities then.
-  std::optional<RunDir> dir;
+  // Rank 0: the run directory, opened (files/owned_dir.hpp), and its entries' identities then.
+  std::optional<OwnedDir> dir;
   std::vector<std::pair<dev_t, ino_t>> before;
   CreatedEntries* created = nullptr;  // the Trainer's, while it assembles the run
   bool claimed = false;  // a fresh run: manifest.resolved.toml created at the start (O_EXCL)

@@ -27,14 +27,14 @@ struct RunSummary {
 
 class Trainer {
  public:
-  // Opens the run directory (kernel/files/run_dir.hpp: created when missing, refused when another
+  // Opens the run directory (kernel/files/owned_dir.hpp: created when missing, refused when another
   // user could change it, checked writable); a fresh training run (no --resume, no
   // --overwrite) refuses one holding an earlier run's records and claims it by creating
   // manifest.resolved.toml; an evaluation gets a new eval-<UTC time>/ inside it as its run
   // directory. Then creates and checks every component (loading [checkpoint] init_from),
   // writes plugins.json (and manifest.resolved.toml, when not written yet) and starts run.log
   // (appended to). Throws keel::Error naming the component on failure; then what this start
-  // created is removed again, by device and inode (files/run_dir.hpp: CreatedEntries), never what
+  // created is removed again, by device and inode (files/owned_dir.hpp: CreatedEntries), never what
   // another run put there. `validate_only` (check_run): components get a scratch run
   // directory instead, removed with the Trainer, and nothing is left in the run directory
   // (created when missing, probed with a file, its checkpoints/ and run.log checked as a start

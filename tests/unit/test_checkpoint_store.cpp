@@ -3,7 +3,7 @@
 // damaged files; retention only ever touches this run's checkpoints and never the newest;
 // re-saving a step replaces it atomically; stale staging directories are removed unless their
 // save is alive; asynchronous saves report their errors; trainer_state.toml round-trips; which
-// directories a run directory may be in (kernel/files/run_dir.hpp).
+// directories a run directory may be in (kernel/files/owned_dir.hpp).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/full.h>
 #include <fcntl.h>
@@ -28,7 +28,7 @@
 #include "keel/tensor.hpp"
 #include "run/checkpoint_backend.hpp"
 #include "run/resume.hpp"
-#include "files/run_dir.hpp"
+#include "files/owned_dir.hpp"
 #include "support.hpp"
 
 namespace unit_checkpoint_store {  // keel_units is one unity build: each file's names stay its own
@@ -664,7 +664,7 @@ TEST_CASE("a claimed tensor that cannot be allocated is one error line naming it
               "not written by keel train");
 }
 
-// kernel/files/run_dir.hpp's rule for the directories a run is written into, case by case: a
+// kernel/files/owned_dir.hpp's rule for the directories a run is written into, case by case: a
 // directory on the way may be root's or ours and, when others can write it, must be sticky;
 // the run directory itself must be ours and writable by no one else.
 TEST_CASE("run directories: which directories are trusted") {

@@ -51,7 +51,7 @@
 #include "run/resume.hpp"
 #include "run/run.hpp"
 #include "run_config.hpp"
-#include "files/run_dir.hpp"
+#include "files/owned_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -476,12 +476,12 @@ struct ExportFiles {
 };
 
 // The directory that will hold DIR, opened (and created when missing) under a run directory's
-// rules (files/run_dir.hpp): not a symlink, yours, others cannot write it unless it is sticky,
+// rules (files/owned_dir.hpp): not a symlink, yours, others cannot write it unless it is sticky,
 // nor a directory on the way to it. Opened before anything is loaded; what it created is in
 // `created`, removed when the export fails.
 struct OutputParent {
   CreatedEntries created;
-  std::optional<RunDir> dir;
+  std::optional<OwnedDir> dir;
   std::string name;  // DIR's name in it
   bool done = false;
   ~OutputParent() {
@@ -500,7 +500,7 @@ void open_output_parent(const std::string& out, OutputParent& parent) {
   use.what = "output directory";
   use.flag = "--output";
   use.sticky_ok = true;
-  parent.dir.emplace(RunDir::open(target.parent_path().string(), parent.created, use));
+  parent.dir.emplace(OwnedDir::open(target.parent_path().string(), parent.created, use));
 }
 
 void write_export(const Registry& registry, const Run& run, const std::string& out,
@@ -518,7 +518,7 @@ void write_export(const Registry& registry, const Run& run, const std::string& o
   const Instance<keel_checkpoint> instance = make_instance<keel_checkpoint>(run, spec);
   const PluginCheckpointBackend backend(instance);
 
-  const RunDir& dir = *parent.dir;
+  const OwnedDir& dir = *parent.dir;
   const std::string target = dir.path_of(parent.name);
   Staging staging;
   const std::string staging_name = "." + parent.name + ".tmp-" + random_token();

@@ -24,9 +24,9 @@
 // Where: DIR (--output), else RUN/exports/<checkpoint>/ for a checkpoint in RUN/checkpoints/,
 // else <checkpoint>-export beside the checkpoint. DIR must not exist: keel export writes a new
 // directory and never replaces anything. The directory that holds DIR is opened first, before
-// anything is loaded, under a run directory's rules (files/run_dir.hpp, DirUse::sticky_ok): created
-// when missing, not a symlink (a RUN/exports planted as one is refused), yours, and nobody else
-// can write it unless it is sticky, nor any directory on the way. The files are written into a
+// anything is loaded, under a run directory's rules (files/owned_dir.hpp, DirUse::sticky_ok):
+// created when missing, not a symlink (a RUN/exports planted as one is refused), yours, and
+// nobody else can write it unless it is sticky, nor any directory on the way. The files are written into a
 // staging directory created in it (mkdirat, .<DIR's name>.tmp-<token>) with the keel-safetensors plugin's safetensors component
 // (model.safetensors) and the kernel (config.json), fsync'd, and the staging directory is renamed
 // to DIR (without replacing: a DIR created meanwhile is an error too). A failure removes the

@@ -11,7 +11,7 @@
 
 #include "cli/usage.hpp"
 #include "files/files.hpp"
-#include "files/run_dir.hpp"
+#include "files/owned_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -191,7 +191,7 @@ int prepare(const PrepareArgs& args) {
   meta["tokens"] = ids.size();
   meta["vocab"] = std::move(tokens.vocab);
 
-  // The output directory under a run directory's rules (files/run_dir.hpp): created when missing,
+  // The output directory under a run directory's rules (files/owned_dir.hpp): created when missing,
   // not a symlink, yours, and others cannot write it (or it is sticky) nor a directory on the
   // way to it; each file is written into a new temporary file there (O_EXCL, O_NOFOLLOW),
   // fsync'd and renamed over its name (a symlink of that name is replaced, not followed). A
@@ -203,7 +203,8 @@ int prepare(const PrepareArgs& args) {
   CreatedEntries created;
   std::string tokens_path, vocab_path;
   try {
-    const RunDir out = RunDir::open(fs::absolute(dir).lexically_normal().string(), created, use);
+    const OwnedDir out =
+        OwnedDir::open(fs::absolute(dir).lexically_normal().string(), created, use);
     tokens_path = out.path_of("tokens.bin");
     vocab_path = out.path_of("vocab.json");
     out.write_file("tokens.bin", data, created);

@@ -17,10 +17,10 @@
 //   Byte level: V = 256 and id i is byte value i; vocab[i] is the one-character string of code
 //   point i (its Latin-1 reading), so that at either level the code point of vocab[i] decodes
 //   id i: the character itself, or the byte's value.
-// DIR gets a run directory's rules (files/run_dir.hpp, RunDir::open with DirUse::sticky_ok):
+// DIR gets a run directory's rules (files/owned_dir.hpp, OwnedDir::open with DirUse::sticky_ok):
 // created when missing, not a symlink, yours, and neither it nor a directory on the way is writable by
 // others unless sticky. Each file is written under a new temporary name in DIR (O_EXCL,
-// O_NOFOLLOW), fsync'd, and renamed over its final name (RunDir::write_file: a symlink of that
+// O_NOFOLLOW), fsync'd, and renamed over its final name (OwnedDir::write_file: a symlink of that
 // name is replaced, not followed); tokens.bin comes first, vocab.json last. A failure removes the
 // temporary file and the directories prepare created, and leaves earlier files as they were. On success it prints one line: tokens,
 // vocabulary size, dtype and the two paths.

@@ -18,7 +18,7 @@
 #include "error.hpp"
 #include "files/files.hpp"
 #include "report/summary.hpp"
-#include "files/run_dir.hpp"
+#include "files/owned_dir.hpp"
 #include "report_assets.hpp"
 #include "text/text.hpp"
 
@@ -382,7 +382,7 @@ std::string read_phases(const fs::path& run_dir, const fs::path& trace, ordered_
   return "";
 }
 
-// Writes `html` to `output` under the rules of a run directory's files (files/run_dir.hpp): its
+// Writes `html` to `output` under the rules of a run directory's files (files/owned_dir.hpp): its
 // directory (created when missing) belongs to you, and others cannot write it unless it is
 // sticky; the page goes into a new temporary file there (O_EXCL, O_NOFOLLOW), fsync'd, and is
 // renamed over `output` (a symlink of that name is replaced, never written through).
@@ -399,7 +399,7 @@ void write_page(const fs::path& output, const std::string& html) {
   use.sticky_ok = true;
   CreatedEntries created;
   try {
-    const RunDir dir = RunDir::open(target.parent_path().string(), created, use);
+    const OwnedDir dir = OwnedDir::open(target.parent_path().string(), created, use);
     dir.check_replaceable(name);
     dir.write_file(name, html, created);
   } catch (const Error&) {

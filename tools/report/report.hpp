@@ -10,8 +10,8 @@
 //                           path out of RUN_DIR is not read; the page says so)
 //   run.log                 where the run stopped and why, and its wall time (summary.hpp)
 //   eval-*/                 the run's `keel evaluate` runs: their checkpoints and records
-// and writes FILE (default RUN_DIR/report.html) under a run directory's rules (files/run_dir.hpp,
-// RunDir::open and write_file: its directory yours and not writable by others unless sticky, a
+// and writes FILE (default RUN_DIR/report.html) under a run directory's rules (files/owned_dir.hpp,
+// OwnedDir::open and write_file: its directory yours and not writable by others unless sticky, a
 // new temporary file renamed over FILE, never written through a symlink): a summary (summary.hpp: for the directory of
 // an evaluation the checkpoint it evaluated; where and why the run stopped, steps, the last
 // epoch, samples and tokens, wall time, throughput, the final and best value of each
