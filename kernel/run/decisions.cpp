@@ -20,8 +20,8 @@ namespace keel {
 
 namespace {
 
-// One decision: the events hooks see when it acts (as abi.h's pseudocode names them), the moments at which it is considered
-// (bits of Moment), whether it is due, and what it does.
+// One decision: the events hooks see when it acts (as abi.h's pseudocode names them), the
+// moments at which it is considered (bits of Moment), whether it is due, and what it does.
 struct Row {
   const char* events;
   unsigned moments;
@@ -37,6 +37,8 @@ constexpr unsigned kStart = at(Moment::kStart), kStepEnd = at(Moment::kStepEnd),
 bool record_is_due(Run& run, const MomentInfo&) { return record_due(run); }
 // A record that does not directly follow the step's agreement agrees on its times itself.
 void record(Run& run, const MomentInfo&) { record_train(run); }
+// The asynchronous save in flight, waited for and announced (CHECKPOINT_SAVED) once committed.
+void commit_async_save(Run& run, const MomentInfo&) { finish_async_save(run, /*block=*/true); }
 
 // The rows, in the order they run at each moment. A train record is due every log_every steps
 // and, once the run has ended, for the steps since the last record; it has three rows because
@@ -46,8 +48,7 @@ const Row kTable[] = {
     // A background save that every rank has committed: its CHECKPOINT_SAVED (and the requests
     // its hooks set) belong to this step.
     {"CHECKPOINT_SAVED (async)", kStepEnd,
-     [](Run&, const MomentInfo& m) { return m.async_saved; },
-     [](Run& run, const MomentInfo&) { finish_async_save(run, /*block=*/true); }},
+     [](Run&, const MomentInfo& m) { return m.async_saved; }, commit_async_save},
     {"METRICS (split \"train\")", kStepEnd | kEpochOver, record_is_due,
      [](Run& run, const MomentInfo& m) { record_train(run, m.slowest); }},
     {"EVAL_START, EVAL_END, METRICS (split \"test\")", kStepEnd | kEpochEnd,
@@ -62,7 +63,7 @@ const Row kTable[] = {
     {"METRICS (split \"train\")", kStepEnd | kEpochEnd, record_is_due, record},
     // The save still in flight at the run's end, once committed (the kernel waits for it).
     {"CHECKPOINT_SAVED (async)", kFinish, [](Run&, const MomentInfo&) { return true; },
-     [](Run& run, const MomentInfo&) { finish_async_save(run, /*block=*/true); }},
+     commit_async_save},
 };
 
 // The moments in the loop's order, as describe_decisions names them.

@@ -36,14 +36,15 @@ void run_test_split(Run& run) {
       spdlog::warn("evaluation at step {}: {} stopped while waiting for data; the record covers "
                    "the {} batch(es) read before", run.progress.step, data.label(), batches);
     if (result != NextResult::kBatch) break;
-    const MicroBatch mb = on_device(run, checked_batch(data, b));
+    const MicroBatch mb = on_device(run.ranks.device, checked_batch(data, b));
     at::Tensor out;
     int64_t count = 0;
     double batch_loss = 0;
     {
       const Autocast autocast(run.config.train.precision, run.ranks.device);
-      out = forward(run, mb.inputs);
-      batch_loss = compute_loss(run, out, mb.targets, &count, false).item<double>();
+      out = forward(run.components.model, mb.inputs);
+      batch_loss =
+          compute_loss(run.components.loss, out, mb.targets, &count, false).item<double>();
     }
     sums.update(out, mb.targets, batch_loss, count, mb.samples);
   }

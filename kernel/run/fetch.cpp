@@ -27,7 +27,7 @@ std::vector<MicroBatch> next_micro_batches(Run& run, int64_t count) {
     const NextResult result = next_result(data, has);
     if (result == NextResult::kStopped) run.epoch.stopped = StopSignals::received();
     if (result != NextResult::kBatch) break;
-    out.push_back(on_device(run, checked_batch(data, b)));
+    out.push_back(on_device(run.ranks.device, checked_batch(data, b)));
   }
   return out;
 }

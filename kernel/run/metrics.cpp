@@ -102,7 +102,7 @@ void record_train(Run& run, const std::vector<double>* slowest) {
     record.push_back({"skipped_steps", double(p.skipped_steps)});
   if (run.plan.scaler) record.push_back({"loss_scale", run.plan.scaler->scale()});
   add_mfu(run, sps, record);
-  add_table_metrics(run, record);
+  add_table_metrics(run.sparse, run.ranks.group.get(), record);
   if (run.residency) {  // shard = "parameters": this rank's peaks over the window
     const auto [outside, resident] = run.residency->take_peaks();
     record.push_back({"param_mb_outside_unit", outside});

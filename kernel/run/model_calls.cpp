@@ -1,7 +1,7 @@
 #include "run/model_calls.hpp"
 
 #include "keel/tensor.hpp"
-#include "run/run.hpp"
+#include "text/text.hpp"
 
 namespace keel {
 
@@ -44,16 +44,14 @@ MicroBatch checked_batch(const Instance<keel_dataset>& data, const keel_batch& b
   return mb;
 }
 
-MicroBatch on_device(const Run& run, MicroBatch mb) {
-  const at::Device& device = run.ranks.device;
+MicroBatch on_device(const at::Device& device, MicroBatch mb) {
   if (device.is_cpu()) return mb;
   mb.inputs = mb.inputs.to(device, /*non_blocking=*/true);
   mb.targets = mb.targets.to(device, /*non_blocking=*/true);
   return mb;
 }
 
-at::Tensor forward(const Run& run, const at::Tensor& x) {
-  const Instance<keel_model>& model = run.components.model;
+at::Tensor forward(const Instance<keel_model>& model, const at::Tensor& x) {
   keel_tensor* out = nullptr;
   model.call("forward", model->forward, peek(x), &out);
   at::Tensor y = adopt(out);
@@ -65,19 +63,16 @@ at::Tensor forward(const Run& run, const at::Tensor& x) {
   return y;
 }
 
-at::Tensor compute_loss(const Run& run, const at::Tensor& out, const at::Tensor& y,
-                        int64_t* count, bool training) {
-  const Instance<keel_loss>& loss = run.components.loss;
+at::Tensor compute_loss(const Instance<keel_loss>& loss, const at::Tensor& out,
+                        const at::Tensor& y, int64_t* count, bool training) {
   keel_tensor* l = nullptr;
   *count = -1;
   loss.call("compute", loss->compute, peek(out), peek(y), &l, count);
   return checked_loss(loss, adopt(l), *count, training, "compute");
 }
 
-at::Tensor linear_loss_of(const Run& run, const at::Tensor& x, const at::Tensor& y,
-                          int64_t* count) {
-  const Instance<keel_model>& model = run.components.model;
-  const Instance<keel_loss>& loss = run.components.loss;
+at::Tensor linear_loss_of(const Instance<keel_model>& model, const Instance<keel_loss>& loss,
+                          const at::Tensor& x, const at::Tensor& y, int64_t* count) {
   keel_tensor* f = nullptr;
   keel_tensor* w = nullptr;
   model.call("forward_features", model->forward_features, peek(x), &f, &w);

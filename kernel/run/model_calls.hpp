@@ -11,8 +11,6 @@
 
 namespace keel {
 
-struct Run;
-
 // One batch of a dataset's `next`, on the run's device.
 struct MicroBatch {
   at::Tensor inputs, targets;
@@ -23,17 +21,17 @@ struct MicroBatch {
 // same first (batch) dimension.
 MicroBatch checked_batch(const Instance<keel_dataset>& data, const keel_batch& b);
 // The batch on the run's device (the dataset made it on the CPU).
-MicroBatch on_device(const Run& run, MicroBatch mb);
+MicroBatch on_device(const at::Device& device, MicroBatch mb);
 
 // The model's output for `x`: its first dimension is the batch.
-at::Tensor forward(const Run& run, const at::Tensor& x);
+at::Tensor forward(const Instance<keel_model>& model, const at::Tensor& x);
 // The loss of `out` against targets `y`; `count`: the items it averaged over. `training`: the
 // loss must carry a gradient (under autograd).
-at::Tensor compute_loss(const Run& run, const at::Tensor& out, const at::Tensor& y,
-                        int64_t* count, bool training);
+at::Tensor compute_loss(const Instance<keel_loss>& loss, const at::Tensor& out,
+                        const at::Tensor& y, int64_t* count, bool training);
 // The loss of a micro-batch from the model's features and output-layer weight (training steps
 // with forward_features and compute_linear): the [batch, ..., V] output is never made whole.
-at::Tensor linear_loss_of(const Run& run, const at::Tensor& x, const at::Tensor& y,
-                          int64_t* count);
+at::Tensor linear_loss_of(const Instance<keel_model>& model, const Instance<keel_loss>& loss,
+                          const at::Tensor& x, const at::Tensor& y, int64_t* count);
 
 }  // namespace keel

@@ -98,9 +98,11 @@ at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, MicroBatchWeights& w
   run.step_modes.before_forward(last);
   const Autocast autocast(run.config.train.precision, run.ranks.device);
   int64_t count = 0;
-  at::Tensor loss = run.plan.linear_loss
-                        ? linear_loss_of(run, mb.inputs, mb.targets, &count)
-                        : compute_loss(run, forward(run, mb.inputs), mb.targets, &count, true);
+  const Instance<keel_model>& model = run.components.model;
+  at::Tensor loss =
+      run.plan.linear_loss
+          ? linear_loss_of(model, run.components.loss, mb.inputs, mb.targets, &count)
+          : compute_loss(run.components.loss, forward(model, mb.inputs), mb.targets, &count, true);
   // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
   const double weight = weights(i);
   if (weight != 1.0) loss = loss.mul(weight);
@@ -258,7 +260,7 @@ void set_lr_for(Run& run, int64_t step) {
   const std::vector<double>& base = run.parameters.base_lrs;
   for (size_t g = 0; g < base.size(); ++g)
     optimizer.run("set_lr", optimizer->set_lr, g, base[g] * f);
-  set_sparse_lr(run, f);  // the same schedule
+  set_sparse_lr(run.components.sparse_optimizer, run.sparse, f);  // the same schedule
   run.progress.lr = base.empty() ? 0 : base[0] * f;
 }
 

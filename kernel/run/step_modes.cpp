@@ -60,9 +60,10 @@ class RankAgreement final : public StepMode {
       step.agreed = run_.ranks.group->sum_async(outcome_fields(run_, step), reducing_what(run_));
   }
   void agree(StepOutcome& step) override {
-    const std::vector<double> v =
-        step.agreed.issued() ? step.agreed.wait()
-                             : run_.ranks.group->sum(outcome_fields(run_, step), reducing_what(run_));
+    ProcessGroup& group = *run_.ranks.group;
+    const std::vector<double> v = step.agreed.issued()
+                                      ? step.agreed.wait()
+                                      : group.sum(outcome_fields(run_, step), reducing_what(run_));
     if (v[4] > 0) throw short_data_error(run_, static_cast<int64_t>(v[4]));
     step.loss = v[0] / run_.ranks.world;
     step.finite = v[1] == 0 && step.finite;
@@ -101,19 +102,21 @@ class GradientAllReduce final : public StepMode {
 // step, taken or skipped, ended.
 class SparseRows final : public StepMode {
  public:
-  explicit SparseRows(Run& run) : run_(run) {}
+  SparseRows(SparseTables& sparse, const Instance<keel_sparse_optimizer>& optimizer)
+      : sparse_(sparse), optimizer_(optimizer) {}
   void measured(StepOutcome& step) override {
-    step.sparse_squares = sparse_grad_squares(run_);
+    step.sparse_squares = sparse_grad_squares(sparse_);
     step.finite = step.finite && std::isfinite(step.sparse_squares);
   }
   void agreed(const StepOutcome& step) override {
-    run_.sparse.grad_norm = std::sqrt(step.sparse_squares);
+    sparse_.grad_norm = std::sqrt(step.sparse_squares);
   }
-  void after_update() override { sparse_update(run_); }
-  void end(int64_t step) override { end_sparse_step(run_, step); }
+  void after_update() override { sparse_update(optimizer_); }
+  void end(int64_t step) override { end_sparse_step(sparse_, step); }
 
  private:
-  Run& run_;
+  SparseTables& sparse_;
+  const Instance<keel_sparse_optimizer>& optimizer_;
 };
 
 // [distributed] shard: the optimizer and the clipper work on this rank's shards.
@@ -173,7 +176,8 @@ StepModes choose_step_modes(Run& run) {
   std::vector<std::unique_ptr<StepMode>> modes;
   if (run.ranks.group) modes.push_back(std::make_unique<RankAgreement>(run));
   if (run.grad_sync) modes.push_back(std::make_unique<GradientAllReduce>(*run.grad_sync));
-  if (run.sparse.any()) modes.push_back(std::make_unique<SparseRows>(run));
+  if (run.sparse.any())
+    modes.push_back(std::make_unique<SparseRows>(run.sparse, run.components.sparse_optimizer));
   if (run.shards) modes.push_back(std::make_unique<ShardedParameters>(run, *run.shards));
   if (run.residency) modes.push_back(std::make_unique<WholeParameters>(run, *run.residency));
   if (run.plan.scaler) modes.push_back(std::make_unique<LossScaling>(run));

@@ -1,7 +1,7 @@
 // What a run's configuration adds around the plain single-process step (run/step.cpp). Each
-// behaviour is one StepMode, chosen once at assembly (choose_step_modes) into run.step_modes,
-// and the step calls them all (StepModes), in that order, at each point below; a point a mode does not
-// override does nothing. The modes, in their order:
+// behaviour is one StepMode, chosen once at assembly (choose_step_modes) into run.step_modes;
+// the step calls them all (StepModes), in that order, at each point below, and a point a mode
+// does not override does nothing. The modes, in their order:
 //
 //   RankAgreement   several ranks: the ranks agree on the step's outcome (run/agreement.hpp)
 //   GradientAllReduce  several ranks, gradients all-reduced whole (distributed/grad_sync.hpp):
@@ -59,7 +59,7 @@ struct Run;
 
 // What a step computed, before and after the ranks agree on it.
 struct StepOutcome {
-  double loss = 0;            // the sum of the micro-batches' weighted losses (then: mean over ranks)
+  double loss = 0;            // the micro-batches' weighted losses summed (then: mean over ranks)
   bool finite = true;         // loss and gradients finite (on every rank)
   double grad_norm = NAN;     // before clipping (NaN: no clipper)
   double sparse_squares = 0;  // the sparse tables' row gradients' sum of squares (over ranks)

@@ -27,8 +27,8 @@ namespace {
 constexpr const char* kTablesObject = "tables";
 constexpr const char* kStateObject = "sparse_optimizer";
 
-std::string table_label(const Run& run, const keel_sparse_table* t) {
-  return run.components.model.label() + ": table '" + t->name + "'";
+std::string table_label(const SparseTables& sparse, const keel_sparse_table* t) {
+  return sparse.owner + ": table '" + t->name + "'";
 }
 
 // (1.11) Whether `touched` hands the table's rows as tensors (a table of 1.10 never does), and
@@ -44,7 +44,7 @@ std::string rows_device(const keel_sparse_table* t) {
 
 // Calls a slot of table `t` that reports errors; throws keel::Error naming the model and table.
 template <class... Slot, class... Args>
-void call_table(const Run& run, const keel_sparse_table* t, const char* what,
+void call_table(const SparseTables& sparse, const keel_sparse_table* t, const char* what,
                 keel_status (*slot)(void*, Slot...), Args&&... args) {
   keel_error err;
   err.message[0] = '\0';
@@ -57,7 +57,7 @@ void call_table(const Run& run, const keel_sparse_table* t, const char* what,
                               ? reported
                               : "no message (the table returned KEEL_ERR and left keel_error "
                                 "empty)";
-  throw Error(table_label(run, t) + ": " + what + " failed: " + why);
+  throw Error(table_label(sparse, t) + ": " + what + " failed: " + why);
 }
 
 bool valid_table_name(const char* name) {
@@ -146,7 +146,7 @@ void load_part(Run& run, const CommitRecord& rec, const std::string& dir, const 
     const std::vector<keel_named_tensor> named = as_named(mine);
     // The part named, so that a refusal ("id 3 is twice in the part's ids") says which file.
     const std::string what = "load of " + dir + "'s object '" + stem + "'";
-    call_table(run, table, what.c_str(), table->load, named.data(), named.size());
+    call_table(run.sparse, table, what.c_str(), table->load, named.data(), named.size());
   }
 }
 
@@ -175,6 +175,7 @@ void create_sparse_optimizer(Run& run) {
   const RunConfig& config = run.config;
   SparseTables& s = run.sparse;
   s.tables = model_tables(run);
+  s.owner = run.components.model.label();
   if (s.any() && !config.sparse_optimizer)
     throw run.components.model.error(
         "has " + std::to_string(s.tables.size()) + " sparse embedding table(s) (" +
@@ -199,11 +200,11 @@ void create_sparse_optimizer(Run& run) {
     if (rows_as_tensors(t) && opt.abi_minor() < 11)
       throw opt.error(
           "was built for plugin ABI 1." + std::to_string(opt.abi_minor()) + ", whose sparse "
-          "optimizers read a table's rows through host pointers, but " + table_label(run, t) +
-          " hands its rows as tensors (it keeps them on " + rows_device(t) +
-          "); hint: rebuild the sparse optimizer against this keel's SDK (ABI 1.11: it takes "
-          "keel_sparse_rows.row_values when rows_as_tensors is set), or have the model keep the "
-          "table in host memory and hand host pointers");
+          "optimizers read a table's rows through host pointers, but " +
+          table_label(run.sparse, t) + " hands its rows as tensors (it keeps them on " +
+          rows_device(t) + "); hint: rebuild the sparse optimizer against this keel's SDK "
+          "(ABI 1.11: it takes keel_sparse_rows.row_values when rows_as_tensors is set), or have "
+          "the model keep the table in host memory and hand host pointers");
   s.base_lr = opt.get("get_lr", opt->get_lr);
   if (!std::isfinite(s.base_lr) || s.base_lr < 0)
     throw opt.error("get_lr returned " + text::number(s.base_lr) +
@@ -224,22 +225,22 @@ void create_sparse_optimizer(Run& run) {
   }
 }
 
-double sparse_grad_squares(const Run& run) {
+double sparse_grad_squares(const SparseTables& sparse) {
   double sum = 0;
-  for (const keel_sparse_table* t : run.sparse.tables) {
+  for (const keel_sparse_table* t : sparse.tables) {
     keel_sparse_rows rows{};
     rows.struct_size = sizeof(rows);
-    call_table(run, t, "touched", t->touched, &rows);
+    call_table(sparse, t, "touched", t->touched, &rows);
     if (rows.count == 0) continue;
     if (rows_as_tensors(t)) {  // (1.11) one reduction on the rows' device
       if (!rows.row_grads)
-        throw Error(table_label(run, t) + ": touched returned " + std::to_string(rows.count) +
+        throw Error(table_label(sparse, t) + ": touched returned " + std::to_string(rows.count) +
                     " rows without gradients (row_grads is NULL)");
       sum += borrow(rows.row_grads).to(at::kDouble).square().sum().item<double>();
       continue;
     }
     if (!rows.grads)
-      throw Error(table_label(run, t) + ": touched returned " + std::to_string(rows.count) +
+      throw Error(table_label(sparse, t) + ": touched returned " + std::to_string(rows.count) +
                   " rows without gradients (grads is NULL)");
     const int64_t dim = t->dim;
     for (size_t i = 0; i < rows.count; ++i) {
@@ -252,40 +253,41 @@ double sparse_grad_squares(const Run& run) {
   return sum;
 }
 
-void sparse_update(Run& run) {
-  const Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
-  if (opt) opt.call("step", opt->step);
+void sparse_update(const Instance<keel_sparse_optimizer>& optimizer) {
+  if (optimizer) optimizer.call("step", optimizer->step);
 }
 
-void end_sparse_step(Run& run, int64_t step) {
-  for (const keel_sparse_table* t : run.sparse.tables) call_table(run, t, "end_step", t->end_step, step);
+void end_sparse_step(const SparseTables& sparse, int64_t step) {
+  for (const keel_sparse_table* t : sparse.tables)
+    call_table(sparse, t, "end_step", t->end_step, step);
 }
 
-void set_sparse_lr(Run& run, double factor) {
-  const Instance<keel_sparse_optimizer>& opt = run.components.sparse_optimizer;
-  if (opt) opt.run("set_lr", opt->set_lr, run.sparse.base_lr * factor);
+void set_sparse_lr(const Instance<keel_sparse_optimizer>& optimizer, const SparseTables& sparse,
+                   double factor) {
+  if (optimizer) optimizer.run("set_lr", optimizer->set_lr, sparse.base_lr * factor);
 }
 
-void add_table_metrics(Run& run, std::vector<keel_metric>& record) {
-  if (!run.sparse.any()) return;
+void add_table_metrics(const SparseTables& sparse, ProcessGroup* group,
+                       std::vector<keel_metric>& record) {
+  if (!sparse.any()) return;
   std::vector<double> v(4, 0.0);
-  for (const keel_sparse_table* t : run.sparse.tables) {
+  for (const keel_sparse_table* t : sparse.tables) {
     keel_table_stats st{};
     st.struct_size = sizeof(st);
     t->stats(t->self, &st);
     const std::string reported = take_reported_error();
-    if (!reported.empty()) throw Error(table_label(run, t) + ": stats failed: " + reported);
+    if (!reported.empty()) throw Error(table_label(sparse, t) + ": stats failed: " + reported);
     v[0] += static_cast<double>(st.rows);
     v[1] += static_cast<double>(st.admitted);
     v[2] += static_cast<double>(st.evicted);
     v[3] += static_cast<double>(st.pending);
   }
-  if (run.ranks.group) v = run.ranks.group->sum(v, "summing the tables' counters");
+  if (group) v = group->sum(v, "summing the tables' counters");
   record.push_back({"table_rows", v[0]});
   record.push_back({"admitted", v[1]});
   record.push_back({"evicted", v[2]});
   record.push_back({"table_pending", v[3]});
-  record.push_back({"sparse_grad_norm", run.sparse.grad_norm});
+  record.push_back({"sparse_grad_norm", sparse.grad_norm});
 }
 
 void add_tables(const Run& run, Snapshot& snap) {
@@ -294,17 +296,18 @@ void add_tables(const Run& run, Snapshot& snap) {
   for (const keel_sparse_table* t : run.sparse.tables) {
     StateWriter w;
     try {
-      call_table(run, t, "save", t->save, &w.abi);
+      call_table(run.sparse, t, "save", t->save, &w.abi);
     } catch (const Error&) {
       if (w.refusal.empty()) throw;
-      throw Error(table_label(run, t) + ": save failed: " + w.refusal);
+      throw Error(table_label(run.sparse, t) + ": save failed: " + w.refusal);
     }
-    if (!w.refusal.empty()) throw Error(table_label(run, t) + ": save: " + w.refusal);
+    if (!w.refusal.empty()) throw Error(table_label(run.sparse, t) + ": save: " + w.refusal);
     for (auto& [name, tensor] : w.entries) {
       std::string full = std::string(t->name) + "." + name;
       if (full.size() >= KEEL_NAME_CAPACITY)
-        throw Error(table_label(run, t) + ": save: entry '" + name + "' under the table's name "
-                    "is longer than " + std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes");
+        throw Error(table_label(run.sparse, t) + ": save: entry '" + name + "' under the "
+                    "table's name is longer than " + std::to_string(KEEL_NAME_CAPACITY - 1) +
+                    " bytes");
       out.emplace_back(std::move(full), tensor);
     }
   }

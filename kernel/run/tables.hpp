@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "components.hpp"
 #include "keel/abi.h"
 
 namespace keel {
@@ -16,9 +17,11 @@ namespace keel {
 struct Run;
 struct Snapshot;
 struct CommitRecord;
+class ProcessGroup;
 
 struct SparseTables {
   std::vector<const keel_sparse_table*> tables;  // the model's, in its order; checked
+  std::string owner;        // the model's label, which a message about a table starts with
   double base_lr = 0;       // the sparse optimizer's get_lr after its factory
   double grad_norm = NAN;   // the latest step's sparse_grad_norm (over every rank)
   bool any() const { return !tables.empty(); }
@@ -31,20 +34,23 @@ void create_sparse_optimizer(Run& run);
 
 // This rank's sum of squares of the step's row gradients (touched), over every table; NaN or
 // Inf when a gradient is not finite.
-double sparse_grad_squares(const Run& run);
+double sparse_grad_squares(const SparseTables& sparse);
 
 // The sparse optimizer's step (a finite step only).
-void sparse_update(Run& run);
+void sparse_update(const Instance<keel_sparse_optimizer>& optimizer);
 
 // Every table's end_step(step), after every step, skipped ones included.
-void end_sparse_step(Run& run, int64_t step);
+void end_sparse_step(const SparseTables& sparse, int64_t step);
 
 // The sparse optimizer's learning rate: its base times the schedule's factor.
-void set_sparse_lr(Run& run, double factor);
+void set_sparse_lr(const Instance<keel_sparse_optimizer>& optimizer, const SparseTables& sparse,
+                   double factor);
 
 // table_rows, admitted, evicted (sums over the tables and, with several ranks, over the ranks:
-// one all-reduce on every rank) and sparse_grad_norm; nothing when the model has no tables.
-void add_table_metrics(Run& run, std::vector<keel_metric>& record);
+// one all-reduce over `group` on every rank, when it is not null) and sparse_grad_norm; nothing
+// when the model has no tables.
+void add_table_metrics(const SparseTables& sparse, ProcessGroup* group,
+                       std::vector<keel_metric>& record);
 
 // Every table's save entries as "<table>.<entry>" in object "tables" (rank 0) or
 // "rank<r>.tables", and the sparse optimizer's state_save (when offered) in "sparse_optimizer"

@@ -323,7 +323,8 @@ TEST_CASE("the run's teardown releases every part before the parts it needs") {
   // A part that needs a part the run does not have is refused too.
   std::vector<keel::TeardownPart> unknown = order;
   unknown.front().needs.push_back("no such part");
-  CHECK(keel::check_teardown_order(unknown) == "step modes needs no such part, which is not a part");
+  CHECK(keel::check_teardown_order(unknown) ==
+        "step modes needs no such part, which is not a part");
 }
 
 }  // namespace unit_loop
