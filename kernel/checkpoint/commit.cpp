@@ -1,6 +1,7 @@
 #include "checkpoint/commit.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -221,7 +222,7 @@ std::string coverage_gap(const CommitRecord::Global& g) {
   for (const auto& c : g.chunks) {
     for (size_t d = 1; d < g.shape.size(); ++d)
       if (c.offset.size() != g.shape.size() || c.offset[d] != 0 || c.size[d] != g.shape[d])
-        return "a chunk does not span dimension " + std::to_string(d) + " whole";
+        return fmt::format("a chunk does not span dimension {} whole", d);
     if (c.size.size() == g.shape.size() && c.size[0] > 0)
       rows.emplace_back(c.offset[0], c.offset[0] + c.size[0]);
   }
@@ -229,7 +230,7 @@ std::string coverage_gap(const CommitRecord::Global& g) {
   std::string gaps;
   int64_t covered = 0;
   const auto gap = [&](int64_t from, int64_t to) {
-    gaps += (gaps.empty() ? "rows " : ", ") + std::to_string(from) + ".." + std::to_string(to - 1);
+    gaps += fmt::format("{}{}..{}", gaps.empty() ? "rows " : ", ", from, to - 1);
   };
   for (const auto& [b, e] : rows) {
     if (b > covered) gap(covered, b);
@@ -403,9 +404,7 @@ UniqueFd open_dir(const std::string& dir) {
 }
 
 std::string dims_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
+  return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
 // Bytes of one element of dtype `name` (0: not a dtype keel loads; the loader refuses it).
@@ -448,8 +447,8 @@ void check_record_claims(const CommitRecord& r, const std::string& path) {
         it->second.any = true;
         it->second.bytes = it->second.bytes + size < it->second.bytes ? UINT64_MAX
                                                                       : it->second.bytes + size;
-        it->second.files += (it->second.files.empty() ? "" : ", ") + text::printable(file) +
-                            ": " + std::to_string(size) + " bytes";
+        it->second.files += fmt::format("{}{}: {} bytes", it->second.files.empty() ? "" : ", ",
+                                        text::printable(file), size);
       }
     return it->second;
   };
@@ -467,8 +466,8 @@ void check_record_claims(const CommitRecord& r, const std::string& path) {
     const std::string held =
         ", more than its files hold (" + (obj.any ? obj.files : "none") + ")" + kDamaged;
     if (bytes > obj.bytes)
-      throw Error(path + ": " + of + " claims " + std::to_string(bytes) + " bytes (" +
-                  dims_text(shape) + " " + text::printable(dtype) + ")" + held);
+      throw Error(fmt::format("{}: {} claims {} bytes ({} {}){}", path, of, bytes,
+                              dims_text(shape), text::printable(dtype), held));
     uint64_t& total = claimed[o];
     if (__builtin_add_overflow(total, bytes, &total) || total > obj.bytes)
       throw Error(path + ": the tensors of object " + record_name(o) + " claim more bytes, up to " +
@@ -550,9 +549,9 @@ CommitRecord verify_checkpoint(const std::string& dir) {
     const UniqueFd fd = open_in(dirfd.get(), dir, f.name, /*absent_ok=*/false);
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != f.size)
-      throw Error(file + ": size " + std::to_string(st.st_size) + " bytes, the commit record says " +
-                  std::to_string(f.size) + "; hint: the file was truncated or changed, resume "
-                  "from another checkpoint");
+      throw Error(fmt::format("{}: size {} bytes, the commit record says {}; hint: the file was "
+                              "truncated or changed, resume from another checkpoint", file,
+                              st.st_size, f.size));
     uint64_t size = 0;
     const uint64_t h = add_hint([&] { return hash_fd(fd.get(), file, &size); },
                                 [](int) { return "check that the checkpoint's files can be read"; });

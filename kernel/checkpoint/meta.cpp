@@ -1,5 +1,7 @@
 #include "checkpoint/meta.hpp"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
 #include <initializer_list>
@@ -62,8 +64,8 @@ class Reader {
     const toml::node& n = node(key);
     const auto* i = n.as_integer();
     if (i == nullptr || i->get() < min)
-      fail(located(path_, n.source()), std::string("'") + key + "'" + in() + " must be an integer >= " +
-                                      std::to_string(min));
+      fail(located(path_, n.source()),
+           fmt::format("'{}'{} must be an integer >= {}", key, in(), min));
     return i->get();
   }
   double real(const char* key) const {
@@ -113,9 +115,8 @@ MetricList metrics(const Reader& parent, const char* split) {
   const std::vector<std::string> keys = r.strings("keys");
   const toml::array& values = r.array("values");
   if (values.size() != keys.size())
-    fail(located(r.path(), values.source()), "[metrics." + std::string(split) + "] has " +
-                                            std::to_string(keys.size()) + " keys but " +
-                                            std::to_string(values.size()) + " values");
+    fail(located(r.path(), values.source()),
+         fmt::format("[metrics.{}] has {} keys but {} values", split, keys.size(), values.size()));
   MetricList out;
   for (size_t i = 0; i < keys.size(); ++i) {
     const auto* f = values[i].as_floating_point();

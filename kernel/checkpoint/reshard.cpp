@@ -2,6 +2,7 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 
 #include <map>
 #include <utility>
@@ -25,10 +26,9 @@ at::Tensor allocate_claimed(const std::vector<int64_t>& shape, at::ScalarType dt
     int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
     for (const int64_t d : shape) n = __builtin_mul_overflow(n, d, &n) ? INT64_MAX : n;
     const std::string why = e.what();
-    throw Error(dir + ": cannot allocate " + what + " " + text::shape(shape) + " (" +
-                std::to_string(n) + " bytes) to load it (" +
-                text::printable(why.substr(0, why.find('\n'))) + "); hint: load the checkpoint "
-                "on a machine with more memory");
+    throw Error(fmt::format("{}: cannot allocate {} {} ({} bytes) to load it ({}); hint: load "
+                            "the checkpoint on a machine with more memory", dir, what,
+                            text::shape(shape), n, text::printable(why.substr(0, why.find('\n')))));
   }
 }
 
@@ -103,11 +103,10 @@ void ChunkReader::read(const std::vector<Request>& requests) const {
     const int64_t count = scalar ? r.into.numel() : r.into.dim() == 0 ? 1 : r.into.size(0);
     if (!scalar && (r.into.dim() != static_cast<int64_t>(g->shape.size()) || r.begin < 0 ||
                     r.begin + count > g->shape[0]))
-      throw Error(dir_ + ": " + r.group + " tensor '" + r.name + "' " + text::shape(g->shape) +
-                  " has no rows " + std::to_string(r.begin) + ".." +
-                  std::to_string(r.begin + count - 1) + " of shape " +
-                  text::shape(r.into.sizes()) + "; hint: resume with the model options the "
-                  "checkpoint was saved with");
+      throw Error(fmt::format("{}: {} tensor '{}' {} has no rows {}..{} of shape {}; hint: resume "
+                              "with the model options the checkpoint was saved with", dir_,
+                              r.group, r.name, text::shape(g->shape), r.begin,
+                              r.begin + count - 1, text::shape(r.into.sizes())));
     if (count == 0) continue;
     const at::ScalarType dtype = dtype_of_name(g->dtype);
     if (dtype == at::ScalarType::Undefined)

@@ -1,5 +1,6 @@
 #include "run/agreement.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -38,9 +39,9 @@ EpochPlan agree_epoch_plan(ProcessGroup& group, int64_t batches, int64_t steps,
        stream ? 0.0 : 1.0},
       "agreeing on the batches per epoch and the planned steps");
   if (most[2] > 0 && most[3] > 0)
-    throw Error(data + ": batches_per_epoch is -1 (a stream) on some ranks and a count on "
-                "others (this rank: " + std::to_string(batches) + "); hint: give every rank "
-                "the same data options");
+    throw Error(fmt::format("{}: batches_per_epoch is -1 (a stream) on some ranks and a count "
+                            "on others (this rank: {}); hint: give every rank the same data "
+                            "options", data, batches));
   if (stream) return {0, static_cast<int64_t>(-most[1])};
   return {static_cast<int64_t>(-most[0]), static_cast<int64_t>(-most[1])};
 }
@@ -69,8 +70,8 @@ void log_collectives(const Run& run) {
   const std::string per_step =
       t.steps > 0 ? text::number(std::round(100.0 * in_steps / t.steps) / 100) : "0";
   const std::string shard_ops =
-      run.shards ? ", " + std::to_string(t.shard_ops) + " shard collectives (gradient "
-                   "reduce-scatters, parameter all-gathers, the clipper's norm)"
+      run.shards ? fmt::format(", {} shard collectives (gradient reduce-scatters, parameter "
+                               "all-gathers, the clipper's norm)", t.shard_ops)
                  : "";
   // The console gets the totals; run.log the breakdown (the line tests and bench_ddp.py read).
   spdlog::info("collectives: {} in {} steps ({} per step), {} outside steps; the breakdown is in "

@@ -4,6 +4,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -52,10 +53,9 @@ at::Device resolve_device(const std::string& name, const std::string& where, int
                 "device = \"cpu\" or \"auto\"");
   const int count = at::detail::getCUDAHooks().getNumGPUs();
   if (index >= count)
-    throw Error(where + " = \"" + name + "\" means CUDA device " + std::to_string(index) +
-                ", and this machine has " + std::to_string(count) + "; hint: one process per "
-                "GPU (torchrun --nproc_per_node=" + std::to_string(count) + "), or name a device "
-                "below " + std::to_string(count));
+    throw Error(fmt::format("{} = \"{}\" means CUDA device {}, and this machine has {}; hint: "
+                            "one process per GPU (torchrun --nproc_per_node={}), or name a "
+                            "device below {}", where, name, index, count, count, count));
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
@@ -111,8 +111,8 @@ int64_t plan_length(const Run& run, int64_t batches) {
   if (config.train.max_samples > 0) {
     const int64_t size = data.get("size", data->size);
     if (size <= 0)
-      throw data.error("size returned " + std::to_string(size) +
-                       "; train.max_samples needs the samples per epoch");
+      throw data.error(
+          fmt::format("size returned {}; train.max_samples needs the samples per epoch", size));
     // Samples of all ranks per optimizer step (size and batches are this rank's shard's).
     const double per_step =
         static_cast<double>(size) / batches * accum * run.ranks.world;
@@ -144,7 +144,7 @@ int64_t stream_length(const Run& run) {
   const int64_t steps = run.config.train.max_steps;
   spdlog::info("{}: a stream: each epoch is a window that ends when the data says so; the run "
                "plans {}", run.components.train_data.label(),
-               steps > 0 ? "max_steps = " + std::to_string(steps) + " steps" : "no length");
+               steps > 0 ? fmt::format("max_steps = {} steps", steps) : "no length");
   if (steps <= 0)
     spdlog::debug("{}: batches_per_epoch -1, so schedules get total_steps = 0 (set "
                   "train.max_steps for one that needs a length)",
@@ -160,17 +160,16 @@ int64_t micro_batches_per_step(const RunConfig& config, int world) {
   const std::string at = train.global_batch_where;
   const auto b = config.train_data.options.values.find("batch_size");
   if (b == config.train_data.options.values.end() || !std::holds_alternative<int64_t>(b->second))
-    throw Error(at + " = " + std::to_string(train.global_batch) + " needs an integer batch_size "
-                "option of [data.train] (the micro-batch), and its dataset has none; hint: "
-                "remove global_batch and set grad_accum");
+    throw Error(fmt::format("{} = {} needs an integer batch_size option of [data.train] (the "
+                            "micro-batch), and its dataset has none; hint: remove global_batch "
+                            "and set grad_accum", at, train.global_batch));
   const int64_t batch = std::get<int64_t>(b->second);
   const int64_t per_pass = batch * world;
   if (batch <= 0 || train.global_batch % per_pass != 0)
-    throw Error(at + " = " + std::to_string(train.global_batch) + " is not a multiple of "
-                "[data.train] batch_size " + std::to_string(batch) + " x " +
-                std::to_string(world) + " rank(s) = " + std::to_string(per_pass) + "; hint: "
-                "make global_batch a multiple of " + std::to_string(per_pass) + ", or change "
-                "batch_size");
+    throw Error(fmt::format("{} = {} is not a multiple of [data.train] batch_size {} x {} "
+                            "rank(s) = {}; hint: make global_batch a multiple of {}, or change "
+                            "batch_size", at, train.global_batch, batch, world, per_pass,
+                            per_pass));
   const int64_t accum = train.global_batch / per_pass;
   spdlog::info("train.global_batch = {}: {} micro-batch(es) of {} per rank and step, on {} "
                "rank(s)", train.global_batch, accum, batch, world);
@@ -186,9 +185,9 @@ void create_data(Run& run) {
   const int64_t batches = c.train_data.get("batches_per_epoch", c.train_data->batches_per_epoch);
   run.plan.stream = batches == -1 && c.train_data.abi_minor() >= 9;  // (1.9) a stream
   if (batches <= 0 && !run.plan.stream)
-    throw c.train_data.error("batches_per_epoch returned " + std::to_string(batches) +
-                             ": the training split yields no batches; hint: check its path, "
-                             "limit and batch_size");
+    throw c.train_data.error(fmt::format("batches_per_epoch returned {}: the training split "
+                                         "yields no batches; hint: check its path, limit and "
+                                         "batch_size", batches));
   run.plan.total_steps = run.plan.stream ? stream_length(run) : plan_length(run, batches);
   if (run.ranks.group) {
     const EpochPlan agreed = agree_epoch_plan(*run.ranks.group, batches, run.plan.total_steps,
@@ -211,14 +210,15 @@ void create_optimizer(Run& run) {
   optimizer = create_instance<keel_optimizer>(*config.optimizer.component, ctx);
   const size_t count = optimizer.get("group_count", optimizer->group_count);
   if (count == 0 || count > run.parameters.tensors.size())
-    throw optimizer.error("group_count returned " + std::to_string(count) + " for " +
-                          std::to_string(run.parameters.tensors.size()) +
-                          " parameters; an optimizer has between 1 and one group per parameter");
+    throw optimizer.error(fmt::format("group_count returned {} for {} parameters; an optimizer "
+                                      "has between 1 and one group per parameter", count,
+                                      run.parameters.tensors.size()));
   for (size_t g = 0; g < count; ++g) {
     const double lr = optimizer.get("get_lr", optimizer->get_lr, g);
     if (!std::isfinite(lr) || lr < 0)
-      throw optimizer.error("get_lr(" + std::to_string(g) + ") returned " + text::number(lr) +
-                            "; a learning rate is finite and >= 0");
+      throw optimizer.error(
+          fmt::format("get_lr({}) returned {}; a learning rate is finite and >= 0", g,
+                      text::number(lr)));
     run.parameters.base_lrs.push_back(lr);
   }
 }
@@ -260,10 +260,11 @@ void create_measurements(Run& run) {
     // A clipper of an older ABI would take the norm of this rank's shards as the whole norm.
     if (run.shards && c.clipper.abi_minor() < 7)
       throw c.clipper.error(
-          "was built for plugin ABI 1." + std::to_string(c.clipper.abi_minor()) + ", before "
-          "sharded parameters (1.7): it would clip by the norm of this rank's shards only, "
-          "not the whole gradient's; hint: rebuild it against this keel's SDK and combine its "
-          "norm with keel_create_context.shards, or set distributed.shard = \"none\"");
+          fmt::format("was built for plugin ABI 1.{}, before sharded parameters (1.7): it would "
+                      "clip by the norm of this rank's shards only, not the whole gradient's; "
+                      "hint: rebuild it against this keel's SDK and combine its norm with "
+                      "keel_create_context.shards, or set distributed.shard = \"none\"",
+                      c.clipper.abi_minor()));
   }
   if (config.mfu) {
     // The parameters too (deduplicated): a calculator may derive FLOPs from their count.

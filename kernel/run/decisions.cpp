@@ -3,6 +3,7 @@
 // run/metrics.cpp, evaluation_due: run/evaluate.cpp, save_due: run/checkpointing.cpp).
 #include "run/decisions.hpp"
 
+#include <fmt/format.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -96,7 +97,7 @@ void decide_end(Run& run, Moment moment) {
     reason = std::string("stopped by ") + (run.end.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
   // A stream's epoch that ended without a batch: the stream has no more windows.
   if (reason.empty() && moment == Moment::kEpochOver && run.plan.stream && run.epoch.batches == 0)
-    reason = "the stream ended (epoch " + std::to_string(run.progress.epoch) + " had no batch)";
+    reason = fmt::format("the stream ended (epoch {} had no batch)", run.progress.epoch);
   const bool epochs_done =
       c.train.epochs > 0 && (moment == Moment::kStart ? run.progress.epoch >= c.train.epochs
                        : moment == Moment::kEpochOver ? run.progress.epoch + 1 >= c.train.epochs

@@ -1,5 +1,7 @@
 #include "run/eval_metrics.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -47,8 +49,8 @@ struct MetricWriter {
     const std::string shown = n ? std::string(key, n) : std::string();
     if (n == 0) return refuse("a metric with a NULL or empty key");
     if (n == KEEL_NAME_CAPACITY)
-      return refuse("metric '" + shown.substr(0, 40) + "...': the key is longer than " +
-                    std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes");
+      return refuse(fmt::format("metric '{}...': the key is longer than {} bytes",
+                                shown.substr(0, 40), KEEL_NAME_CAPACITY - 1));
     for (const char c : shown)
       if (!key_char(c))
         return refuse("metric '" + shown + "': a key holds only letters, digits, '_', '.' "
@@ -82,10 +84,9 @@ EvalMetrics::EvalMetrics(const Instance<keel_loss>& loss) : loss_(&loss) {
                      "a loss\")");
   const size_t n = loss.get("metric_state_size", loss->metric_state_size);
   if (n > KEEL_METRIC_STATE_CAPACITY)
-    throw loss.error("metric_state_size returned " + std::to_string(n) + "; the state of a "
-                     "loss's evaluation metrics holds at most " +
-                     std::to_string(KEEL_METRIC_STATE_CAPACITY) +
-                     " doubles (KEEL_METRIC_STATE_CAPACITY)");
+    throw loss.error(fmt::format("metric_state_size returned {}; the state of a loss's "
+                                 "evaluation metrics holds at most {} doubles "
+                                 "(KEEL_METRIC_STATE_CAPACITY)", n, KEEL_METRIC_STATE_CAPACITY));
   state_.assign(n, 0.0);
 }
 
@@ -109,8 +110,8 @@ void EvalMetrics::reduce(const SumOverRanks& sum) {
   v.insert(v.end(), state_.begin(), state_.end());
   const std::vector<double> total = sum(std::move(v));
   if (total.size() != 3 + state_.size())
-    throw Error("evaluation: the sum over ranks has " + std::to_string(total.size()) +
-                " values, expected " + std::to_string(3 + state_.size()));
+    throw Error(fmt::format("evaluation: the sum over ranks has {} values, expected {}",
+                            total.size(), 3 + state_.size()));
   loss_sum_ = total[0];
   items_ = total[1];
   samples_ = total[2];

@@ -1,6 +1,7 @@
 // The training data's micro-batches for each step (fetch.hpp).
 #include "run/fetch.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -65,19 +66,16 @@ void agree_on_stream(Run& run, const std::vector<MicroBatch>& out) {
   if (std::all_of(counts.begin(), counts.end(), [&](double c) { return c == counts[0]; })) return;
   std::string each;
   for (size_t r = 0; r < counts.size(); ++r)
-    each += (r ? ", rank " : "rank ") + std::to_string(r) + " " +
-            std::to_string(static_cast<int64_t>(counts[r]));
-  throw run.components.train_data.error(
-      "a stream whose ranks' data ends epoch " + std::to_string(run.progress.epoch) +
-      " at different steps: micro-batches for step " + std::to_string(step) + " (up to " +
-      std::to_string(run.plan.grad_accum) + "): " + each + ", after " +
-      std::to_string(run.epoch.batches) + " in this epoch" +
-      (run.epoch.stopped ? " (a rank's data stopped while waiting for data, another's did not)"
-                         : "") +
-      "; hint: a stream (batches_per_epoch -1) must give every rank the same number of batches "
-      "in each window" +
-      (run.epoch.stopped ? ", and a stop while waiting for data needs the signal on every rank"
-                         : ""));
+    each += fmt::format("{}rank {} {}", r ? ", " : "", r, static_cast<int64_t>(counts[r]));
+  throw run.components.train_data.error(fmt::format(
+      "a stream whose ranks' data ends epoch {} at different steps: micro-batches for step {} "
+      "(up to {}): {}, after {} in this epoch{}; hint: a stream (batches_per_epoch -1) must "
+      "give every rank the same number of batches in each window{}",
+      run.progress.epoch, step, run.plan.grad_accum, each, run.epoch.batches,
+      run.epoch.stopped ? " (a rank's data stopped while waiting for data, another's did not)"
+                        : "",
+      run.epoch.stopped ? ", and a stop while waiting for data needs the signal on every rank"
+                        : ""));
 }
 
 }  // namespace
@@ -93,11 +91,10 @@ std::vector<MicroBatch> fetch_micro_batches(Run& run) {
   std::vector<MicroBatch> out = next_micro_batches(run, want);
   profile_end(run, "data");
   if (run.epoch.stopped && run.ranks.group && !run.plan.stream)
-    throw run.components.train_data.error(
-        "stopped while waiting for data (KEEL_BATCH_STOPPED) in a run of " +
-        std::to_string(run.ranks.world) + " ranks, which only a stream (batches_per_epoch -1) "
-        "may do: the ranks could not agree on where the epoch stands; hint: run it on one "
-        "process, or make the dataset a stream");
+    throw run.components.train_data.error(fmt::format(
+        "stopped while waiting for data (KEEL_BATCH_STOPPED) in a run of {} ranks, which only a "
+        "stream (batches_per_epoch -1) may do: the ranks could not agree on where the epoch "
+        "stands; hint: run it on one process, or make the dataset a stream", run.ranks.world));
   run.epoch.missing = within ? want - static_cast<int64_t>(out.size()) : 0;
   if (run.ranks.group && !within) {
     if (run.plan.stream)

@@ -1,5 +1,7 @@
 #include "run/model_calls.hpp"
 
+#include <fmt/format.h>
+
 #include "keel/tensor.hpp"
 #include "text/text.hpp"
 
@@ -21,8 +23,8 @@ at::Tensor checked_loss(const Instance<keel_loss>& loss, at::Tensor v, int64_t c
     throw loss.error(call + " returned a loss that does not require grad, so backward cannot "
                      "reach the model (was it detached, or computed under no_grad?)");
   if (count < 0)
-    throw loss.error(call + " reported count = " + std::to_string(count) +
-                     "; it must set the number of items it averaged over (>= 0)");
+    throw loss.error(fmt::format("{} reported count = {}; it must set the number of items it "
+                                 "averaged over (>= 0)", call, count));
   return v;
 }
 
@@ -34,9 +36,9 @@ MicroBatch checked_batch(const Instance<keel_dataset>& data, const keel_batch& b
     throw data.error(std::string("next returned a batch without ") +
                      (mb.inputs.defined() ? "targets" : "inputs") + " (a NULL tensor)");
   if (b.samples <= 0 || b.tokens < 0)
-    throw data.error("next returned a batch with samples = " + std::to_string(b.samples) +
-                     " and tokens = " + std::to_string(b.tokens) +
-                     "; a batch holds samples >= 1 and tokens >= 0");
+    throw data.error(fmt::format("next returned a batch with samples = {} and tokens = {}; a "
+                                 "batch holds samples >= 1 and tokens >= 0", b.samples,
+                                 b.tokens));
   if (mb.inputs.dim() == 0 || mb.targets.dim() == 0 || mb.inputs.size(0) != mb.targets.size(0))
     throw data.error("next returned inputs " + text::shape(mb.inputs.sizes()) + " and targets " +
                      text::shape(mb.targets.sizes()) +
@@ -57,9 +59,9 @@ at::Tensor forward(const Instance<keel_model>& model, const at::Tensor& x) {
   at::Tensor y = adopt(out);
   if (!y.defined()) throw model.error("forward returned no tensor (NULL output)");
   if (y.dim() == 0 || y.size(0) != x.size(0))
-    throw model.error("forward returned shape " + text::shape(y.sizes()) + " for inputs " + text::shape(x.sizes()) +
-                      "; its first dimension must be the batch (" + std::to_string(x.size(0)) +
-                      ")");
+    throw model.error(fmt::format("forward returned shape {} for inputs {}; its first dimension "
+                                  "must be the batch ({})", text::shape(y.sizes()),
+                                  text::shape(x.sizes()), x.size(0)));
   return y;
 }
 
@@ -82,10 +84,10 @@ at::Tensor linear_loss_of(const Instance<keel_model>& model, const Instance<keel
                       (features.defined() ? "weight" : "features") + " (a NULL tensor)");
   if (features.dim() < 2 || features.size(0) != x.size(0) || weight.dim() != 2 ||
       weight.size(1) != features.size(-1))
-    throw model.error("forward_features returned features " + text::shape(features.sizes()) +
-                      " and weight " + text::shape(weight.sizes()) + " for inputs " + text::shape(x.sizes()) +
-                      "; expected features [batch (" + std::to_string(x.size(0)) +
-                      "), ..., F] and weight [V, F]");
+    throw model.error(fmt::format("forward_features returned features {} and weight {} for "
+                                  "inputs {}; expected features [batch ({}), ..., F] and weight "
+                                  "[V, F]", text::shape(features.sizes()),
+                                  text::shape(weight.sizes()), text::shape(x.sizes()), x.size(0)));
   keel_tensor* l = nullptr;
   *count = -1;
   loss.call("compute_linear", loss->compute_linear, peek(features), peek(weight), peek(y), &l,

@@ -1,6 +1,7 @@
 #include "run/parameters.hpp"
 
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -50,8 +51,8 @@ void collect_parameters(Run& run) {
     const std::string what = "param(" + std::to_string(i) + ")";
     const std::string n(name);  // terminated within KEEL_NAME_CAPACITY (named_entry)
     if (!seen.insert(n).second)
-      throw model.error("duplicate parameter name '" + n + "' (param " + std::to_string(i) +
-                        "); every parameter needs its own name");
+      throw model.error(fmt::format("duplicate parameter name '{}' (param {}); every parameter "
+                                    "needs its own name", n, i));
     const at::Tensor tensor = borrow(t);
     if (!tensor.is_floating_point() || !tensor.requires_grad())
       throw model.error(what + " '" + n + "' is not a floating-point tensor that requires "
@@ -114,9 +115,9 @@ ModelUnits model_units(const Run& run) {
     const size_t index = p.model_index[i];
     const int32_t u = model.get("param_unit", model->param_unit, index);
     if (u < -1 || u >= KEEL_MAX_UNITS)
-      throw model.error("param_unit(" + std::to_string(index) + ") returned " +
-                        std::to_string(u) + " for parameter '" + p.names[i] + "'; a unit is "
-                        "-1 (the root) or 0 <= unit < " + std::to_string(KEEL_MAX_UNITS));
+      throw model.error(fmt::format("param_unit({}) returned {} for parameter '{}'; a unit is -1 "
+                                    "(the root) or 0 <= unit < {}", index, u, p.names[i],
+                                    KEEL_MAX_UNITS));
     m.unit_of.push_back(u);
     m.units = std::max(m.units, u + 1);
   }
@@ -195,9 +196,9 @@ ParamGroups assign_param_groups(const Run& run) {
       }
     if (matched == 0) {
       const std::string listed = text::join(names);
-      throw Error(spec.where + ": optimizer.groups[" + std::to_string(g) + "].params = \"" +
-                  spec.params + "\" matches no parameter not already in an earlier group "
-                  "(parameters: " + listed + "); hint: the regex must match whole names");
+      throw Error(fmt::format("{}: optimizer.groups[{}].params = \"{}\" matches no parameter not "
+                              "already in an earlier group (parameters: {}); hint: the regex must "
+                              "match whole names", spec.where, g, spec.params, listed));
     }
     groups.lr.push_back(spec.lr);
     groups.weight_decay.push_back(spec.weight_decay);

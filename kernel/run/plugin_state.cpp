@@ -1,6 +1,7 @@
 #include "run/plugin_state.hpp"
 
 #include <ATen/ops/empty.h>
+#include <fmt/format.h>
 
 #include <cstring>
 
@@ -20,8 +21,8 @@ int StateWriter::put(keel_state_writer* w, const char* name, keel_tensor* tensor
   const std::string shown = n ? std::string(name, n) : std::string();
   if (n == 0) return self->refuse("an entry with a NULL or empty name");
   if (n == KEEL_NAME_CAPACITY)
-    return self->refuse("entry '" + shown.substr(0, 40) + "...': the name is longer than " +
-                        std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes");
+    return self->refuse(fmt::format("entry '{}...': the name is longer than {} bytes",
+                                    shown.substr(0, 40), KEEL_NAME_CAPACITY - 1));
   if (tensor == nullptr) return self->refuse("entry '" + shown + "' has a NULL tensor");
   const at::Tensor t = borrow(tensor);
   if (dtype_of_name(dtype_name(t.scalar_type())) == at::ScalarType::Undefined)

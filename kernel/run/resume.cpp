@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <ATen/ops/empty.h>
@@ -111,20 +112,18 @@ void remap_data_position(Run& run) {
                  m.global_batch);
   if (m.world_size == world || m.epoch_batches == 0) return;
   if (m.epoch_samples <= 0 || batch <= 0)
-    throw Error("--resume: " + run.resume.dir + " was saved by " + std::to_string(m.world_size) +
-                " rank(s) inside epoch " + std::to_string(m.epoch) + " and this run has " +
-                std::to_string(world) + ", but its data position is not a sample count " +
-                "(no epoch_samples, or [data.train] has no integer batch_size); hint: launch " +
-                std::to_string(m.world_size) + " process(es), or resume from a checkpoint "
-                "saved at an epoch's end");
+    throw Error(fmt::format("--resume: {} was saved by {} rank(s) inside epoch {} and this run "
+                            "has {}, but its data position is not a sample count (no "
+                            "epoch_samples, or [data.train] has no integer batch_size); hint: "
+                            "launch {} process(es), or resume from a checkpoint saved at an "
+                            "epoch's end", run.resume.dir, m.world_size, m.epoch, world,
+                            m.world_size));
   if (m.epoch_samples % (batch * world) != 0)
-    throw Error("--resume: " + run.resume.dir + " was saved after " +
-                std::to_string(m.epoch_samples) + " samples of epoch " + std::to_string(m.epoch) +
-                ", not a whole number of micro-batches of [data.train] batch_size " +
-                std::to_string(batch) + " x " + std::to_string(world) + " rank(s) = " +
-                std::to_string(batch * world) + "; hint: launch a number of ranks whose " +
-                "batch_size x ranks divides " + std::to_string(m.epoch_samples) + ", or " +
-                std::to_string(m.world_size));
+    throw Error(fmt::format("--resume: {} was saved after {} samples of epoch {}, not a whole "
+                            "number of micro-batches of [data.train] batch_size {} x {} rank(s) "
+                            "= {}; hint: launch a number of ranks whose batch_size x ranks "
+                            "divides {}, or {}", run.resume.dir, m.epoch_samples, m.epoch, batch,
+                            world, batch * world, m.epoch_samples, m.world_size));
   m.epoch_batches = m.epoch_samples / (batch * world);
 }
 
@@ -322,8 +321,8 @@ void load_generators(Run& run, const CommitRecord& rec, const std::string& dir) 
     } else if (name.rfind("torch.cuda.", 0) == 0) {
       const int d = std::stoi(name.substr(11));
       if (!at::hasCUDA() || d >= at::detail::getCUDAHooks().getNumGPUs())
-        throw Error(dir + ": holds the generator of CUDA device " + std::to_string(d) +
-                    ", which this process does not have; hint: resume on the same devices");
+        throw Error(fmt::format("{}: holds the generator of CUDA device {}, which this process "
+                                "does not have; hint: resume on the same devices", dir, d));
       at::Generator gen = compat::cuda_default_generator(d);
       gen.set_state(t);
     }
@@ -484,14 +483,14 @@ void seek_train_data(Run& run, int64_t epoch, int64_t batch) {
     // Stopped while waiting (a SIGTERM/SIGINT during the replay): no step was taken since the
     // checkpoint resumed from, which stays the newest; the position reached is not saved.
     if (got == NextResult::kStopped)
-      throw data.error("stopped by a signal while replaying batch " + std::to_string(i + 1) +
-                       " of " + std::to_string(batch) + " to reach the resume position; nothing "
-                       "new to save: the checkpoint resumed from is still the newest; hint: "
-                       "resume again when the data is there");
+      throw data.error(fmt::format("stopped by a signal while replaying batch {} of {} to reach "
+                                   "the resume position; nothing new to save: the checkpoint "
+                                   "resumed from is still the newest; hint: resume again when "
+                                   "the data is there", i + 1, batch));
     if (got == NextResult::kEnd)
-      throw data.error("epoch " + std::to_string(epoch) + " ended after " + std::to_string(i) +
-                       " batches, but the checkpoint was saved after " + std::to_string(batch) +
-                       "; hint: resume with the data options it was saved with");
+      throw data.error(fmt::format("epoch {} ended after {} batches, but the checkpoint was "
+                                   "saved after {}; hint: resume with the data options it was "
+                                   "saved with", epoch, i, batch));
   }
 }
 

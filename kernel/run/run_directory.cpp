@@ -1,6 +1,7 @@
 #include "run/run_directory.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -41,8 +42,7 @@ std::string earlier_records(const OwnedDir& dir) {
   size_t steps = 0;
   for (const std::string& name : dir.entries("checkpoints")) steps += name.rfind("step-", 0) == 0;
   if (steps > 0)
-    found.push_back(std::to_string(steps) + " checkpoint" + (steps > 1 ? "s" : "") +
-                    " in checkpoints/");
+    found.push_back(fmt::format("{} checkpoint{} in checkpoints/", steps, steps > 1 ? "s" : ""));
   return text::join(found);
 }
 
@@ -159,10 +159,10 @@ void start_run_log(RunDirectory& directory, const RunConfig& config,
     ::close(log_fd);
     throw;
   }
-  const std::string header = std::string(had_log ? "\n" : "") + "===== keel " +
-                             (config.run.mode == RunMode::kEvaluate ? "evaluate" : "train") +
-                             ", run " + run_id + ", " + utc_stamp(/*compact=*/false) + ", pid " +
-                             std::to_string(::getpid()) + " =====\n";
+  const std::string header =
+      fmt::format("{}===== keel {}, run {}, {}, pid {} =====\n", had_log ? "\n" : "",
+                  config.run.mode == RunMode::kEvaluate ? "evaluate" : "train", run_id,
+                  utc_stamp(/*compact=*/false), ::getpid());
   if (!write_all(log_fd, header)) {
     ::close(log_fd);
     throw Error("cannot write " + dir.path_of("run.log") + ": " + std::strerror(errno) +

@@ -1,6 +1,7 @@
 #include "run/step.hpp"
 
 #include <ATen/core/Tensor.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -70,12 +71,10 @@ class MicroBatchWeights {
     if (any_unreported) {
       // "auto": a loss that reports no count for these targets (on any rank) gets the mean.
       if (run_.config.train.accum_normalization == AccumNorm::kAuto) return;
-      throw run_.components.loss.error(
-          (unreported_ < 0 ? "count_items returned " + std::to_string(unreported_)
-                           : std::string("count_items returned a negative count on another "
-                                         "rank")) +
-          " but train.accum_normalization = \"items\" needs item counts; hint: use \"mean\" "
-          "or \"auto\"");
+      throw run_.components.loss.error(fmt::format(
+          "count_items returned {} but train.accum_normalization = \"items\" needs item counts; "
+          "hint: use \"mean\" or \"auto\"",
+          unreported_ < 0 ? std::to_string(unreported_) : "a negative count on another rank"));
     }
     const double ranks = run_.ranks.group ? static_cast<double>(run_.ranks.world) : 1.0;
     for (size_t i = 0; i < w_.size(); ++i)
@@ -124,8 +123,8 @@ void backward(Run& run, at::Tensor loss, bool last, StepOutcome& step) {
     const std::string who = run.components.model.label() + " / " + run.components.loss.label();
     if (!run.step_modes.collective_backward(last))
       throw Error(who + ": backward failed: " + e.what_without_backtrace());
-    throw run.ranks.group->failure("backward of step " + std::to_string(run.progress.step + 1) +
-                                       " (" + who + ", with the gradient all-reduce)",
+    throw run.ranks.group->failure(fmt::format("backward of step {} ({}, with the gradient "
+                                               "all-reduce)", run.progress.step + 1, who),
                                    e.what_without_backtrace());
   }
   profile_end(run, "backward");
@@ -190,21 +189,21 @@ void step_or_skip(Run& run, const StepOutcome& step) {
     run.step_modes.after_update();
     profile_end(run, "optimizer");
   } else if (run.config.train.nonfinite == NonFinite::kError && !scaling) {
-    throw Error("non-finite " + std::string(std::isfinite(step.loss) ? "gradient norm" : "loss") +
-                " at step " + std::to_string(next) + " (loss " + text::number(step.loss) +
-                ", grad norm " + text::number(step.grad_norm) +
-                (run.sparse.any() ? ", sparse grad norm " + text::number(run.sparse.grad_norm)
-                                  : std::string()) +
-                "); hint: lower the learning rate, clip gradients, or set train.nonfinite = "
-                "\"skip\"");
+    throw Error(fmt::format("non-finite {} at step {} (loss {}, grad norm {}{}); hint: lower the "
+                            "learning rate, clip gradients, or set train.nonfinite = \"skip\"",
+                            std::isfinite(step.loss) ? "gradient norm" : "loss", next,
+                            text::number(step.loss), text::number(step.grad_norm),
+                            run.sparse.any()
+                                ? ", sparse grad norm " + text::number(run.sparse.grad_norm)
+                                : std::string()));
   } else {
     run.progress.skipped_steps += 1;
     spdlog::warn("step {}: non-finite loss or gradients, optimizer step skipped ({} so far)",
                  next, run.progress.skipped_steps);
     if (!scaling && run.progress.skipped_steps > run.config.train.max_skips)
-      throw Error("more than train.max_skips = " + std::to_string(run.config.train.max_skips) +
-                  " steps skipped for non-finite values (latest at step " +
-                  std::to_string(next) + "); hint: lower the learning rate");
+      throw Error(fmt::format("more than train.max_skips = {} steps skipped for non-finite "
+                              "values (latest at step {}); hint: lower the learning rate",
+                              run.config.train.max_skips, next));
   }
 }
 
@@ -255,8 +254,8 @@ void set_lr_for(Run& run, int64_t step) {
   const Instance<keel_optimizer>& optimizer = run.components.optimizer;
   const double f = scheduler ? scheduler.get("factor", scheduler->factor, step) : 1.0;
   if (!std::isfinite(f) || f < 0)
-    throw scheduler.error("factor(" + std::to_string(step) + ") returned " + text::number(f) +
-                          "; a schedule must return a finite value >= 0");
+    throw scheduler.error(fmt::format("factor({}) returned {}; a schedule must return a finite "
+                                      "value >= 0", step, text::number(f)));
   const std::vector<double>& base = run.parameters.base_lrs;
   for (size_t g = 0; g < base.size(); ++g)
     optimizer.run("set_lr", optimizer->set_lr, g, base[g] * f);

@@ -1,6 +1,8 @@
 // The step's modes (step_modes.hpp): each class below is one behaviour around the plain step.
 #include "run/step_modes.hpp"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <string>
 #include <utility>
@@ -29,20 +31,20 @@ std::string reducing_what(const Run& run) { return "reducing the loss" + of_step
 // another rank's data ended early.
 Error short_data_error(const Run& run, int64_t short_ranks) {
   const Instance<keel_dataset>& data = run.components.train_data;
-  const std::string step = std::to_string(run.progress.step + 1);
-  const std::string epoch = std::to_string(run.progress.epoch);
-  const std::string agreed = std::to_string(run.plan.epoch_batches);
+  const int64_t step = run.progress.step + 1;
+  const int64_t epoch = run.progress.epoch;
+  const int64_t agreed = run.plan.epoch_batches;
   const std::string hint = "; hint: batches_per_epoch must count the batches next yields in "
                            "every epoch (the ranks take the fewest of any rank's count per "
                            "epoch without asking each other)";
   if (run.epoch.missing > 0)
-    return data.error("yielded " + std::to_string(run.epoch.batches) + " batch(es) in epoch " +
-                      epoch + ", fewer than the " + agreed + " per epoch agreed from "
-                      "batches_per_epoch, at step " + step + hint);
-  return data.error("the data of " + std::to_string(short_ranks) + " other rank(s) yielded "
-                    "fewer batches in epoch " + epoch + " than the " + agreed + " per epoch "
-                    "agreed from batches_per_epoch, at step " + step + " (the error of that "
-                    "rank says how many)" + hint);
+    return data.error(fmt::format("yielded {} batch(es) in epoch {}, fewer than the {} per epoch "
+                                  "agreed from batches_per_epoch, at step {}{}",
+                                  run.epoch.batches, epoch, agreed, step, hint));
+  return data.error(fmt::format("the data of {} other rank(s) yielded fewer batches in epoch {} "
+                                "than the {} per epoch agreed from batches_per_epoch, at step {} "
+                                "(the error of that rank says how many){}",
+                                short_ranks, epoch, agreed, step, hint));
 }
 
 // Several ranks: the outcome agreement (a sum, run/agreement.hpp): the loss (mean over ranks),

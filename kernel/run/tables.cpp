@@ -1,5 +1,6 @@
 #include "run/tables.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -74,19 +75,19 @@ const keel_sparse_table* checked_table(const Run& run, size_t i, std::set<std::s
   const std::string which = "table(" + std::to_string(i) + ")";
   if (!t) throw model.error(which + " returned NULL; a model offers table_count tables");
   if (t->struct_size < sizeof(keel_sparse_table))
-    throw model.error(which + ": keel_sparse_table is " + std::to_string(t->struct_size) +
-                      " bytes, ABI 1.9 needs " + std::to_string(sizeof(keel_sparse_table)) +
-                      "; hint: rebuild the plugin against this SDK");
+    throw model.error(fmt::format("{}: keel_sparse_table is {} bytes, ABI 1.9 needs {}; hint: "
+                                  "rebuild the plugin against this SDK", which, t->struct_size,
+                                  sizeof(keel_sparse_table)));
   if (!valid_table_name(t->name))
-    throw model.error(which + ": name \"" + bounded(t->name ? t->name : "", 40) + "\" is not 1 "
-                      "to " + std::to_string(KEEL_NAME_CAPACITY - 1) + " letters, digits, '_', "
-                      "'.' or '-'");
+    throw model.error(fmt::format("{}: name \"{}\" is not 1 to {} letters, digits, '_', '.' or "
+                                  "'-'", which, bounded(t->name ? t->name : "", 40),
+                                  KEEL_NAME_CAPACITY - 1));
   if (!names.insert(t->name).second)
     throw model.error(which + ": two tables are named '" + std::string(t->name) +
                       "'; every table needs its own name (checkpoints store it under it)");
   if (t->dim < 1)
-    throw model.error(which + " '" + t->name + "': dim is " + std::to_string(t->dim) +
-                      "; a row holds dim >= 1 floats");
+    throw model.error(fmt::format("{} '{}': dim is {}; a row holds dim >= 1 floats", which,
+                                  t->name, t->dim));
   if (!t->reserve_slots || !t->touched || !t->end_step || !t->stats || !t->save || !t->load)
     throw model.error(which + " '" + t->name + "': a slot is NULL; every slot of "
                       "keel_sparse_table is required");
@@ -177,10 +178,10 @@ void create_sparse_optimizer(Run& run) {
   s.tables = model_tables(run);
   s.owner = run.components.model.label();
   if (s.any() && !config.sparse_optimizer)
-    throw run.components.model.error(
-        "has " + std::to_string(s.tables.size()) + " sparse embedding table(s) (" +
-        table_names(s.tables) + "), which only a [sparse_optimizer] trains, and the manifest "
-        "has none; hint: add [sparse_optimizer] with type = \"adagrad\" (or \"adamw\")");
+    throw run.components.model.error(fmt::format(
+        "has {} sparse embedding table(s) ({}), which only a [sparse_optimizer] trains, and the "
+        "manifest has none; hint: add [sparse_optimizer] with type = \"adagrad\" (or \"adamw\")",
+        s.tables.size(), table_names(s.tables)));
   if (!s.any() && config.sparse_optimizer)
     throw Error(config.manifest_path + ": [sparse_optimizer] is set, but " +
                 run.components.model.label() + " has no sparse embedding tables for it to "
@@ -198,13 +199,13 @@ void create_sparse_optimizer(Run& run) {
   // A sparse optimizer of 1.10 or older reads the rows through host pointers only.
   for (const keel_sparse_table* t : s.tables)
     if (rows_as_tensors(t) && opt.abi_minor() < 11)
-      throw opt.error(
-          "was built for plugin ABI 1." + std::to_string(opt.abi_minor()) + ", whose sparse "
-          "optimizers read a table's rows through host pointers, but " +
-          table_label(run.sparse, t) + " hands its rows as tensors (it keeps them on " +
-          rows_device(t) + "); hint: rebuild the sparse optimizer against this keel's SDK "
-          "(ABI 1.11: it takes keel_sparse_rows.row_values when rows_as_tensors is set), or have "
-          "the model keep the table in host memory and hand host pointers");
+      throw opt.error(fmt::format(
+          "was built for plugin ABI 1.{}, whose sparse optimizers read a table's rows through "
+          "host pointers, but {} hands its rows as tensors (it keeps them on {}); hint: rebuild "
+          "the sparse optimizer against this keel's SDK (ABI 1.11: it takes "
+          "keel_sparse_rows.row_values when rows_as_tensors is set), or have the model keep the "
+          "table in host memory and hand host pointers",
+          opt.abi_minor(), table_label(run.sparse, t), rows_device(t)));
   s.base_lr = opt.get("get_lr", opt->get_lr);
   if (!std::isfinite(s.base_lr) || s.base_lr < 0)
     throw opt.error("get_lr returned " + text::number(s.base_lr) +
@@ -234,14 +235,14 @@ double sparse_grad_squares(const SparseTables& sparse) {
     if (rows.count == 0) continue;
     if (rows_as_tensors(t)) {  // (1.11) one reduction on the rows' device
       if (!rows.row_grads)
-        throw Error(table_label(sparse, t) + ": touched returned " + std::to_string(rows.count) +
-                    " rows without gradients (row_grads is NULL)");
+        throw Error(fmt::format("{}: touched returned {} rows without gradients (row_grads is "
+                                "NULL)", table_label(sparse, t), rows.count));
       sum += borrow(rows.row_grads).to(at::kDouble).square().sum().item<double>();
       continue;
     }
     if (!rows.grads)
-      throw Error(table_label(sparse, t) + ": touched returned " + std::to_string(rows.count) +
-                  " rows without gradients (grads is NULL)");
+      throw Error(fmt::format("{}: touched returned {} rows without gradients (grads is NULL)",
+                              table_label(sparse, t), rows.count));
     const int64_t dim = t->dim;
     for (size_t i = 0; i < rows.count; ++i) {
       const float* g = rows.grads[i];
@@ -305,9 +306,9 @@ void add_tables(const Run& run, Snapshot& snap) {
     for (auto& [name, tensor] : w.entries) {
       std::string full = std::string(t->name) + "." + name;
       if (full.size() >= KEEL_NAME_CAPACITY)
-        throw Error(table_label(run.sparse, t) + ": save: entry '" + name + "' under the "
-                    "table's name is longer than " + std::to_string(KEEL_NAME_CAPACITY - 1) +
-                    " bytes");
+        throw Error(fmt::format("{}: save: entry '{}' under the table's name is longer than {} "
+                                "bytes", table_label(run.sparse, t), name,
+                                KEEL_NAME_CAPACITY - 1));
       out.emplace_back(std::move(full), tensor);
     }
   }
