@@ -1,6 +1,7 @@
 #include "blas.hpp"
 
 #include <dlfcn.h>
+#include <fmt/format.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -85,8 +86,8 @@ std::string blas_line(int threads) {
 
 std::string blas_default_line() {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return blas_line(blas_threads_for(cores)) + " in a run with [run] threads = 0 (" +
-         std::to_string(cores) + (cores == 1 ? " core)" : " cores)");
+  return fmt::format("{} in a run with [run] threads = 0 ({} {})",
+                     blas_line(blas_threads_for(cores)), cores, cores == 1 ? "core" : "cores");
 }
 
 }  // namespace keel

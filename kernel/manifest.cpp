@@ -1,6 +1,7 @@
 #include "manifest.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,7 +65,7 @@ std::string read_regular_file(const fs::path& file, const std::string& where_,
                "name a regular .toml file");
   if (st.st_size > kMaxManifestBytes)
     file_error(where_, what, file,
-               "is " + std::to_string(st.st_size / (1 << 20)) + " MiB, too large for a manifest",
+               fmt::format("is {} MiB, too large for a manifest", st.st_size / (1 << 20)),
                "a manifest is a small TOML file; check the path");
   const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
@@ -371,8 +372,8 @@ class Override {
   // "hooks[0] (type console), hooks[1] (type jsonl)" or "model.hidden[0] = 256, ...".
   static std::string entries(const std::string& path, const toml::array& a) {
     if (a.empty()) return path + " is empty";
-    std::string s = path + " holds " + std::to_string(a.size()) +
-                    (a.size() == 1 ? " entry: " : " entries: ");
+    std::string s =
+        fmt::format("{} holds {} {}: ", path, a.size(), a.size() == 1 ? "entry" : "entries");
     for (size_t i = 0; i < a.size() && i < 8; ++i) {
       s += (i ? ", " : "") + path + "[" + std::to_string(i) + "]";
       if (const toml::table* t = a[i].as_table()) {

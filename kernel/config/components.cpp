@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "config/resolve_parts.hpp"
@@ -62,10 +63,10 @@ const Component* pick(const Registry& registry, keel_kind kind, const std::strin
   const std::string available = text::join(names);
   const std::vector<const Component*> found = registry.matches(kind, name);
   if (found.size() > 1)
-    throw Error(at + ": [" + section + "].type: " + std::to_string(found.size()) +
-                " plugins provide " + kind_name(kind) + " '" + name + "': " + providers(found) +
-                "; hint: name the one you want as " + qualified_types(found) +
-                ", or remove one of the files from the search path");
+    throw Error(fmt::format("{}: [{}].type: {} plugins provide {} '{}': {}; hint: name the one "
+                            "you want as {}, or remove one of the files from the search path",
+                            at, section, found.size(), kind_name(kind), name, providers(found),
+                            qualified_types(found)));
   if (found.empty()) {
     const std::string refused = registry.refusal_summary();
     throw Error(at + ": [" + section + "].type: no " + kind_name(kind) + " named '" + name +
@@ -99,10 +100,10 @@ std::vector<ComponentSpec> default_hooks(const Registry& registry, const std::st
         registry.find(KEEL_KIND_HOOK, std::string(kDefaultHooksPlugin) + ":" + name);
     const Component* chosen = own ? own : found.size() == 1 ? found[0] : nullptr;
     if (!chosen)
-      throw Error(at + ": " + std::to_string(found.size()) + " plugins provide hook '" + name +
-                  "', none of them " + kDefaultHooksPlugin + ": " + providers(found) +
-                  "; hint: write the hooks you want as [[hooks]] tables, e.g. " +
-                  qualified_types(found));
+      throw Error(fmt::format("{}: {} plugins provide hook '{}', none of them {}: {}; hint: "
+                              "write the hooks you want as [[hooks]] tables, e.g. {}",
+                              at, found.size(), name, kDefaultHooksPlugin, providers(found),
+                              qualified_types(found)));
     for (const Component* other : found)
       if (other != chosen)
         spdlog::info("{} has no [[hooks]]: the default hook '{}' comes from plugin {}; plugin "
@@ -190,8 +191,9 @@ std::vector<ParamGroupSpec> param_groups(const toml::table& optimizer) {
       const toml::node* n = t.get(key);
       const double v = std::get<double>(o.values.at(key));
       if (n && v < 0)
-        throw Error(where(n->source()) + ": " + section + "." + key + ": must be >= 0, got " +
-                    std::to_string(v) + "; hint: leave it out to keep the optimizer's own value");
+        throw Error(fmt::format(
+            "{}: {}.{}: must be >= 0, got {:f}; hint: leave it out to keep the optimizer's own "
+            "value", where(n->source()), section, key, v));
     }
     ParamGroupSpec g;
     group_keys().land(o, g);

@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <utility>
@@ -74,9 +75,9 @@ Pending Collectives::reduce_scatter(at::Tensor packed, std::vector<at::Tensor> o
   const int64_t world = group_->launch.world_size;
   const int64_t chunk = numel_of(out);  // C: this rank's elements, from every rank
   if (packed.numel() != world * chunk || !packed.is_contiguous())
-    throw Error("internal: " + what + ": reduce-scatter of " + std::to_string(packed.numel()) +
-                " elements (contiguous: " + (packed.is_contiguous() ? "yes" : "no") + ") into " +
-                std::to_string(world) + " ranks x " + std::to_string(chunk) + " elements");
+    throw Error(fmt::format(
+        "internal: {}: reduce-scatter of {} elements (contiguous: {}) into {} ranks x {} elements",
+        what, packed.numel(), packed.is_contiguous() ? "yes" : "no", world, chunk));
   for (const at::Tensor& o : out)
     if (o.scalar_type() != packed.scalar_type())
       throw Error("internal: " + what + ": reduce-scatter outputs of another dtype than the input");
@@ -128,16 +129,17 @@ Pending Collectives::all_gather(std::vector<at::Tensor> inputs,
                                 const std::string& what) {
   const size_t world = static_cast<size_t>(group_->launch.world_size);
   if (outputs.size() != world)
-    throw Error("internal: " + what + ": all-gather into " + std::to_string(outputs.size()) +
-                " ranks' outputs, with " + std::to_string(world) + " ranks");
+    throw Error(fmt::format("internal: {}: all-gather into {} ranks' outputs, with {} ranks", what,
+                            outputs.size(), world));
   // Empty tensors move nothing (and Gloo's coalesced all-gather need not see them).
   std::vector<at::Tensor> in;
   std::vector<std::vector<at::Tensor>> into(world);
   for (size_t k = 0; k < inputs.size(); ++k) {
     for (size_t q = 0; q < world; ++q)
       if (outputs[q].size() != inputs.size() || !outputs[q][k].sizes().equals(inputs[k].sizes()))
-        throw Error("internal: " + what + ": all-gather output of rank " + std::to_string(q) +
-                    " does not have the inputs' count and shapes");
+        throw Error(fmt::format(
+            "internal: {}: all-gather output of rank {} does not have the inputs' count and shapes",
+            what, q));
     if (inputs[k].numel() == 0) continue;
     in.push_back(inputs[k].contiguous());
     for (size_t q = 0; q < world; ++q) into[q].push_back(outputs[q][k]);

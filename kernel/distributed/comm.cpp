@@ -5,6 +5,7 @@
 #include <ATen/ops/tensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
@@ -37,9 +38,9 @@ int64_t shape_hash(const at::Tensor& t) {
 
 // "Double rows of 2 dimension(s) with 3 element(s) each": an exchange's fields, for errors.
 std::string described(const std::vector<int64_t>& f) {
-  return std::string(c10::toString(static_cast<at::ScalarType>(f[kDtype]))) + " rows of " +
-         std::to_string(f[kDims]) + " dimension(s) with " + std::to_string(f[kRowElements]) +
-         " element(s) each";
+  return fmt::format("{} rows of {} dimension(s) with {} element(s) each",
+                     c10::toString(static_cast<at::ScalarType>(f[kDtype])), f[kDims],
+                     f[kRowElements]);
 }
 
 // `send` checked against abi.h's rules (a CPU tensor with at least one dimension), contiguous.
@@ -115,11 +116,11 @@ std::vector<std::vector<int64_t>> ComponentComm::exchange_counts(
   // Every rank compares each rank's rows with rank 0's, so all name the same rank.
   for (int q = 1; q < world(); ++q)
     if (fields[q] != fields[0])
-      throw Error("keel_comm " + std::string(what) + ": rank " + std::to_string(q) + " sends " +
-                  described(fields[q]) + " and rank 0 " + described(fields[0]) +
-                  (described(fields[q]) == described(fields[0]) ? " of another shape" : "") +
-                  " (this is rank " + std::to_string(rank()) + "); hint: every rank must send "
-                  "the same dtype and trailing shape (abi.h, keel_comm)");
+      throw Error(fmt::format(
+          "keel_comm {}: rank {} sends {} and rank 0 {}{} (this is rank {}); hint: every rank "
+          "must send the same dtype and trailing shape (abi.h, keel_comm)",
+          what, q, described(fields[q]), described(fields[0]),
+          described(fields[q]) == described(fields[0]) ? " of another shape" : "", rank()));
   return out;
 }
 
@@ -150,19 +151,20 @@ at::Tensor ComponentComm::all_to_all(const at::Tensor& send_in,
   const at::NoGradGuard no_grad;
   const at::Tensor send = checked_send(send_in, "all_to_all");
   if (send_rows.size() != static_cast<size_t>(world()))
-    throw Error("keel_comm all_to_all: " + std::to_string(send_rows.size()) + " send_rows for " +
-                std::to_string(world()) + " rank(s); hint: one count per rank");
+    throw Error(fmt::format(
+        "keel_comm all_to_all: {} send_rows for {} rank(s); hint: one count per rank",
+        send_rows.size(), world()));
   int64_t total = 0;
   for (size_t q = 0; q < send_rows.size(); ++q) {
     if (send_rows[q] < 0)
-      throw Error("keel_comm all_to_all: send_rows[" + std::to_string(q) + "] = " +
-                  std::to_string(send_rows[q]) + "; counts are >= 0");
+      throw Error(fmt::format("keel_comm all_to_all: send_rows[{}] = {}; counts are >= 0", q,
+                              send_rows[q]));
     total += send_rows[q];
   }
   if (total != send.size(0))
-    throw Error("keel_comm all_to_all: send_rows sum to " + std::to_string(total) + " but send "
-                "has " + std::to_string(send.size(0)) + " rows; hint: the counts split send's "
-                "rows among the ranks, in rank order");
+    throw Error(fmt::format("keel_comm all_to_all: send_rows sum to {} but send has {} rows; "
+                            "hint: the counts split send's rows among the ranks, in rank order",
+                            total, send.size(0)));
   calls_ += 1;
   if (!group_) {
     recv_rows.assign(1, send.size(0));

@@ -1,5 +1,7 @@
 #include "distributed/launch.hpp"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
@@ -29,9 +31,8 @@ struct Reader {
     errno = 0;
     const long long n = std::strtoll(v, &end, 10);
     if (errno != 0 || end == v || *end != '\0' || n < lo || n > hi)
-      throw Error(std::string(name) + "='" + std::string(v).substr(0, 40) + "' (set by " +
-                  launcher + "): expected an integer from " + std::to_string(lo) + " to " +
-                  std::to_string(hi) + "; hint: " + hint);
+      throw Error(fmt::format("{}='{}' (set by {}): expected an integer from {} to {}; hint: {}",
+                              name, std::string(v).substr(0, 40), launcher, lo, hi, hint));
     return static_cast<int>(n);
   }
 };

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -34,11 +35,10 @@ std::string first_line(std::string text) {
 }  // namespace
 
 Error ProcessGroup::Impl::failure(const std::string& what, const std::string& why) const {
-  return Error("distributed: " + what + " failed on rank " + std::to_string(launch.rank) +
-               " of " + std::to_string(launch.world_size) + " (" + first_line(why) +
-               "); hint: another rank failed, was killed or hangs (its log says which), or "
-               "did not get here within [distributed] timeout_s = " +
-               std::to_string(timeout.count()) + " s");
+  return Error(fmt::format(
+      "distributed: {} failed on rank {} of {} ({}); hint: another rank failed, was killed or "
+      "hangs (its log says which), or did not get here within [distributed] timeout_s = {} s",
+      what, launch.rank, launch.world_size, first_line(why), timeout.count()));
 }
 
 ProcessGroup::ProcessGroup(const Launch& launch, const DistributedOptions& options,
@@ -87,13 +87,12 @@ ProcessGroup::ProcessGroup(const Launch& launch, const DistributedOptions& optio
     d.store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
   } catch (const std::exception& e) {
     const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-    throw Error("distributed: rank " + std::to_string(launch.rank) + " could not " +
-                (launch.rank == 0 && !launch.agent_store ? "serve" : "reach") +
-                " the rendezvous store at " + where + " (" +
-                first_line(c10 ? c10->what_without_backtrace() : e.what()) + "); hint: " +
-                "MASTER_ADDR and MASTER_PORT must name a free port on the host of rank 0, the "
-                "same for every rank, and every rank must start within [distributed] "
-                "timeout_s = " + std::to_string(options.timeout.count()) + " s");
+    throw Error(fmt::format(
+        "distributed: rank {} could not {} the rendezvous store at {} ({}); hint: MASTER_ADDR "
+        "and MASTER_PORT must name a free port on the host of rank 0, the same for every rank, "
+        "and every rank must start within [distributed] timeout_s = {} s",
+        launch.rank, launch.rank == 0 && !launch.agent_store ? "serve" : "reach", where,
+        first_line(c10 ? c10->what_without_backtrace() : e.what()), options.timeout.count()));
   }
   d.guarded("the process group's creation", [&] {
     if (backend == "gloo") {

@@ -156,7 +156,7 @@ void Residency::group_sent(size_t group) {
 
 void Residency::pre_backward(size_t s) {
   if (!active_[s] && !pinned_) {
-    gather(s, "gathering unit " + std::to_string(s) + "'s parameters for its backward");
+    gather(s, fmt::format("gathering unit {}'s parameters for its backward", s));
     active_[s] = true;
     active_bytes_ += bytes_[s];
   }
@@ -185,15 +185,15 @@ keel_status Residency::enter(const keel_unit_calls* calls, int32_t unit, keel_er
   try {
     auto* self = static_cast<Residency*>(calls->host_data);
     if (unit < 0 || unit >= self->units_)
-      throw Error("enter(" + std::to_string(unit) + "): the model declared units 0.." +
-                  std::to_string(self->units_ - 1) + " (param_unit)");
+      throw Error(fmt::format("enter({}): the model declared units 0..{} (param_unit)", unit,
+                              self->units_ - 1));
     if (self->entered_ != -2)
-      throw Error("enter(" + std::to_string(unit) + ") inside unit " +
-                  std::to_string(self->entered_) + ", which was not left; units do not nest");
+      throw Error(fmt::format("enter({}) inside unit {}, which was not left; units do not nest",
+                              unit, self->entered_));
     const size_t s = self->slot(unit);
     self->entered_ = unit;
     if (self->pinned_) return KEEL_OK;
-    self->gather(s, "gathering unit " + std::to_string(unit) + "'s parameters for its forward");
+    self->gather(s, fmt::format("gathering unit {}'s parameters for its forward", unit));
     if (!self->active_[s]) {
       self->active_[s] = true;
       self->active_bytes_ += self->bytes_[s];
@@ -211,9 +211,9 @@ keel_status Residency::leave(const keel_unit_calls* calls, int32_t unit,
   try {
     auto* self = static_cast<Residency*>(calls->host_data);
     if (unit != self->entered_)
-      throw Error("leave(" + std::to_string(unit) + ") " +
-                  (self->entered_ == -2 ? std::string("without enter")
-                                        : "inside unit " + std::to_string(self->entered_)));
+      throw Error(self->entered_ == -2
+                      ? fmt::format("leave({}) without enter", unit)
+                      : fmt::format("leave({}) inside unit {}", unit, self->entered_));
     self->entered_ = -2;
     const size_t s = self->slot(unit);
     if (self->pinned_) return KEEL_OK;

@@ -210,9 +210,9 @@ keel_status ShardedParams::all_reduce(const keel_shard_group* group, double* val
   try {
     if (group == nullptr || (count > 0 && values == nullptr) ||
         (op != KEEL_REDUCE_SUM && op != KEEL_REDUCE_MAX))
-      throw Error("all_reduce called with " + std::string(group ? "" : "no group, ") +
-                  (count > 0 && !values ? "no values, " : "") + "op " +
-                  std::to_string(static_cast<int>(op)) + " (KEEL_REDUCE_SUM or _MAX)");
+      throw Error(fmt::format("all_reduce called with {}{}op {} (KEEL_REDUCE_SUM or _MAX)",
+                              group ? "" : "no group, ", count > 0 && !values ? "no values, " : "",
+                              static_cast<int>(op)));
     if (count == 0) return KEEL_OK;  // the same on every rank: nothing to combine
     auto* self = static_cast<ShardedParams*>(group->host_data);
     self->issued_ += 1;

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -340,11 +341,12 @@ int OwnedDir::open_file(const std::string& name, int flags, CreatedEntries& crea
   if (!was_there) {
     created.add(fd_, name, shown, st.st_dev, st.st_ino, false);
   } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1) {
-    throw Error(shown + " is not a regular file of ours with one link (" +
-                (!S_ISREG(st.st_mode)            ? std::string("another kind of file")
-                 : st.st_uid != ::geteuid() ? "uid " + std::to_string(st.st_uid)
-                                            : std::to_string(st.st_nlink) + " links") +
-                "); keel does not write it; hint: remove it, after checking who made it");
+    throw Error(fmt::format(
+        "{} is not a regular file of ours with one link ({}); keel does not write it; hint: "
+        "remove it, after checking who made it",
+        shown, !S_ISREG(st.st_mode)        ? std::string("another kind of file")
+               : st.st_uid != ::geteuid() ? fmt::format("uid {}", st.st_uid)
+                                          : fmt::format("{} links", st.st_nlink)));
   }
   if (was_there && (flags & O_TRUNC) && ::ftruncate(fd.get(), 0) != 0)
     throw Error(shown + ": cannot write it (" + errno_text() + ")");

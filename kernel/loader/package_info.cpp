@@ -1,6 +1,7 @@
 #include "loader/package_info.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <toml++/toml.h>
 #include <unistd.h>
 
@@ -62,7 +63,7 @@ std::string toml_quoted(const std::string& s) {
 }
 
 std::string abi_text(uint32_t major, uint32_t minor) {
-  return std::to_string(major) + "." + std::to_string(minor);
+  return fmt::format("{}.{}", major, minor);
 }
 
 }  // namespace package_text

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "bounded.hpp"
@@ -110,14 +111,14 @@ namespace {
 std::string component_problem(const keel_component_desc& c, uint32_t i, Component* comp) {
   constexpr size_t kOption10 = sizeof(keel_option_desc);  // ABI 1.0's size (see check)
   if (c.name && !terminated_within(c.name, KEEL_NAME_CAPACITY))
-    return "component " + std::to_string(i) + "'s name does not end within " +
-           std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes";
+    return fmt::format("component {}'s name does not end within {} bytes", i,
+                       KEEL_NAME_CAPACITY - 1);
   const std::string cname = bounded(c.name, KEEL_NAME_CAPACITY);
   if (!kind_name(c.kind))
-    return "component " + std::to_string(i) + " ('" + cname + "') has unknown kind " +
-           std::to_string(c.kind);
+    return fmt::format("component {} ('{}') has unknown kind {}", i, cname,
+                       static_cast<int>(c.kind));
   if (cname.empty() || !c.create)
-    return "component " + std::to_string(i) + " has no name or no factory";
+    return fmt::format("component {} has no name or no factory", i);
   if (cname.find(':') != std::string::npos)
     return "component '" + cname + "': a name must not contain ':' (it separates the plugin "
            "name in a manifest's type)";
@@ -131,15 +132,14 @@ std::string component_problem(const keel_component_desc& c, uint32_t i, Componen
   for (uint32_t j = 0; j < c.option_count; ++j) {
     const auto& o = *reinterpret_cast<const keel_option_desc*>(obase + j * c.option_size);
     // The schema keeps pointers into the plugin: each string must end within its bound.
-    const std::string at = "component '" + cname + "' option " + std::to_string(j);
+    const std::string at = fmt::format("component '{}' option {}", cname, j);
     if (o.key && !terminated_within(o.key, KEEL_NAME_CAPACITY))
-      return at + ": key does not end within " + std::to_string(KEEL_NAME_CAPACITY - 1) +
-             " bytes";
+      return fmt::format("{}: key does not end within {} bytes", at, KEEL_NAME_CAPACITY - 1);
     for (const auto& [field, text] : {std::pair{"default_toml", o.default_toml},
                                       {"help", o.help}, {"choices", o.choices}})
       if (text && !terminated_within(text, KEEL_STRING_CAPACITY))
-        return at + " ('" + bounded(o.key, KEEL_NAME_CAPACITY) + "'): " + field +
-               " does not end within " + std::to_string(KEEL_STRING_CAPACITY - 1) + " bytes";
+        return fmt::format("{} ('{}'): {} does not end within {} bytes", at,
+                           bounded(o.key, KEEL_NAME_CAPACITY), field, KEEL_STRING_CAPACITY - 1);
     comp->options.push_back(o);
   }
   const std::string bad = check_schema(comp->options);
@@ -170,12 +170,12 @@ std::string Registry::check(const LoadedPlugin& p,
   constexpr size_t kDescriptor10 = sizeof(keel_plugin_descriptor);
   constexpr size_t kComponent10 = sizeof(keel_component_desc);
   if (d->struct_size < kDescriptor10)
-    return "descriptor is " + std::to_string(d->struct_size) + " bytes, ABI " +
-           std::to_string(KEEL_ABI_MAJOR) + " needs at least " + std::to_string(kDescriptor10);
+    return fmt::format("descriptor is {} bytes, ABI {} needs at least {}", d->struct_size,
+                       KEEL_ABI_MAJOR, kDescriptor10);
   if (!d->name || !*d->name) return "descriptor has no plugin name";
   if (!terminated_within(d->name, KEEL_NAME_CAPACITY))
-    return "descriptor's plugin name does not end within " +
-           std::to_string(KEEL_NAME_CAPACITY - 1) + " bytes";
+    return fmt::format("descriptor's plugin name does not end within {} bytes",
+                       KEEL_NAME_CAPACITY - 1);
   const keel_build_fingerprint& f = d->fingerprint;
   if (f.torch_version != nullptr &&
       (bounded(f.torch_version) != kernel_torch_version() || f.cxx11_abi != kernel_cxx11_abi())) {
@@ -187,8 +187,9 @@ std::string Registry::check(const LoadedPlugin& p,
   }
   if (d->component_count > 0 &&
       (d->components == nullptr || d->component_size < kComponent10))
-    return "component table is missing or its entries are smaller than ABI " +
-           std::to_string(KEEL_ABI_MAJOR) + " requires";
+    return fmt::format(
+        "component table is missing or its entries are smaller than ABI {} requires",
+        KEEL_ABI_MAJOR);
 
   const auto* base = reinterpret_cast<const unsigned char*>(d->components);
   for (uint32_t i = 0; i < d->component_count; ++i) {

@@ -1,5 +1,6 @@
 #include "safe_path.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,8 +42,8 @@ std::string joined(const std::string& dir, const std::string& name) {
 // A directory entered on the way: its owner; writable by others only when sticky.
 std::string check_passed_dir(const std::string& dir, const struct stat& st) {
   if (!trusted_owner(st.st_uid))
-    return dir + ", a directory on its path, belongs to another user (uid " +
-           std::to_string(st.st_uid) + ")";
+    return fmt::format("{}, a directory on its path, belongs to another user (uid {})", dir,
+                       st.st_uid);
   if (others_write(st) && !(st.st_mode & S_ISVTX))
     return dir + ", a directory on its path, is writable by " + writable_by(st) + " (mode " +
            mode_text(st) + ") without the sticky bit";

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "files/files.hpp"
@@ -43,9 +44,10 @@ class FileSizeLimitAtLeast {
   // Why the limit stays too low, or "".
   std::string problem(off_t size) const {
     if (!short_by_) return "";
-    return "cannot copy it into memory: it is " + std::to_string(size / 1024) + " KiB, over the "
-           "file size limit of " + std::to_string(old_.rlim_max / 1024) + " KiB (ulimit -f), "
-           "which this process may not raise; hint: raise `ulimit -f` to at least its size";
+    return fmt::format("cannot copy it into memory: it is {} KiB, over the file size limit of "
+                       "{} KiB (ulimit -f), which this process may not raise; hint: raise "
+                       "`ulimit -f` to at least its size",
+                       size / 1024, old_.rlim_max / 1024);
   }
 
  private:
