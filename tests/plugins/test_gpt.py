@@ -3,8 +3,12 @@ written below; python3-torch, the same LibTorch build).
 
 Through gpt_probe (tests/plugins/gpt_probe.cpp: the plugin's model driven by keel/testing.hpp):
 - logits on a fixed batch, the mean cross-entropy loss and the gradient of that loss w.r.t.
-  every parameter agree with the reference loaded with the plugin's weights, each within an
-  absolute tolerance of 1e-5 (float32; ATOL): at initialisation (context 32, 3 layers, 4 heads,
+  every parameter agree with the reference loaded with the plugin's weights: the loss and the
+  gradients within an absolute tolerance of 1e-5 (float32; ATOL), the logits within ATOL times
+  the largest reference logit's magnitude (at least 1), since their rounding follows the scale
+  of the whole tensor, not of each logit (the perturbed cases' logits reach 7.5; on an AMD EPYC
+  with AVX-512 and PyTorch 2.11, split_three_threads' logits differed from the reference by up
+  to 1.19e-5, where its largest logit is 7.53): at initialisation (context 32, 3 layers, 4 heads,
   width 64), with the weights perturbed by noise of std 0.3, with bias = false on a sequence
   shorter than the context, and with dropout 0.3 in evaluation mode (in training mode dropout
   changes the logits by more than 1e-3); with attention, linear and gelu = "reference"
@@ -241,7 +245,9 @@ def compare(tmp, tag, seed, mode, batch, time, vocab, context, layers, heads, wi
     loss.backward()
     d = (t["logits"] - logits.detach()).abs().max().item()
     DIFFS.append((tag, "logits", d))
-    check(t["logits"].shape == (batch, time, vocab) and d <= ATOL, f"{tag}: logits differ by {d}")
+    bound = ATOL * max(1.0, logits.detach().abs().max().item())
+    check(t["logits"].shape == (batch, time, vocab) and d <= bound,
+          f"{tag}: logits differ by {d} (more than {bound})")
     check(abs(info["loss"] - loss.item()) <= ATOL, f"{tag}: loss {info['loss']} vs {loss.item()}")
     params = dict(ref.named_parameters())  # the tied weight once, as transformer.wte.weight
     params["lm_head.weight"] = ref.lm_head.weight
@@ -511,6 +517,8 @@ type = "jsonl"
     # configs/char_gpt.toml as shipped (on a fresh prepare of the fortunes corpus, 12 steps):
     # it trains, evaluates with bits_per_token = loss / ln 2, and its transformer MFU counts the
     # gpt's parameters but wpe (N = 807808 for vocab 113, width 128, 4 layers, context 128).
+    # Its peak is given, 10 TFLOP/s, more than 2 cores reach (2 AVX-512 cores of an AMD EPYC
+    # passed 0.1), so that the MFU stays below 1 and the run needs no calibration.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     data = os.path.join(tmp, "fortunes")
     r = subprocess.run([os.path.join(root, "configs", "prepare_fortunes.sh"), KEEL, data],
@@ -521,7 +529,7 @@ type = "jsonl"
              "--set", "train.max_steps=12", "--set", "train.log_every=6",
              "--set", "train.eval_every_steps=12", "--set", f"data.train.path=\"{path}\"",
              "--set", f"data.test.path=\"{path}\"", "--set", "data.test.samples_per_epoch=64",
-             "--set", "mfu.peak_tflops=0.1",
+             "--set", "mfu.peak_tflops=10",
              "--set", f"run.output_dir=\"{os.path.join(tmp, 'char_gpt')}\"")
     check(r.returncode == 0, f"char_gpt.toml: {r.stderr[-1500:]}")
     # The console: the tied weight's line in run.log only (the golden run above reads it there),
