@@ -76,14 +76,25 @@ const std::pair<Moment, const char*> kMoments[] = {
     {Moment::kFinish, "finish"},
 };
 
-// Whether the run has reached max_steps, max_samples or max_tokens: its reason, or "".
-std::string stop_target_reached(const Run& run) {
+// A stop target the run has reached: the reason the run ends, and the key and value of the
+// target (reason "" when none is reached).
+struct StopTarget {
+  std::string reason;
+  const char* key = "";
+  int64_t value = 0;
+};
+
+// Whether the run has reached max_steps, max_samples or max_tokens.
+StopTarget stop_target_reached(const Run& run) {
   const RunConfig& c = run.config;
   const keel_trainer_state& p = run.progress;
-  if (c.train.max_steps > 0 && p.step >= c.train.max_steps) return "max_steps reached";
-  if (c.train.max_samples > 0 && p.samples >= c.train.max_samples) return "max_samples reached";
-  if (c.train.max_tokens > 0 && p.tokens >= c.train.max_tokens) return "max_tokens reached";
-  return "";
+  if (c.train.max_steps > 0 && p.step >= c.train.max_steps)
+    return {"max_steps reached", "train.max_steps", c.train.max_steps};
+  if (c.train.max_samples > 0 && p.samples >= c.train.max_samples)
+    return {"max_samples reached", "train.max_samples", c.train.max_samples};
+  if (c.train.max_tokens > 0 && p.tokens >= c.train.max_tokens)
+    return {"max_tokens reached", "train.max_tokens", c.train.max_tokens};
+  return {};
 }
 
 }  // namespace
@@ -91,8 +102,9 @@ std::string stop_target_reached(const Run& run) {
 void decide_end(Run& run, Moment moment) {
   if (run.end.decided()) return;
   const RunConfig& c = run.config;
-  std::string reason;
-  if (moment == Moment::kStart || moment == Moment::kStepEnd) reason = stop_target_reached(run);
+  StopTarget target;
+  if (moment == Moment::kStart || moment == Moment::kStepEnd) target = stop_target_reached(run);
+  std::string reason = target.reason;
   if (run.end.stop_signal)
     reason = std::string("stopped by ") + (run.end.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
   // A stream's epoch that ended without a batch: the stream has no more windows.
@@ -108,12 +120,11 @@ void decide_end(Run& run, Moment moment) {
     reason = "stop requested by a hook";
   if (reason.empty()) return;
   if (moment == Moment::kStart) {
-    // The stop target it reached, and twice its value: a --set that trains on from here.
-    std::pair<std::string, int64_t> target{"train.epochs", c.train.epochs};
-    if (reason == "max_steps reached") target = {"train.max_steps", c.train.max_steps};
-    if (reason == "max_samples reached") target = {"train.max_samples", c.train.max_samples};
-    if (reason == "max_tokens reached") target = {"train.max_tokens", c.train.max_tokens};
-    const auto& [key, value] = target;
+    // The stop target it reached (else epochs), and twice its value: a --set that trains on
+    // from here.
+    const bool by_target = !target.reason.empty() && reason == target.reason;
+    const char* key = by_target ? target.key : "train.epochs";
+    const int64_t value = by_target ? target.value : c.train.epochs;
     spdlog::warn("--resume: the run had already reached its end at step {} ({}): nothing left to "
                  "train; hint: to train on from its checkpoint, raise {} (e.g. --resume --set "
                  "{}={})",
