@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "config/resolve_parts.hpp"
+#include "config/split_name.hpp"
 #include "config/toml_text.hpp"
 #include "error.hpp"
 #include "loader/lock.hpp"
@@ -123,7 +124,38 @@ TrainKeys train_section(const Manifest& m, const RunKeys& run) {
   return train;
 }
 
-// [model], [data.train], [data.test], [optimizer] (with [[optimizer.groups]]), [loss] and the
+// The evaluation sets of `data` ([data] of the manifest): [data.test] as the set named "test",
+// then [data.eval.NAME], ordered by name. A name is a split name in records and file names
+// (config/split_name.hpp); not "train" (the training records' split) nor "test" (that is
+// [data.test]).
+std::vector<EvalSetSpec> eval_sets(const toml::table& data, const Registry& registry) {
+  std::vector<EvalSetSpec> sets;
+  if (data.get("test"))
+    sets.push_back({"test", component(registry, table_or_empty(data, "test", "data.test"),
+                                      "data.test", KEEL_KIND_DATASET)});
+  if (!data.get("eval")) return sets;
+  const toml::table& eval = table_or_empty(data, "eval", "data.eval");
+  if (eval.empty())
+    throw Error(where(eval.source()) + ": [data.eval] holds no evaluation set; hint: name each "
+                "set in its own table, e.g. [data.eval.valid] with type = \"<dataset>\"");
+  for (const auto& [k, v] : eval) {  // toml::table: in the order of the names
+    const std::string name(k.str());
+    if (!valid_split_name(name) || name == "train" || name == "test")
+      throw Error(where(k.source()) + ": [data.eval." + text::printable(name) + "]: " +
+                  (name == "test"    ? "the set named test is [data.test]; hint: rename the table "
+                                       "[data.test]"
+                   : name == "train" ? "train is the training records' split; hint: choose "
+                                       "another name, e.g. [data.eval.train_eval]"
+                                     : std::string("an evaluation set's name is ") +
+                                           kSplitNameRule + "; hint: e.g. [data.eval.valid]"));
+    const std::string section = "data.eval." + name;
+    sets.push_back(
+        {name, component(registry, table_or_empty(eval, name, section), section, KEEL_KIND_DATASET)});
+  }
+  return sets;
+}
+
+// [model], [data.train], [data.test], [data.eval.NAME], [optimizer] (with [[optimizer.groups]]), [loss] and the
 // optional [sparse_optimizer], [lr_scheduler], [grad_clipper], [mfu], [profiler].
 void component_sections(const Manifest& m, const Registry& registry, RunConfig& rc) {
   // `kernel_tables`: keys of the table that belong to the kernel ([[optimizer.groups]]).
@@ -142,20 +174,18 @@ void component_sections(const Manifest& m, const Registry& registry, RunConfig& 
   rc.model = required("model", KEEL_KIND_MODEL);
   const toml::table& data = table_or_empty(m.root, "data", "data");
   for (const auto& [k, v] : data)
-    if (k.str() != "train" && k.str() != "test")
+    if (k.str() != "train" && k.str() != "test" && k.str() != "eval")
       throw Error(where(k.source()) + ": unknown table [data." + std::string(k.str()) +
-                  "]; hint: " + text::did_you_mean(std::string(k.str()), {"train", "test"}) +
-                  "datasets go in [data.train] and [data.test]");
+                  "]; hint: " + text::did_you_mean(std::string(k.str()), {"train", "test", "eval"}) +
+                  "datasets go in [data.train], [data.test] and [data.eval.NAME]");
   if (!data.get("train"))
     throw Error(m.path + ": the manifest has no [data.train] table; hint: add one with type = \"<dataset>\"");
   rc.train_data = component(registry, table_or_empty(data, "train", "data.train"), "data.train",
                             KEEL_KIND_DATASET);
-  if (data.get("test"))
-    rc.test_data = component(registry, table_or_empty(data, "test", "data.test"), "data.test",
-                             KEEL_KIND_DATASET);
-  else if (rc.run.mode == RunMode::kEvaluate)
-    throw Error(m.path + ": run.mode = \"evaluate\" needs a [data.test] table to evaluate on; "
-                "hint: add one with type = \"<dataset>\"");
+  rc.eval_sets = eval_sets(data, registry);
+  if (rc.eval_sets.empty() && rc.run.mode == RunMode::kEvaluate)
+    throw Error(m.path + ": run.mode = \"evaluate\" needs an evaluation set ([data.test] or "
+                "[data.eval.NAME]) to evaluate on; hint: add [data.test] with type = \"<dataset>\"");
   rc.optimizer = required("optimizer", KEEL_KIND_OPTIMIZER, {"groups"});
   rc.param_groups = param_groups(table_or_empty(m.root, "optimizer", "optimizer"));
   rc.sparse_optimizer = optional("sparse_optimizer", KEEL_KIND_SPARSE_OPTIMIZER);
@@ -177,6 +207,19 @@ void checkpoint_section(const Manifest& m, const Registry& registry, RunConfig& 
     values = validate_options(ct, "checkpoint", "keel options checkpoint",
                               checkpoint_keys().schema);
   rc.checkpointing = checkpoint_keys_of(ct, values);
+  // keep_best ranks by a split the run records: "train" or an evaluation set's name.
+  const std::string& metric = rc.checkpointing.best_metric;
+  const std::string split = metric.substr(0, metric.find('.'));
+  std::vector<std::string> splits = {"train"};
+  for (const EvalSetSpec& set : rc.eval_sets) splits.push_back(set.name);
+  if (rc.checkpointing.keep_best > 0 &&
+      std::find(splits.begin(), splits.end(), split) == splits.end())
+    throw Error((ct.get("best_metric") ? where(ct.get("best_metric")->source())
+                                       : where(ct.source())) +
+                ": checkpoint.best_metric = \"" + text::printable(metric) + "\" names split \"" +
+                text::printable(split) + "\", which this run does not record; hint: " +
+                text::did_you_mean(split, splits) + "the splits are " +
+                text::join(splits) + " (train and the evaluation sets)");
 }
 
 // A component's table in manifest.resolved.toml: its options, defaults filled in, and `type`:
@@ -205,7 +248,13 @@ toml::table resolved_manifest(const Manifest& m, const Registry& registry, const
   r.insert("model", resolved_table(registry, rc.model));
   toml::table data_t;
   data_t.insert("train", resolved_table(registry, rc.train_data));
-  if (rc.test_data) data_t.insert("test", resolved_table(registry, *rc.test_data));
+  toml::table eval_t;
+  for (const EvalSetSpec& set : rc.eval_sets)
+    if (set.name == "test")
+      data_t.insert("test", resolved_table(registry, set.data));
+    else
+      eval_t.insert(set.name, resolved_table(registry, set.data));
+  if (!eval_t.empty()) data_t.insert("eval", std::move(eval_t));
   r.insert("data", std::move(data_t));
   toml::table optimizer_t = resolved_table(registry, rc.optimizer);
   // The groups as written (a left-out lr is the optimizer's own, which no value states).

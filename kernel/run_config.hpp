@@ -6,7 +6,8 @@
 //   [plugins]      paths, require (and MANIFEST.lock beside the file, when present)
 //   [train]        stop targets (epochs, max_steps, max_samples, max_tokens), grad_accum,
 //                  precision, nonfinite policy, logging and evaluation cadence
-//   [model] [data.train] [data.test] [optimizer] [sparse_optimizer] [lr_scheduler] [loss]
+//   [model] [data.train] [data.test] [data.eval.NAME] [optimizer] [sparse_optimizer]
+//   [lr_scheduler] [loss]
 //   [grad_clipper] [mfu] [profiler] [checkpoint] [[hooks]]   -- each names its plugin with `type`
 //   [distributed]  timeout_s, backend, bucket_cap_mb, shard (several processes)
 #pragma once
@@ -31,6 +32,13 @@ struct ComponentSpec {
   // [[hooks]]' kernel keys (config/keys.cpp, hook_keys):
   int64_t priority = 0;  // ascending order of calls, ties in manifest order
   std::string label;     // the key of its checkpointed state (default: its type)
+};
+
+// One evaluation set: the split name its records carry (METRICS events, metrics.jsonl,
+// keep_best's "<split>.<key>") and its dataset.
+struct EvalSetSpec {
+  std::string name;
+  ComponentSpec data;
 };
 
 // One [[optimizer.groups]] entry: parameters whose name matches `params` (ECMAScript regex,
@@ -76,7 +84,10 @@ struct RunConfig {
   bool overwrite = false;
 
   ComponentSpec model, train_data, optimizer, loss;
-  std::optional<ComponentSpec> test_data, lr_scheduler, grad_clipper, mfu, profiler, checkpoint;
+  // The evaluation sets: [data.test] (named "test") first, then each [data.eval.NAME] in the
+  // order of their names. `section` is "data.test" or "data.eval.NAME".
+  std::vector<EvalSetSpec> eval_sets;
+  std::optional<ComponentSpec> lr_scheduler, grad_clipper, mfu, profiler, checkpoint;
   // [sparse_optimizer]: updates the model's sparse embedding tables (ABI 1.9); required exactly
   // when the model has tables (checked at assembly, run/tables.cpp).
   std::optional<ComponentSpec> sparse_optimizer;

@@ -2,13 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <initializer_list>
 #include <sstream>
 
 #include <toml++/toml.h>
 
+#include "config/split_name.hpp"
 #include "error.hpp"
 #include "text/text.hpp"
 
@@ -43,11 +44,11 @@ std::string real(double v) {
 class Reader {
  public:
   Reader(const toml::table& t, const std::string& path, std::string table,
-         std::initializer_list<const char*> keys)
+         const std::vector<std::string>& keys)
       : t_(t), path_(path), table_(std::move(table)), keys_(text::join(keys)) {
     for (const auto& [k, v] : t) {
       bool known = false;
-      for (const char* key : keys) known = known || k.str() == key;
+      for (const std::string& key : keys) known = known || k.str() == key;
       if (!known)
         fail(located(path, k.source()), "unknown key " + quoted(std::string(k.str())) + in() +
                                        " (expected " + keys_ + ")");
@@ -145,6 +146,14 @@ bool same(const MetricList& a, const MetricList& b) {
   return true;
 }
 
+bool same(const std::vector<std::pair<std::string, MetricList>>& a,
+          const std::vector<std::pair<std::string, MetricList>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].first != b[i].first || !same(a[i].second, b[i].second)) return false;
+  return true;
+}
+
 }  // namespace
 
 bool operator==(const CheckpointMeta& a, const CheckpointMeta& b) {
@@ -208,9 +217,29 @@ CheckpointMeta read_checkpoint_meta(std::string_view text, const std::string& pa
     if (v == nullptr) fail(located(path, version.source()), "[plugins] values must be version strings");
     m.plugins.emplace_back(std::string(name.str()), v->get());
   }
-  const Reader mr(r.table("metrics"), path, "metrics", {"train", "test"});
+  // [metrics.train], then one table per evaluation set (older keel wrote [metrics.test] always,
+  // empty when the run had not evaluated: read as no record).
+  const toml::table& mt = r.table("metrics");
+  std::vector<std::string> splits = {"train"};
+  for (const auto& [name, record] : mt) {
+    if (name.str() == "train") continue;
+    if (!valid_split_name(std::string(name.str())))
+      fail(located(path, name.source()),
+           "[metrics." + text::printable(std::string(name.str())) + "]: not an evaluation set's "
+           "name (" + std::string(kSplitNameRule) + ")");
+    splits.emplace_back(name.str());
+  }
+  const Reader mr(mt, path, "metrics", splits);
   m.train_metrics = metrics(mr, "train");
-  m.eval_metrics = metrics(mr, "test");
+  std::vector<std::pair<int64_t, std::pair<std::string, MetricList>>> by_line;  // written order
+  for (size_t i = 1; i < splits.size(); ++i) {
+    MetricList record = metrics(mr, splits[i].c_str());
+    if (record.empty()) continue;
+    by_line.push_back({mt.get(splits[i])->source().begin.line, {splits[i], std::move(record)}});
+  }
+  std::stable_sort(by_line.begin(), by_line.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [line, record] : by_line) m.eval_metrics.push_back(std::move(record));
   return m;
 }
 
@@ -236,7 +265,8 @@ std::string write_checkpoint_meta(const CheckpointMeta& m) {
          "\nsamples = " + std::to_string(m.window.samples) +
          "\ntokens = " + std::to_string(m.window.tokens) + "\n\n[plugins]\n";
   for (const auto& [name, version] : m.plugins) out += quoted(name) + " = " + quoted(version) + "\n";
-  out += write_metrics("train", m.train_metrics) + write_metrics("test", m.eval_metrics);
+  out += write_metrics("train", m.train_metrics);
+  for (const auto& [split, record] : m.eval_metrics) out += write_metrics(split.c_str(), record);
   return out;
 }
 

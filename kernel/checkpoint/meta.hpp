@@ -74,7 +74,9 @@ struct CheckpointMeta {
     int64_t steps = 0, norms = 0, samples = 0, tokens = 0;
   } window;
   std::vector<std::pair<std::string, std::string>> plugins;  // name, version
-  MetricList train_metrics, eval_metrics;
+  MetricList train_metrics;
+  // Each evaluation set's latest record, by split name, in the run's order of the sets.
+  std::vector<std::pair<std::string, MetricList>> eval_metrics;
 };
 
 // Field by field; two NaNs compare equal.

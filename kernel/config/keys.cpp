@@ -195,13 +195,19 @@ const KeyTable<TrainKeys>& train_keys() {
       key(&S::log_every,
           opt_int("log_every", "50", "steps between training metric records", 1, 1e15), kSafe),
       key(&S::eval_each_epoch,
-          opt_bool("eval_each_epoch", "true", "evaluate [data.test] after each epoch"), kSafe),
+          opt_bool("eval_each_epoch", "true", "evaluate the evaluation sets after each epoch"),
+          kSafe),
+      key(&S::eval_at_start,
+          opt_bool("eval_at_start", "false",
+                   "also evaluate the evaluation sets before step 1 (at step 0, fresh runs only)"),
+          kSafe),
       key(&S::eval_every_steps,
           opt_int("eval_every_steps", "0", "also evaluate every N optimizer steps (0: never)", 0,
                   1e15),
           kSafe),
       key(&S::eval_max_batches,
-          opt_int("eval_max_batches", "0", "batches per evaluation (0: the whole split)", 0, 1e15),
+          opt_int("eval_max_batches", "0", "batches per evaluation set and evaluation (0: all)", 0,
+                  1e15),
           kSafe),
   }};
   return t;
@@ -359,6 +365,7 @@ struct ComponentResume {
 };
 constexpr ComponentResume kComponents[] = {
     {"model", kBreaks},      {"data.train", kBreaks},   {"data.test", kSafe},
+    {"data.eval", kSafe},
     {"optimizer", kBreaks},  {"loss", kBreaks},         {"lr_scheduler", kBreaks},
     {"grad_clipper", kBreaks}, {"mfu", kSafe},          {"profiler", kSafe},
     {"checkpoint", kSafe},   {"hooks", kSafe},          {"sparse_optimizer", kBreaks},

@@ -96,7 +96,8 @@ std::optional<Lock> manifest_lock(const Manifest& m, const PluginsTable& plugins
 std::vector<const ComponentSpec*> used_components(const RunConfig& cfg) {
   std::vector<const ComponentSpec*> specs = {&cfg.model, &cfg.train_data, &cfg.optimizer,
                                              &cfg.loss};
-  for (const auto* o : {&cfg.test_data, &cfg.sparse_optimizer, &cfg.lr_scheduler,
+  for (const EvalSetSpec& set : cfg.eval_sets) specs.push_back(&set.data);
+  for (const auto* o : {&cfg.sparse_optimizer, &cfg.lr_scheduler,
                         &cfg.grad_clipper, &cfg.mfu, &cfg.profiler, &cfg.checkpoint})
     if (*o) specs.push_back(&**o);
   for (const auto& h : cfg.hooks) specs.push_back(&h);

@@ -53,6 +53,7 @@ struct TrainKeys {
   int64_t max_skips = 0;
   int64_t log_every = 0;
   bool eval_each_epoch = false;
+  bool eval_at_start = false;  // a fresh run evaluates at step 0, before step 1
   int64_t eval_every_steps = 0;  // 0: only per epoch / at the end
   int64_t eval_max_batches = 0;  // 0: the whole split
 };

@@ -176,12 +176,13 @@ int64_t micro_batches_per_step(const RunConfig& config, int world) {
   return accum;
 }
 
-// Data (the test split only when the run evaluates), and the run's planned length.
+// Data (the evaluation sets only when the run evaluates), and the run's planned length.
 void create_data(Run& run) {
   Components& c = run.components;
   c.train_data = make_instance<keel_dataset>(run, run.config.train_data);
-  if (run.config.test_data && run.evaluates())
-    c.test_data = make_instance<keel_dataset>(run, *run.config.test_data);
+  if (run.evaluates())
+    for (const EvalSetSpec& set : run.config.eval_sets)
+      c.eval_sets.push_back({set.name, make_instance<keel_dataset>(run, set.data)});
   const int64_t batches = c.train_data.get("batches_per_epoch", c.train_data->batches_per_epoch);
   run.plan.stream = batches == -1 && c.train_data.abi_minor() >= 9;  // (1.9) a stream
   if (batches <= 0 && !run.plan.stream)

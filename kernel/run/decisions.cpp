@@ -52,7 +52,8 @@ const Row kTable[] = {
      [](Run&, const MomentInfo& m) { return m.async_saved; }, commit_async_save},
     {"METRICS (split \"train\")", kStepEnd | kEpochOver, record_is_due,
      [](Run& run, const MomentInfo& m) { record_train(run, m.slowest); }},
-    {"EVAL_START, EVAL_END, METRICS (split \"test\")", kStepEnd | kEpochEnd,
+    {"EVAL_START, EVAL_END, METRICS (split = each evaluation set's name)",
+     kStart | kStepEnd | kEpochEnd,
      [](Run& run, const MomentInfo& m) {
        return evaluation_due(run, m.moment, m.epoch_complete);
      },

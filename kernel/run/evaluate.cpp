@@ -2,8 +2,10 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -19,10 +21,9 @@ namespace keel {
 
 namespace {
 
-// Runs the model over the test split (up to eval_max_batches batches), adding each batch to
-// the evaluation's sums (run/eval_metrics.hpp).
-void run_test_split(Run& run) {
-  const Instance<keel_dataset>& data = run.components.test_data;
+// Runs the model over one evaluation set (up to eval_max_batches batches), adding each batch
+// to the evaluation's sums (run/eval_metrics.hpp).
+void run_set(Run& run, const Instance<keel_dataset>& data) {
   EvalMetrics& sums = run.components.eval_metrics;
   sums.begin();
   data.call("start_epoch", data->start_epoch, int64_t{0});
@@ -50,10 +51,46 @@ void run_test_split(Run& run) {
   }
 }
 
+// Evaluates one set and records it: EVAL_START, the batches, EVAL_END and its METRICS record
+// (split = the set's name), which becomes the set's latest record in run.records.eval.
+void evaluate_set(Run& run, const Components::EvalSet& set) {
+  const char* split = set.name.c_str();
+  emit(run, KEEL_EVENT_EVAL_START, split);
+  run_set(run, set.data);
+  EvalMetrics& sums = run.components.eval_metrics;
+  if (run.ranks.group)  // exact over the ranks' shards: sums of losses, items, samples, task state
+    sums.reduce([&](std::vector<double> v) {
+      return run.ranks.group->sum(std::move(v), fmt::format("reducing the evaluation of {} at "
+                                                            "step {}", set.name, run.progress.step));
+    });
+  MetricList values;
+  for (const keel_metric& m : sums.finish(run.progress.step, run.progress.epoch))
+    values.emplace_back(m.key, m.value);
+  std::vector<EvalRecord>& records = run.records.eval;
+  auto record = std::find_if(records.begin(), records.end(),
+                             [&](const EvalRecord& r) { return r.split == set.name; });
+  if (record == records.end())
+    record = records.emplace(records.end(), set.name, values);
+  else
+    *record = EvalRecord(set.name, values);
+  if (&set == &run.components.eval_sets.front()) {  // the run's summary: the first set's
+    run.summary.eval_set = set.name;
+    run.summary.eval_loss = sums.loss();
+    for (const auto& [key, value] : values)  // the loss's accuracy, when it reports one
+      if (key == "accuracy") run.summary.eval_accuracy = value;
+  }
+  run.progress.eval_metrics = record->metrics.data();
+  run.progress.eval_metric_count = record->metrics.size();
+  emit(run, KEEL_EVENT_EVAL_END, split);
+  emit(run, KEEL_EVENT_METRICS, split, &record->metrics);
+}
+
 }  // namespace
 
 bool evaluation_due(Run& run, Moment moment, bool epoch_complete) {
   const RunConfig& c = run.config;
+  if (moment == Moment::kStart)
+    return c.train.eval_at_start && !run.resume.active() && run.progress.step == 0;
   if (moment == Moment::kStepEnd)
     return (c.train.eval_every_steps > 0 && run.progress.step % c.train.eval_every_steps == 0) ||
            run.requests.evaluate();
@@ -61,37 +98,22 @@ bool evaluation_due(Run& run, Moment moment, bool epoch_complete) {
 }
 
 void evaluate(Run& run) {
-  if (!run.components.test_data || run.records.last_eval_step == run.progress.step) return;
+  if (run.components.eval_sets.empty() || run.records.last_eval_step == run.progress.step) return;
   const Instance<keel_model>& model = run.components.model;
   const AddElapsed timed(run.window.eval_s);
   run.records.last_eval_step = run.progress.step;
-  emit(run, KEEL_EVENT_EVAL_START, "test");
   profile_begin(run, "eval");
   const at::NoGradGuard no_grad;  // to the end, the events below included
   model.run("set_training", model->set_training, 0);
-  // shard = "parameters": the whole model for the evaluation's duration (the ranks' test
-  // shards may differ in batches, so units are not gathered one by one here).
+  // shard = "parameters": the whole model for the evaluation's duration (the ranks' shards of a
+  // set may differ in batches, so units are not gathered one by one here).
   if (run.residency)
-    run.residency->gather_all("gathering the model for the evaluation at step " +
-                              std::to_string(run.progress.step));
-  run_test_split(run);
+    run.residency->gather_all(
+        fmt::format("gathering the model for the evaluation at step {}", run.progress.step));
+  for (const Components::EvalSet& set : run.components.eval_sets) evaluate_set(run, set);
   if (run.residency) run.residency->free_all();
   model.run("set_training", model->set_training, 1);
-  if (run.ranks.group)  // exact over the ranks' shards: sums of losses, items, samples, task state
-    run.components.eval_metrics.reduce([&](std::vector<double> v) {
-      return run.ranks.group->sum(
-          std::move(v), "reducing the evaluation at step " + std::to_string(run.progress.step));
-    });
   profile_end(run, "eval");
-  std::vector<keel_metric>& record = run.records.eval;
-  record = run.components.eval_metrics.finish(run.progress.step, run.progress.epoch);
-  run.summary.eval_loss = run.components.eval_metrics.loss();
-  for (const keel_metric& m : record)  // the loss's accuracy, when it reports one
-    if (std::string(m.key) == "accuracy") run.summary.eval_accuracy = m.value;
-  run.progress.eval_metrics = record.data();
-  run.progress.eval_metric_count = record.size();
-  emit(run, KEEL_EVENT_EVAL_END, "test");
-  emit(run, KEEL_EVENT_METRICS, "test", &record);
 }
 
 }  // namespace keel

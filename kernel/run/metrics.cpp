@@ -92,7 +92,7 @@ void record_train(Run& run, const std::vector<double>* slowest) {
       {"step_time_ms", 1e3 * t.train_s / steps},
       {"data_time_ms", 1e3 * t.data_s / steps},
   };
-  if (run.components.test_data) record.push_back({"eval_time_s", t.eval_s});
+  if (!run.components.eval_sets.empty()) record.push_back({"eval_time_s", t.eval_s});
   if (run.components.store) record.push_back({"checkpoint_time_s", t.checkpoint_s});
   if (run.components.clipper) {
     record.push_back({"grad_norm", w.norms ? w.grad_norm / w.norms : NAN});

@@ -351,15 +351,17 @@ void restore_progress(Run& run) {
   w.samples = m.window.samples;
   w.tokens = m.window.tokens;
   records.restored_keys.clear();
-  records.restored_keys.reserve(m.train_metrics.size() + m.eval_metrics.size());  // stable
+  records.restored_keys.reserve(m.train_metrics.size());  // stable
   for (const auto& [k, v] : m.train_metrics) {
     records.restored_keys.push_back(k);
     records.train.push_back({records.restored_keys.back().c_str(), v});
   }
-  for (const auto& [k, v] : m.eval_metrics) {
-    records.restored_keys.push_back(k);
-    records.eval.push_back({records.restored_keys.back().c_str(), v});
-  }
+  // The records of the sets this run evaluates, in its order of the sets (a set the resumed
+  // manifest no longer has leaves its record behind).
+  records.eval.clear();
+  for (const EvalSetSpec& set : run.config.eval_sets)
+    for (const auto& [split, record] : m.eval_metrics)
+      if (split == set.name) records.eval.emplace_back(split, record);
   if (!records.train.empty()) {
     p.train_metrics = records.train.data();
     p.train_metric_count = records.train.size();
@@ -369,9 +371,9 @@ void restore_progress(Run& run) {
     if (std::strcmp(r.key, "loss_last") == 0) p.loss = r.value;
     if (std::strcmp(r.key, "grad_norm_last") == 0) p.grad_norm = r.value;
   }
-  if (!records.eval.empty()) {
-    p.eval_metrics = records.eval.data();
-    p.eval_metric_count = records.eval.size();
+  if (!records.eval.empty()) {  // the set evaluated last
+    p.eval_metrics = records.eval.back().metrics.data();
+    p.eval_metric_count = records.eval.back().metrics.size();
   }
 }
 

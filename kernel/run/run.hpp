@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/meta.hpp"
 #include "checkpoint/store.hpp"
 #include "components.hpp"
 #include "distributed/comm.hpp"
@@ -61,7 +62,14 @@ struct Ranks {
 // The component instances, in creation order (destroyed in reverse).
 struct Components {
   Instance<keel_model> model;
-  Instance<keel_dataset> train_data, test_data;  // test_data: only when the run evaluates
+  Instance<keel_dataset> train_data;
+  // The evaluation sets' datasets, in the order of RunConfig::eval_sets (only when the run
+  // evaluates).
+  struct EvalSet {
+    std::string name;
+    Instance<keel_dataset> data;
+  };
+  std::vector<EvalSet> eval_sets;
   Instance<keel_optimizer> optimizer;
   Instance<keel_sparse_optimizer> sparse_optimizer;  // when the model has sparse tables
   Instance<keel_lr_scheduler> scheduler;
@@ -148,11 +156,34 @@ struct Window {
   Clock::time_point start = Clock::now();
 };
 
+// One evaluation set's latest record. Its metrics' keys point into `keys`, which it owns: it
+// moves but does not copy.
+struct EvalRecord {
+  std::string split;
+  std::vector<std::string> keys;
+  std::vector<keel_metric> metrics;
+
+  EvalRecord(std::string split_name, const MetricList& record) : split(std::move(split_name)) {
+    keys.reserve(record.size());
+    for (const auto& [key, value] : record) {
+      keys.push_back(key);
+      metrics.push_back({keys.back().c_str(), value});
+    }
+  }
+  EvalRecord(EvalRecord&&) = default;
+  EvalRecord& operator=(EvalRecord&&) = default;
+  EvalRecord(const EvalRecord&) = delete;
+  EvalRecord& operator=(const EvalRecord&) = delete;
+};
+
 // The latest records, which keel_trainer_state points at, and the steps of the latest record,
 // evaluation and save.
 struct Records {
-  std::vector<keel_metric> train, eval;
-  std::vector<std::string> restored_keys;  // storage of the keys of records a resume restored
+  std::vector<keel_metric> train;
+  std::vector<std::string> restored_keys;  // storage of the keys of a train record a resume restored
+  // Each evaluation set's latest record, in the sets' order (a set not yet evaluated has none);
+  // keel_trainer_state.eval_metrics points at the one evaluated last.
+  std::vector<EvalRecord> eval;
   int64_t last_train_step = -1, last_eval_step = -1, last_saved_step = -1;
   bool mfu_above_one = false;  // an mfu above 1 was left out of a record (and warned about)
 };

@@ -46,7 +46,7 @@ const std::vector<TeardownPart> kTeardown = {
     // Borrows this rank's shards.
     {"optimizer", [](Run& r) { clear(r.components.optimizer); }, {kComm, "shards"}},
     {"data", [](Run& r) {
-       clear(r.components.test_data);
+       r.components.eval_sets.clear();
        clear(r.components.train_data);
      },
      {kComm}},

@@ -19,6 +19,9 @@ struct RunSummary {
   int64_t samples = 0;
   int64_t skipped_steps = 0;
   double last_loss = 0;
+  // The latest evaluation of the first evaluation set ([data.test], else the first
+  // [data.eval.NAME]): its name, loss and accuracy.
+  std::string eval_set;
   double eval_loss = -1;      // -1: no evaluation ran
   double eval_accuracy = -1;  // -1: no evaluation, or its loss reports no "accuracy"
   int stop_signal = 0;        // SIGTERM / SIGINT that stopped the run after a checkpoint

@@ -22,7 +22,8 @@ namespace {
 constexpr auto kMetric = keel::opt_string(
     "metric", "\"loss\"", "key of the metric record to watch");
 constexpr auto kSplit = keel::opt_string(
-    "split", "\"test\"", "split whose METRICS records are watched");
+    "split", "\"test\"",
+    "split whose METRICS records are watched: test, or NAME of a [data.eval.NAME] set");
 constexpr auto kMode = keel::opt_string(
     "mode", "\"min\"", "whether lower or higher values are better", "min|max");
 constexpr auto kPatience = keel::opt_int(

@@ -79,6 +79,12 @@ split = "test"
 batch_size = 100
 limit = 300
 shuffle = false
+[data.eval.head]
+type = "fashion_mnist"
+split = "test"
+batch_size = 50
+limit = 100
+shuffle = false
 [optimizer]
 type = "sgd"
 lr = 0.05
@@ -188,6 +194,14 @@ class Distributed(unittest.TestCase):
             one_test = [json.loads(line) for line in f if '"test"' in line]
         self.assertAlmostEqual(test[-1]["loss"], one_test[-1]["loss"], places=5)
         self.assertAlmostEqual(test[-1]["accuracy"], one_test[-1]["accuracy"], places=6)
+        # A second evaluation set ([data.eval.head]), reduced over the ranks on its own.
+        head = [x for x in records if x["split"] == "head"]
+        self.assertEqual([x["step"] for x in head], [x["step"] for x in test])
+        self.assertEqual(head[-1]["samples"], 100)
+        with open(os.path.join(one_out, "metrics.jsonl")) as f:
+            one_head = [json.loads(line) for line in f if '"head"' in line]
+        self.assertAlmostEqual(head[-1]["loss"], one_head[-1]["loss"], places=5)
+        self.assertAlmostEqual(head[-1]["accuracy"], one_head[-1]["accuracy"], places=6)
         # Each rank's generator in the checkpoint; the commit record lists rank 1's part.
         step_dir = os.path.join(two_out, "checkpoints", "step-20")
         self.assertTrue(os.path.exists(os.path.join(step_dir, "rank1.rng.safetensors")))

@@ -349,9 +349,20 @@ TEST_CASE("trainer_state.toml reads back every field it writes") {
   m.window = {0.1 + 0.2, NAN, 2, 0, 128, 128};
   m.plugins = {{"keel-optimizers", "0.1.0"}, {"my plugin", "1.0"}};
   m.train_metrics = {{"step", 12}, {"loss", 1.0 / 3.0}, {"lr", 1e-300}};
-  m.eval_metrics = {{"loss", -0.0}};
+  // Two evaluation sets, "valid" evaluated before "test": read back in the written order.
+  m.eval_metrics = {{"valid", {{"loss", 2.5}, {"accuracy", 0.5}}}, {"test", {{"loss", -0.0}}}};
   const std::string text = keel::write_checkpoint_meta(m);
   CHECK(keel::read_checkpoint_meta(text, "t.toml") == m);
+  // Older keel wrote [metrics.test] always, empty when the run had not evaluated: no record.
+  keel::CheckpointMeta no_eval = m;
+  no_eval.eval_metrics.clear();
+  std::string older = keel::write_checkpoint_meta(no_eval) + "\n[metrics.test]\nkeys = []\nvalues = []\n";
+  CHECK(keel::read_checkpoint_meta(older, "t.toml") == no_eval);
+  // A split name that is not an evaluation set's (it could name a file outside the run).
+  std::string escaping = text;
+  escaping.replace(escaping.find("[metrics.valid]"), 15, "[metrics.\"../x\"]");
+  CHECK(keel_test::error_of([&] { keel::read_checkpoint_meta(escaping, "t.toml"); })
+            .find("[metrics.../x]: not an evaluation set's name") != std::string::npos);
   CHECK(keel_test::error_of([&] { keel::read_checkpoint_meta("bogus = 1\n", "t.toml"); })
             .rfind("t.toml:1:1: invalid checkpoint metadata: unknown key \"bogus\"", 0) == 0);
   CHECK(keel_test::error_of([&] { keel::read_checkpoint_meta("step = 1\n", "t.toml"); })

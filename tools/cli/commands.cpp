@@ -20,7 +20,8 @@ const std::vector<Command>& commands() {
        "NAME` list the keys of each table",
        add_train_flags, run_manifest_command},
       {"evaluate", "MANIFEST [--set KEY=VALUE]... [--log-level LEVEL]",
-       "evaluate [data.test] with the weights of [checkpoint] init_from, else of the run's newest "
+       "evaluate [data.test] and each [data.eval.NAME] with the weights of [checkpoint] "
+       "init_from, else of the run's newest "
        "verified checkpoint",
        "MANIFEST: a TOML file (docs/manifest.md); `keel options` and `keel plugins show "
        "NAME` list the keys of each table\n(the same as train with --set run.mode=evaluate; "

@@ -28,7 +28,7 @@ struct KindDoc {
 };
 constexpr KindDoc kKindDocs[] = {
     {KEEL_KIND_MODEL, "`[model]` (required)"},
-    {KEEL_KIND_DATASET, "`[data.train]` (required) and `[data.test]`"},
+    {KEEL_KIND_DATASET, "`[data.train]` (required), `[data.test]` and `[data.eval.NAME]`"},
     {KEEL_KIND_OPTIMIZER, "`[optimizer]` (required)"},
     {KEEL_KIND_LR_SCHEDULER, "`[lr_scheduler]`"},
     {KEEL_KIND_LOSS, "`[loss]` (required)"},

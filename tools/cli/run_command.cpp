@@ -121,9 +121,10 @@ int run_trainer(const RunConfig& cfg, const std::string& manifest,
     throw;
   }
   if (cfg.run.mode == RunMode::kEvaluate)
-    spdlog::info("done: evaluation loss {:.4f}{}, peak RSS {:.1f} MiB, run directory {}",
+    spdlog::info("done: evaluation loss {:.4f}{} ({}{}), peak RSS {:.1f} MiB, run directory {}",
                  s.eval_loss,
                  s.eval_accuracy >= 0 ? fmt::format(", accuracy {:.4f}", s.eval_accuracy) : "",
+                 s.eval_set, cfg.eval_sets.size() > 1 ? "; every set's record: metrics.jsonl" : "",
                  peak_rss_mib(), s.run_dir);
   else
     spdlog::info("done: {} steps, {} samples, peak RSS {:.1f} MiB, run directory {}", s.steps,

@@ -277,9 +277,11 @@ std::string escape_html(const std::string& s) {
   return out;
 }
 
-// metrics.jsonl's records, split into training and evaluation records (file order).
+// metrics.jsonl's records, split into training records and those of the evaluation set named
+// "test" ([data.test]), in file order. The records of other evaluation sets ([data.eval.NAME])
+// are not charted: their split names, each once, go to `others` when given.
 void read_records(const fs::path& run_dir, const fs::path& metrics, ordered_json& train,
-                  ordered_json& test) {
+                  ordered_json& test, std::vector<std::string>* others = nullptr) {
   if (!readable(run_dir, metrics))
     throw Error("keel report: " + metrics.string() +
                 " does not exist (or is not a regular file of the run directory: keel report "
@@ -296,7 +298,13 @@ void read_records(const fs::path& run_dir, const fs::path& metrics, ordered_json
                   "file is the jsonl hook's output, one record per line");
     const auto split = r.find("split");
     const bool is_train = split == r.end() || !split->is_string() || *split == "train";
-    (is_train ? train : test).push_back(std::move(r));
+    if (is_train || *split == "test") {
+      (is_train ? train : test).push_back(std::move(r));
+    } else if (others != nullptr &&
+               std::find(others->begin(), others->end(), split->get<std::string>()) ==
+                   others->end()) {
+      others->push_back(split->get<std::string>());
+    }
   }
 }
 
@@ -418,7 +426,8 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
                 " is not a directory; hint: give the run directory of a `keel train` run "
                 "([run] output_dir, default runs/<name>)");
   ordered_json train = ordered_json::array(), test = ordered_json::array();
-  read_records(run_dir, run_dir / "metrics.jsonl", train, test);
+  std::vector<std::string> other_sets;
+  read_records(run_dir, run_dir / "metrics.jsonl", train, test, &other_sets);
   const fs::path manifest = run_dir / "manifest.resolved.toml";
   const std::string manifest_text = read_text(run_dir, manifest);
   const fs::path run_log = run_dir / "run.log";
@@ -445,7 +454,13 @@ std::string write_report(const std::string& run_dir_arg, const std::string& outp
                      escape_html(run_abs.string()) + "</h1>\n" +
                      "<h2>Summary</h2>\n" + summary_html(summary) +
                      "<p>" + std::to_string(train.size()) + " training records, " +
-                     std::to_string(test.size()) + " evaluation records.</p>\n" +
+                     std::to_string(test.size()) + " evaluation records (split test)." +
+                     (other_sets.empty()
+                          ? std::string()
+                          : " The records of the other evaluation sets (" +
+                                escape_html(text::join(other_sets)) +
+                                ") are in metrics.jsonl, not charted here.") +
+                     "</p>\n" +
                      (checkpoint.empty() ? "<h2>Evaluations (keel evaluate)</h2>\n" +
                                                evaluations_html(evaluations)
                                          : std::string()) +

@@ -896,11 +896,17 @@ typedef struct keel_checkpoint {
 /* hook ------------------------------------------------------------------------------------- */
 
 /* The call order, as the kernel runs it (train mode; `keel evaluate` sends CHECKPOINT_LOADED
- * (with init_from), TRAIN_START, EVAL_START, EVAL_END, METRICS and TRAIN_END, or EXCEPTION):
+ * (with init_from), TRAIN_START, EVAL_START, EVAL_END and METRICS for each evaluation set,
+ * and TRAIN_END, or EXCEPTION). An evaluation evaluates each evaluation set in turn ([data.test]
+ * first, named "test", then each [data.eval.NAME] in the order of the names), each with its
+ * EVAL_START, EVAL_END and METRICS; `split` is the set's name:
  *
  *   CHECKPOINT_LOADED                          when [checkpoint] init_from is set, or the run
  *                                              resumes (keel train --resume)
  *   TRAIN_START
+ *   EVAL_START, EVAL_END, METRICS (split = each evaluation set's name)
+ *                                              step 0, when [train] eval_at_start = true (not
+ *                                              in a resumed run)
  *   CHECKPOINT_SAVED                           step 0, when [checkpoint] initial = true (not
  *                                              in a resumed run)
  *   for each epoch (a resumed run starts with the epoch, the step and the position in the
@@ -925,7 +931,7 @@ typedef struct keel_checkpoint {
  *       METRICS (split "train")                every log_every steps, and at a step that
  *                                              reaches max_steps/max_samples/max_tokens or
  *                                              after which a stop was requested
- *       EVAL_START, EVAL_END, METRICS (split "test")
+ *       EVAL_START, EVAL_END, METRICS (split = each evaluation set's name)
  *                                              every eval_every_steps, or when requested
  *       CHECKPOINT_SAVED                       every every_steps, or when requested
  *       METRICS (split "train")                when the evaluation or checkpoint events
@@ -937,7 +943,7 @@ typedef struct keel_checkpoint {
  *                                              log window, when steps ran since the last record
  *     EPOCH_END                                when the epoch is complete (so not when the step
  *                                              loop was left for a stop, even at its last batch)
- *     EVAL_START, EVAL_END, METRICS (split "test")
+ *     EVAL_START, EVAL_END, METRICS (split = each evaluation set's name)
  *                                              after a complete epoch (eval_each_epoch), when
  *                                              the run ends (final epoch, the step loop left
  *                                              for a stop, or a stop requested by the events
@@ -1024,7 +1030,8 @@ typedef struct keel_trainer_state {
   double grad_norm;                  /* pre-clip global grad norm of the latest step (NaN: none) */
   const keel_metric* train_metrics;  /* latest "train" METRICS record (NULL before the first) */
   size_t train_metric_count;
-  const keel_metric* eval_metrics;   /* latest evaluation METRICS record (NULL before the first) */
+  /* latest evaluation METRICS record, of the set evaluated last (NULL before the first) */
+  const keel_metric* eval_metrics;
   size_t eval_metric_count;
 } keel_trainer_state;
 
@@ -1032,7 +1039,8 @@ typedef struct keel_event {
   uint32_t struct_size;
   keel_event_kind kind;
   const keel_trainer_state* state;
-  /* METRICS, EVAL_*: "train" or the evaluated split ("test"); NULL otherwise. */
+  /* METRICS, EVAL_*: "train" or the evaluation set's name ("test" for [data.test], NAME for
+   * [data.eval.NAME]); NULL otherwise. */
   const char* split;
   /* METRICS: the record, in a fixed order; NULL otherwise. */
   const keel_metric* metrics;
