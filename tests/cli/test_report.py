@@ -104,8 +104,11 @@ with tempfile.TemporaryDirectory() as tmp:
     same = [{"split": "train", "step": s, "epoch": 0, "samples": 64 * s, "tokens": 64 * s,
              "loss": 1.0 / s, "samples_per_s": 100.0 + s, "tokens_per_s": 100.0 + s}
             for s in (4, 8)]
+    # A second evaluation set ([data.eval.valid]): named on the page, not mixed into "test".
     write_run(run, same + [{"split": "test", "step": 8, "epoch": 0, "loss": 0.5,
-                            "accuracy": 0.75, "samples": 100}], log)
+                            "accuracy": 0.75, "samples": 100},
+                           {"split": "valid", "step": 8, "epoch": 0, "loss": 9.0,
+                            "accuracy": 0.1, "samples": 50}], log)
     for name, step, acc in (("eval-20260101T030000Z", 8, 0.75), ("eval-20260101T030000Z-1", 4, 0.5)):
         write_run(os.path.join(run, name),
                   [{"split": "test", "step": step, "epoch": 0, "loss": 1 - acc, "accuracy": acc,
@@ -113,6 +116,9 @@ with tempfile.TemporaryDirectory() as tmp:
                   "===== keel evaluate, run cccc3333, 2026-01-01 03:00:00 UTC, pid 4 =====\n",
                   f'[run]\nmode = "evaluate"\n[checkpoint]\ninit_from = "{run}/checkpoints/step-{step}"\n')
     dom, data = report(run)
+    check([r["loss"] for r in data.get("test", [])] == [0.5], f"test records: {data.get('test')}")
+    check("The records of the other evaluation sets (valid) are in metrics.jsonl, not charted "
+          "here." in dom, "the page names the evaluation sets it does not chart")
     s = data.get("summary", {})
     check(s.get("wall_time_s") == 15.5 and s.get("sessions") == 2 and s.get("earlier_sessions") == 1,
           f"wall time of the last run only: {s}")
