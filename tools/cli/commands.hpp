@@ -134,6 +134,9 @@ void log_registry(const Registry& registry);
 // Component sections: their keys are the options of the plugin their `type` names
 // (options_command.cpp).
 const std::vector<std::pair<std::string, keel_kind>>& component_sections();
+// Whether `table` ("data.eval.valid") is `section` of component_sections() ("data.eval" holds
+// every [data.eval.NAME]).
+bool in_component_section(const std::string& table, const std::string& section);
 // The names of the components of `kind` found on the default search path ("none found").
 std::string components_of_kind(keel_kind kind);
 // "[train]" or "[[hooks]]" -> "train" / "hooks".

@@ -40,6 +40,7 @@ const std::vector<std::pair<std::string, keel_kind>>& component_sections() {
     {"data", KEEL_KIND_DATASET},
     {"data.train", KEEL_KIND_DATASET},
     {"data.test", KEEL_KIND_DATASET},
+    {"data.eval", KEEL_KIND_DATASET},  // and each [data.eval.NAME] (in_component_section)
     {"optimizer", KEEL_KIND_OPTIMIZER},
     {"sparse_optimizer", KEEL_KIND_SPARSE_OPTIMIZER},
     {"lr_scheduler", KEEL_KIND_LR_SCHEDULER},
@@ -51,6 +52,10 @@ const std::vector<std::pair<std::string, keel_kind>>& component_sections() {
     {"hooks", KEEL_KIND_HOOK},
   };
   return sections;
+}
+
+bool in_component_section(const std::string& table, const std::string& section) {
+  return table == section || (section == "data.eval" && table.rfind("data.eval.", 0) == 0);
 }
 
 std::string components_of_kind(keel_kind kind) {
@@ -111,7 +116,7 @@ int options_command(const std::string& command, const Parsed& p) {
   }
   if (found) return 0;
   for (const auto& [section, kind] : component_sections())
-    if (want == section)
+    if (in_component_section(want, section))
       throw Error(
           "keel options " + want + ": [" + want + "] takes the options of the plugin its " +
           "`type` names, not kernel keys; hint: `keel plugins show NAME` lists them (" +

@@ -60,8 +60,8 @@ std::vector<std::string> discover(Registry& registry, const PluginsArgs& args) {
     throw Error(none + "; hint: [plugins] is a kernel table: `keel options plugins` lists its "
                 "keys");
   for (const auto& [section, kind] : component_sections())
-    if (table == section)
-      throw Error(none + "; hint: [" + section + "] names its " + kind_name(kind) +
+    if (in_component_section(table, section))
+      throw Error(none + "; hint: [" + table + "] names its " + kind_name(kind) +
                   " with `type`: `keel plugins show TYPE` (" + kind_name(kind) +
                   "s found: " + components_of_kind(kind) + ")");
   std::vector<std::string> names;
