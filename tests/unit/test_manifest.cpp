@@ -419,6 +419,8 @@ TEST_CASE("resume: which changed keys keep the continuation exact") {
       {"checkpoint.init_rename.a.", true}, {"checkpoint.dtype", true},
       {"hooks", true}, {"hooks[1].type", true}, {"hooks[0].label", true}, {"hooks[2].path", true},
       {"profiler.type", true}, {"mfu.peak_tflops", true}, {"data.test.limit", true},
+      {"data.eval.valid.limit", true}, {"data.eval.valid", true}, {"train.eval_at_start", true},
+      {"data.evaluation.x", false},
       {"plugins.paths", true}, {"plugins.require.acme", true},
       {"model.hidden", false}, {"model.type", false}, {"optimizer.lr", false},
       {"optimizer.groups[0].lr", false}, {"optimizer.groups[0].params", false},
