@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "keel/plugin.hpp"
 
@@ -55,6 +56,7 @@ class EarlyStopping : public keel::Hook {
   }
 
   void on_event(keel_event& ev) override {
+    check_split_recorded(ev);
     if (ev.kind != KEEL_EVENT_METRICS || ev.split == nullptr || split_ != ev.split) return;
     const double value = lookup(ev);
     if (improves(value)) {
@@ -86,6 +88,29 @@ class EarlyStopping : public keel::Hook {
                              "' record (it has: " + keys + "); hint: set metric to one of these");
   }
 
+  // A split that no evaluation set of the run has would never stop the run: refused at the
+  // first event after an evaluation (its EVAL_START, EVAL_END and METRICS of each set, in a row)
+  // whose sets did not include it, naming the ones it had. ("train" records come every
+  // log_every steps, not from evaluations.)
+  void check_split_recorded(const keel_event& ev) {
+    if (split_ == "train") return;
+    if (ev.kind == KEEL_EVENT_EVAL_START) {
+      if (!evaluating_) evaluated_.clear();
+      evaluating_ = true;
+      evaluated_.emplace_back(ev.split ? ev.split : "");
+      return;
+    }
+    if (!evaluating_ || ev.kind == KEEL_EVENT_EVAL_END || ev.kind == KEEL_EVENT_METRICS) return;
+    evaluating_ = false;
+    std::string sets;
+    for (const std::string& name : evaluated_) {
+      if (name == split_) return;
+      sets += (sets.empty() ? "'" : ", '") + name + "'";
+    }
+    throw std::runtime_error("split '" + split_ + "' has no records: the run's evaluations "
+                             "record " + sets + "; hint: set split to one of these, or \"train\"");
+  }
+
   // A NaN never improves; the first finite value always does (best starts at -+infinity).
   bool improves(double value) const {
     const double best = best_.item<double>();
@@ -98,6 +123,8 @@ class EarlyStopping : public keel::Hook {
   int64_t patience_;
   double min_delta_;
   at::Tensor best_, best_step_, bad_evals_;
+  bool evaluating_ = false;             // between an evaluation's first EVAL_START and its end
+  std::vector<std::string> evaluated_;  // the splits of the latest evaluation
 };
 
 const keel_option_desc kEarlyStoppingOptions[] = {kMetric, kSplit, kMode, kPatience, kMinDelta};

@@ -60,6 +60,27 @@ struct Stopper {
   }
   uint32_t loss(double value) { return send("test", {{"step", 0}, {"loss", value}}); }
 
+  // Sends an event of `kind` without a record (EVAL_START, STEP_START, ...).
+  void event(keel_event_kind kind, const char* split = nullptr) {
+    keel_trainer_state state{};
+    state.struct_size = sizeof state;
+    keel_event ev{};
+    ev.struct_size = sizeof ev;
+    ev.kind = kind;
+    ev.state = &state;
+    ev.split = split;
+    hook.call("on_event", hook->on_event, &ev);
+  }
+
+  // One evaluation of `splits`, as the kernel sends it: per set EVAL_START, EVAL_END, METRICS.
+  void evaluation(const std::vector<const char*>& splits) {
+    for (const char* split : splits) {
+      event(KEEL_EVENT_EVAL_START, split);
+      event(KEEL_EVENT_EVAL_END, split);
+      send(split, {{"step", 0}, {"loss", 1.0}});
+    }
+  }
+
   // The state tensor `name`, as a checkpoint would save and load it.
   at::Tensor state(const std::string& name) const {
     for (size_t i = 0; i < hook->state_count(hook.self()); ++i) {
@@ -114,6 +135,23 @@ TEST_CASE("a metric the record lacks is an error naming it and the keys there ar
   const std::string err = keel_test::error_of([&] { s.loss(1.0); });
   CHECK(err.find("metric 'acc' is not in the 'test' record (it has: step, loss); hint: set "
                  "metric to one of these") != std::string::npos);
+}
+
+// A split no evaluation set has: refused at the first event after an evaluation without it.
+TEST_CASE("a split that the run's evaluations do not record is an error naming theirs") {
+  Stopper s("split = \"valid\"");
+  s.event(KEEL_EVENT_STEP_START);  // no evaluation yet: nothing to say
+  s.evaluation({"test", "zeta"});
+  s.send("train", {{"loss", 1.0}});  // a train record after the evaluation changes nothing
+  const std::string err = keel_test::error_of([&] { s.event(KEEL_EVENT_STEP_START); });
+  CHECK(err.find("split 'valid' has no records: the run's evaluations record 'test', 'zeta'; "
+                 "hint: set split to one of these, or \"train\"") != std::string::npos);
+  Stopper ok("split = \"zeta\"");
+  ok.evaluation({"test", "zeta"});
+  CHECK(keel_test::error_of([&] { ok.event(KEEL_EVENT_TRAIN_END); }) == "<no error>");
+  Stopper train("split = \"train\"");
+  train.evaluation({"test"});
+  CHECK(keel_test::error_of([&] { train.event(KEEL_EVENT_STEP_START); }) == "<no error>");
 }
 
 TEST_CASE("the state lives in the published tensors: a loaded checkpoint takes effect") {
