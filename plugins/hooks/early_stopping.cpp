@@ -100,7 +100,9 @@ class EarlyStopping : public keel::Hook {
       evaluated_.emplace_back(ev.split ? ev.split : "");
       return;
     }
-    if (!evaluating_ || ev.kind == KEEL_EVENT_EVAL_END || ev.kind == KEEL_EVENT_METRICS) return;
+    if (!evaluating_ || ev.kind == KEEL_EVENT_EVAL_END || ev.kind == KEEL_EVENT_METRICS ||
+        ev.kind == KEEL_EVENT_EXCEPTION)  // the run is failing already: its error stands
+      return;
     evaluating_ = false;
     std::string sets;
     for (const std::string& name : evaluated_) {

@@ -146,6 +146,9 @@ TEST_CASE("a split that the run's evaluations do not record is an error naming t
   const std::string err = keel_test::error_of([&] { s.event(KEEL_EVENT_STEP_START); });
   CHECK(err.find("split 'valid' has no records: the run's evaluations record 'test', 'zeta'; "
                  "hint: set split to one of these, or \"train\"") != std::string::npos);
+  Stopper failing("split = \"valid\"");  // a run failing after an evaluation keeps its error
+  failing.evaluation({"test"});
+  CHECK(keel_test::error_of([&] { failing.event(KEEL_EVENT_EXCEPTION); }) == "<no error>");
   Stopper ok("split = \"zeta\"");
   ok.evaluation({"test", "zeta"});
   CHECK(keel_test::error_of([&] { ok.event(KEEL_EVENT_TRAIN_END); }) == "<no error>");
