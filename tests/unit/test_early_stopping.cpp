@@ -43,14 +43,15 @@ struct Stopper {
     hook = keel::create_instance<keel_hook>(*spec.component, ctx);
   }
 
-  // Sends one METRICS record; returns the requests the hook set.
-  uint32_t send(const char* split, std::vector<keel_metric> record, int64_t step = 0) {
+  // Sends an event of `kind`, with `record` (METRICS); returns the requests the hook set.
+  uint32_t event(keel_event_kind kind, const char* split = nullptr,
+                 std::vector<keel_metric> record = {}, int64_t step = 0) {
     keel_trainer_state state{};
     state.struct_size = sizeof state;
     state.step = step;
     keel_event ev{};
     ev.struct_size = sizeof ev;
-    ev.kind = KEEL_EVENT_METRICS;
+    ev.kind = kind;
     ev.state = &state;
     ev.split = split;
     ev.metrics = record.data();
@@ -58,19 +59,11 @@ struct Stopper {
     hook.call("on_event", hook->on_event, &ev);
     return ev.requests;
   }
-  uint32_t loss(double value) { return send("test", {{"step", 0}, {"loss", value}}); }
-
-  // Sends an event of `kind` without a record (EVAL_START, STEP_START, ...).
-  void event(keel_event_kind kind, const char* split = nullptr) {
-    keel_trainer_state state{};
-    state.struct_size = sizeof state;
-    keel_event ev{};
-    ev.struct_size = sizeof ev;
-    ev.kind = kind;
-    ev.state = &state;
-    ev.split = split;
-    hook.call("on_event", hook->on_event, &ev);
+  // Sends one METRICS record; returns the requests the hook set.
+  uint32_t send(const char* split, std::vector<keel_metric> record, int64_t step = 0) {
+    return event(KEEL_EVENT_METRICS, split, std::move(record), step);
   }
+  uint32_t loss(double value) { return send("test", {{"step", 0}, {"loss", value}}); }
 
   // One evaluation of `splits`, as the kernel sends it: per set EVAL_START, EVAL_END, METRICS.
   void evaluation(const std::vector<const char*>& splits) {
