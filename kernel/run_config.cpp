@@ -155,8 +155,9 @@ std::vector<EvalSetSpec> eval_sets(const toml::table& data, const Registry& regi
   return sets;
 }
 
-// [model], [data.train], [data.test], [data.eval.NAME], [optimizer] (with [[optimizer.groups]]), [loss] and the
-// optional [sparse_optimizer], [lr_scheduler], [grad_clipper], [mfu], [profiler].
+// [model], [data.train], [data.test], [data.eval.NAME], [optimizer] (with
+// [[optimizer.groups]]), [loss] and the optional [sparse_optimizer], [lr_scheduler],
+// [grad_clipper], [mfu], [profiler].
 void component_sections(const Manifest& m, const Registry& registry, RunConfig& rc) {
   // `kernel_tables`: keys of the table that belong to the kernel ([[optimizer.groups]]).
   auto required = [&](const char* key, keel_kind kind,

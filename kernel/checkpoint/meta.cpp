@@ -139,15 +139,11 @@ std::string write_metrics(const char* split, const MetricList& m) {
 
 bool same(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
-bool same(const MetricList& a, const MetricList& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].first != b[i].first || !same(a[i].second, b[i].second)) return false;
-  return true;
-}
-
-bool same(const std::vector<std::pair<std::string, MetricList>>& a,
-          const std::vector<std::pair<std::string, MetricList>>& b) {
+// Named values in order, the names equal and the values the same: a record (MetricList), or
+// the evaluation sets' records by split.
+template <class Value>
+bool same(const std::vector<std::pair<std::string, Value>>& a,
+          const std::vector<std::pair<std::string, Value>>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
     if (a[i].first != b[i].first || !same(a[i].second, b[i].second)) return false;

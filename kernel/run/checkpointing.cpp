@@ -134,10 +134,7 @@ void fill_meta(const Run& run, Snapshot& snap) {
   m.window = {w.loss, w.grad_norm, w.steps, w.norms, w.samples, w.tokens};
   m.plugins = plugin_versions(run);
   for (const auto& r : run.records.train) m.train_metrics.emplace_back(r.key, r.value);
-  for (const EvalRecord& r : run.records.eval) {
-    MetricList& record = m.eval_metrics.emplace_back(r.split, MetricList{}).second;
-    for (const keel_metric& metric : r.metrics) record.emplace_back(metric.key, metric.value);
-  }
+  for (const EvalRecord& r : run.records.eval) m.eval_metrics.emplace_back(r.split, r.values);
   for (const auto& [k, v] : m.train_metrics) snap.metrics["train." + k] = v;
   for (const auto& [split, record] : m.eval_metrics)
     for (const auto& [k, v] : record) snap.metrics[split + "." + k] = v;

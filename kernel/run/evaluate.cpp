@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "run/autocast.hpp"
@@ -70,13 +71,13 @@ void evaluate_set(Run& run, const Components::EvalSet& set) {
   auto record = std::find_if(records.begin(), records.end(),
                              [&](const EvalRecord& r) { return r.split == set.name; });
   if (record == records.end())
-    record = records.emplace(records.end(), set.name, values);
+    record = records.emplace(records.end(), set.name, std::move(values));
   else
-    *record = EvalRecord(set.name, values);
+    *record = EvalRecord(set.name, std::move(values));
   if (&set == &run.components.eval_sets.front()) {  // the run's summary: the first set's
     run.summary.eval_set = set.name;
     run.summary.eval_loss = sums.loss();
-    for (const auto& [key, value] : values)  // the loss's accuracy, when it reports one
+    for (const auto& [key, value] : record->values)  // the loss's accuracy, when it reports one
       if (key == "accuracy") run.summary.eval_accuracy = value;
   }
   run.progress.eval_metrics = record->metrics.data();

@@ -156,19 +156,16 @@ struct Window {
   Clock::time_point start = Clock::now();
 };
 
-// One evaluation set's latest record. Its metrics' keys point into `keys`, which it owns: it
-// moves but does not copy.
+// One evaluation set's latest record: its values, and the same as keel_metric entries whose keys
+// point into `values`. It moves but does not copy.
 struct EvalRecord {
   std::string split;
-  std::vector<std::string> keys;
+  MetricList values;
   std::vector<keel_metric> metrics;
 
-  EvalRecord(std::string split_name, const MetricList& record) : split(std::move(split_name)) {
-    keys.reserve(record.size());
-    for (const auto& [key, value] : record) {
-      keys.push_back(key);
-      metrics.push_back({keys.back().c_str(), value});
-    }
+  EvalRecord(std::string split_name, MetricList record)
+      : split(std::move(split_name)), values(std::move(record)) {
+    for (const auto& [key, value] : values) metrics.push_back({key.c_str(), value});
   }
   EvalRecord(EvalRecord&&) = default;
   EvalRecord& operator=(EvalRecord&&) = default;
