@@ -34,6 +34,11 @@ const char* kTwoMoreSets =
     "limit = 100\nshuffle = false\n";
 
 // The config of `manifest` with `sets`; its components live in `registry`.
+// small_run's manifest in `d` with the two more sets and `more`.
+fs::path three_sets(const TempDir& d, const std::string& more) {
+  return d.write("m.toml", keel_test::small_run(d.path / "run") + kTwoMoreSets + more);
+}
+
 keel::RunConfig resolved(const fs::path& manifest, const std::vector<std::string>& sets,
                          keel::Registry& registry) {
   return keel::resolve(keel::load_manifest(manifest.string(), sets), registry);
@@ -183,10 +188,8 @@ TEST_CASE("each set's records, in the sets' order, equal to a run where it is th
 // best; early_stopping watching "zeta" stops after 1 + patience + 1 of zeta's evaluations.
 TEST_CASE("early_stopping watches a named set") {
   TempDir d;
-  const fs::path p = d.write(
-      "m.toml", keel_test::small_run(d.path / "run") + kTwoMoreSets +
-                    "[[hooks]]\ntype = \"early_stopping\"\nsplit = \"zeta\"\npatience = 1\n"
-                    "[[hooks]]\ntype = \"jsonl\"\n");
+  const fs::path p = three_sets(d, "[[hooks]]\ntype = \"early_stopping\"\nsplit = \"zeta\"\n"
+                                  "patience = 1\n[[hooks]]\ntype = \"jsonl\"\n");
   const keel::RunSummary s = train(p, {"train.epochs=30", "optimizer.lr=0"});
   CHECK(s.steps == 3 * 8);  // 256 samples / batch 32 = 8 steps an epoch
   CHECK(of_split(records(s.run_dir), "zeta").size() == 3);
@@ -196,10 +199,9 @@ TEST_CASE("early_stopping watches a named set") {
 // not simply the newest): the run keeps the newest and the one whose zeta loss was highest.
 TEST_CASE("keep_best ranks checkpoints by a named set's record") {
   TempDir d;
-  const fs::path p = d.write(
-      "m.toml", keel_test::small_run(d.path / "run") + kTwoMoreSets +
-                    "[checkpoint]\ntype = \"safetensors\"\nevery_epochs = 1\nkeep_last = 1\n"
-                    "keep_best = 1\nbest_metric = \"zeta.loss\"\nbest_mode = \"max\"\n");
+  const fs::path p = three_sets(d, "[checkpoint]\ntype = \"safetensors\"\nevery_epochs = 1\n"
+                                  "keep_last = 1\nkeep_best = 1\nbest_metric = \"zeta.loss\"\n"
+                                  "best_mode = \"max\"\n");
   const keel::RunSummary s = train(p, {"train.epochs=3"});
   REQUIRE(s.steps == 24);
   int64_t worst_step = -1;
