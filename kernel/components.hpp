@@ -7,6 +7,7 @@
 // plugin's `destroy` exactly once.
 #pragma once
 
+#include <cstddef>
 #include <iterator>
 #include <string>
 #include <type_traits>
@@ -83,6 +84,15 @@ class Instance {
     check_reported(what);
   }
 
+  // (1.12) The extension `id` the instance offers through get_extension (abi.h, "Extensions"),
+  // or nullptr when it offers none or predates the slot.
+  const void* extension(const char* id) const {
+    if (!KEEL_HAS_FIELD(vt_, Abi, get_extension) || !vt_->get_extension) return nullptr;
+    const void* ext = vt_->get_extension(vt_->self, id);
+    check_reported("get_extension");
+    return ext;
+  }
+
   // An error about what the plugin did: "<label>: <what>".
   Error error(const std::string& what) const { return Error(label_ + ": " + what); }
 
@@ -104,10 +114,11 @@ class Instance {
 };
 
 // Size of each instance struct in ABI 1.0: the slots every plugin must provide. Slots
-// appended later are optional; use KEEL_HAS_SLOT before calling one.
+// appended later are optional; use KEEL_HAS_SLOT before calling one. A kind that had not grown
+// before 1.12 ends its 1.0 slots where get_extension (1.12) begins.
 template <class Abi>
 constexpr size_t required_size() {
-  return sizeof(Abi);
+  return offsetof(Abi, get_extension);
 }
 template <>
 constexpr size_t required_size<keel_loss>() {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -19,6 +20,7 @@
 #include "run/agreement.hpp"
 #include "run/events.hpp"
 #include "run/hook_names.hpp"
+#include "run/model_view.hpp"
 #include "run/parameters.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
@@ -296,6 +298,9 @@ void create_hooks(Run& run) {
     ctx.host = named;
     run.components.hooks.push_back(create_instance<keel_hook>(*h->component, ctx));
     const auto& hook = run.components.hooks.back();
+    if (!run.components.model_views)  // for hooks that read the model (keel.hook.model/1)
+      run.components.model_views = std::make_unique<ModelViews>(p.model_state, p.tensors);
+    run.components.model_views->attach(hook, run.residency ? "parameters" : "");
     if (!KEEL_HAS_SLOT(hook, keel_hook, state_count) || !KEEL_HAS_SLOT(hook, keel_hook, state))
       continue;
     const size_t n = hook.get("state_count", hook->state_count);
@@ -308,6 +313,7 @@ void create_hooks(Run& run) {
     for (size_t i = 0; i < n; ++i) {
       const keel_named_tensor nt = named_entry(hook, "state", hook->state, i);
       p.hook_state_names.push_back(h->label + "." + nt.name);
+      p.hook_state_labels.push_back(h->label);
       p.hook_state.push_back(nt);
     }
   }

@@ -14,6 +14,7 @@
 #include "run/eval_metrics.hpp"
 #include "run/events.hpp"
 #include "run/model_calls.hpp"
+#include "run/model_view.hpp"
 #include "run/decisions.hpp"
 #include "run/run.hpp"
 #include "run/signals.hpp"
@@ -111,7 +112,15 @@ void evaluate(Run& run) {
   if (run.residency)
     run.residency->gather_all(
         fmt::format("gathering the model for the evaluation at step {}", run.progress.step));
-  for (const Components::EvalSet& set : run.components.eval_sets) evaluate_set(run, set);
+  {
+    // A hook's weights, when one set them (keel.hook.model/1), for the evaluation's duration;
+    // written into the model's tensors only once an asynchronous save copied their own values.
+    const ModelViews* views = run.components.model_views.get();
+    if (views && views->has_eval_weights() && run.components.store)
+      run.components.store->wait_copied();
+    const ModelViews::ForEvaluation weights(views);
+    for (const Components::EvalSet& set : run.components.eval_sets) evaluate_set(run, set);
+  }
   if (run.residency) run.residency->free_all();
   model.run("set_training", model->set_training, 1);
   profile_end(run, "eval");

@@ -34,6 +34,7 @@
 #include "run/agreement.hpp"
 #include "run/checkpoint_backend.hpp"
 #include "run/eval_metrics.hpp"
+#include "run/model_view.hpp"
 #include "run/requests.hpp"
 #include "run/run_directory.hpp"
 #include "run/step_modes.hpp"
@@ -81,7 +82,9 @@ struct Components {
   Instance<keel_checkpoint> checkpoint;
   std::optional<PluginCheckpointBackend> backend;  // over `checkpoint`
   std::unique_ptr<CheckpointStore> store;          // writes with `backend`; null: no checkpoints
-  std::vector<Instance<keel_hook>> hooks;          // in call order (priority, then manifest)
+  // Hooks' views of the model (extension keel.hook.model/1), when a hook asked for one.
+  std::unique_ptr<ModelViews> model_views;
+  std::vector<Instance<keel_hook>> hooks;  // in call order (priority, then manifest)
 };
 
 // The model's tensors as the run uses them.
@@ -96,6 +99,7 @@ struct Parameters {
   // Hooks' checkpointed state, named "<label>.<name>" (the names are kept in hook_state_names).
   std::vector<keel_named_tensor> hook_state;
   std::vector<std::string> hook_state_names;
+  std::vector<std::string> hook_state_labels;  // the label of each one's hook
   std::vector<double> base_lrs;  // per optimizer group, before the schedule's factor
 };
 

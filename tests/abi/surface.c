@@ -4,6 +4,7 @@
  * test_abi_diff.sh compares what `abidw` reads from it with the committed baseline
  * keel-abi-1.3.abi (see tests/abi/README.md). The functions do nothing; nothing calls them. */
 #include "keel/abi.h"
+#include "keel/ext/hook_model.h"
 
 #define SURFACE(type) \
   KEEL_EXPORT void keel_abi_surface_##type(const type* p) { (void)p; }
@@ -57,3 +58,8 @@ SURFACE(keel_kind)
 SURFACE(keel_event_kind)
 SURFACE(keel_tensor)
 SURFACE(keel_options)
+
+/* (1.12) Extensions: the slot's type and each extension's structs (keel/ext/NAME.h). */
+SURFACE(keel_get_extension_fn)
+SURFACE(keel_model_view)
+SURFACE(keel_hook_model)

@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "keel/abi.h"
+#include "keel/ext/hook_model.h"
 
 _Static_assert(sizeof(void*) == 8 && sizeof(long) == 8 && sizeof(int) == 4,
                "test_abi_layout.c states the LP64 layout; this target is not LP64");
@@ -146,7 +147,7 @@ AT(keel_unit_calls, host_data, 8, 8);
 AT(keel_unit_calls, enter, 16, 8);
 AT(keel_unit_calls, leave, 24, 8);
 
-SIZE(keel_model, 144);
+SIZE(keel_model, 152);
 AT(keel_model, struct_size, 0, 4);
 AT(keel_model, self, 8, 8);
 AT(keel_model, destroy, 16, 8);
@@ -165,6 +166,7 @@ AT(keel_model, param_unit, 112, 8);
 AT(keel_model, set_unit_calls, 120, 8);
 AT(keel_model, table_count, 128, 8);
 AT(keel_model, table, 136, 8);
+AT(keel_model, get_extension, 144, 8); /* 1.12 */
 
 SIZE(keel_batch, 32);
 AT(keel_batch, inputs, 0, 8);
@@ -172,7 +174,7 @@ AT(keel_batch, targets, 8, 8);
 AT(keel_batch, samples, 16, 8);
 AT(keel_batch, tokens, 24, 8);
 
-SIZE(keel_dataset, 88);
+SIZE(keel_dataset, 96);
 AT(keel_dataset, struct_size, 0, 4);
 AT(keel_dataset, self, 8, 8);
 AT(keel_dataset, destroy, 16, 8);
@@ -184,8 +186,9 @@ AT(keel_dataset, seek, 56, 8);
 AT(keel_dataset, state_save, 64, 8);
 AT(keel_dataset, state_load, 72, 8);
 AT(keel_dataset, tokens_per_sample, 80, 8);
+AT(keel_dataset, get_extension, 88, 8); /* 1.12 */
 
-SIZE(keel_optimizer, 80);
+SIZE(keel_optimizer, 88);
 AT(keel_optimizer, struct_size, 0, 4);
 AT(keel_optimizer, self, 8, 8);
 AT(keel_optimizer, destroy, 16, 8);
@@ -196,8 +199,9 @@ AT(keel_optimizer, get_lr, 48, 8);
 AT(keel_optimizer, set_lr, 56, 8);
 AT(keel_optimizer, state_save, 64, 8);
 AT(keel_optimizer, state_load, 72, 8);
+AT(keel_optimizer, get_extension, 80, 8); /* 1.12 */
 
-SIZE(keel_sparse_optimizer, 64);
+SIZE(keel_sparse_optimizer, 72);
 AT(keel_sparse_optimizer, struct_size, 0, 4);
 AT(keel_sparse_optimizer, self, 8, 8);
 AT(keel_sparse_optimizer, destroy, 16, 8);
@@ -206,19 +210,21 @@ AT(keel_sparse_optimizer, get_lr, 32, 8);
 AT(keel_sparse_optimizer, set_lr, 40, 8);
 AT(keel_sparse_optimizer, state_save, 48, 8);
 AT(keel_sparse_optimizer, state_load, 56, 8);
+AT(keel_sparse_optimizer, get_extension, 64, 8); /* 1.12 */
 
-SIZE(keel_lr_scheduler, 32);
+SIZE(keel_lr_scheduler, 40);
 AT(keel_lr_scheduler, struct_size, 0, 4);
 AT(keel_lr_scheduler, self, 8, 8);
 AT(keel_lr_scheduler, destroy, 16, 8);
 AT(keel_lr_scheduler, factor, 24, 8);
+AT(keel_lr_scheduler, get_extension, 32, 8); /* 1.12 */
 
 SIZE(keel_metric_writer, 24);
 AT(keel_metric_writer, struct_size, 0, 4);
 AT(keel_metric_writer, host_data, 8, 8);
 AT(keel_metric_writer, put, 16, 8);
 
-SIZE(keel_loss, 72);
+SIZE(keel_loss, 80);
 AT(keel_loss, struct_size, 0, 4);
 AT(keel_loss, self, 8, 8);
 AT(keel_loss, destroy, 16, 8);
@@ -228,34 +234,39 @@ AT(keel_loss, compute_linear, 40, 8);
 AT(keel_loss, metric_state_size, 48, 8);
 AT(keel_loss, metric_update, 56, 8);
 AT(keel_loss, metric_finish, 64, 8);
+AT(keel_loss, get_extension, 72, 8); /* 1.12 */
 
-SIZE(keel_grad_clipper, 32);
+SIZE(keel_grad_clipper, 40);
 AT(keel_grad_clipper, struct_size, 0, 4);
 AT(keel_grad_clipper, self, 8, 8);
 AT(keel_grad_clipper, destroy, 16, 8);
 AT(keel_grad_clipper, clip, 24, 8);
+AT(keel_grad_clipper, get_extension, 32, 8); /* 1.12 */
 
-SIZE(keel_mfu, 40);
+SIZE(keel_mfu, 48);
 AT(keel_mfu, struct_size, 0, 4);
 AT(keel_mfu, self, 8, 8);
 AT(keel_mfu, destroy, 16, 8);
 AT(keel_mfu, compute, 24, 8);
 AT(keel_mfu, peak_flops, 32, 8);
+AT(keel_mfu, get_extension, 40, 8); /* 1.12 */
 
-SIZE(keel_profiler, 48);
+SIZE(keel_profiler, 56);
 AT(keel_profiler, struct_size, 0, 4);
 AT(keel_profiler, self, 8, 8);
 AT(keel_profiler, destroy, 16, 8);
 AT(keel_profiler, begin, 24, 8);
 AT(keel_profiler, end, 32, 8);
 AT(keel_profiler, flush, 40, 8);
+AT(keel_profiler, get_extension, 48, 8); /* 1.12 */
 
-SIZE(keel_checkpoint, 40);
+SIZE(keel_checkpoint, 48);
 AT(keel_checkpoint, struct_size, 0, 4);
 AT(keel_checkpoint, self, 8, 8);
 AT(keel_checkpoint, destroy, 16, 8);
 AT(keel_checkpoint, save, 24, 8);
 AT(keel_checkpoint, load, 32, 8);
+AT(keel_checkpoint, get_extension, 40, 8); /* 1.12 */
 
 SIZE(keel_metric, 16);
 AT(keel_metric, key, 0, 8);
@@ -290,13 +301,14 @@ AT(keel_event, requests, 48, 4);
 AT(keel_event, micro_batch, 56, 8);
 AT(keel_event, message, 64, 8);
 
-SIZE(keel_hook, 48);
+SIZE(keel_hook, 56);
 AT(keel_hook, struct_size, 0, 4);
 AT(keel_hook, self, 8, 8);
 AT(keel_hook, destroy, 16, 8);
 AT(keel_hook, on_event, 24, 8);
 AT(keel_hook, state_count, 32, 8);
 AT(keel_hook, state, 40, 8);
+AT(keel_hook, get_extension, 48, 8); /* 1.12 */
 
 SIZE(keel_component_desc, 48);
 AT(keel_component_desc, kind, 0, 4);
@@ -385,5 +397,16 @@ VALUE(KEEL_REQUEST_STOP, 1u);
 VALUE(KEEL_REQUEST_EVAL, 2u);
 VALUE(KEEL_REQUEST_CHECKPOINT, 4u);
 VALUE(KEEL_BATCH_STOPPED, 2);
+
+/* (1.12) Extensions (<keel/ext/hook_model.h>). */
+SIZE(keel_model_view, 40);
+AT(keel_model_view, struct_size, 0, 4);
+AT(keel_model_view, host_data, 8, 8);
+AT(keel_model_view, count, 16, 8);
+AT(keel_model_view, entry, 24, 8);
+AT(keel_model_view, set_eval_weights, 32, 8);
+SIZE(keel_hook_model, 16);
+AT(keel_hook_model, struct_size, 0, 4);
+AT(keel_hook_model, attach, 8, 8);
 
 int main(void) { return 0; }

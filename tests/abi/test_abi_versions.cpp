@@ -1,4 +1,4 @@
-// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7, 1.8, 1.9 and 1.10 headers
+// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7, 1.8, 1.9, 1.10 and 1.11 headers
 // (tests/abi/),
 // asserted at compile time:
 // a plugin built against an older minor keeps finding every field where it was, and the kernel
@@ -6,9 +6,9 @@
 // only builds when every static_assert holds, and main() has nothing left to check.
 //
 // The frozen headers are included under other names: the build generates keel10_abi.h,
-// keel11_abi.h, keel15_abi.h, keel16_abi.h, keel17_abi.h, keel18_abi.h, keel19_abi.h and
-// keel110_abi.h from them, with keel_ -> keel10_ / keel11_ / keel15_ / keel16_ / keel17_ /
-// keel18_ / keel19_ / keel110_ and KEEL_ -> KEEL10_ / ... / KEEL110_.
+// keel11_abi.h, keel15_abi.h, keel16_abi.h, keel17_abi.h, keel18_abi.h, keel19_abi.h,
+// keel110_abi.h and keel111_abi.h from them, with keel_ -> keel10_ / keel11_ / keel15_ / ... /
+// keel111_ and KEEL_ -> KEEL10_ / ... / KEEL111_.
 #include <cstddef>
 
 #include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
@@ -20,6 +20,7 @@
 #include "keel18_abi.h"
 #include "keel19_abi.h"
 #include "keel110_abi.h"
+#include "keel111_abi.h"
 
 static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
 static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
@@ -29,9 +30,10 @@ static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
                   KEEL17_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL17_ABI_MINOR == 7 &&
                   KEEL18_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL18_ABI_MINOR == 8 &&
                   KEEL19_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL19_ABI_MINOR == 9 &&
-                  KEEL110_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL110_ABI_MINOR == 10,
-              "tests/abi/1.0, 1.1, 1.5, 1.6, 1.7, 1.8 and 1.9 must hold the frozen 1.0, 1.1, "
-              "1.5, 1.6, 1.7, 1.8 and 1.9 headers");
+                  KEEL110_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL110_ABI_MINOR == 10 &&
+                  KEEL111_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL111_ABI_MINOR == 11,
+              "tests/abi/1.0, 1.1 and 1.5 to 1.11 must hold the frozen headers of those "
+              "minors");
 
 #define ABI_10 "1.0"
 #define ABI_11 "1.1"
@@ -41,7 +43,8 @@ static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
 #define ABI_18 "1.8"
 #define ABI_19 "1.9"
 #define ABI_110 "1.10"
-// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, 16: 1.6, 17: 1.7, 18: 1.8, 19: 1.9) keeps its
+#define ABI_111 "1.11"
+// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, ..., 19: 1.9, 110: 1.10, 111: 1.11) keeps its
 // offset and size.
 #define SAME(V, T, field)                                                                    \
   static_assert(offsetof(keel_##T, field) == offsetof(keel##V##_##T, field) &&               \
@@ -100,6 +103,17 @@ APPENDED(sparse_rows, row_slots, 110);
 APPENDED(sparse_table, rows_as_tensors, 110);
 APPENDED(sparse_table, device, 110);
 APPENDED(create_context, device, 110);
+APPENDED(model, get_extension, 111);
+APPENDED(dataset, get_extension, 111);
+APPENDED(optimizer, get_extension, 111);
+APPENDED(sparse_optimizer, get_extension, 111);
+APPENDED(lr_scheduler, get_extension, 111);
+APPENDED(loss, get_extension, 111);
+APPENDED(grad_clipper, get_extension, 111);
+APPENDED(mfu, get_extension, 111);
+APPENDED(profiler, get_extension, 111);
+APPENDED(checkpoint, get_extension, 111);
+APPENDED(hook, get_extension, 111);
 
 // keel_option_desc
 GROWN(option_desc);
@@ -1864,6 +1878,279 @@ SAME(110, plugin_descriptor, fingerprint);
 SAME(110, plugin_descriptor, components);
 SAME(110, plugin_descriptor, component_count);
 SAME(110, plugin_descriptor, component_size);
+
+// Every field of ABI 1.11 (the minor before the current one) keeps its offset and size, in
+// every struct of that header (the list is test_abi_layout.c's fields, less get_extension, appended
+// in 1.12).
+// keel_error
+SAME(111, error, message);
+// keel_host
+SAME(111, host, struct_size);
+SAME(111, host, abi_major);
+SAME(111, host, abi_minor);
+SAME(111, host, torch_version);
+SAME(111, host, tensor_dtype);
+SAME(111, host, tensor_ndim);
+SAME(111, host, tensor_size);
+SAME(111, host, tensor_numel);
+SAME(111, host, tensor_cpu_data);
+SAME(111, host, tensor_contiguous_cpu);
+SAME(111, host, tensor_from_buffer);
+SAME(111, host, tensor_retain);
+SAME(111, host, tensor_release);
+SAME(111, host, option_bool);
+SAME(111, host, option_int);
+SAME(111, host, option_float);
+SAME(111, host, option_string);
+SAME(111, host, option_list_size);
+SAME(111, host, option_list_int);
+SAME(111, host, option_list_float);
+SAME(111, host, log);
+SAME(111, host, report_error);
+SAME(111, host, stop_requested);
+// keel_option_desc
+SAME(111, option_desc, key);
+SAME(111, option_desc, type);
+SAME(111, option_desc, default_toml);
+SAME(111, option_desc, help);
+SAME(111, option_desc, min);
+SAME(111, option_desc, max);
+SAME(111, option_desc, choices);
+// keel_named_tensor
+SAME(111, named_tensor, name);
+SAME(111, named_tensor, tensor);
+// keel_state_writer
+SAME(111, state_writer, struct_size);
+SAME(111, state_writer, host_data);
+SAME(111, state_writer, put);
+// keel_create_context
+SAME(111, create_context, struct_size);
+SAME(111, create_context, host);
+SAME(111, create_context, options);
+SAME(111, create_context, section);
+SAME(111, create_context, seed);
+SAME(111, create_context, rank);
+SAME(111, create_context, world_size);
+SAME(111, create_context, run_dir);
+SAME(111, create_context, params);
+SAME(111, create_context, param_names);
+SAME(111, create_context, param_count);
+SAME(111, create_context, total_steps);
+SAME(111, create_context, param_group);
+SAME(111, create_context, group_count);
+SAME(111, create_context, group_lr);
+SAME(111, create_context, group_weight_decay);
+SAME(111, create_context, resume_step);
+SAME(111, create_context, shards);
+SAME(111, create_context, comm);
+SAME(111, create_context, tables);
+SAME(111, create_context, table_count);
+SAME(111, create_context, device);
+// keel_shard_group
+SAME(111, shard_group, struct_size);
+SAME(111, shard_group, host_data);
+SAME(111, shard_group, all_reduce);
+// keel_comm
+SAME(111, comm, struct_size);
+SAME(111, comm, host_data);
+SAME(111, comm, rank);
+SAME(111, comm, world_size);
+SAME(111, comm, all_to_all);
+SAME(111, comm, all_gather);
+// keel_sparse_rows
+SAME(111, sparse_rows, struct_size);
+SAME(111, sparse_rows, count);
+SAME(111, sparse_rows, ids);
+SAME(111, sparse_rows, values);
+SAME(111, sparse_rows, grads);
+SAME(111, sparse_rows, slots);
+SAME(111, sparse_rows, slot_width);
+SAME(111, sparse_rows, row_values);
+SAME(111, sparse_rows, row_grads);
+SAME(111, sparse_rows, row_slots);
+// keel_table_stats
+SAME(111, table_stats, struct_size);
+SAME(111, table_stats, rows);
+SAME(111, table_stats, admitted);
+SAME(111, table_stats, evicted);
+SAME(111, table_stats, pending);
+// keel_sparse_table
+SAME(111, sparse_table, struct_size);
+SAME(111, sparse_table, self);
+SAME(111, sparse_table, name);
+SAME(111, sparse_table, dim);
+SAME(111, sparse_table, reserve_slots);
+SAME(111, sparse_table, touched);
+SAME(111, sparse_table, end_step);
+SAME(111, sparse_table, stats);
+SAME(111, sparse_table, save);
+SAME(111, sparse_table, load);
+SAME(111, sparse_table, rows_as_tensors);
+SAME(111, sparse_table, device);
+// keel_unit_calls
+SAME(111, unit_calls, struct_size);
+SAME(111, unit_calls, host_data);
+SAME(111, unit_calls, enter);
+SAME(111, unit_calls, leave);
+// keel_model
+SAME(111, model, struct_size);
+SAME(111, model, self);
+SAME(111, model, destroy);
+SAME(111, model, forward);
+SAME(111, model, set_training);
+SAME(111, model, param_count);
+SAME(111, model, param);
+SAME(111, model, state_count);
+SAME(111, model, state);
+SAME(111, model, flops_per_sample);
+SAME(111, model, state_save);
+SAME(111, model, state_load);
+SAME(111, model, forward_features);
+SAME(111, model, export_state);
+SAME(111, model, param_unit);
+SAME(111, model, set_unit_calls);
+SAME(111, model, table_count);
+SAME(111, model, table);
+// keel_batch
+SAME(111, batch, inputs);
+SAME(111, batch, targets);
+SAME(111, batch, samples);
+SAME(111, batch, tokens);
+// keel_dataset
+SAME(111, dataset, struct_size);
+SAME(111, dataset, self);
+SAME(111, dataset, destroy);
+SAME(111, dataset, size);
+SAME(111, dataset, batches_per_epoch);
+SAME(111, dataset, start_epoch);
+SAME(111, dataset, next);
+SAME(111, dataset, seek);
+SAME(111, dataset, state_save);
+SAME(111, dataset, state_load);
+SAME(111, dataset, tokens_per_sample);
+// keel_optimizer
+SAME(111, optimizer, struct_size);
+SAME(111, optimizer, self);
+SAME(111, optimizer, destroy);
+SAME(111, optimizer, step);
+SAME(111, optimizer, zero_grad);
+SAME(111, optimizer, group_count);
+SAME(111, optimizer, get_lr);
+SAME(111, optimizer, set_lr);
+SAME(111, optimizer, state_save);
+SAME(111, optimizer, state_load);
+// keel_sparse_optimizer
+SAME(111, sparse_optimizer, struct_size);
+SAME(111, sparse_optimizer, self);
+SAME(111, sparse_optimizer, destroy);
+SAME(111, sparse_optimizer, step);
+SAME(111, sparse_optimizer, get_lr);
+SAME(111, sparse_optimizer, set_lr);
+SAME(111, sparse_optimizer, state_save);
+SAME(111, sparse_optimizer, state_load);
+// keel_lr_scheduler
+SAME(111, lr_scheduler, struct_size);
+SAME(111, lr_scheduler, self);
+SAME(111, lr_scheduler, destroy);
+SAME(111, lr_scheduler, factor);
+// keel_metric_writer
+SAME(111, metric_writer, struct_size);
+SAME(111, metric_writer, host_data);
+SAME(111, metric_writer, put);
+// keel_loss
+SAME(111, loss, struct_size);
+SAME(111, loss, self);
+SAME(111, loss, destroy);
+SAME(111, loss, compute);
+SAME(111, loss, count_items);
+SAME(111, loss, compute_linear);
+SAME(111, loss, metric_state_size);
+SAME(111, loss, metric_update);
+SAME(111, loss, metric_finish);
+// keel_grad_clipper
+SAME(111, grad_clipper, struct_size);
+SAME(111, grad_clipper, self);
+SAME(111, grad_clipper, destroy);
+SAME(111, grad_clipper, clip);
+// keel_mfu
+SAME(111, mfu, struct_size);
+SAME(111, mfu, self);
+SAME(111, mfu, destroy);
+SAME(111, mfu, compute);
+SAME(111, mfu, peak_flops);
+// keel_profiler
+SAME(111, profiler, struct_size);
+SAME(111, profiler, self);
+SAME(111, profiler, destroy);
+SAME(111, profiler, begin);
+SAME(111, profiler, end);
+SAME(111, profiler, flush);
+// keel_checkpoint
+SAME(111, checkpoint, struct_size);
+SAME(111, checkpoint, self);
+SAME(111, checkpoint, destroy);
+SAME(111, checkpoint, save);
+SAME(111, checkpoint, load);
+// keel_metric
+SAME(111, metric, key);
+SAME(111, metric, value);
+// keel_trainer_state
+SAME(111, trainer_state, struct_size);
+SAME(111, trainer_state, step);
+SAME(111, trainer_state, epoch);
+SAME(111, trainer_state, samples);
+SAME(111, trainer_state, tokens);
+SAME(111, trainer_state, max_steps);
+SAME(111, trainer_state, epochs);
+SAME(111, trainer_state, lr);
+SAME(111, trainer_state, loss);
+SAME(111, trainer_state, skipped_steps);
+SAME(111, trainer_state, grad_norm);
+SAME(111, trainer_state, train_metrics);
+SAME(111, trainer_state, train_metric_count);
+SAME(111, trainer_state, eval_metrics);
+SAME(111, trainer_state, eval_metric_count);
+// keel_event
+SAME(111, event, struct_size);
+SAME(111, event, kind);
+SAME(111, event, state);
+SAME(111, event, split);
+SAME(111, event, metrics);
+SAME(111, event, metric_count);
+SAME(111, event, path);
+SAME(111, event, requests);
+SAME(111, event, micro_batch);
+SAME(111, event, message);
+// keel_hook
+SAME(111, hook, struct_size);
+SAME(111, hook, self);
+SAME(111, hook, destroy);
+SAME(111, hook, on_event);
+SAME(111, hook, state_count);
+SAME(111, hook, state);
+// keel_component_desc
+SAME(111, component_desc, kind);
+SAME(111, component_desc, name);
+SAME(111, component_desc, description);
+SAME(111, component_desc, options);
+SAME(111, component_desc, option_count);
+SAME(111, component_desc, option_size);
+SAME(111, component_desc, create);
+// keel_build_fingerprint
+SAME(111, build_fingerprint, torch_version);
+SAME(111, build_fingerprint, compiler);
+SAME(111, build_fingerprint, cxx11_abi);
+// keel_plugin_descriptor
+SAME(111, plugin_descriptor, abi_major);
+SAME(111, plugin_descriptor, abi_minor);
+SAME(111, plugin_descriptor, struct_size);
+SAME(111, plugin_descriptor, name);
+SAME(111, plugin_descriptor, version);
+SAME(111, plugin_descriptor, description);
+SAME(111, plugin_descriptor, fingerprint);
+SAME(111, plugin_descriptor, components);
+SAME(111, plugin_descriptor, component_count);
+SAME(111, plugin_descriptor, component_size);
 
 // The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
 // NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never

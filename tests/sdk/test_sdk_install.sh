@@ -107,3 +107,47 @@ cat "$stage/err"
 grep -q "^keel: error: .*'my_cross_entropy' (plugin my-losses).*does not report item counts" \
   "$stage/err"
 echo "ok: third-party losses train with gradient accumulation (auto and items)"
+
+# A plain C hook written against the core hook struct plus one extension (keel.hook.model/1,
+# tests/sdk/model_reader.c), compiled as strict C99 with nothing but the installed headers: it
+# sees every entry of the model, and the sum of the parameters it reads at step 4 is the sum of
+# the step-4 checkpoint's parameters (within 1e-9 relative: both sum the same float32 values in
+# double, in different orders). Handing evaluations a wrong-shaped tensor ends the run with one
+# error line naming the hook and the entry.
+cc -std=c99 -pedantic -Wall -Wextra -Werror -O1 -fPIC -shared -fvisibility=hidden \
+   "$src/tests/sdk/model_reader.c" -o "$stage/third_party/model_reader.so" \
+   $(PKG_CONFIG_PATH="$pc" pkg-config --cflags-only-I keel-sdk | tr ' ' '\n' | grep -v torch | tr '\n' ' ')
+reader_run() {  # reader_run RUN_NAME [--set ...]...: quickstart's hooks[0] becomes the reader
+  local name=$1
+  shift
+  KEEL_PLUGIN_PATH="$stage/third_party:$installed_plugins" "$keel" train \
+    "$src/configs/quickstart.toml" --set data.train.limit=256 --set data.test.limit=100 \
+    --set train.max_steps=4 --set run.threads=1 --set hooks[0].type=c_model_reader \
+    --set hooks[0].path="$stage/$name.txt" --set run.output_dir="$stage/runs/$name" "$@"
+}
+reader_run reader >"$stage/out" 2>"$stage/err" || { cat "$stage/err"; exit 1; }
+/usr/bin/python3 - "$stage/reader.txt" "$stage/runs/reader/checkpoints/step-4/model.safetensors" \
+  "$src/tests/cli" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[3])
+from safetensors_np import read_arrays
+lines = open(sys.argv[1]).read().split("\n")
+weights = read_arrays(sys.argv[2])
+entries = [l.split() for l in lines if l.startswith("entry ")]
+assert lines[0] == f"attach {len(entries)}", lines[0]
+assert [e[2] for e in entries] == list(weights), (entries, list(weights))
+assert all(e[3] == "1" and int(e[4]) == weights[e[2]].size for e in entries), entries
+steps = [l.split() for l in lines if l.startswith("step ")]
+assert [s[1] for s in steps] == ["1", "2", "3", "4"], steps
+expected = sum(float(w.astype("float64").sum()) for w in weights.values())
+assert abs(float(steps[-1][2]) - expected) <= 1e-9 * abs(expected), (steps[-1], expected)
+assert float(steps[0][2]) != float(steps[-1][2]), steps
+print(f"c_model_reader: step-4 parameter sum {steps[-1][2]}, checkpoint's {expected!r}")
+PY
+if reader_run bad --set hooks[0].bad_eval_weights=true >"$stage/out" 2>"$stage/err"; then
+  echo "a hook's wrong-shaped evaluation weights must end the run"; exit 1
+fi
+cat "$stage/err"
+[ "$(wc -l <"$stage/err")" -eq 1 ] || { echo "expected one error line"; exit 1; }
+grep -q "^keel: error: \[hooks\[0\]\] hook 'c_model_reader' (plugin test-model-reader): .*set_eval_weights: entry 0 ('fc1.weight') is Float \[1\] on cpu, the model's is Float \[256, 784\] on cpu" "$stage/err"
+echo "ok: a C hook built against the core and keel.hook.model/1 reads the model"

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 11
+#define KEEL_ABI_MINOR 12
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.11)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.12)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -522,6 +522,21 @@ typedef struct keel_create_context {
   void* self;                \
   void (*destroy)(void* self)
 
+/* (1.12) Extensions: optional capabilities found by id.
+ *
+ * Every instance struct ends with an optional slot `get_extension` (1.12) through which the
+ * instance offers capabilities beyond its kind's struct, each a struct defined in a header of its
+ * own under <keel/ext/> and named by a versioned id such as "keel.hook.model/1" (the header's
+ * KEEL_EXT_* macro). The kernel asks an instance for each id it can use, once, right after the
+ * factory returned it:
+ *   const void* ext = hook->get_extension(hook->self, KEEL_EXT_HOOK_MODEL);
+ * NULL means "not offered". Otherwise the result points to that id's struct, which begins with a
+ * uint32_t struct_size (read as every struct_size is: KEEL_HAS_FIELD) and stays valid, unchanged,
+ * for the instance's life. An id names one layout forever: a change that is not an append gets a
+ * new number ("/2"), and an instance may offer several. The kernel passes ids shorter than
+ * KEEL_NAME_CAPACITY, NUL-terminated. [setup] */
+typedef const void* (*keel_get_extension_fn)(void* self, const char* id);
+
 /* ------------------------------------------------------------------------------------------
  * (1.8) Model units
  *
@@ -632,6 +647,8 @@ typedef struct keel_model {
    * [sparse_optimizer] to train them. [setup] */
   size_t (*table_count)(void* self);
   const keel_sparse_table* (*table)(void* self, size_t index);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_model;
 
 /* dataset ---------------------------------------------------------------------------------- */
@@ -695,6 +712,8 @@ typedef struct keel_dataset {
    * value <= 0 means "varies or unknown": then max_tokens still stops the run, but does not
    * plan its length. [setup] */
   int64_t (*tokens_per_sample)(void* self);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_dataset;
 
 /* optimizer -------------------------------------------------------------------------------- */
@@ -715,6 +734,8 @@ typedef struct keel_optimizer {
   keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
   keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
                             keel_error* err);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_optimizer;
 
 /* sparse_optimizer (1.9) --------------------------------------------------------------------- */
@@ -734,6 +755,8 @@ typedef struct keel_sparse_optimizer {
   keel_status (*state_save)(void* self, keel_state_writer* out, keel_error* err);
   keel_status (*state_load)(void* self, const keel_named_tensor* state, size_t count,
                             keel_error* err);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_sparse_optimizer;
 
 /* lr_scheduler ----------------------------------------------------------------------------- */
@@ -742,6 +765,8 @@ typedef struct keel_lr_scheduler {
   /* Multiplier of each group's base learning rate for optimizer step `step` (0-based). A pure
    * function of its arguments. [train] */
   double (*factor)(void* self, int64_t step);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_lr_scheduler;
 
 /* loss ------------------------------------------------------------------------------------- */
@@ -834,6 +859,8 @@ typedef struct keel_loss {
                                int64_t count, double* state, size_t size, keel_error* err);
   keel_status (*metric_finish)(void* self, const double* state, size_t size,
                                keel_metric_writer* out, keel_error* err);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_loss;
 
 /* grad_clipper ----------------------------------------------------------------------------- */
@@ -843,6 +870,8 @@ typedef struct keel_grad_clipper {
    * gradients before clipping to *total_norm (L2 unless the clipper is configured otherwise;
    * NaN/Inf go to the non-finite policy, a negative norm is an error). [train] */
   keel_status (*clip)(void* self, double* total_norm, keel_error* err);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_grad_clipper;
 
 /* mfu -------------------------------------------------------------------------------------- */
@@ -856,6 +885,8 @@ typedef struct keel_mfu {
   /* (1.4) Optional: the peak FLOP/s of one device that `compute` divides by (> 0), which the
    * kernel records in the metrics beside MFU (`mfu_peak_tflops`). [setup|train] */
   double (*peak_flops)(void* self);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_mfu;
 
 /* profiler --------------------------------------------------------------------------------- */
@@ -868,6 +899,8 @@ typedef struct keel_profiler {
   /* Writes what was recorded; called once, after TRAIN_END of a training run that did not
    * fail (not in evaluate mode). [train] */
   keel_status (*flush)(void* self, keel_error* err);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_profiler;
 
 /* checkpoint backend ----------------------------------------------------------------------- */
@@ -891,6 +924,8 @@ typedef struct keel_checkpoint {
    * shape mismatch is an error naming the tensor. [setup] */
   keel_status (*load)(void* self, const char* dir, const char* stem,
                       const keel_named_tensor* into, size_t count, keel_error* err);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_checkpoint;
 
 /* hook ------------------------------------------------------------------------------------- */
@@ -1067,6 +1102,8 @@ typedef struct keel_hook {
   size_t (*state_count)(void* self);
   keel_status (*state)(void* self, size_t index, const char** name, keel_tensor** tensor,
                        keel_error* err);
+  /* (1.12) Optional: the instance's extensions (see "Extensions"); NULL: none. */
+  keel_get_extension_fn get_extension;
 } keel_hook;
 
 /* ------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "keel/abi.h"
+#include "keel/ext/hook_model.h"
 #include "keel/schema.hpp"
 #include "keel/tensor.hpp"
 
@@ -501,13 +502,59 @@ class Checkpoint {
   virtual void load(const std::string& dir, const std::string& stem, const NamedTensors& into) = 0;
 };
 
+// A hook's view of the model (extension keel.hook.model/1, <keel/ext/hook_model.h>): the
+// model's parameters and buffers, and the weights evaluations run with. Copyable; valid for the
+// hook's life.
+class ModelView {
+ public:
+  struct Entry {
+    std::string name;
+    at::Tensor tensor;  // the model's own tensor: read it, never write it
+    bool is_parameter;  // false: a buffer
+  };
+  ModelView() = default;
+  explicit ModelView(const keel_model_view* view) : view_(view) {
+    keel_error err;
+    for (size_t i = 0, n = view->count(view); i < n; ++i) {
+      const char* name = nullptr;
+      keel_tensor* tensor = nullptr;
+      int32_t is_parameter = 0;
+      err.message[0] = '\0';
+      if (view->entry(view, i, &name, &tensor, &is_parameter, &err) != KEEL_OK)
+        throw std::runtime_error(err.message);
+      entries_.push_back({name, borrow(tensor), is_parameter != 0});
+    }
+  }
+  const std::vector<Entry>& entries() const { return entries_; }
+  // Evaluations run with `weights` (one per entry, each like it) from now on, read when each
+  // starts; an empty vector: with the model's own values again. Throws std::runtime_error with
+  // the kernel's message on a mismatch.
+  void set_eval_weights(const std::vector<at::Tensor>& weights) const {
+    std::vector<keel_tensor*> handles;
+    for (const at::Tensor& w : weights) handles.push_back(peek(w));
+    keel_error err;
+    err.message[0] = '\0';
+    if (view_->set_eval_weights(view_, handles.data(), handles.size(), &err) != KEEL_OK)
+      throw std::runtime_error(err.message);
+  }
+
+ private:
+  const keel_model_view* view_ = nullptr;
+  std::vector<Entry> entries_;
+};
+
 class Hook {
  public:
   static constexpr keel_kind kKind = KEEL_KIND_HOOK;
   virtual ~Hook() = default;
   virtual void on_event(keel_event& event) = 0;
-  // Tensors saved with checkpoints and loaded back in place (called once after construction).
+  // Tensors saved with checkpoints and loaded back in place (called once after construction,
+  // and again after attach_model).
   virtual NamedTensors named_state() { return {}; }
+  // Override to see the model (ABI 1.12, extension keel.hook.model/1): called once at setup,
+  // before named_state is read again and before any event. Not under [distributed] shard =
+  // "parameters" (the kernel refuses such a hook there).
+  virtual void attach_model(ModelView model) { (void)model; }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -877,6 +924,29 @@ inline void fill(BoxOf<Hook>& b) {
   };
 }
 
+// get_extension (ABI 1.12) of component T's instances: the extensions T offers by overriding their methods
+// (a hook's attach_model: keel.hook.model/1), or NULL when it offers none.
+template <class T, class B>
+constexpr keel_get_extension_fn extensions_of() {
+  if constexpr (std::is_same<B, Hook>::value) {
+    if constexpr (KEEL_SDK_OVERRIDES(T, Hook, attach_model)) {
+      return [](void*, const char* id) noexcept -> const void* {
+        static const keel_hook_model ext = {
+            static_cast<uint32_t>(sizeof(keel_hook_model)),
+            [](void* s, const keel_model_view* view, keel_error* e) noexcept {
+              return guard(e, [&] {
+                auto* b = BoxOf<Hook>::of(s);
+                b->obj->attach_model(ModelView(view));
+                b->state = b->obj->named_state();  // state may depend on the model
+              });
+            }};
+        return id && std::strcmp(id, KEEL_EXT_HOOK_MODEL) == 0 ? &ext : nullptr;
+      };
+    }
+  }
+  return nullptr;
+}
+
 // The factory of component T: constructs T, wraps it in its box and fills the C struct.
 template <class T, class B>
 keel_status create(const keel_create_context* ctx, void** out, keel_error* err) noexcept {
@@ -889,6 +959,7 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
     box->vt.struct_size = sizeof(box->vt);
     box->vt.self = box.get();
     box->vt.destroy = &BoxOf<B>::destroy;
+    box->vt.get_extension = extensions_of<T, B>();
     fill(*box);
     // Optional slots are offered only when T overrides them (abi.h: NULL = not provided).
     if constexpr (std::is_same<B, Loss>::value) {
