@@ -103,7 +103,7 @@ void load_init_from(Run& run) {
                into.size(), kept.size());
   for (const auto& [name, t] : into) spdlog::debug("  loaded {}", name);
   for (const auto& name : kept) spdlog::debug("  kept {}", name);
-  if (rec) load_hook_state(run, *rec, dir);
+  if (rec) load_hook_state(run, *rec, dir, /*fresh_on_mismatch=*/true);
   load_init_tables(run, rec ? &*rec : nullptr, dir);
   if (rec) check_unchanged(dir, *rec);  // every file loaded is still the one verified
   // (Weights without a commit record have no known step: the evaluation records step 0.)

@@ -421,7 +421,7 @@ void load_resume_point(Run& run) {
   const ChunkReader reader(*run.components.backend, dir, rec);
   load_model(run, reader, dir);
   load_optimizer(run, reader, dir);
-  load_hook_state(run, rec, dir);
+  load_hook_state(run, rec, dir, /*fresh_on_mismatch=*/false);
   load_plugin_state(run, rec, dir);
   load_tables(run, rec, dir);
   load_generators(run, rec, dir);
@@ -446,20 +446,37 @@ void check_model_tensors(const Run& run, const CommitRecord& rec, const std::str
   }
 }
 
-void load_hook_state(Run& run, const CommitRecord& rec, const std::string& dir) {
-  std::set<std::string> stored;
+void load_hook_state(Run& run, const CommitRecord& rec, const std::string& dir,
+                     bool fresh_on_mismatch) {
+  std::map<std::string, const CommitRecord::Tensor*> stored;
   if (auto it = rec.tensors.find("hooks"); it != rec.tensors.end())
-    for (const auto& t : it->second) stored.insert(t.name);
+    for (const auto& t : it->second) stored.emplace(t.name, &t);
+  const Parameters& p = run.parameters;
+  std::set<std::string> afresh;  // labels of hooks whose stored state does not fit
+  for (size_t i = 0; i < p.hook_state.size() && fresh_on_mismatch; ++i) {
+    const auto it = stored.find(p.hook_state[i].name);
+    const at::Tensor mine = borrow(p.hook_state[i].tensor);
+    const Dtype* dtype = dtype_of(mine.scalar_type());
+    if (it == stored.end() || afresh.count(p.hook_state_labels[i]) ||
+        (it->second->shape == mine.sizes().vec() && dtype && it->second->dtype == dtype->name))
+      continue;
+    afresh.insert(p.hook_state_labels[i]);
+    spdlog::warn("hook state '{}' is {} {} in {}, {} {} here: hook '{}' starts afresh",
+                 it->first, it->second->dtype, text::shape(it->second->shape),
+                 dir, dtype ? dtype->name : "?", text::shape(mine.sizes()), p.hook_state_labels[i]);
+  }
   TensorList into;
   std::set<std::string> mine;
-  for (const auto& nt : run.parameters.hook_state) {
+  for (size_t i = 0; i < p.hook_state.size(); ++i) {
+    const keel_named_tensor& nt = p.hook_state[i];
     mine.insert(nt.name);
+    if (afresh.count(p.hook_state_labels[i])) continue;
     if (stored.count(nt.name))
       into.emplace_back(nt.name, borrow(nt.tensor));
     else
       spdlog::warn("hook state '{}' is not in {}: that hook starts afresh", nt.name, dir);
   }
-  for (const auto& name : stored)
+  for (const auto& [name, t] : stored)
     if (!mine.count(name))
       spdlog::warn("{} holds hook state '{}', which no hook of this run keeps (hooks are matched "
                    "by label): not loaded", dir, name);

@@ -32,7 +32,11 @@ void load_init_from(Run& run);
 // shape), and hook state by label.
 void check_model_tensors(const Run& run, const CommitRecord& rec, const std::string& dir,
                          const TensorList& into, const std::string& hint);
-void load_hook_state(Run& run, const CommitRecord& rec, const std::string& dir);
+// `fresh_on_mismatch` (init_from): a hook whose stored state differs in dtype or shape from its
+// own (a hook that keeps a copy of a model of another shape) starts afresh, with a warning;
+// otherwise the load fails naming the tensor.
+void load_hook_state(Run& run, const CommitRecord& rec, const std::string& dir,
+                     bool fresh_on_mismatch);
 
 // The file `name` of the checkpoint `dir` that a run resumes (trainer_state.toml,
 // manifest.resolved.toml); a read that fails is an error line with a hint.

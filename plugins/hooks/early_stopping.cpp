@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "components.hpp"
 #include "keel/plugin.hpp"
 
 namespace {
@@ -130,12 +131,11 @@ class EarlyStopping : public keel::Hook {
 };
 
 const keel_option_desc kEarlyStoppingOptions[] = {kMetric, kSplit, kMode, kPatience, kMinDelta};
-const keel_component_desc kComponents[] = {
-    keel::component<EarlyStopping>("early_stopping",
-                                   "stops the run when a metric stops improving",
-                                   kEarlyStoppingOptions),
-};
 
 }  // namespace
 
-KEEL_PLUGIN("keel-hooks", "0.1.0", "Hooks that steer the run: early stopping", kComponents)
+keel_component_desc keel_hooks::early_stopping_component() {
+  return keel::component<EarlyStopping>("early_stopping",
+                                        "stops the run when a metric stops improving",
+                                        kEarlyStoppingOptions);
+}

@@ -3,8 +3,10 @@ same parameters and optimizer state (bit for bit: np.array_equal on the raw tens
 the same metrics records after step k (every key but the timing ones: samples_per_s,
 tokens_per_s, step_time_ms, data_time_ms, eval_time_s and checkpoint_time_s, which measure this
 machine) as a run that never stopped. The run has AdamW, a warmup-cosine schedule, gradient clipping, shuffling, dropout and
-grad_accum = 2: exactness needs the optimizer's moments, the data position (shuffle order and
-offset), LibTorch's generator (dropout), the counters, the log window and the schedule position.
+grad_accum = 2 and an `ema` hook whose average the evaluations use: exactness needs the
+optimizer's moments, the data position (shuffle order and offset), LibTorch's generator
+(dropout), the counters, the log window, the schedule position and the hooks' state (the
+average and its update count, compared bit for bit with the parameters).
 
 The stopped run stops through train.max_steps (or, as the README's quickstart does, a lower
 train.epochs that the resume raises back); the schedule's length is fixed with
@@ -78,6 +80,10 @@ type = "early_stopping"
 patience = 100
 [[hooks]]
 type = "csv"
+[[hooks]]
+type = "ema"
+decay = 0.9
+warmup = true
 """
 
 TIMING = {"samples_per_s", "tokens_per_s", "step_time_ms", "data_time_ms", "eval_time_s",

@@ -480,11 +480,17 @@ class Sharding(unittest.TestCase):
             ("bad-unit", "units", "bad_unit = 70000", 2,
              ["units_mlp", "units-model", "param_unit(0) returned 70000 for parameter "
               "'fc0.weight'; a unit is -1 (the root) or 0 <= unit < 65536"]),
+            # A hook that reads the model's weights (keel.hook.model/1) while ranks hold shards.
+            ("ema", "mlp", "", 2,
+             ["[hooks[0]] hook 'ema' (plugin keel-hooks): reads the model's weights "
+              "(keel.hook.model/1), which ranks hold only in shards under [distributed] shard = "
+              '"parameters"; hint: use shard = "none", "gradients" or "optimizer"']),
         ]
         for name, model, opts, nproc, expected in cases:
             with self.subTest(case=name):
                 path, _ = self.manifest("err-" + name, model, "parameters", steps=2,
-                                        model_opts=opts)
+                                        model_opts=opts,
+                                        head='[[hooks]]\ntype = "ema"\n' if name == "ema" else "")
                 r = self.launch(path, nproc, name="err-" + name, check=False)
                 self.assertNotEqual(r.returncode, 0)
                 errors = [l for l in r.stderr.splitlines() if "keel: error:" in l]
