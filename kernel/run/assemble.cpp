@@ -319,6 +319,7 @@ void create_hooks(Run& run) {
   }
   for (size_t i = 0; i < p.hook_state.size(); ++i)
     p.hook_state[i].name = p.hook_state_names[i].c_str();
+  for (const auto& hook : run.components.hooks) run.components.observers.add(hook);
 }
 
 // The checkpoint backend and store, then what the run starts from: the resume checkpoint, or

@@ -4,70 +4,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <exception>
-#include <set>
+#include <iterator>
 #include <utility>
 
 #include "error.hpp"
 #include "keel/tensor.hpp"
+#include "run/metric_writer.hpp"
 
 namespace keel {
 namespace {
 
 // The keys an evaluation record has whatever the loss reports.
 constexpr const char* kRecordKeys[] = {"step", "epoch", "loss", "samples"};
-
-bool key_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '_' || c == '.' || c == '-';
-}
-
-// keel_metric_writer of one metric_finish call: collects the metrics, remembers the first
-// refusal (abi.h: keel_metric_writer.put).
-struct MetricWriter {
-  keel_metric_writer abi{};
-  std::vector<std::pair<std::string, double>> metrics;
-  std::set<std::string> keys;
-  std::string refusal;
-
-  MetricWriter() {
-    abi.struct_size = sizeof(abi);
-    abi.host_data = this;
-    abi.put = &put;
-  }
-  static int put(keel_metric_writer* w, const char* key, double value) noexcept {
-    auto* self = static_cast<MetricWriter*>(w->host_data);
-    try {
-      return self->add(key, value);
-    } catch (const std::exception& e) {
-      return self->refuse(std::string("metric could not be kept: ") + e.what());
-    }
-  }
-  int add(const char* key, double value) {
-    const size_t n = key ? strnlen(key, KEEL_NAME_CAPACITY) : 0;
-    const std::string shown = n ? std::string(key, n) : std::string();
-    if (n == 0) return refuse("a metric with a NULL or empty key");
-    if (n == KEEL_NAME_CAPACITY)
-      return refuse(fmt::format("metric '{}...': the key is longer than {} bytes",
-                                shown.substr(0, 40), KEEL_NAME_CAPACITY - 1));
-    for (const char c : shown)
-      if (!key_char(c))
-        return refuse("metric '" + shown + "': a key holds only letters, digits, '_', '.' "
-                      "and '-'");
-    for (const char* own : kRecordKeys)
-      if (shown == own)
-        return refuse("metric '" + shown + "': the evaluation record has its own '" + shown +
-                      "' (step, epoch, loss and samples are the kernel's)");
-    if (!keys.insert(shown).second) return refuse("metric '" + shown + "' was put twice");
-    metrics.emplace_back(shown, value);
-    return 1;
-  }
-  int refuse(std::string why) {
-    if (refusal.empty()) refusal = std::move(why);
-    return 0;
-  }
-};
 
 }  // namespace
 
@@ -126,7 +74,8 @@ std::vector<keel_metric> EvalMetrics::finish(int64_t step, int64_t epoch) {
                                      {"loss", loss()}};
   keys_.clear();
   if (!state_.empty()) {
-    MetricWriter w;
+    MetricWriter w({std::begin(kRecordKeys), std::end(kRecordKeys)}, "the evaluation record",
+                   " (step, epoch, loss and samples are the kernel's)");
     const Instance<keel_loss>& loss = *loss_;
     try {
       loss.call("metric_finish", loss->metric_finish, state_.data(), state_.size(), &w.abi);

@@ -24,8 +24,9 @@ namespace keel {
 namespace {
 
 // Runs the model over one evaluation set (up to eval_max_batches batches), adding each batch
-// to the evaluation's sums (run/eval_metrics.hpp).
-void run_set(Run& run, const Instance<keel_dataset>& data) {
+// to the evaluation's sums (run/eval_metrics.hpp) and lending it to the hooks that see
+// evaluation batches (keel.hook.observe/1).
+void run_set(Run& run, const char* split, const Instance<keel_dataset>& data) {
   EvalMetrics& sums = run.components.eval_metrics;
   sums.begin();
   data.call("start_epoch", data->start_epoch, int64_t{0});
@@ -40,16 +41,18 @@ void run_set(Run& run, const Instance<keel_dataset>& data) {
                    "the {} batch(es) read before", run.progress.step, data.label(), batches);
     if (result != NextResult::kBatch) break;
     const MicroBatch mb = on_device(run.ranks.device, checked_batch(data, b));
-    at::Tensor out;
+    at::Tensor out, loss;
     int64_t count = 0;
-    double batch_loss = 0;
     {
       const Autocast autocast(run.config.train.precision, run.ranks.device);
       out = forward(run.components.model, mb.inputs);
-      batch_loss =
-          compute_loss(run.components.loss, out, mb.targets, &count, false).item<double>();
+      loss = compute_loss(run.components.loss, out, mb.targets, &count, false);
     }
+    const double batch_loss = loss.item<double>();
     sums.update(out, mb.targets, batch_loss, count, mb.samples);
+    if (!run.components.observers.empty())
+      run.components.observers.eval_batch(split, {{"inputs", mb.inputs}, {"targets", mb.targets}},
+                                          {{"logits", out}, {"loss", loss.to(at::kDouble)}});
   }
 }
 
@@ -58,7 +61,7 @@ void run_set(Run& run, const Instance<keel_dataset>& data) {
 void evaluate_set(Run& run, const Components::EvalSet& set) {
   const char* split = set.name.c_str();
   emit(run, KEEL_EVENT_EVAL_START, split);
-  run_set(run, set.data);
+  run_set(run, split, set.data);
   EvalMetrics& sums = run.components.eval_metrics;
   if (run.ranks.group)  // exact over the ranks' shards: sums of losses, items, samples, task state
     sums.reduce([&](std::vector<double> v) {
@@ -68,6 +71,7 @@ void evaluate_set(Run& run, const Components::EvalSet& set) {
   MetricList values;
   for (const keel_metric& m : sums.finish(run.progress.step, run.progress.epoch))
     values.emplace_back(m.key, m.value);
+  run.components.observers.metrics(split, values);  // hooks' own (keel.hook.observe/1)
   std::vector<EvalRecord>& records = run.records.eval;
   auto record = std::find_if(records.begin(), records.end(),
                              [&](const EvalRecord& r) { return r.split == set.name; });

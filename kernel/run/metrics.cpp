@@ -108,6 +108,13 @@ void record_train(Run& run, const std::vector<double>* slowest) {
     record.push_back({"param_mb_outside_unit", outside});
     record.push_back({"param_mb_resident", resident});
   }
+  if (!run.components.observers.empty()) {  // hooks' own (keel.hook.observe/1)
+    MetricList all;
+    for (const keel_metric& m : record) all.emplace_back(m.key, m.value);
+    run.components.observers.metrics("train", all);
+    for (size_t i = record.size(); i < all.size(); ++i)
+      record.push_back({run.records.hook_keys.insert(all[i].first).first->c_str(), all[i].second});
+  }
   run.progress.train_metrics = record.data();
   run.progress.train_metric_count = record.size();
   emit(run, KEEL_EVENT_METRICS, "train", &record);

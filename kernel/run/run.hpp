@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "run/checkpoint_backend.hpp"
 #include "run/eval_metrics.hpp"
 #include "run/model_view.hpp"
+#include "run/observers.hpp"
 #include "run/requests.hpp"
 #include "run/run_directory.hpp"
 #include "run/step_modes.hpp"
@@ -85,6 +87,7 @@ struct Components {
   // Hooks' views of the model (extension keel.hook.model/1), when a hook asked for one.
   std::unique_ptr<ModelViews> model_views;
   std::vector<Instance<keel_hook>> hooks;  // in call order (priority, then manifest)
+  Observers observers;  // the hooks that offer keel.hook.observe/1, in call order
 };
 
 // The model's tensors as the run uses them.
@@ -182,6 +185,7 @@ struct EvalRecord {
 struct Records {
   std::vector<keel_metric> train;
   std::vector<std::string> restored_keys;  // storage of the keys of a train record a resume restored
+  std::set<std::string> hook_keys;  // storage of the keys hooks put into train records
   // Each evaluation set's latest record, in the sets' order (a set not yet evaluated has none);
   // keel_trainer_state.eval_metrics points at the one evaluated last.
   std::vector<EvalRecord> eval;

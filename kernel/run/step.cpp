@@ -229,8 +229,12 @@ void count_step(Run& run, const StepOutcome& step) {
 
 double train_step(Run& run, const std::vector<MicroBatch>& batches) {
   emit(run, KEEL_EVENT_STEP_START);
-  for (size_t i = 0; i < batches.size(); ++i)
+  for (size_t i = 0; i < batches.size(); ++i) {
     emit(run, KEEL_EVENT_AFTER_DATA, nullptr, nullptr, nullptr, static_cast<int64_t>(i));
+    if (!run.components.observers.empty())  // hooks that see the batch (keel.hook.observe/1)
+      run.components.observers.batch(
+          static_cast<int64_t>(i), {{"inputs", batches[i].inputs}, {"targets", batches[i].targets}});
+  }
   StepModes& modes = run.step_modes;  // what ranks, shards, sparse tables, fp16 add
   run.components.optimizer.run("zero_grad", run.components.optimizer->zero_grad);
   modes.start();

@@ -28,7 +28,12 @@ const std::vector<TeardownPart> kTeardown = {
     // Its autograd hooks hold the model's parameters; its buckets reduce over the group.
     {"gradient synchronisation", [](Run& r) { r.grad_sync.reset(); }, {"model", "process group"}},
     // The components, in reverse order of creation.
-    {"hooks", [](Run& r) { r.components.hooks.clear(); }, {kComm, "run directory", "model views"}},
+    {"hooks",
+     [](Run& r) {
+       r.components.observers = Observers();
+       r.components.hooks.clear();
+     },
+     {kComm, "run directory", "model views"}},
     // Borrow the model's tensors.
     {"model views", [](Run& r) { r.components.model_views.reset(); }, {"model"}},
     // Writes with the backend (an asynchronous save's writer shares the ranks' store client).

@@ -5,6 +5,7 @@
  * keel-abi-1.3.abi (see tests/abi/README.md). The functions do nothing; nothing calls them. */
 #include "keel/abi.h"
 #include "keel/ext/hook_model.h"
+#include "keel/ext/hook_observe.h"
 
 #define SURFACE(type) \
   KEEL_EXPORT void keel_abi_surface_##type(const type* p) { (void)p; }
@@ -63,3 +64,5 @@ SURFACE(keel_options)
 SURFACE(keel_get_extension_fn)
 SURFACE(keel_model_view)
 SURFACE(keel_hook_model)
+SURFACE(keel_tensor_set)
+SURFACE(keel_hook_observe)

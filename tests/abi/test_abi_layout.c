@@ -11,6 +11,7 @@
 
 #include "keel/abi.h"
 #include "keel/ext/hook_model.h"
+#include "keel/ext/hook_observe.h"
 
 _Static_assert(sizeof(void*) == 8 && sizeof(long) == 8 && sizeof(int) == 4,
                "test_abi_layout.c states the LP64 layout; this target is not LP64");
@@ -398,7 +399,7 @@ VALUE(KEEL_REQUEST_EVAL, 2u);
 VALUE(KEEL_REQUEST_CHECKPOINT, 4u);
 VALUE(KEEL_BATCH_STOPPED, 2);
 
-/* (1.12) Extensions (<keel/ext/hook_model.h>). */
+/* (1.12) Extensions (<keel/ext/hook_model.h>, <keel/ext/hook_observe.h>). */
 SIZE(keel_model_view, 40);
 AT(keel_model_view, struct_size, 0, 4);
 AT(keel_model_view, host_data, 8, 8);
@@ -408,5 +409,15 @@ AT(keel_model_view, set_eval_weights, 32, 8);
 SIZE(keel_hook_model, 16);
 AT(keel_hook_model, struct_size, 0, 4);
 AT(keel_hook_model, attach, 8, 8);
+SIZE(keel_tensor_set, 32);
+AT(keel_tensor_set, struct_size, 0, 4);
+AT(keel_tensor_set, count, 8, 8);
+AT(keel_tensor_set, names, 16, 8);
+AT(keel_tensor_set, tensors, 24, 8);
+SIZE(keel_hook_observe, 32);
+AT(keel_hook_observe, struct_size, 0, 4);
+AT(keel_hook_observe, on_batch, 8, 8);
+AT(keel_hook_observe, on_eval_batch, 16, 8);
+AT(keel_hook_observe, put_metrics, 24, 8);
 
 int main(void) { return 0; }

@@ -18,7 +18,8 @@ Hugging Face's GPT2LMHeadModel conventions describe, checked with a small reader
   exported by naming its checkpoint with --output: the same name set, every bias zeros, the
   same logits within 1e-5;
 - a model without export_state (the mlp, checkpointed by the torch backend): keel's names (the
-  checkpoint's), no config.json, and the log line saying so;
+  checkpoint's), no config.json, and the log line saying so; with --weights-from ema, the ema
+  hook's average exactly as the checkpoint's hooks.pt holds it (torch.load), not the weights;
 - bad input, all in one keel_inproc process (tests/cli/inproc.py): usage errors exit 2 with
   export's usage line, the rest exit 1 with one error line and a hint, and nothing is left
   beside the output (no staging directory), nothing replaced;
@@ -296,6 +297,9 @@ type = "cross_entropy"
 [checkpoint]
 type = "torch"
 at_end = true
+[[hooks]]
+type = "ema"
+decay = 0.5
 """)
     r = keel("train", path)
     check(r.returncode == 0, f"keel train (mlp): {r.stderr[-2000:]}")
@@ -311,6 +315,19 @@ at_end = true
     check(list(arrays) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
           and all(a.dtype == np.float32 for a in arrays.values()),
           f"keel's names, float32: {[(n, a.dtype, a.shape) for n, a in arrays.items()]}")
+    # --weights-from ema: the ema hook's average, as the checkpoint's hooks object holds it
+    # (torch.load reads the torch backend's hooks.pt), under the same names; not the weights.
+    r = keel("export", os.path.join(tmp, "mlp"), "--format=safetensors", "--weights-from", "ema",
+             "-o", os.path.join(tmp, "mlp-ema"))
+    check(r.returncode == 0 and "(step 2, hook ema's weights)" in r.stdout,
+          f"keel export --weights-from ema: {r.stdout}{r.stderr[-2000:]}")
+    ema = safetensors_np.read_arrays(os.path.join(tmp, "mlp-ema", "model.safetensors"))
+    hooks = torch.load(os.path.join(tmp, "mlp", "checkpoints", "step-2", "hooks.pt"))
+    check(list(ema) == list(arrays) and
+          all(np.array_equal(ema[n], hooks["ema." + n].numpy()) for n in ema),
+          "--weights-from ema exports the hook's average exactly")
+    check(any(not np.array_equal(ema[n], arrays[n]) for n in ema),
+          "the average differs from the weights (decay 0.5 over 2 steps)")
 
 
 def plugin_exports(tmp, pool):
@@ -624,6 +641,10 @@ def bad_input(tmp, checkpoints, pool):
         (["export", run, *ok, "--since", run, "--output", os.path.join(tmp, "delta")], 1,
          f"--since {run}: checkpoint {checkpoints}/step-3 holds no sparse tables, so there is "
          "no delta to write; hint: leave --since out"),
+        (["export", run, *ok, "--weights-from", "ema", "--output", os.path.join(tmp, "ema")], 1,
+         f"--weights-from ema: checkpoint {checkpoints}/step-3 holds no hook state "
+         "'ema.transformer.wte.weight'; hint: name the label of a hook that keeps a copy of "
+         "every model tensor"),
     ]
     before = sorted(os.listdir(tmp)), sorted(os.listdir(os.path.join(run, "exports")))
     for argv, status, says in cases:

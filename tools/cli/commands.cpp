@@ -31,7 +31,7 @@ const std::vector<Command>& commands() {
       // --format after --output: `keel --help` shows the arguments before the first " [-".
       {"export",
        "RUN_DIR|CHECKPOINT [--output DIR] [--since CHECKPOINT] --format safetensors "
-       "[--since-any-run] [--plugins DIR]... [--log-level LEVEL]",
+       "[--since-any-run] [--weights-from LABEL] [--plugins DIR]... [--log-level LEVEL]",
        "write a checkpoint's model weights (--format safetensors) as one float32 "
        "model.safetensors, under Hugging Face names with a config.json when the model offers "
        "them (gpt: GPT2LMHeadModel)",

@@ -340,11 +340,44 @@ class CreationBudget {
   BudgetAllocator* allocator_ = nullptr;
 };
 
+// --weights-from LABEL: every model tensor from the hook state LABEL.<name> that the checkpoint's
+// `hooks` object holds (the ema hook's average), each checked against the commit record's dtype
+// and shape first, and the files checked unchanged after the load.
+void load_hook_weights(const Run& run, const Source& src, const std::string& label,
+                       const TensorList& into) {
+  std::map<std::string, const CommitRecord::Tensor*> stored;
+  if (auto it = src.record.tensors.find("hooks"); it != src.record.tensors.end())
+    for (const auto& t : it->second) stored.emplace(t.name, &t);
+  TensorList from;
+  for (const auto& [name, t] : into) {
+    const std::string full = label + "." + name;
+    const auto it = stored.find(full);
+    if (it == stored.end())
+      throw Error("--weights-from " + label + ": checkpoint " + src.dir + " holds no hook state '" +
+                  full + "'; hint: name the label of a hook that keeps a copy of every model "
+                  "tensor, such as [[hooks]] type = \"ema\" (label ema unless it sets one)");
+    const Dtype* dtype = dtype_of(t.scalar_type());
+    if (it->second->shape != t.sizes().vec() || !dtype || it->second->dtype != dtype->name)
+      throw Error("--weights-from " + label + ": hook state '" + full + "' is " +
+                  it->second->dtype + " " + text::shape(it->second->shape) + " in " + src.dir +
+                  ", the model's '" + name + "' " + (dtype ? dtype->name : "?") + " " +
+                  text::shape(t.sizes()));
+    from.emplace_back(full, t);
+  }
+  std::vector<keel_named_tensor> named;
+  for (const auto& [name, t] : from) named.push_back({name.c_str(), peek(t)});
+  run.components.backend->load(src.dir, "hooks", named);
+  check_unchanged(src.dir, src.record);  // the bytes loaded are the bytes verified
+  spdlog::info("--weights-from {}: the model's {} tensors are the hook's copies", label,
+               from.size());
+}
+
 // Creates the run's model alone (on the CPU) and reads the checkpoint's model tensors into it
-// with the checkpoint's backend, consolidating the chunks each rank wrote. The model is created
-// under a CreationBudget from the checkpoint's record, so that a manifest claiming a far larger
-// model than the checkpoint holds is one error line before the memory is taken.
-void load_model(Run& run, const Source& src) {
+// with the checkpoint's backend, consolidating the chunks each rank wrote (or, with
+// `weights_from`, a hook's copies: load_hook_weights). The model is created under a
+// CreationBudget from the checkpoint's record, so that a manifest claiming a far larger model
+// than the checkpoint holds is one error line before the memory is taken.
+void load_model(Run& run, const Source& src, const std::optional<std::string>& weights_from) {
   run.directory.path = run.directory.scratch.create();
   const int64_t budget = creation_budget(src.record);
   {
@@ -367,6 +400,7 @@ void load_model(Run& run, const Source& src) {
   for (const auto& nt : run.parameters.model_state) into.emplace_back(nt.name, borrow(nt.tensor));
   check_model_tensors(run, src.record, src.dir, into,
                       "export it with the plugins of the run that saved it");
+  if (weights_from) return load_hook_weights(run, src, *weights_from, into);
   // Every chunk of every tensor, whatever world size and shard mode saved it: full tensors.
   std::vector<ChunkReader::Request> requests;
   for (const auto& [name, t] : into) requests.push_back({"model", name, 0, t});
@@ -660,7 +694,7 @@ int export_checkpoint(const ExportArgs& args) {
   Registry registry;  // declared first: libraries outlive every instance
   Run run;
   run.config = checkpoint_config(src, registry, plugins);
-  load_model(run, src);
+  load_model(run, src, args.weights_from);
   std::string config;
   ExportFiles files;
   files.objects.emplace_back("model", export_tensors(run, config));
@@ -681,10 +715,11 @@ int export_checkpoint(const ExportArgs& args) {
   int64_t values = 0;
   for (const auto& nt : tensors) values += nt.second.numel();
   std::printf("keel export: wrote %s (model.safetensors: %zu tensors, %lld values%s%s) from %s "
-              "(step %lld)\n",
+              "(step %lld%s)\n",
               out.c_str(), tensors.size(), static_cast<long long>(values),
               config.empty() ? "" : "; config.json", summary.c_str(), src.dir.c_str(),
-              static_cast<long long>(src.record.step));
+              static_cast<long long>(src.record.step),
+              args.weights_from ? (", hook " + *args.weights_from + "'s weights").c_str() : "");
   return 0;
 }
 

@@ -19,7 +19,11 @@
 //     GPT2LMHeadModel), and the config.json it writes (none when it writes "");
 //   - else: the model's own state names (each tensor once, as checkpoints hold them), no
 //     config.json, and a log line saying so.
-// Floating-point tensors are written as float32, others as they are.
+// Floating-point tensors are written as float32, others as they are. With --weights-from LABEL
+// the model's tensors are read from the checkpoint's `hooks` object instead, the entries
+// LABEL.<name> of a hook that keeps a copy of every model tensor (the ema hook's average), each
+// checked against the commit record's dtype and shape; a missing or different one is an error
+// naming it.
 //
 // Where: DIR (--output), else RUN/exports/<checkpoint>/ for a checkpoint in RUN/checkpoints/,
 // else <checkpoint>-export beside the checkpoint. DIR must not exist: keel export writes a new
@@ -66,6 +70,7 @@ struct ExportArgs {
   std::optional<std::string> since;     // --since: an older checkpoint (tables' delta)
   std::vector<std::string> plugin_dirs; // --plugins: directories searched for plugins first
   bool since_any_run = false;           // --since-any-run: --since may name another run's
+  std::optional<std::string> weights_from;  // --weights-from: a hook's label (its copy of the weights)
 };
 
 int export_checkpoint(const ExportArgs& args);

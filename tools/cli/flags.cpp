@@ -108,6 +108,9 @@ void add_export_flags(po::options_description& d) {
       "(tables.delta.safetensors) instead of every row (tables.safetensors)")(
       "since-any-run",
       "--since may name a checkpoint of another run (its tables must still be the same)")(
+      "weights-from", po::value<std::string>()->value_name("LABEL"),
+      "export the copy of the model's weights that the hook labelled LABEL keeps in the "
+      "checkpoint (the ema hook's average: --weights-from ema) instead of the model's own")(
       "plugins", po::value<std::vector<std::string>>()->value_name("DIR"),
       "also search DIR for plugins (repeatable; the checkpoint's own [plugins] paths are never "
       "searched)");
@@ -236,6 +239,7 @@ Parsed parse_command(const Command& c, const std::vector<std::string>& args) {
   if (vm.count("format")) p.exporting.format = vm["format"].as<std::string>();
   if (vm.count("since")) p.exporting.since = vm["since"].as<std::string>();
   p.exporting.since_any_run = vm.count("since-any-run") > 0;
+  if (vm.count("weights-from")) p.exporting.weights_from = vm["weights-from"].as<std::string>();
   if (vm.count("plugins"))
     p.exporting.plugin_dirs = vm["plugins"].as<std::vector<std::string>>();
   if (!p.positional.empty()) {

@@ -39,6 +39,7 @@
 
 #include "keel/abi.h"
 #include "keel/ext/hook_model.h"
+#include "keel/ext/hook_observe.h"
 #include "keel/schema.hpp"
 #include "keel/tensor.hpp"
 
@@ -555,6 +556,26 @@ class Hook {
   // before named_state is read again and before any event. Not under [distributed] shard =
   // "parameters" (the kernel refuses such a hook there).
   virtual void attach_model(ModelView model) { (void)model; }
+  // Override any of these three to see the run's data (ABI 1.12, extension keel.hook.observe/1,
+  // <keel/ext/hook_observe.h>). Tensors are lent for the call: clone what you keep (a reference
+  // kept past the call ends the run).
+  // Each training micro-batch ("inputs", "targets"), right after its AFTER_DATA event.
+  virtual void on_batch(int64_t micro_batch, const NamedTensors& batch) {
+    (void)micro_batch;
+    (void)batch;
+  }
+  // Each evaluation batch of set `split`, with the model's outputs for it ("logits", "loss").
+  virtual void on_eval_batch(const std::string& split, const NamedTensors& batch,
+                             const NamedTensors& outputs) {
+    (void)split;
+    (void)batch;
+    (void)outputs;
+  }
+  // Scalars added to the METRICS record of `split` ("train" or a set's name) about to be sent.
+  virtual std::vector<std::pair<std::string, double>> metrics(const std::string& split) {
+    (void)split;
+    return {};
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -924,25 +945,65 @@ inline void fill(BoxOf<Hook>& b) {
   };
 }
 
-// get_extension (ABI 1.12) of component T's instances: the extensions T offers by overriding their methods
-// (a hook's attach_model: keel.hook.model/1), or NULL when it offers none.
+inline NamedTensors to_named(const keel_tensor_set* set) {
+  NamedTensors out;
+  out.reserve(set->count);
+  for (size_t i = 0; i < set->count; ++i) out.emplace_back(set->names[i], borrow(set->tensors[i]));
+  return out;
+}
+
+// The extensions a hook T offers (ABI 1.12), each when T overrides one of its methods.
+template <class T>
+struct HookExtensions {
+  static constexpr bool kModel = KEEL_SDK_OVERRIDES(T, Hook, attach_model);
+  static constexpr bool kBatch = KEEL_SDK_OVERRIDES(T, Hook, on_batch);
+  static constexpr bool kEvalBatch = KEEL_SDK_OVERRIDES(T, Hook, on_eval_batch);
+  static constexpr bool kMetrics = KEEL_SDK_OVERRIDES(T, Hook, metrics);
+  static constexpr bool kObserve = kBatch || kEvalBatch || kMetrics;
+  using X = BoxOf<Hook>;
+
+  static keel_status attach(void* s, const keel_model_view* view, keel_error* e) noexcept {
+    return guard(e, [&] {
+      X::of(s)->obj->attach_model(ModelView(view));
+      X::of(s)->state = X::of(s)->obj->named_state();  // state may depend on the model
+    });
+  }
+  static keel_status batch(void* s, int64_t i, const keel_tensor_set* b, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->on_batch(i, to_named(b)); });
+  }
+  static keel_status eval_batch(void* s, const char* split, const keel_tensor_set* b,
+                                const keel_tensor_set* out, keel_error* e) noexcept {
+    return guard(e, [&] { X::of(s)->obj->on_eval_batch(split, to_named(b), to_named(out)); });
+  }
+  static keel_status put_metrics(void* s, const char* split, keel_metric_writer* w,
+                                 keel_error* e) noexcept {
+    return guard(e, [&] {
+      for (const auto& [key, value] : X::of(s)->obj->metrics(split))
+        if (!w->put(w, key.c_str(), value))
+          throw std::runtime_error("metric '" + key + "' refused");
+    });
+  }
+  static const void* get(void*, const char* id) noexcept {
+    static const keel_hook_model model = {static_cast<uint32_t>(sizeof(keel_hook_model)),
+                                          &attach};
+    static const keel_hook_observe observe = {
+        static_cast<uint32_t>(sizeof(keel_hook_observe)), kBatch ? &batch : nullptr,
+        kEvalBatch ? &eval_batch : nullptr, kMetrics ? &put_metrics : nullptr};
+    if (id == nullptr) return nullptr;
+    if (kModel && std::strcmp(id, KEEL_EXT_HOOK_MODEL) == 0) return &model;
+    if (kObserve && std::strcmp(id, KEEL_EXT_HOOK_OBSERVE) == 0) return &observe;
+    return nullptr;
+  }
+};
+
+// get_extension (ABI 1.12) of component T's instances: the extensions T offers by overriding
+// their methods (a hook's attach_model: keel.hook.model/1; on_batch, on_eval_batch, metrics:
+// keel.hook.observe/1), or NULL when it offers none.
 template <class T, class B>
 constexpr keel_get_extension_fn extensions_of() {
   if constexpr (std::is_same<B, Hook>::value) {
-    if constexpr (KEEL_SDK_OVERRIDES(T, Hook, attach_model)) {
-      return [](void*, const char* id) noexcept -> const void* {
-        static const keel_hook_model ext = {
-            static_cast<uint32_t>(sizeof(keel_hook_model)),
-            [](void* s, const keel_model_view* view, keel_error* e) noexcept {
-              return guard(e, [&] {
-                auto* b = BoxOf<Hook>::of(s);
-                b->obj->attach_model(ModelView(view));
-                b->state = b->obj->named_state();  // state may depend on the model
-              });
-            }};
-        return id && std::strcmp(id, KEEL_EXT_HOOK_MODEL) == 0 ? &ext : nullptr;
-      };
-    }
+    if constexpr (HookExtensions<T>::kModel || HookExtensions<T>::kObserve)
+      return &HookExtensions<T>::get;
   }
   return nullptr;
 }
