@@ -31,6 +31,7 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import collections
+import glob
 import json
 import math
 import subprocess
@@ -358,7 +359,9 @@ class Parity(unittest.TestCase):
         # tensors, the reference's avg_fn in Python floats too, but the two may round a product
         # differently. The evaluation at the run's end (eval_with = "ema") must be the average's:
         # its loss equals the reference's loss of the averaged model on the same test samples
-        # within 1e-6 relative, and differs from the trained model's.
+        # within 1e-6 relative, and differs from the trained model's; `keel evaluate` of the
+        # step-50 checkpoint records the same loss (equal floats: the same weights, batch and
+        # operations).
         from torch.optim.swa_utils import AveragedModel
         steps, limit, bs, lr, decay, test_limit = 50, 640, 32, 0.05, 0.9, 256
         with tempfile.TemporaryDirectory() as tmp:
@@ -386,6 +389,14 @@ batch_size = {test_limit}
             with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
                 records = [json.loads(line) for line in f]
             evals = [r for r in records if r["split"] == "test"]
+            # `keel evaluate` of that checkpoint evaluates its average too (the hook's state).
+            p = subprocess.run([KEEL, "evaluate", os.path.join(tmp, "parity.toml"), "--set",
+                                f"checkpoint.init_from={ckpt}"], capture_output=True, text=True,
+                               timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            (evaluated,) = glob.glob(os.path.join(tmp, "run", "eval-*", "metrics.jsonl"))
+            with open(evaluated) as f:
+                (evaluate_record,) = [json.loads(line) for line in f]
         model = self.start(k0)
         # n: the updates averaged before this one (AveragedModel's n_averaged, a tensor).
         average = AveragedModel(
@@ -419,6 +430,7 @@ batch_size = {test_limit}
         print(f"  evaluation loss: keel {evals[0]['loss']:.7f}, AveragedModel {ema_loss:.7f}, "
               f"the trained model {model_loss:.7f}", file=sys.stderr)
         self.assertAlmostEqual(evals[0]["loss"], ema_loss, delta=1e-6 * abs(ema_loss))
+        self.assertEqual(evaluate_record["loss"], evals[0]["loss"])
         self.assertGreater(abs(model_loss - ema_loss), 1e-4)
 
 

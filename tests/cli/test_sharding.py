@@ -11,6 +11,8 @@ compares with the same manifest under shard = "none":
   the clipper's norm, a reduce-scatter per bucket and backward with "gradients"); the
   checkpoint holds one optimizer object per rank ("rank0.optimizer", "rank1.optimizer") whose
   moments have each rank's rows (ceil(rows / 2), the rest on rank 1), and no whole "optimizer".
+  Every run keeps an `ema` hook's average (it reads the whole weights after each step, which
+  both shard values leave on every rank): within 1e-5 of the "none" run's.
   Final parameters are read whole from each checkpoint's chunk index (every rank writes its
   rows: "model", "rank1.model"; safetensors_np.read_checkpoint).
 - an MLP (fashion_mnist) on 3 ranks, 10 steps, each shard value, its biases in an
@@ -44,7 +46,8 @@ the model's units are gathered around their forward and backward), same toleranc
 - resume: the gpt 2-rank run stopped at step 5 and resumed (saving with [checkpoint] async =
   true) ends with the uninterrupted run's parameters exactly.
 - errors, each one line: a unit's parameter that gets no gradient (named); param_unit out of
-  range (a setup error naming the plugin).
+  range (a setup error naming the plugin); an `ema` hook (keel.hook.model/1 reads whole weights,
+  which no rank holds) refused before step 1, naming the hook.
 
 Usage: test_sharding.py KEEL_BINARY FIXTURE_DIR"""
 import json
@@ -189,11 +192,12 @@ class Sharding(unittest.TestCase):
             shutil.copy(os.path.join(FIXTURES, "units_model.so"), plugins)
         return plugins
 
-    def train(self, name, model, shard, nproc, steps=10, groups="", layers=2, launcher=False):
+    def train(self, name, model, shard, nproc, steps=10, groups="", layers=2, launcher=False,
+              head=""):
         """Trains (once per name) and returns (final parameters, losses, run.log, run dir);
         under torchrun when nproc > 1 or launcher."""
         if name not in self.runs:
-            path, out = self.manifest(name, model, shard, steps, groups, layers=layers)
+            path, out = self.manifest(name, model, shard, steps, groups, layers=layers, head=head)
             self.launch(path, nproc, name=name, launcher=launcher)
             self.runs[name] = out
         out = self.runs[name]
@@ -215,18 +219,25 @@ class Sharding(unittest.TestCase):
         for x, y in zip(a, b):
             self.assertLessEqual(abs(x - y), 1e-6 * max(1.0, abs(x)), (what, a, b))
 
+    # An `ema` hook reads the whole weights after every step (keel.hook.model/1), which every
+    # rank holds under shard = "optimizer" and "gradients" too: its average matches shard "none".
+    EMA = '[[hooks]]\ntype = "ema"\ndecay = 0.8\n'
+
     def test_gpt_two_ranks(self):
-        none, none_l, none_log, _ = self.train("gpt-none", "gpt", "none", 2)
+        none, none_l, none_log, none_out = self.train("gpt-none", "gpt", "none", 2, head=self.EMA)
         self.assertIn("gradients all-reduced in", none_log)
         for shard in ("optimizer", "gradients"):
             with self.subTest(shard=shard):
-                self.check_gpt_two_ranks(none, none_l, shard)
+                self.check_gpt_two_ranks(none, none_l, none_out, shard)
 
-    def check_gpt_two_ranks(self, none, none_l, shard):
-        opt, opt_l, log, out = self.train("gpt-" + shard, "gpt", shard, 2)
+    def check_gpt_two_ranks(self, none, none_l, none_out, shard):
+        opt, opt_l, log, out = self.train("gpt-" + shard, "gpt", shard, 2, head=self.EMA)
         self.assertEqual(len(opt_l), 10)
         self.assert_losses(none_l, opt_l, "gpt, 2 ranks, " + shard)
         self.assert_close(none, opt, f"gpt, 2 ranks, {shard} vs none")
+        ema = lambda o: read_arrays(os.path.join(o, "checkpoints", "step-10", "hooks.safetensors"))
+        self.assertEqual(int(ema(out)["ema.updates"]), 10)
+        self.assert_close(ema(none_out), ema(out), f"gpt, 2 ranks, {shard} vs none: ema average")
         self.assertIn(f'distributed.shard = "{shard}": ', log)
         self.assertIn("this rank's shards hold", log)
         # "gradients": reduce-scattered, not all-reduced.
