@@ -122,8 +122,9 @@ void evaluate(Run& run) {
     const ModelViews* views = run.components.model_views.get();
     if (views && views->has_eval_weights() && run.components.store)
       run.components.store->wait_copied();
-    const ModelViews::ForEvaluation weights(views);
+    ModelViews::ForEvaluation weights(views);
     for (const Components::EvalSet& set : run.components.eval_sets) evaluate_set(run, set);
+    weights.restore();
   }
   if (run.residency) run.residency->free_all();
   model.run("set_training", model->set_training, 1);

@@ -132,12 +132,18 @@ ModelViews::ForEvaluation::ForEvaluation(const ModelViews* views) : views_(views
   }
 }
 
-ModelViews::ForEvaluation::~ForEvaluation() {
+void ModelViews::ForEvaluation::restore() {
   const at::NoGradGuard no_grad;
+  for (size_t i = 0; i < saved_.size(); ++i) views_->entries_[i].tensor.copy_(saved_[i]);
+  saved_.clear();
+}
+
+ModelViews::ForEvaluation::~ForEvaluation() {
   try {
-    for (size_t i = 0; i < saved_.size(); ++i) views_->entries_[i].tensor.copy_(saved_[i]);
+    restore();
   } catch (const std::exception& e) {  // same shapes, same device: not expected
-    spdlog::error("restoring the model's weights after an evaluation failed: {}", e.what());
+    spdlog::error("restoring the model's weights after a failed evaluation failed too: {}",
+                  e.what());
   }
 }
 

@@ -29,12 +29,14 @@ class ModelViews {
   // Whether a hook set weights for evaluations.
   bool has_eval_weights() const { return !eval_weights_.empty(); }
 
-  // Copies the weights a hook set into the model for its life, and the model's own values back
-  // after it (nothing when none are set). Checks them again first: a hook that resized one
-  // since it set them ends the run, naming the hook.
+  // Copies the weights a hook set into the model, and the model's own values back at restore()
+  // (nothing when none are set). Checks them again first: a hook that resized one since it set
+  // them ends the run, naming the hook. Destroyed without restore() (an evaluation that
+  // failed), it restores them itself, and logs a failure to restore.
   class ForEvaluation {
    public:
     explicit ForEvaluation(const ModelViews* views);
+    void restore();
     ~ForEvaluation();
     ForEvaluation(const ForEvaluation&) = delete;
     ForEvaluation& operator=(const ForEvaluation&) = delete;

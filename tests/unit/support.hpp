@@ -9,8 +9,15 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include <vector>
+
 #include "error.hpp"
 #include "loader/registry.hpp"
+#include "manifest.hpp"
+#include "run/trainer.hpp"
+#include "run_config.hpp"
 
 namespace keel_test {
 
@@ -73,6 +80,28 @@ inline const keel::Registry& default_registry() {
     return out;
   }();
   return r;
+}
+
+// Trains (or resumes) the run of `manifest` with --set `sets`, in this process; its summary.
+inline keel::RunSummary train(const fs::path& manifest, const std::vector<std::string>& sets = {},
+                              bool resume = false) {
+  keel::Registry registry;
+  keel::RunConfig rc = keel::resolve(keel::load_manifest(manifest.string(), sets), registry);
+  if (resume) rc.resume = keel::RunConfig::Resume::kLatest;
+  keel::apply_process_settings(rc);
+  keel::Trainer trainer(rc);
+  return trainer.train();
+}
+
+// The records of a JSON-lines file (metrics.jsonl), in file order; Json = nlohmann::ordered_json
+// keeps each record's key order.
+template <class Json = nlohmann::json>
+std::vector<Json> jsonl(const fs::path& path) {
+  std::vector<Json> out;
+  std::stringstream s(read(path));
+  for (std::string l; std::getline(s, l);)
+    if (!l.empty()) out.push_back(Json::parse(l));
+  return out;
 }
 
 }  // namespace keel_test

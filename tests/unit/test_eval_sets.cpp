@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,7 +14,6 @@
 #include "loader/registry.hpp"
 #include "run_config.hpp"
 #include "support.hpp"
-#include "run/trainer.hpp"
 
 namespace unit_eval_sets {  // keel_units is one unity build: each file's names stay its own
 
@@ -44,24 +42,11 @@ keel::RunConfig resolved(const fs::path& manifest, const std::vector<std::string
   return keel::resolve(keel::load_manifest(manifest.string(), sets), registry);
 }
 
-// Trains (or resumes) the run of `manifest`; returns its summary.
-keel::RunSummary train(const fs::path& manifest, const std::vector<std::string>& sets,
-                       bool resume = false) {
-  keel::Registry registry;
-  keel::RunConfig rc = resolved(manifest, sets, registry);
-  if (resume) rc.resume = keel::RunConfig::Resume::kLatest;
-  keel::apply_process_settings(rc);
-  keel::Trainer trainer(rc);
-  return trainer.train();
-}
+using keel_test::train;
 
 // metrics.jsonl's records of `run_dir`, in file order.
 std::vector<json> records(const fs::path& run_dir) {
-  std::vector<json> out;
-  std::stringstream s(keel_test::read(run_dir / "metrics.jsonl"));
-  for (std::string l; std::getline(s, l);)
-    if (!l.empty()) out.push_back(json::parse(l));
-  return out;
+  return keel_test::jsonl(run_dir / "metrics.jsonl");
 }
 
 // The evaluation records' "split step" in file order.

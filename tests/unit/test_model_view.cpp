@@ -115,9 +115,16 @@ TEST_CASE("model view: entries, eval weights' checks, and the copy around an eva
   const at::Tensor w0 = w.detach().clone(), b0 = b.clone();
   ew.fill_(7);  // read when the evaluation starts, not when set
   {
-    const keel::ModelViews::ForEvaluation during(&views);
+    keel::ModelViews::ForEvaluation during(&views);
     CHECK(at::equal(w.detach(), at::full({2, 3}, 7.0f)));
     CHECK(at::equal(b, at::ones({3})));
+    during.restore();
+    CHECK(at::equal(w.detach(), w0));
+    CHECK(at::equal(b, b0));
+  }
+  CHECK(at::equal(w.detach(), w0));  // restored once
+  {
+    const keel::ModelViews::ForEvaluation failed(&views);  // an evaluation that threw
   }
   CHECK(at::equal(w.detach(), w0));
   CHECK(at::equal(b, b0));

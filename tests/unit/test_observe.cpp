@@ -8,14 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "loader/registry.hpp"
-#include "manifest.hpp"
-#include "run/trainer.hpp"
-#include "run_config.hpp"
 #include "support.hpp"
 
 namespace unit_observe {
@@ -33,19 +28,10 @@ fs::path manifest(const TempDir& d, const std::string& hook_options) {
                                "[[hooks]]\ntype = \"jsonl\"\n");
 }
 
-void train(const fs::path& m) {
-  keel::Registry registry;
-  keel::RunConfig rc = keel::resolve(keel::load_manifest(m.string(), {}), registry);
-  keel::apply_process_settings(rc);
-  keel::Trainer(rc).train();
-}
+using keel_test::train;
 
 std::vector<json> records(const fs::path& run_dir) {
-  std::vector<json> out;
-  std::stringstream s(keel_test::read(run_dir / "metrics.jsonl"));
-  for (std::string l; std::getline(s, l);)
-    if (!l.empty()) out.push_back(json::parse(l));
-  return out;
+  return keel_test::jsonl<json>(run_dir / "metrics.jsonl");
 }
 
 }  // namespace
