@@ -20,7 +20,8 @@
 //     Random float32 logits [B, T, V] and int64 targets (none equal to -100); then the loss and
 //     its backward. stdout: {"logits_bytes": .., "peak_growth_bytes": ..}, where the growth is
 //     the process's peak resident set (VmHWM in /proc/self/status, reset through
-//     /proc/self/clear_refs just before the loss) minus its resident set at that moment.
+//     /proc/self/clear_refs just before the loss) minus its resident set at that moment. A
+//     warm-up on tiny tensors comes first (warm_up).
 //
 //   lm_losses_probe linear PLUGIN.so COMPONENT FEATURES.bin B,T,F WEIGHT.bin V,G TARGETS.bin
 //                   GRADS.bin [KEY=VALUE]...
@@ -100,6 +101,28 @@ void need_fresh_process() {
                              "process, not in --batch");
 }
 
+// The same loss and backward once on tiny tensors ([1, 8, 16] logits; features [1, 8, F] and a
+// [16, F] weight), before the measured window: what a process does once on first use (the
+// autograd engine's worker thread, kernels and libraries loaded lazily) then stays outside the
+// measured growth. The tensors are KiB-sized, so the memory they free hardly matters.
+void warm_up(keel::testing::Instance<keel_loss>& loss, int64_t features, bool linear) {
+  const at::Tensor targets = at::randint(16, {1, 8}, at::kLong);
+  keel_tensor* out = nullptr;
+  int64_t count = -1;
+  if (linear) {
+    const at::Tensor f = at::randn({1, 8, features}).requires_grad_(true);
+    const at::Tensor w = at::randn({16, features}).requires_grad_(true);
+    loss.call(loss->compute_linear, keel::peek(f), keel::peek(w), keel::peek(targets), &out,
+              &count);
+  } else {
+    const at::Tensor logits = (features > 0 ? at::linear(at::randn({1, 8, features}),
+                                                         at::randn({16, features}).requires_grad_(true))
+                                            : at::randn({1, 8, 16}).requires_grad_(true));
+    loss.call(loss->compute, keel::peek(logits), keel::peek(targets), &out, &count);
+  }
+  keel::adopt(out).backward();
+}
+
 std::string memory_mode(int argc, char** argv) {
   need_fresh_process();
   if (argc < 5) throw std::runtime_error("usage: lm_losses_probe memory PLUGIN.so COMPONENT B,T,V [KEY=VALUE]...");
@@ -109,6 +132,7 @@ std::string memory_mode(int argc, char** argv) {
   at::manual_seed(0);
   const at::Tensor logits = at::randn(shape).requires_grad_(true);
   const at::Tensor targets = at::randint(shape[2], {shape[0], shape[1]}, at::kLong);
+  warm_up(loss, 0, false);
   reset_peak();
   const int64_t before = status_bytes("VmRSS");
   keel_tensor* out = nullptr;
@@ -145,6 +169,8 @@ std::string memory_linear_mode(int argc, char** argv) {
   const at::Tensor features = at::randn({s[0], s[1], s[3]}).requires_grad_(true);
   const at::Tensor weight = (at::randn({s[2], s[3]}) * 0.05).requires_grad_(true);
   const at::Tensor targets = at::randint(s[2], {s[0], s[1]}, at::kLong);
+  if (!plain && !loss->compute_linear) throw std::runtime_error("no compute_linear");
+  warm_up(loss, s[3], !plain);
   reset_peak();
   const int64_t before = status_bytes("VmRSS");
   int64_t count = -1;

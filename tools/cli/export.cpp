@@ -201,7 +201,8 @@ Manifest checkpoint_manifest(const std::string& dir, const std::vector<std::stri
   Manifest m = load_manifest(manifest, {"run.device=cpu"});
   bool had_paths = false;
   if (toml::table* plugins = m.root["plugins"].as_table()) {
-    had_paths = plugins->contains("paths");
+    const toml::array* paths = plugins->get_as<toml::array>("paths");
+    had_paths = plugins->contains("paths") && !(paths && paths->empty());  // `paths = []`: none
     if (had_paths && say)
       spdlog::info("export: the checkpoint's manifest names plugin directories ([plugins] paths "
                    "in {}): not searched, since a checkpoint names no code to run; keel export "

@@ -12,8 +12,9 @@
  * kernel own their values). A hook that wants other values in an evaluation hands the kernel its
  * own tensors with set_eval_weights.
  *
- * Only where every rank holds whole parameters: [distributed] shard = "none" (alone or data
- * parallel). Under a shard mode the kernel refuses the hook before step 1, naming it.
+ * Only where every rank holds the whole parameters after each step: [distributed] shard =
+ * "none" (alone or data parallel), "optimizer" or "gradients". Under shard = "parameters",
+ * where ranks hold only their shards, the kernel refuses the hook before step 1, naming it.
  */
 #ifndef KEEL_EXT_HOOK_MODEL_H
 #define KEEL_EXT_HOOK_MODEL_H
