@@ -298,9 +298,11 @@ void create_hooks(Run& run) {
     ctx.host = named;
     run.components.hooks.push_back(create_instance<keel_hook>(*h->component, ctx));
     const auto& hook = run.components.hooks.back();
-    if (!run.components.model_views)  // for hooks that read the model (keel.hook.model/1)
-      run.components.model_views = std::make_unique<ModelViews>(p.model_state, p.tensors);
-    run.components.model_views->attach(hook, run.residency ? "parameters" : "");
+    if (hook.extension(KEEL_EXT_HOOK_MODEL)) {  // a hook that reads the model
+      if (!run.components.model_views)
+        run.components.model_views = std::make_unique<ModelViews>(p.model_state, p.tensors);
+      run.components.model_views->attach(hook, run.residency ? "parameters" : "");
+    }
     if (!KEEL_HAS_SLOT(hook, keel_hook, state_count) || !KEEL_HAS_SLOT(hook, keel_hook, state))
       continue;
     const size_t n = hook.get("state_count", hook->state_count);
