@@ -446,24 +446,41 @@ void check_model_tensors(const Run& run, const CommitRecord& rec, const std::str
   }
 }
 
-void load_hook_state(Run& run, const CommitRecord& rec, const std::string& dir,
-                     bool fresh_on_mismatch) {
+std::map<std::string, const CommitRecord::Tensor*> stored_hook_state(const CommitRecord& rec) {
   std::map<std::string, const CommitRecord::Tensor*> stored;
   if (auto it = rec.tensors.find("hooks"); it != rec.tensors.end())
     for (const auto& t : it->second) stored.emplace(t.name, &t);
+  return stored;
+}
+
+bool same_layout(const CommitRecord::Tensor& stored, const at::Tensor& t) {
+  const Dtype* dtype = dtype_of(t.scalar_type());
+  return stored.shape == t.sizes().vec() && dtype && stored.dtype == dtype->name;
+}
+
+std::string layout(const CommitRecord::Tensor& stored) {
+  return stored.dtype + " " + text::shape(stored.shape);
+}
+
+std::string layout(const at::Tensor& t) {
+  const Dtype* dtype = dtype_of(t.scalar_type());
+  return std::string(dtype ? dtype->name : "?") + " " + text::shape(t.sizes());
+}
+
+void load_hook_state(Run& run, const CommitRecord& rec, const std::string& dir,
+                     bool fresh_on_mismatch) {
+  const auto stored = stored_hook_state(rec);
   const Parameters& p = run.parameters;
   std::set<std::string> afresh;  // labels of hooks whose stored state does not fit
   for (size_t i = 0; i < p.hook_state.size() && fresh_on_mismatch; ++i) {
     const auto it = stored.find(p.hook_state[i].name);
     const at::Tensor mine = borrow(p.hook_state[i].tensor);
-    const Dtype* dtype = dtype_of(mine.scalar_type());
     if (it == stored.end() || afresh.count(p.hook_state_labels[i]) ||
-        (it->second->shape == mine.sizes().vec() && dtype && it->second->dtype == dtype->name))
+        same_layout(*it->second, mine))
       continue;
     afresh.insert(p.hook_state_labels[i]);
-    spdlog::warn("hook state '{}' is {} {} in {}, {} {} here: hook '{}' starts afresh",
-                 it->first, it->second->dtype, text::shape(it->second->shape),
-                 dir, dtype ? dtype->name : "?", text::shape(mine.sizes()), p.hook_state_labels[i]);
+    spdlog::warn("hook state '{}' is {} in {}, {} here: hook '{}' starts afresh", it->first,
+                 layout(*it->second), dir, layout(mine), p.hook_state_labels[i]);
   }
   TensorList into;
   std::set<std::string> mine;

@@ -2,8 +2,12 @@
 // run, and loaded whole) and [checkpoint] init_from (model weights and hook state only).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
+#include <map>
 #include <string>
 
+#include "checkpoint/commit.hpp"
 #include "checkpoint/store.hpp"
 
 namespace keel {
@@ -32,6 +36,13 @@ void load_init_from(Run& run);
 // shape), and hook state by label.
 void check_model_tensors(const Run& run, const CommitRecord& rec, const std::string& dir,
                          const TensorList& into, const std::string& hint);
+// The hooks' state a checkpoint's commit record lists (its `hooks` object), by name; whether a
+// listed tensor has `t`'s dtype and shape; and each one's "<dtype> <shape>" ("F32 [3, 4]").
+std::map<std::string, const CommitRecord::Tensor*> stored_hook_state(const CommitRecord& rec);
+bool same_layout(const CommitRecord::Tensor& stored, const at::Tensor& t);
+std::string layout(const CommitRecord::Tensor& stored);
+std::string layout(const at::Tensor& t);
+
 // `fresh_on_mismatch` (init_from): a hook whose stored state differs in dtype or shape from its
 // own (a hook that keeps a copy of a model of another shape) starts afresh, with a warning;
 // otherwise the load fails naming the tensor.

@@ -346,9 +346,7 @@ class CreationBudget {
 // and shape first, and the files checked unchanged after the load.
 void load_hook_weights(const Run& run, const Source& src, const std::string& label,
                        const TensorList& into) {
-  std::map<std::string, const CommitRecord::Tensor*> stored;
-  if (auto it = src.record.tensors.find("hooks"); it != src.record.tensors.end())
-    for (const auto& t : it->second) stored.emplace(t.name, &t);
+  const auto stored = stored_hook_state(src.record);
   TensorList from;
   for (const auto& [name, t] : into) {
     const std::string full = label + "." + name;
@@ -357,12 +355,10 @@ void load_hook_weights(const Run& run, const Source& src, const std::string& lab
       throw Error("--weights-from " + label + ": checkpoint " + src.dir + " holds no hook state '" +
                   full + "'; hint: name the label of a hook that keeps a copy of every model "
                   "tensor, such as [[hooks]] type = \"ema\" (label ema unless it sets one)");
-    const Dtype* dtype = dtype_of(t.scalar_type());
-    if (it->second->shape != t.sizes().vec() || !dtype || it->second->dtype != dtype->name)
+    if (!same_layout(*it->second, t))
       throw Error("--weights-from " + label + ": hook state '" + full + "' is " +
-                  it->second->dtype + " " + text::shape(it->second->shape) + " in " + src.dir +
-                  ", the model's '" + name + "' " + (dtype ? dtype->name : "?") + " " +
-                  text::shape(t.sizes()));
+                  layout(*it->second) + " in " + src.dir + ", the model's '" + name + "' " +
+                  layout(t));
     from.emplace_back(full, t);
   }
   std::vector<keel_named_tensor> named;
