@@ -182,9 +182,11 @@ int64_t micro_batches_per_step(const RunConfig& config, int world) {
 void create_data(Run& run) {
   Components& c = run.components;
   c.train_data = make_instance<keel_dataset>(run, run.config.train_data);
+  c.train_source = with_batches(c.train_data);
   if (run.evaluates())
     for (const EvalSetSpec& set : run.config.eval_sets)
-      c.eval_sets.push_back({set.name, make_instance<keel_dataset>(run, set.data)});
+      c.eval_sets.push_back({set.name, make_instance<keel_dataset>(run, set.data), {}});
+  for (Components::EvalSet& set : c.eval_sets) set.source = with_batches(set.data);
   const int64_t batches = c.train_data.get("batches_per_epoch", c.train_data->batches_per_epoch);
   run.plan.stream = batches == -1 && c.train_data.abi_minor() >= 9;  // (1.9) a stream
   if (batches <= 0 && !run.plan.stream)
@@ -236,8 +238,9 @@ void create_schedule_and_loss(Run& run) {
     c.scheduler = create_instance<keel_lr_scheduler>(*config.lr_scheduler->component, ctx);
   }
   c.loss = make_instance<keel_loss>(run, config.loss);
-  c.eval_metrics = EvalMetrics(c.loss);
-  const bool counts = KEEL_HAS_SLOT(c.loss, keel_loss, count_items);
+  c.loss_calls = with_batches(c.loss);
+  c.eval_metrics = EvalMetrics(c.loss_calls);
+  const bool counts = counts_items(c.loss_calls);
   if (config.train.accum_normalization == AccumNorm::kItems && !counts)
     throw c.loss.error("does not report item counts (no count_items), which "
                        "train.accum_normalization = \"items\" needs; hint: use \"mean\" or "

@@ -19,7 +19,8 @@ constexpr const char* kRecordKeys[] = {"step", "epoch", "loss", "samples"};
 
 }  // namespace
 
-EvalMetrics::EvalMetrics(const Instance<keel_loss>& loss) : loss_(&loss) {
+EvalMetrics::EvalMetrics(const LossCalls& calls) : loss_(calls) {
+  const Instance<keel_loss>& loss = *calls.loss;
   const bool size = KEEL_HAS_SLOT(loss, keel_loss, metric_state_size);
   const bool update = KEEL_HAS_SLOT(loss, keel_loss, metric_update);
   const bool finish = KEEL_HAS_SLOT(loss, keel_loss, metric_finish);
@@ -43,14 +44,13 @@ void EvalMetrics::begin() {
   std::fill(state_.begin(), state_.end(), 0.0);
 }
 
-void EvalMetrics::update(const at::Tensor& output, const at::Tensor& target, double loss,
-                         int64_t count, int64_t samples) {
+void EvalMetrics::update(const Named& outputs, const MicroBatch& mb, double loss,
+                         int64_t count) {
   loss_sum_ += loss * static_cast<double>(count);
   items_ += static_cast<double>(count);
-  samples_ += static_cast<double>(samples);
+  samples_ += static_cast<double>(mb.samples);
   if (state_.empty()) return;
-  (*loss_).call("metric_update", (*loss_)->metric_update, peek(output), peek(target), loss,
-                count, state_.data(), state_.size());
+  metric_update(loss_, outputs, mb, loss, count, state_.data(), state_.size());
 }
 
 void EvalMetrics::reduce(const SumOverRanks& sum) {
@@ -76,7 +76,7 @@ std::vector<keel_metric> EvalMetrics::finish(int64_t step, int64_t epoch) {
   if (!state_.empty()) {
     MetricWriter w({std::begin(kRecordKeys), std::end(kRecordKeys)}, "the evaluation record",
                    " (step, epoch, loss and samples are the kernel's)");
-    const Instance<keel_loss>& loss = *loss_;
+    const Instance<keel_loss>& loss = *loss_.loss;
     try {
       loss.call("metric_finish", loss->metric_finish, state_.data(), state_.size(), &w.abi);
     } catch (const Error&) {

@@ -17,6 +17,7 @@
 
 #include "components.hpp"
 #include "keel/abi.h"
+#include "run/model_calls.hpp"
 
 namespace keel {
 
@@ -31,14 +32,14 @@ class EvalMetrics {
   // Reads `loss`'s metric_state_size once [setup]. `loss` must outlive this object. Throws
   // keel::Error naming the loss when it offers only some of the three metric slots, or a state
   // larger than KEEL_METRIC_STATE_CAPACITY.
-  explicit EvalMetrics(const Instance<keel_loss>& loss);
+  explicit EvalMetrics(const LossCalls& loss);
+  explicit EvalMetrics(const Instance<keel_loss>& loss) : EvalMetrics(LossCalls{&loss, nullptr}) {}
 
   // Starts an evaluation: every sum and the task state back to zero.
   void begin();
-  // Adds one evaluation batch: the model's output and the targets, the mean loss and item
-  // count the loss computed for them, and the batch's samples.
-  void update(const at::Tensor& output, const at::Tensor& target, double loss, int64_t count,
-              int64_t samples);
+  // Adds one evaluation batch: the model's outputs, the batch, and the mean loss and item count
+  // the loss computed for them.
+  void update(const Named& outputs, const MicroBatch& mb, double loss, int64_t count);
   // Replaces this rank's sums (and task state) by their sums over all ranks, in one call of
   // `sum`. Without it (one process) the record is this rank's.
   void reduce(const SumOverRanks& sum);
@@ -53,7 +54,7 @@ class EvalMetrics {
   size_t state_size() const { return state_.size(); }
 
  private:
-  const Instance<keel_loss>* loss_ = nullptr;
+  LossCalls loss_;
   double loss_sum_ = 0, items_ = 0, samples_ = 0;
   std::vector<double> state_;
   std::vector<std::string> keys_;  // the task metrics' keys of the latest finish

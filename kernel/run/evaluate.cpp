@@ -26,33 +26,37 @@ namespace {
 // Runs the model over one evaluation set (up to eval_max_batches batches), adding each batch
 // to the evaluation's sums (run/eval_metrics.hpp) and lending it to the hooks that see
 // evaluation batches (keel.hook.observe/1).
-void run_set(Run& run, const char* split, const Instance<keel_dataset>& data) {
+void run_set(Run& run, const char* split, const DataSource& source) {
+  const Instance<keel_dataset>& data = *source.data;
   EvalMetrics& sums = run.components.eval_metrics;
   sums.begin();
   data.call("start_epoch", data->start_epoch, int64_t{0});
   const int64_t max_batches = run.config.train.eval_max_batches;
   for (int64_t batches = 0; max_batches == 0 || batches < max_batches; ++batches) {
-    keel_batch b{};
-    int has = 0;
-    data.call("next", data->next, &b, &has);
-    const NextResult result = next_result(data, has);
+    MicroBatch mb;
+    const NextResult result = next_batch(source, run.ranks.device, &mb);
     if (result == NextResult::kStopped)
       spdlog::warn("evaluation at step {}: {} stopped while waiting for data; the record covers "
                    "the {} batch(es) read before", run.progress.step, data.label(), batches);
     if (result != NextResult::kBatch) break;
-    const MicroBatch mb = on_device(run.ranks.device, checked_batch(data, b));
-    at::Tensor out, loss;
+    Named outputs;
+    at::Tensor loss;
     int64_t count = 0;
     {
       const Autocast autocast(run.config.train.precision, run.ranks.device);
-      out = forward(run.components.model, mb.inputs);
-      loss = compute_loss(run.components.loss, out, mb.targets, &count, false);
+      outputs = forward(run.components.model_calls, mb);
+      loss = compute_loss(run.components.loss_calls, outputs, mb, &count, false);
     }
     const double batch_loss = loss.item<double>();
-    sums.update(out, mb.targets, batch_loss, count, mb.samples);
-    if (!run.components.observers.empty())
-      run.components.observers.eval_batch(split, {{"inputs", mb.inputs}, {"targets", mb.targets}},
-                                          {{"logits", out}, {"loss", loss.to(at::kDouble)}});
+    sums.update(outputs, mb, batch_loss, count);
+    if (!run.components.observers.empty()) {
+      // "loss": the loss plugin's (one the model put is replaced, keel/ext/hook_observe.h).
+      outputs.erase(std::remove_if(outputs.begin(), outputs.end(),
+                                   [](const auto& kv) { return kv.first == "loss"; }),
+                    outputs.end());
+      outputs.emplace_back("loss", loss.to(at::kDouble));
+      run.components.observers.eval_batch(split, mb.tensors, outputs);
+    }
   }
 }
 
@@ -61,7 +65,7 @@ void run_set(Run& run, const char* split, const Instance<keel_dataset>& data) {
 void evaluate_set(Run& run, const Components::EvalSet& set) {
   const char* split = set.name.c_str();
   emit(run, KEEL_EVENT_EVAL_START, split);
-  run_set(run, split, set.data);
+  run_set(run, split, set.source);
   EvalMetrics& sums = run.components.eval_metrics;
   if (run.ranks.group)  // exact over the ranks' shards: sums of losses, items, samples, task state
     sums.reduce([&](std::vector<double> v) {

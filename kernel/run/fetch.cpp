@@ -19,16 +19,13 @@ namespace {
 
 // Up to `count` micro-batches of the training data (fewer at the end of its epoch).
 std::vector<MicroBatch> next_micro_batches(Run& run, int64_t count) {
-  const Instance<keel_dataset>& data = run.components.train_data;
   std::vector<MicroBatch> out;
   for (int64_t i = 0; i < count; ++i) {
-    keel_batch b{};
-    int has = 0;
-    data.call("next", data->next, &b, &has);
-    const NextResult result = next_result(data, has);
+    MicroBatch mb;
+    const NextResult result = next_batch(run.components.train_source, run.ranks.device, &mb);
     if (result == NextResult::kStopped) run.epoch.stopped = StopSignals::received();
     if (result != NextResult::kBatch) break;
-    out.push_back(on_device(run.ranks.device, checked_batch(data, b)));
+    out.push_back(std::move(mb));
   }
   return out;
 }

@@ -10,42 +10,7 @@ namespace keel {
 
 namespace {
 
-// A keel_tensor_set over `named`, and how many references each tensor and its storage had
-// before the call, to tell afterwards whether the hook kept one.
-class Lent {
- public:
-  explicit Lent(const Observers::Named& named) {
-    for (const auto& [name, t] : named) {
-      names_.push_back(name);
-      handles_.push_back(peek(t));
-      tensors_.push_back(t);
-      refs_.push_back(count(t));
-    }
-    set_.struct_size = sizeof(set_);
-    set_.count = handles_.size();
-    set_.names = names_.data();
-    set_.tensors = handles_.data();
-  }
-  const keel_tensor_set* abi() const { return &set_; }
-  // "" or the name of a tensor the hook still references after the call.
-  std::string kept() const {
-    for (size_t i = 0; i < tensors_.size(); ++i)
-      if (count(tensors_[i]) != refs_[i]) return names_[i];
-    return "";
-  }
-
- private:
-  static std::pair<size_t, size_t> count(const at::Tensor& t) {
-    return {t.use_count(), t.has_storage() ? t.storage().use_count() : 0};
-  }
-  keel_tensor_set set_{};
-  std::vector<const char*> names_;
-  std::vector<keel_tensor*> handles_;
-  std::vector<at::Tensor> tensors_;
-  std::vector<std::pair<size_t, size_t>> refs_;
-};
-
-void check_returned(const Instance<keel_hook>& hook, const char* slot, const Lent& lent) {
+void check_returned(const Instance<keel_hook>& hook, const char* slot, const LentSet& lent) {
   if (const std::string name = lent.kept(); !name.empty())
     throw hook.error(std::string(slot) + " kept a reference to the lent tensor '" + name +
                      "' (or its storage) after returning; hint: lent tensors are valid only "
@@ -67,7 +32,7 @@ void Observers::add(const Instance<keel_hook>& hook) {
 void Observers::batch(int64_t index, const Named& batch) const {
   for (const Hook& h : hooks_) {
     if (!h.ext->on_batch) continue;
-    const Lent lent(batch);
+    const LentSet lent(batch);
     h.hook->call("on_batch (" KEEL_EXT_HOOK_OBSERVE ")", h.ext->on_batch, index, lent.abi());
     check_returned(*h.hook, "on_batch", lent);
   }
@@ -76,7 +41,7 @@ void Observers::batch(int64_t index, const Named& batch) const {
 void Observers::eval_batch(const char* split, const Named& batch, const Named& outputs) const {
   for (const Hook& h : hooks_) {
     if (!h.ext->on_eval_batch) continue;
-    const Lent in(batch), out(outputs);
+    const LentSet in(batch), out(outputs);
     h.hook->call("on_eval_batch (" KEEL_EXT_HOOK_OBSERVE ")", h.ext->on_eval_batch, split,
                  in.abi(), out.abi());
     check_returned(*h.hook, "on_eval_batch", in);

@@ -14,13 +14,12 @@
 #include "components.hpp"
 #include "keel/abi.h"
 #include "keel/ext/hook_observe.h"
+#include "run/named_tensors.hpp"
 
 namespace keel {
 
 class Observers {
  public:
-  using Named = std::vector<std::pair<const char*, at::Tensor>>;
-
   // Asks `hook` for the extension and keeps it when offered. `hook` must outlive this. [setup]
   void add(const Instance<keel_hook>& hook);
   bool empty() const { return hooks_.empty(); }

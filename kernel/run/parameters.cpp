@@ -162,6 +162,7 @@ keel_create_context update_context(const Run& run, const ComponentSpec& spec) {
 void create_model(Run& run) {
   Instance<keel_model>& model = run.components.model;
   model = make_instance<keel_model>(run, run.config.model);
+  run.components.model_calls = with_batches(model);
   collect_parameters(run);
   collect_model_state(run);
   const at::Device& device = run.ranks.device;

@@ -510,12 +510,8 @@ void seek_train_data(Run& run, int64_t epoch, int64_t batch) {
                "position", data.label(), batch, epoch);
   data.call("start_epoch", data->start_epoch, epoch);
   for (int64_t i = 0; i < batch; ++i) {
-    keel_batch b{};
-    int has = 0;
-    data.call("next", data->next, &b, &has);
-    adopt(b.inputs);
-    adopt(b.targets);
-    const NextResult got = next_result(data, has);
+    MicroBatch discarded;
+    const NextResult got = next_batch(run.components.train_source, run.ranks.device, &discarded);
     // Stopped while waiting (a SIGTERM/SIGINT during the replay): no step was taken since the
     // checkpoint resumed from, which stays the newest; the position reached is not saved.
     if (got == NextResult::kStopped)

@@ -35,6 +35,7 @@
 #include "run/agreement.hpp"
 #include "run/checkpoint_backend.hpp"
 #include "run/eval_metrics.hpp"
+#include "run/model_calls.hpp"
 #include "run/model_view.hpp"
 #include "run/observers.hpp"
 #include "run/requests.hpp"
@@ -71,12 +72,18 @@ struct Components {
   struct EvalSet {
     std::string name;
     Instance<keel_dataset> data;
+    DataSource source;  // over `data`
   };
   std::vector<EvalSet> eval_sets;
   Instance<keel_optimizer> optimizer;
   Instance<keel_sparse_optimizer> sparse_optimizer;  // when the model has sparse tables
   Instance<keel_lr_scheduler> scheduler;
   Instance<keel_loss> loss;
+  // The model's, the loss's and the datasets' calls over named batches (run/model_calls.hpp),
+  // through their extensions of keel/ext/batch.h where they offer one.
+  DataSource train_source;  // over train_data
+  ModelCalls model_calls;   // over model
+  LossCalls loss_calls;     // over loss
   EvalMetrics eval_metrics;  // the evaluation's sums and the loss's task metrics (over `loss`)
   Instance<keel_grad_clipper> clipper;
   Instance<keel_mfu> mfu;

@@ -35,9 +35,8 @@ class MicroBatchWeights {
     ProcessGroup* group = run.ranks.group.get();
     // One micro-batch on one process: weight 1.
     if (!run.plan.items_normalization || (mbs.size() == 1 && !group)) return;
-    const Instance<keel_loss>& loss = run.components.loss;
     for (const auto& mb : mbs) {
-      items_.push_back(loss.get("count_items", loss->count_items, peek(mb.targets)));
+      items_.push_back(count_items(run.components.loss_calls, mb));
       if (items_.back() < 0) {
         unreported_ = items_.back();
         break;
@@ -97,11 +96,10 @@ at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, MicroBatchWeights& w
   run.step_modes.before_forward(last);
   const Autocast autocast(run.config.train.precision, run.ranks.device);
   int64_t count = 0;
-  const Instance<keel_model>& model = run.components.model;
-  at::Tensor loss =
-      run.plan.linear_loss
-          ? linear_loss_of(model, run.components.loss, mb.inputs, mb.targets, &count)
-          : compute_loss(run.components.loss, forward(model, mb.inputs), mb.targets, &count, true);
+  const Components& c = run.components;
+  at::Tensor loss = run.plan.linear_loss
+                        ? linear_loss_of(c.model, c.loss, mb, &count)
+                        : compute_loss(c.loss_calls, forward(c.model_calls, mb), mb, &count, true);
   // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
   const double weight = weights(i);
   if (weight != 1.0) loss = loss.mul(weight);
@@ -232,8 +230,7 @@ double train_step(Run& run, const std::vector<MicroBatch>& batches) {
   for (size_t i = 0; i < batches.size(); ++i) {
     emit(run, KEEL_EVENT_AFTER_DATA, nullptr, nullptr, nullptr, static_cast<int64_t>(i));
     if (!run.components.observers.empty())  // hooks that see the batch (keel.hook.observe/1)
-      run.components.observers.batch(
-          static_cast<int64_t>(i), {{"inputs", batches[i].inputs}, {"targets", batches[i].targets}});
+      run.components.observers.batch(static_cast<int64_t>(i), batches[i].tensors);
   }
   StepModes& modes = run.step_modes;  // what ranks, shards, sparse tables, fp16 add
   run.components.optimizer.run("zero_grad", run.components.optimizer->zero_grad);

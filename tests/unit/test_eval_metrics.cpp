@@ -150,7 +150,10 @@ void evaluate_batch(keel::EvalMetrics& metrics, const keel::Instance<keel_loss>&
   keel_tensor* l = nullptr;
   int64_t count = 0;
   loss.call("compute", loss->compute, keel::peek(output), keel::peek(target), &l, &count);
-  metrics.update(output, target, keel::adopt(l).item<double>(), count, output.size(0));
+  keel::MicroBatch mb;
+  mb.tensors = {{"inputs", output}, {"targets", target}};
+  mb.samples = output.size(0);
+  metrics.update({{"logits", output}}, mb, keel::adopt(l).item<double>(), count);
 }
 
 // The AUC of `scores` for `labels` over every (positive, negative) pair, a tie counting half.

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "keel/abi.h"
+#include "keel/ext/batch.h"
 #include "keel/ext/hook_model.h"
 #include "keel/ext/hook_observe.h"
 #include "keel/schema.hpp"
@@ -46,6 +47,18 @@
 namespace keel {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The tensor `name` of a batch or of a model's outputs (keel/ext/batch.h); throws
+// std::runtime_error naming it and the names there are when `set` has none of that name.
+inline const at::Tensor& need(const NamedTensors& set, const std::string& name) {
+  std::string names;
+  for (const auto& kv : set) {
+    if (kv.first == name) return kv.second;
+    names += (names.empty() ? "" : ", ") + kv.first;
+  }
+  throw std::runtime_error("no tensor '" + name + "' (there are: " +
+                           (names.empty() ? "none" : names) + ")");
+}
 
 // ---------------------------------------------------------------------------------------------
 // Shards (ABI 1.7, abi.h "Sharded parameters"): whether an optimizer's or clipper's parameters
@@ -307,7 +320,18 @@ class Model {
  public:
   static constexpr keel_kind kKind = KEEL_KIND_MODEL;
   virtual ~Model() = default;
-  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  // The output for `input` (a batch's "inputs"). Override it, or forward_batch: then this
+  // default gives forward_batch({{"inputs", input}})'s "logits" (for a kernel that predates
+  // keel.model.batch/1).
+  virtual at::Tensor forward(const at::Tensor& input) {
+    return need(forward_batch({{"inputs", input}}), "logits");
+  }
+  // Optional (keel/ext/batch.h, keel.model.batch/1): the outputs for a batch of named tensors,
+  // "logits" (first dimension the batch) and any others. Override it to offer the extension;
+  // the kernel then calls it instead of forward.
+  virtual NamedTensors forward_batch(const NamedTensors& /*batch*/) {
+    throw std::logic_error("the model overrides neither forward nor forward_batch");
+  }
   virtual void set_training(bool /*training*/) {}
   // Called once after construction; the tensors must stay the ones the model trains.
   virtual NamedTensors named_parameters() = 0;
@@ -358,6 +382,13 @@ struct Batch {
   int64_t tokens = 0;
 };
 
+// A batch of named tensors (keel/ext/batch.h), each with the batch as its first dimension.
+struct NamedBatch {
+  NamedTensors tensors;
+  int64_t samples = 0;
+  int64_t tokens = 0;
+};
+
 class Dataset {
  public:
   static constexpr keel_kind kKind = KEEL_KIND_DATASET;
@@ -366,8 +397,23 @@ class Dataset {
   virtual int64_t batches_per_epoch() = 0;
   virtual void start_epoch(int64_t epoch) = 0;
   // Returns false at the end of the epoch. (ABI 1.10) Throws StoppedWhileWaiting instead of
-  // waiting on for data once a StopRequest holds.
-  virtual bool next(Batch& out) = 0;
+  // waiting on for data once a StopRequest holds. Override it, or next_batch: then this default
+  // gives next_batch's "inputs" and "targets" (for a kernel that predates
+  // keel.dataset.batch/1).
+  virtual bool next(Batch& out) {
+    NamedBatch b;
+    if (!next_batch(b)) return false;
+    out.inputs = need(b.tensors, "inputs");
+    out.targets = need(b.tensors, "targets");
+    out.samples = b.samples;
+    out.tokens = b.tokens;
+    return true;
+  }
+  // Optional (keel/ext/batch.h, keel.dataset.batch/1): next with the batch as named tensors.
+  // Override it to offer the extension; the kernel then calls it instead of next.
+  virtual bool next_batch(NamedBatch& /*out*/) {
+    throw std::logic_error("the dataset overrides neither next nor next_batch");
+  }
   // Optional (abi.h, keel_dataset.seek): where start_epoch(epoch) and `batch` calls of next
   // would leave the dataset. Override it to offer the slot; without it a resumed run replays
   // the batches.
@@ -438,14 +484,33 @@ class Loss {
  public:
   static constexpr keel_kind kKind = KEEL_KIND_LOSS;
   virtual ~Loss() = default;
-  // Mean loss; *count receives the number of items it averages over.
-  virtual at::Tensor compute(const at::Tensor& output, const at::Tensor& target,
-                             int64_t* count) = 0;
+  // Mean loss; *count receives the number of items it averages over. Override it, or
+  // compute_batch: then this default gives compute_batch({{"logits", output}},
+  // {{"targets", target}}) (for a kernel that predates keel.loss.batch/1).
+  virtual at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) {
+    return compute_batch({{"logits", output}}, {{"targets", target}}, count);
+  }
+  // Optional (keel/ext/batch.h, keel.loss.batch/1): the mean loss of the model's named outputs
+  // for a batch of named tensors. Override it to offer the extension; the kernel then calls it
+  // (and count_items_batch, metric_update_batch) instead of compute (count_items,
+  // metric_update).
+  virtual at::Tensor compute_batch(const NamedTensors& /*outputs*/, const NamedTensors& /*batch*/,
+                                   int64_t* /*count*/) {
+    throw std::logic_error("the loss overrides neither compute nor compute_batch");
+  }
+  // With compute_batch, optional: count_items for a named batch (override it to report counts).
+  virtual int64_t count_items_batch(const NamedTensors& /*batch*/) { return -1; }
+  // With compute_batch, optional: metric_update for named outputs and batch (override it, with
+  // metric_state_size and metric_finish, instead of metric_update).
+  virtual void metric_update_batch(const NamedTensors& /*outputs*/, const NamedTensors& /*batch*/,
+                                   double /*loss*/, int64_t /*count*/, MetricState /*state*/) {}
   // Items compute() will average over for `target` (-1: not reported; then gradient
   // accumulation scales each micro-batch by 1/k instead of by its share of the items).
   // Override it to offer item-normalised accumulation; a loss that does not override it
   // leaves keel_loss.count_items NULL.
-  virtual int64_t count_items(const at::Tensor& /*target*/) { return -1; }
+  virtual int64_t count_items(const at::Tensor& target) {
+    return count_items_batch({{"targets", target}});
+  }
   // Optional (abi.h, keel_loss.compute_linear, ABI 1.5): compute()'s loss for the output
   // features @ weight^T, without building that output whole. Override it to offer the slot.
   virtual at::Tensor compute_linear(const at::Tensor& /*features*/, const at::Tensor& /*weight*/,
@@ -461,8 +526,10 @@ class Loss {
   //   metric_finish      the metrics of the state summed over the batches and ranks, in record
   //                      order; leave out a metric the data could not define.
   virtual size_t metric_state_size() { return 0; }
-  virtual void metric_update(const at::Tensor& /*output*/, const at::Tensor& /*target*/,
-                             double /*loss*/, int64_t /*count*/, MetricState /*state*/) {}
+  virtual void metric_update(const at::Tensor& output, const at::Tensor& target, double loss,
+                             int64_t count, MetricState state) {
+    metric_update_batch({{"logits", output}}, {{"targets", target}}, loss, count, state);
+  }
   virtual Metrics metric_finish(const std::vector<double>& /*state*/) { return {}; }
 };
 
@@ -996,14 +1063,115 @@ struct HookExtensions {
   }
 };
 
+// Puts every tensor of `set` into `w` (keel/ext/tensors.h); throws when the host refuses one.
+inline void put_all(keel_tensor_writer* w, const NamedTensors& set, const char* what) {
+  for (const auto& [name, tensor] : set)
+    if (!w->put(w, name.c_str(), peek(tensor)))
+      throw std::runtime_error(std::string("the host refused ") + what + " '" + name + "'");
+}
+
+// The named-batch extensions (keel/ext/batch.h) of a dataset, model or loss T, each offered when
+// T overrides next_batch, forward_batch or compute_batch.
+template <class T>
+struct DatasetExtensions {
+  static constexpr bool kAny = KEEL_SDK_OVERRIDES(T, Dataset, next_batch);
+  using X = BoxOf<Dataset>;
+  static keel_status next(void* s, keel_tensor_writer* w, int64_t* samples, int64_t* tokens,
+                          int* has, keel_error* e) noexcept {
+    return guard(e, [&] {
+      NamedBatch batch;
+      try {
+        *has = X::of(s)->obj->next_batch(batch) ? 1 : 0;
+      } catch (const StoppedWhileWaiting&) {
+        *has = KEEL_BATCH_STOPPED;
+        return;
+      }
+      if (!*has) return;
+      *samples = batch.samples;
+      *tokens = batch.tokens;
+      put_all(w, batch.tensors, "batch tensor");
+    });
+  }
+  static const void* get(void*, const char* id) noexcept {
+    static const keel_dataset_batch ext = {static_cast<uint32_t>(sizeof(keel_dataset_batch)),
+                                           &next};
+    return id && std::strcmp(id, KEEL_EXT_DATASET_BATCH) == 0 ? &ext : nullptr;
+  }
+};
+template <class T>
+struct ModelExtensions {
+  static constexpr bool kAny = KEEL_SDK_OVERRIDES(T, Model, forward_batch);
+  using X = BoxOf<Model>;
+  static keel_status forward(void* s, const keel_tensor_set* batch, keel_tensor_writer* w,
+                             keel_error* e) noexcept {
+    return guard(e, [&] { put_all(w, X::of(s)->obj->forward_batch(to_named(batch)), "output"); });
+  }
+  static const void* get(void*, const char* id) noexcept {
+    static const keel_model_batch ext = {static_cast<uint32_t>(sizeof(keel_model_batch)),
+                                         &forward};
+    return id && std::strcmp(id, KEEL_EXT_MODEL_BATCH) == 0 ? &ext : nullptr;
+  }
+};
+template <class T>
+struct LossExtensions {
+  static constexpr bool kAny = KEEL_SDK_OVERRIDES(T, Loss, compute_batch);
+  static constexpr bool kCount = KEEL_SDK_OVERRIDES(T, Loss, count_items_batch);
+  static constexpr bool kMetric = KEEL_SDK_OVERRIDES(T, Loss, metric_update_batch);
+  using X = BoxOf<Loss>;
+  static keel_status compute(void* s, const keel_tensor_set* outputs, const keel_tensor_set* batch,
+                             keel_tensor** loss, int64_t* count, keel_error* e) noexcept {
+    return guard(e, [&] {
+      *loss = give(X::of(s)->obj->compute_batch(to_named(outputs), to_named(batch), count));
+    });
+  }
+  static int64_t count_items(void* s, const keel_tensor_set* batch) noexcept {
+    int64_t v = -1;
+    X::quiet(s, [&] { v = X::of(s)->obj->count_items_batch(to_named(batch)); });
+    return v;
+  }
+  static keel_status metric_update(void* s, const keel_tensor_set* outputs,
+                                   const keel_tensor_set* batch, double loss, int64_t count,
+                                   double* state, size_t size, keel_error* e) noexcept {
+    return guard(e, [&] {
+      X::of(s)->obj->metric_update_batch(to_named(outputs), to_named(batch), loss, count,
+                                         MetricState(state, size));
+    });
+  }
+  static const void* get(void*, const char* id) noexcept {
+    static const keel_loss_batch ext = {static_cast<uint32_t>(sizeof(keel_loss_batch)), &compute,
+                                        kCount ? &count_items : nullptr,
+                                        kMetric ? &metric_update : nullptr};
+    return id && std::strcmp(id, KEEL_EXT_LOSS_BATCH) == 0 ? &ext : nullptr;
+  }
+};
+
 // get_extension (ABI 1.12) of component T's instances: the extensions T offers by overriding
 // their methods (a hook's attach_model: keel.hook.model/1; on_batch, on_eval_batch, metrics:
-// keel.hook.observe/1), or NULL when it offers none.
+// keel.hook.observe/1; a dataset's next_batch, a model's forward_batch, a loss's compute_batch:
+// keel.dataset.batch/1, keel.model.batch/1, keel.loss.batch/1), or NULL when it offers none.
 template <class T, class B>
 constexpr keel_get_extension_fn extensions_of() {
   if constexpr (std::is_same<B, Hook>::value) {
     if constexpr (HookExtensions<T>::kModel || HookExtensions<T>::kObserve)
       return &HookExtensions<T>::get;
+  }
+  if constexpr (std::is_same<B, Dataset>::value) {
+    static_assert(KEEL_SDK_OVERRIDES(T, Dataset, next) || DatasetExtensions<T>::kAny,
+                  "a dataset overrides next or next_batch");
+    if constexpr (DatasetExtensions<T>::kAny) return &DatasetExtensions<T>::get;
+  }
+  if constexpr (std::is_same<B, Model>::value) {
+    static_assert(KEEL_SDK_OVERRIDES(T, Model, forward) || ModelExtensions<T>::kAny,
+                  "a model overrides forward or forward_batch");
+    if constexpr (ModelExtensions<T>::kAny) return &ModelExtensions<T>::get;
+  }
+  if constexpr (std::is_same<B, Loss>::value) {
+    static_assert(KEEL_SDK_OVERRIDES(T, Loss, compute) || LossExtensions<T>::kAny,
+                  "a loss overrides compute or compute_batch");
+    static_assert(LossExtensions<T>::kAny ||
+                      !(LossExtensions<T>::kCount || LossExtensions<T>::kMetric),
+                  "count_items_batch and metric_update_batch go with compute_batch");
+    if constexpr (LossExtensions<T>::kAny) return &LossExtensions<T>::get;
   }
   return nullptr;
 }
@@ -1026,13 +1194,15 @@ keel_status create(const keel_create_context* ctx, void** out, keel_error* err) 
     if constexpr (std::is_same<B, Loss>::value) {
       // count_items: so that "auto" accumulation falls back to the mean for losses that count
       // nothing.
-      if (!KEEL_SDK_OVERRIDES(T, Loss, count_items)) box->vt.count_items = nullptr;
+      if (!KEEL_SDK_OVERRIDES(T, Loss, count_items) && !LossExtensions<T>::kCount)
+        box->vt.count_items = nullptr;
       if (!KEEL_SDK_OVERRIDES(T, Loss, compute_linear)) box->vt.compute_linear = nullptr;
-      static_assert(KEEL_SDK_OVERRIDES(T, Loss, metric_state_size) ==
-                            KEEL_SDK_OVERRIDES(T, Loss, metric_update) &&
-                        KEEL_SDK_OVERRIDES(T, Loss, metric_update) ==
-                            KEEL_SDK_OVERRIDES(T, Loss, metric_finish),
-                    "override metric_state_size, metric_update and metric_finish, or none");
+      constexpr bool update = KEEL_SDK_OVERRIDES(T, Loss, metric_update) ||
+                              LossExtensions<T>::kMetric;  // either: the core's calls _batch's
+      static_assert(KEEL_SDK_OVERRIDES(T, Loss, metric_state_size) == update &&
+                        update == KEEL_SDK_OVERRIDES(T, Loss, metric_finish),
+                    "override metric_state_size, metric_update (or metric_update_batch) and "
+                    "metric_finish, or none");
       if (!KEEL_SDK_OVERRIDES(T, Loss, metric_state_size)) {
         box->vt.metric_state_size = nullptr;
         box->vt.metric_update = nullptr;

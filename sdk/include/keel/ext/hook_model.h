@@ -2,9 +2,9 @@
  * keel extension "keel.hook.model/1" (ABI 1.12): a hook that sees the model's weights and may
  * have evaluations use weights of its own (an exponential moving average, ...).
  *
- * A hook offers it through keel_component_desc.get_extension (see "Extensions" in
- * <keel/abi.h>). The kernel then calls `attach` once, right after the hook's factory and before
- * the hook's state_count, with a view of the model that stays valid for the hook's life.
+ * A hook offers it through its get_extension (see "Extensions" in <keel/abi.h>). The kernel
+ * then calls `attach` once, right after the hook's factory and before the hook's state_count,
+ * with a view of the model that stays valid for the hook's life.
  *
  * The view lists the model's checkpointed state (keel_model.state: parameters and buffers, in
  * that order and with those names) on the run's device. Its handles are the model's own tensors,

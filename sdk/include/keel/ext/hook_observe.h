@@ -17,20 +17,13 @@
 #define KEEL_EXT_HOOK_OBSERVE_H
 
 #include "keel/abi.h"
+#include "keel/ext/tensors.h" /* keel_tensor_set */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define KEEL_EXT_HOOK_OBSERVE "keel.hook.observe/1"
-
-/* Named tensors lent for one call (see above). */
-typedef struct keel_tensor_set {
-  uint32_t struct_size;
-  size_t count;
-  const char* const* names;    /* count names */
-  keel_tensor* const* tensors; /* count borrowed handles */
-} keel_tensor_set;
 
 /* What the hook offers for KEEL_EXT_HOOK_OBSERVE. */
 typedef struct keel_hook_observe {
