@@ -34,6 +34,10 @@ compares with the same manifest under shard = "none":
   norm of its rank's shards for the whole norm, is refused on 2 ranks with one error line naming
   both versions and the hint; with shard = "none" the same manifest trains.
 
+- named batches (tests/fixtures/named_batch.cpp: dataset, model and loss through keel/ext/batch.h):
+  2 ranks of batch_size 4 with each shard value ("none" being DDP) against 1 rank of batch_size 8
+  (the same samples per step): the same tolerances.
+
 shard = "parameters" (FSDP-style: between uses each rank holds only its rows of the parameters;
 the model's units are gathered around their forward and backward), same tolerances:
 - 2 ranks: the gpt above (2 blocks: 2 units and the root); the MLP, which declares no units
@@ -135,6 +139,19 @@ limit = 960
 type = "cross_entropy"
 """
 
+# Batches of named tensors (tests/fixtures/named_batch.cpp): dataset, model and loss through
+# their extensions of keel/ext/batch.h; batch_size from data_opts.
+NAMED = """
+[model]
+type = "affine"
+[data.train]
+type = "weighted_points"
+count = 160
+{data_opts}
+[loss]
+type = "weighted_mse"
+"""
+
 UNITS = """
 [model]
 type = "units_mlp"
@@ -162,13 +179,14 @@ class Sharding(unittest.TestCase):
         cls.tmp.cleanup()
 
     def manifest(self, name, model, shard, steps=10, groups="", head="", layers=2,
-                 model_opts=""):
+                 model_opts="", data_opts=""):
         out = os.path.join(self.dir, name)
-        if model == "units":
-            head += f'[plugins]\npaths = ["{self.units_plugins()}"]\n'
+        if model in ("units", "named"):
+            head += f'[plugins]\npaths = ["{self.fixture_plugins(model)}"]\n'
         body = head + COMMON.format(name=name, out=out, steps=steps, shard=shard, groups=groups)
-        body += {"gpt": GPT, "mlp": MLP, "units": UNITS}[model].format(
-            vocab=VOCAB, ctx=CTX, data=self.data, layers=layers, model_opts=model_opts)
+        body += {"gpt": GPT, "mlp": MLP, "units": UNITS, "named": NAMED}[model].format(
+            vocab=VOCAB, ctx=CTX, data=self.data, layers=layers, model_opts=model_opts,
+            data_opts=data_opts)
         path = os.path.join(self.dir, name + ".toml")
         with open(path, "w") as f:
             f.write(body)
@@ -184,20 +202,22 @@ class Sharding(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
         return r
 
-    def units_plugins(self):
-        """A directory holding only the units_model fixture (the plugin search path)."""
-        plugins = os.path.join(self.dir, "units-plugins")
+    def fixture_plugins(self, model):
+        """A directory holding only the fixture of `model` (the plugin search path)."""
+        plugins = os.path.join(self.dir, model + "-plugins")
         if not os.path.isdir(plugins):
             os.makedirs(plugins)
-            shutil.copy(os.path.join(FIXTURES, "units_model.so"), plugins)
+            library = {"units": "units_model.so", "named": "named_batch.so"}[model]
+            shutil.copy(os.path.join(FIXTURES, library), plugins)
         return plugins
 
     def train(self, name, model, shard, nproc, steps=10, groups="", layers=2, launcher=False,
-              head=""):
+              head="", data_opts=""):
         """Trains (once per name) and returns (final parameters, losses, run.log, run dir);
         under torchrun when nproc > 1 or launcher."""
         if name not in self.runs:
-            path, out = self.manifest(name, model, shard, steps, groups, layers=layers, head=head)
+            path, out = self.manifest(name, model, shard, steps, groups, layers=layers, head=head,
+                                      data_opts=data_opts)
             self.launch(path, nproc, name=name, launcher=launcher)
             self.runs[name] = out
         out = self.runs[name]
@@ -449,6 +469,19 @@ class Sharding(unittest.TestCase):
                     self.assertGreaterEqual(r["param_mb_resident"], r["param_mb_outside_unit"])
         # "none" records no parameter accounting.
         self.assertNotIn("param_mb_outside_unit", self.records(self.runs["gpt-none"])[0])
+
+    def test_named_batches(self):
+        """Named batches on 2 ranks of batch_size 4, each shard value, against 1 rank of 8."""
+        one, one_l, _, _ = self.train("named1", "named", "none", 1, data_opts="batch_size = 8")
+        for shard in ("none", "optimizer", "gradients", "parameters"):
+            with self.subTest(shard=shard):
+                two, two_l, log, _ = self.train("named2-" + shard, "named", shard, 2,
+                                                data_opts="batch_size = 4")
+                self.assertEqual(len(two_l), 10)
+                self.assert_losses(one_l, two_l, "named batches, 2 ranks, " + shard)
+                self.assert_close(one, two, f"named batches, 2 ranks, {shard} vs 1 rank")
+                if shard == "parameters":
+                    self.assertIn("1 unit(s) with parameters", log)
 
     def test_parameters_three_ranks(self):
         none, none_l, _, _ = self.train("gpt3-none", "gpt", "none", 3, layers=4)
