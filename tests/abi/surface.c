@@ -4,8 +4,10 @@
  * test_abi_diff.sh compares what `abidw` reads from it with the committed baseline
  * keel-abi-1.3.abi (see tests/abi/README.md). The functions do nothing; nothing calls them. */
 #include "keel/abi.h"
+#include "keel/ext/batch.h"
 #include "keel/ext/hook_model.h"
 #include "keel/ext/hook_observe.h"
+#include "keel/ext/tensors.h"
 
 #define SURFACE(type) \
   KEEL_EXPORT void keel_abi_surface_##type(const type* p) { (void)p; }
@@ -66,3 +68,7 @@ SURFACE(keel_model_view)
 SURFACE(keel_hook_model)
 SURFACE(keel_tensor_set)
 SURFACE(keel_hook_observe)
+SURFACE(keel_tensor_writer)
+SURFACE(keel_dataset_batch)
+SURFACE(keel_model_batch)
+SURFACE(keel_loss_batch)

@@ -10,8 +10,10 @@
 #include <stddef.h>
 
 #include "keel/abi.h"
+#include "keel/ext/batch.h"
 #include "keel/ext/hook_model.h"
 #include "keel/ext/hook_observe.h"
+#include "keel/ext/tensors.h"
 
 _Static_assert(sizeof(void*) == 8 && sizeof(long) == 8 && sizeof(int) == 4,
                "test_abi_layout.c states the LP64 layout; this target is not LP64");
@@ -399,7 +401,8 @@ VALUE(KEEL_REQUEST_EVAL, 2u);
 VALUE(KEEL_REQUEST_CHECKPOINT, 4u);
 VALUE(KEEL_BATCH_STOPPED, 2);
 
-/* (1.12) Extensions (<keel/ext/hook_model.h>, <keel/ext/hook_observe.h>). */
+/* (1.12) Extensions (<keel/ext/hook_model.h>, <keel/ext/hook_observe.h>, <keel/ext/tensors.h>,
+ * <keel/ext/batch.h>). */
 SIZE(keel_model_view, 40);
 AT(keel_model_view, struct_size, 0, 4);
 AT(keel_model_view, host_data, 8, 8);
@@ -419,5 +422,21 @@ AT(keel_hook_observe, struct_size, 0, 4);
 AT(keel_hook_observe, on_batch, 8, 8);
 AT(keel_hook_observe, on_eval_batch, 16, 8);
 AT(keel_hook_observe, put_metrics, 24, 8);
+VALUE(KEEL_MAX_NAMED_TENSORS, 64);
+SIZE(keel_tensor_writer, 24);
+AT(keel_tensor_writer, struct_size, 0, 4);
+AT(keel_tensor_writer, host_data, 8, 8);
+AT(keel_tensor_writer, put, 16, 8);
+SIZE(keel_dataset_batch, 16);
+AT(keel_dataset_batch, struct_size, 0, 4);
+AT(keel_dataset_batch, next, 8, 8);
+SIZE(keel_model_batch, 16);
+AT(keel_model_batch, struct_size, 0, 4);
+AT(keel_model_batch, forward, 8, 8);
+SIZE(keel_loss_batch, 32);
+AT(keel_loss_batch, struct_size, 0, 4);
+AT(keel_loss_batch, compute, 8, 8);
+AT(keel_loss_batch, count_items, 16, 8);
+AT(keel_loss_batch, metric_update, 24, 8);
 
 int main(void) { return 0; }

@@ -4,7 +4,9 @@
 // trains as the same computation written here directly with LibTorch's ATen operations
 // (the per-step losses and the evaluation's loss and metric within 1e-6 relative); bad batches
 // and names a plugin needs but the batch lacks stop the run with one error naming the plugin and
-// the tensor; 1.x models and losses read the conventional names.
+// the tensor; 1.x models and losses read the conventional names. Components written with the
+// SDK's named methods alone offer the extensions, and their 1.x slots (which a kernel that
+// predates the extensions calls) give the same tensors through the conventional names.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/arange.h>
@@ -18,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "keel/plugin.hpp"
+#include "run/model_calls.hpp"
 #include "support.hpp"
 
 namespace unit_named_batches {
@@ -179,6 +183,112 @@ TEST_CASE("a bad named batch, or a name a plugin needs and the batch lacks, stop
     CHECK(error.find('\n') == std::string::npos);
     for (const char* part : c.parts) CHECK(error.find(part) != std::string::npos);
   }
+}
+
+namespace {
+
+// Components that override only the SDK's named methods, over the conventional names.
+class ConventionalData : public keel::Dataset {
+ public:
+  explicit ConventionalData(const keel::Context&) {}
+  int64_t size() override { return 3; }
+  int64_t batches_per_epoch() override { return 1; }
+  void start_epoch(int64_t) override {}
+  bool next_batch(keel::NamedBatch& out) override {
+    out.tensors = {{"inputs", at::arange(6, at::kFloat).reshape({3, 2})},
+                   {"targets", at::tensor({0.5f, -1.0f, 2.0f}).reshape({3, 1})},
+                   {"extra", at::arange(3, at::kLong)}};
+    out.samples = out.tokens = 3;
+    return true;
+  }
+};
+class ConventionalModel : public keel::Model {
+ public:
+  explicit ConventionalModel(const keel::Context&) {}
+  keel::NamedTensors forward_batch(const keel::NamedTensors& batch) override {
+    return {{"logits", at::matmul(keel::need(batch, "inputs"), w_.t())}};
+  }
+  keel::NamedTensors named_parameters() override { return {{"w", w_}}; }
+
+ private:
+  at::Tensor w_ = at::tensor({0.25f, -0.5f}).reshape({1, 2}).requires_grad_();
+};
+class ConventionalLoss : public keel::Loss {
+ public:
+  explicit ConventionalLoss(const keel::Context&) {}
+  at::Tensor compute_batch(const keel::NamedTensors& outputs, const keel::NamedTensors& batch,
+                           int64_t* count) override {
+    const at::Tensor d = keel::need(outputs, "logits") - keel::need(batch, "targets");
+    *count = d.size(0);
+    return (d * d).mean();
+  }
+  int64_t count_items_batch(const keel::NamedTensors& batch) override {
+    return keel::need(batch, "targets").size(0);
+  }
+};
+
+// An instance of component T, created as the kernel creates one (no options).
+template <class Abi, class T>
+keel::Instance<Abi> make(const char* section) {
+  const keel_component_desc desc = keel::component<T>("conventional", "test");
+  keel_create_context ctx{};
+  ctx.struct_size = sizeof ctx;
+  ctx.host = keel::host();
+  ctx.section = section;
+  ctx.world_size = 1;
+  void* out = nullptr;
+  keel_error err{};
+  REQUIRE(desc.create(&ctx, &out, &err) == KEEL_OK);
+  return keel::Instance<Abi>(static_cast<Abi*>(out), std::string("[") + section + "] test");
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.sizes() && a.equal(b); }
+
+}  // namespace
+
+TEST_CASE("the SDK's named methods offer the extensions and fill the 1.x slots with the same") {
+  const auto data = make<keel_dataset, ConventionalData>("data.train");
+  const auto model = make<keel_model, ConventionalModel>("model");
+  const auto loss = make<keel_loss, ConventionalLoss>("loss");
+  const keel::DataSource named_data = keel::with_batches(data);
+  const keel::ModelCalls named_model = keel::with_batches(model);
+  const keel::LossCalls named_loss = keel::with_batches(loss);
+  REQUIRE(named_data.named != nullptr);
+  REQUIRE(named_model.named != nullptr);
+  REQUIRE(named_loss.named != nullptr);
+  CHECK((named_loss.named->count_items != nullptr));
+  CHECK((named_loss.named->metric_update == nullptr));  // not overridden: not offered
+  CHECK(data->get_extension(data.self(), KEEL_EXT_MODEL_BATCH) == nullptr);  // not a model
+
+  // The kernel's calls through the extensions, and through the 1.x slots (as a kernel that
+  // predates them calls a plugin): the 1.x batch is the named one's inputs and targets.
+  const at::Device cpu(at::kCPU);
+  keel::MicroBatch named_mb, old_mb;
+  REQUIRE(keel::next_batch(named_data, cpu, &named_mb) == keel::NextResult::kBatch);
+  REQUIRE(keel::next_batch({&data, nullptr}, cpu, &old_mb) == keel::NextResult::kBatch);
+  REQUIRE(named_mb.tensors.size() == 3);
+  REQUIRE(old_mb.tensors.size() == 2);
+  CHECK(same(old_mb.tensors[0].second, named_mb.tensors[0].second));
+  CHECK(same(old_mb.tensors[1].second, named_mb.tensors[1].second));
+  CHECK(old_mb.samples == 3);
+
+  const keel::Named named_out = keel::forward(named_model, named_mb);
+  const keel::Named old_out = keel::forward({&model, nullptr}, old_mb);
+  CHECK(same(named_out.at(0).second, old_out.at(0).second));
+  int64_t named_count = 0, old_count = 0;
+  const at::Tensor named_loss_value =
+      keel::compute_loss(named_loss, named_out, named_mb, &named_count, true);
+  const at::Tensor old_loss_value =
+      keel::compute_loss({&loss, nullptr}, old_out, old_mb, &old_count, true);
+  CHECK(same(named_loss_value, old_loss_value));
+  CHECK(named_count == 3);
+  CHECK(old_count == 3);
+  CHECK(keel::count_items(named_loss, named_mb) == 3);
+  CHECK(keel::count_items({&loss, nullptr}, old_mb) == 3);
+  // logits = inputs @ w^T, computed here
+  const at::Tensor logits = at::matmul(at::arange(6, at::kFloat).reshape({3, 2}),
+                                       at::tensor({0.25f, -0.5f}).reshape({2, 1}));
+  CHECK(same(named_out.at(0).second.detach(), logits));
 }
 
 }  // namespace unit_named_batches

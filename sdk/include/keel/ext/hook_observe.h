@@ -28,14 +28,16 @@ extern "C" {
 /* What the hook offers for KEEL_EXT_HOOK_OBSERVE. */
 typedef struct keel_hook_observe {
   uint32_t struct_size;
-  /* A training micro-batch as the step uses it: "inputs" and "targets", on the run's device.
+  /* A training micro-batch as the step uses it, on the run's device: every tensor of the batch
+   * ("inputs" and "targets" from a 1.x dataset; a named batch's names, keel/ext/batch.h).
    * Called for each micro-batch of a step right after its AFTER_DATA event (micro_batch is the
    * same index), before any forward. [train] */
   keel_status (*on_batch)(void* self, int64_t micro_batch, const keel_tensor_set* batch,
                           keel_error* err);
   /* One batch of the evaluation set `split` after the model's forward and the loss: the batch
-   * ("inputs", "targets") and the outputs ("logits": the model's output for the batch, first
-   * dimension the batch; "loss": a 0-dim float64 tensor, the batch's mean loss). Between
+   * (as on_batch) and the outputs (the model's: "logits", first dimension the batch, and any
+   * others a keel.model.batch/1 model put; "loss": a 0-dim float64 tensor, the loss plugin's
+   * mean loss of the batch, which replaces a model output of that name). Between
    * EVAL_START and EVAL_END of that set, gradients off, the model in evaluation mode. [train] */
   keel_status (*on_eval_batch)(void* self, const char* split, const keel_tensor_set* batch,
                                const keel_tensor_set* outputs, keel_error* err);
