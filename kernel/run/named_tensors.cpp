@@ -8,12 +8,6 @@
 
 namespace keel {
 
-const at::Tensor* find(const Named& named, const char* name) {
-  for (const auto& [n, t] : named)
-    if (n == name) return &t;
-  return nullptr;
-}
-
 std::string names_of(const Named& named) {
   std::string out;
   for (const auto& kv : named) out += (out.empty() ? "" : ", ") + kv.first;

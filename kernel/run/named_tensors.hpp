@@ -9,14 +9,13 @@
 #include <vector>
 
 #include "keel/ext/tensors.h"
+#include "keel/tensor.hpp"
 
 namespace keel {
 
-// Tensors by name, in the order given.
-using Named = std::vector<std::pair<std::string, at::Tensor>>;
+// Tensors by name, in the order given (keel::find, keel/tensor.hpp, looks one up).
+using Named = NamedTensors;
 
-// The tensor named `name` in `named`, or nullptr.
-const at::Tensor* find(const Named& named, const char* name);
 // "a, b, c": the names of `named`, for messages.
 std::string names_of(const Named& named);
 

@@ -264,11 +264,14 @@ struct CausalSelfAttentionImpl : nn::Module {
         attn_dropout(register_module("attn_dropout", nn::Dropout(c.dropout))),
         resid_dropout(register_module("resid_dropout", nn::Dropout(c.dropout))) {}
 
-  // `mask`: [T, T], true above the diagonal (the future positions a token may not attend to).
+  // `mask`: true where a token may not attend: [T, T] above the diagonal (the future
+  // positions), or [B, 1, T, T] for packed documents (also every other document's positions),
+  // which only the reference attention takes.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask) {
     const at::Tensor qkv = run_linear(split, x, c_attn->weight, c_attn->bias);
     const bool dropping = is_training() && attn_dropout->options.p() > 0;
-    const bool can_fuse = qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat;
+    const bool can_fuse =
+        qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat && mask.dim() == 2;
     const at::Tensor y = fused && can_fuse && !dropping ? CausalAttention::apply(qkv, heads)
                                                         : reference(qkv, mask);
     return resid_dropout->forward(run_linear(split, y, c_proj->weight, c_proj->bias));
@@ -369,22 +372,30 @@ struct GptImpl : nn::Module {
       b->mlp->c_proj->weight.normal_(0.0, proj_std);
     }
   }
-  at::Tensor forward(const at::Tensor& tokens, keel::Units& units) {
+  at::Tensor forward(const at::Tensor& tokens, keel::Units& units,
+                     const at::Tensor& positions = {}, const at::Tensor& documents = {}) {
     // The output layer is the token embedding (weight tying).
-    return run_linear(split, features(tokens, units), transformer->wte->weight);
+    return run_linear(split, features(tokens, units, positions, documents),
+                      transformer->wte->weight);
   }
   at::Tensor forward(const at::Tensor& tokens) {
     keel::Units none;  // no calls: enter and leave do nothing
     return forward(tokens, none);
   }
   // Everything but the output layer: ln_f's output [B, T, width]. Each block is a unit
-  // (entered before it, left with its output).
-  at::Tensor features(const at::Tensor& tokens, keel::Units& units) {
+  // (entered before it, left with its output). `positions` [B, T] (undefined: 0 .. T-1 in every
+  // row) index the position embedding; `documents` [B, T] (undefined: one document a row)
+  // confine attention to the positions of the same document id (packed documents).
+  at::Tensor features(const at::Tensor& tokens, keel::Units& units,
+                      const at::Tensor& positions = {}, const at::Tensor& documents = {}) {
     const int64_t t = tokens.size(1);
-    const at::Tensor pos = at::arange(t, tokens.options().dtype(at::kLong));
+    const at::Tensor pos =
+        positions.defined() ? positions : at::arange(t, tokens.options().dtype(at::kLong));
     at::Tensor x = transformer->drop->forward(transformer->wte->forward(tokens) +
                                               transformer->wpe->forward(pos));
-    const at::Tensor mask = at::ones({t, t}, tokens.options().dtype(at::kBool)).triu(1);
+    at::Tensor mask = at::ones({t, t}, tokens.options().dtype(at::kBool)).triu(1);
+    if (documents.defined())  // [B, 1, T, T]: the future, and every other document
+      mask = mask.logical_or(documents.unsqueeze(2).ne(documents.unsqueeze(1))).unsqueeze(1);
     for (size_t i = 0; i < transformer->blocks.size(); ++i) {
       units.enter(static_cast<int>(i));
       x = units.leave(static_cast<int>(i), transformer->blocks[i]->forward(x, mask));
@@ -412,6 +423,23 @@ class GptModel : public keel::ModuleModel<Gpt> {
   at::Tensor forward(const at::Tensor& input) override {
     check_input(input);
     return module_->forward(input, units());
+  }
+  // A batch of named tensors (keel.model.batch/1): "inputs" as forward takes them, or packed
+  // documents (the tokens dataset's pack_documents): "input_ids" [B, T], "position_ids" [B, T]
+  // (each document's from 0) and "document_ids" [B, T] (attention stays within a document:
+  // a block-diagonal causal mask, computed by the reference attention).
+  keel::NamedTensors forward_batch(const keel::NamedTensors& batch) override {
+    const at::Tensor* ids = keel::find(batch, "input_ids");
+    if (ids == nullptr) return {{"logits", forward(keel::need(batch, "inputs"))}};
+    check_input(*ids);
+    const at::Tensor* positions = keel::find(batch, "position_ids");
+    const at::Tensor* documents = keel::find(batch, "document_ids");
+    for (const at::Tensor* t : {positions, documents})
+      if (t != nullptr && t->sizes() != ids->sizes())
+        throw std::runtime_error("gpt: position_ids and document_ids must have input_ids' shape " +
+                                 text::shape(ids->sizes()) + ", got " + text::shape(t->sizes()));
+    return {{"logits", module_->forward(*ids, units(), positions ? *positions : at::Tensor(),
+                                        documents ? *documents : at::Tensor())}};
   }
   // For a loss with compute_linear (chunked_cross_entropy): ln_f's output and the output
   // layer's weight, the tied token embedding.

@@ -375,6 +375,29 @@ class TokenLossBase : public keel::Loss {
     return count_targets(target, ignore_index_);
   }
 
+  // Batches of named tensors (keel.loss.batch/1): the model's "logits" against the batch's
+  // "labels" (-100: ignored, whatever ignore_index is; packed documents' padding) when it has
+  // them, else its "targets" as compute takes them.
+  at::Tensor compute_batch(const keel::NamedTensors& outputs, const keel::NamedTensors& batch,
+                           int64_t* count) override {
+    const at::Tensor& logits = keel::need(outputs, "logits");
+    if (const at::Tensor* labels = keel::find(batch, "labels"))
+      return loss_of(logits, *labels, kLabelsIgnored, count);
+    return compute(logits, keel::need(batch, "targets"), count);
+  }
+  int64_t count_items_batch(const keel::NamedTensors& batch) override {
+    if (const at::Tensor* labels = keel::find(batch, "labels"))
+      return count_targets(*labels, kLabelsIgnored);
+    return count_items(keel::need(batch, "targets"));
+  }
+  void metric_update_batch(const keel::NamedTensors&, const keel::NamedTensors&, double loss,
+                           int64_t count, keel::MetricState state) override {
+    metric_update({}, {}, loss, count, state);
+  }
+  at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
+    return loss_of(output, target, ignore_index_, count);
+  }
+
   size_t metric_state_size() override { return 2; }
   void metric_update(const at::Tensor& /*output*/, const at::Tensor& /*target*/, double loss,
                      int64_t count, keel::MetricState state) override {
@@ -387,6 +410,10 @@ class TokenLossBase : public keel::Loss {
   }
 
  protected:
+  static constexpr int64_t kLabelsIgnored = -100;  // Hugging Face's, in "labels"
+  // The mean loss of `output` against `target` without the ids equal to `ignore`.
+  virtual at::Tensor loss_of(const at::Tensor& output, const at::Tensor& target, int64_t ignore,
+                             int64_t* count) = 0;
   // `output` must be [batch, time, vocab] logits (or a meta tensor of their shape) and `target`
   // [batch, time] token ids; one error line otherwise. Sizes and dtypes only.
   void check_target(const at::Tensor& output, const at::Tensor& target) const {
@@ -412,14 +439,17 @@ class TokenCrossEntropy : public TokenLossBase {
  public:
   explicit TokenCrossEntropy(const keel::Context& ctx)
       : TokenLossBase(ctx, "token_cross_entropy") {}
-  at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
+
+ protected:
+  at::Tensor loss_of(const at::Tensor& output, const at::Tensor& target, int64_t ignore,
+                     int64_t* count) override {
     // (Not a structured binding: C++17 does not let the lambda below capture one.)
     at::Tensor logits, ids;
     std::tie(logits, ids) = rows(output, target);
-    *count = count_targets(ids, ignore_index_);
-    return with_target_hint(name_, ignore_index_, [&] {
+    *count = count_targets(ids, ignore);
+    return with_target_hint(name_, ignore, [&] {
       return index_cross_entropy(logits, ids, *count,
-                                 F::CrossEntropyFuncOptions().ignore_index(ignore_index_));
+                                 F::CrossEntropyFuncOptions().ignore_index(ignore));
     });
   }
 };
@@ -428,14 +458,15 @@ class ChunkedCrossEntropy : public TokenLossBase {
  public:
   explicit ChunkedCrossEntropy(const keel::Context& ctx)
       : TokenLossBase(ctx, "chunked_cross_entropy"), chunk_(ctx.get(kChunkTokens)) {}
-  at::Tensor compute(const at::Tensor& output, const at::Tensor& target, int64_t* count) override {
+  at::Tensor loss_of(const at::Tensor& output, const at::Tensor& target, int64_t ignore,
+                     int64_t* count) override {
     // (Not a structured binding: C++17 does not let the lambda below capture one.)
     at::Tensor logits, ids;
     std::tie(logits, ids) = rows(output, target);
-    *count = count_targets(ids, ignore_index_);
+    *count = count_targets(ids, ignore);
     const bool need_grad = at::GradMode::is_enabled() && logits.requires_grad();
-    return with_target_hint(name_, ignore_index_, [&] {
-      return ChunkedCrossEntropyFn::apply(logits, ids, ignore_index_, chunk_, *count, need_grad);
+    return with_target_hint(name_, ignore, [&] {
+      return ChunkedCrossEntropyFn::apply(logits, ids, ignore, chunk_, *count, need_grad);
     });
   }
   // The loss of the logits features @ weight^T ([batch, time, F] @ [vocab, F]^T) without them

@@ -30,7 +30,27 @@
 // the samples after the last full batch are dropped (the last partial batch is never yielded),
 // so every step sees batch_size * context tokens. size() is the samples a rank's epoch yields
 // (batches * batch_size); Batch.tokens is batch_size * context, the target tokens of the batch.
+// The batch is "inputs" and "targets" (also through keel.dataset.batch/1).
+//
+// pack_documents = true (sampling "sequential" only) packs whole documents into the windows
+// instead, as MindSpeed-LLM's packed data: a document is the tokens up to and including the
+// next `separator` id (the split's last tokens are one too). A document of n tokens gives n - 1
+// predictions (its tokens 0 .. n-2 as inputs, 1 .. n-1 as labels); one of more than context + 1
+// tokens is cut into pieces of context predictions (a piece starts where the last one's labels
+// end), and a document of one token gives none. In the split's order, each piece goes into the
+// current window while it fits (context positions), else starts the next window. A batch
+// (through keel.dataset.batch/1 only) holds, each int64 [batch_size, context]:
+//   input_ids     the pieces' inputs, back to back, then 0s
+//   labels        their labels; -100 (ignored) in the padding after the window's last piece
+//   position_ids  each position within its piece (0 at each piece's start; 0 in the padding)
+//   document_ids  0, 1, 2, ... the piece's index in the window; padding position p gets -1 - p
+//                 (a document of its own), so that attention within a document never mixes
+//                 documents (gpt's block-diagonal causal mask)
+// An epoch has floor(windows / (R * batch_size)) batches of windows in order (rank r takes
+// windows r, r + R, ...); Batch.tokens counts the labels that are not -100.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 
 #include <endian.h>
 #include <fcntl.h>
@@ -46,6 +66,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "keel/plugin.hpp"
 
@@ -78,6 +99,14 @@ constexpr auto kSampling = keel::opt_string(
 constexpr auto kSamplesPerEpoch = keel::opt_int(
     "samples_per_epoch", "0",
     "random sampling: windows per epoch (0: the split's non-overlapping windows)", 0, 1e15);
+constexpr auto kPackDocuments = keel::opt_bool(
+    "pack_documents", "false",
+    "pack whole documents (ended by `separator`) into each window: a batch of input_ids, labels "
+    "(-100 in the padding), position_ids restarting per document and document_ids, through "
+    "keel.dataset.batch/1 (gpt attends within a document); sampling \"sequential\" only");
+constexpr auto kSeparator = keel::opt_int(
+    "separator", "-1", "pack_documents: the token id that ends a document (-1: none)", -1,
+    4294967295.0);
 
 [[noreturn]] void fail(const std::string& path, const std::string& what, const std::string& hint) {
   throw std::runtime_error("tokens: " + path + ": " + what + "; hint: " + hint);
@@ -161,8 +190,17 @@ class Tokens : public keel::Dataset {
         random_(ctx.get(kSampling) == "random"),
         seed_(ctx.seed()),
         rank_(ctx.rank()),
-        world_(ctx.world_size()) {
+        world_(ctx.world_size()),
+        pack_(ctx.get(kPackDocuments)),
+        separator_(ctx.get(kSeparator)) {
     const std::string split = ctx.get(kSplit), section = ctx.section();
+    if (pack_ && random_)
+      throw std::runtime_error("tokens: pack_documents = true packs documents in the file's "
+                               "order; hint: set [" + section + "] sampling = \"sequential\"");
+    if (pack_ && separator_ < 0)
+      throw std::runtime_error("tokens: pack_documents = true needs the id that ends a "
+                               "document; hint: set [" + section + "] separator (e.g. the id "
+                               "of the end-of-text token)");
     if (world_ < 1 || rank_ < 0 || rank_ >= world_)
       throw std::runtime_error("tokens: rank " + std::to_string(rank_) + " of world_size " +
                                std::to_string(world_) +
@@ -235,13 +273,21 @@ class Tokens : public keel::Dataset {
       throw std::runtime_error("tokens: samples_per_epoch = " + std::to_string(spe) +
                                " applies to sampling = \"random\" only; hint: remove it from [" +
                                section + "], or set sampling = \"random\"");
-    samples_ = random_ && spe > 0 ? spe : windows_;
+    if (pack_) {
+      if (separator_ >= vocab.size)
+        fail(path_, "separator " + std::to_string(separator_) + " is outside the vocabulary of " +
+                        std::to_string(vocab.size) + " ids (" + vocab_path + ")",
+             "set [" + section + "] separator to a token id of the vocabulary");
+      pack();
+    }
+    samples_ = pack_ ? static_cast<int64_t>(rows_.size()) : random_ && spe > 0 ? spe : windows_;
     batches_ = samples_ / world_ / batch_;
     if (batches_ == 0)
       throw std::runtime_error(
           "tokens: " + path_ + ": an epoch of split '" + split + "' has " +
-          std::to_string(samples_) + (random_ ? " samples" : " windows of context " +
-                                                                 std::to_string(context_)) +
+          std::to_string(samples_) + (random_ ? " samples"
+                                      : pack_ ? " windows of packed documents"
+                                              : " windows of context " + std::to_string(context_)) +
           (world_ > 1 ? " shared by " + std::to_string(world_) + " ranks" : std::string()) +
           ", fewer than batch_size " + std::to_string(batch_) +
           (world_ > 1 ? " per rank" : "") + ", so it has no batch (the last partial batch is "
@@ -281,7 +327,55 @@ class Tokens : public keel::Dataset {
     cursor_ = std::min(std::max<int64_t>(batch, 0), batches_);
   }
 
+  bool next_batch(keel::NamedBatch& out) override {
+    if (!pack_) {
+      keel::Batch b;
+      if (!next(b)) return false;
+      out.tensors = {{"inputs", std::move(b.inputs)}, {"targets", std::move(b.targets)}};
+      out.samples = b.samples;
+      out.tokens = b.tokens;
+      return true;
+    }
+    if (cursor_ >= batches_) return false;
+    const auto longs = at::TensorOptions().dtype(at::kLong);
+    at::Tensor ids = at::zeros({batch_, context_}, longs);
+    at::Tensor labels = at::full({batch_, context_}, -100, longs);
+    at::Tensor positions = at::zeros({batch_, context_}, longs);
+    at::Tensor documents = at::empty({batch_, context_}, longs);
+    int64_t* in = ids.data_ptr<int64_t>();
+    int64_t* lab = labels.data_ptr<int64_t>();
+    int64_t* pos = positions.data_ptr<int64_t>();
+    int64_t* doc = documents.data_ptr<int64_t>();
+    int64_t predictions = 0;
+    for (int64_t row = 0; row < batch_; ++row) {
+      const size_t g = static_cast<size_t>((cursor_ * batch_ + row) * world_ + rank_);
+      const size_t last = g + 1 < rows_.size() ? rows_[g + 1] : pieces_.size();
+      int64_t p = row * context_;
+      for (size_t k = rows_[g]; k < last; ++k) {
+        const Piece& piece = pieces_[k];
+        for (int64_t j = 0; j < piece.length; ++j, ++p) {
+          in[p] = static_cast<int64_t>(token(piece.start + j));
+          lab[p] = static_cast<int64_t>(token(piece.start + j + 1));
+          pos[p] = j;
+          doc[p] = static_cast<int64_t>(k - rows_[g]);
+        }
+        predictions += piece.length;
+      }
+      for (; p < (row + 1) * context_; ++p) doc[p] = -1 - (p - row * context_);
+    }
+    ++cursor_;
+    out.tensors = {{"input_ids", ids}, {"labels", labels}, {"position_ids", positions},
+                   {"document_ids", documents}};
+    out.samples = batch_;
+    out.tokens = predictions;
+    return true;
+  }
+
   bool next(keel::Batch& out) override {
+    if (pack_)
+      throw std::runtime_error("tokens: pack_documents = true gives batches of named tensors "
+                               "(keel.dataset.batch/1), which this keel does not ask for; hint: "
+                               "a keel of ABI 1.12 with named batches, or pack_documents = false");
     if (cursor_ >= batches_) return false;
     const auto longs = at::TensorOptions().dtype(at::kLong);
     at::Tensor inputs = at::empty({batch_, context_}, longs);
@@ -315,6 +409,30 @@ class Tokens : public keel::Dataset {
   }
 
  private:
+  // A document's piece: inputs tokens start .. start + length - 1, labels one further.
+  struct Piece {
+    int64_t start, length;
+  };
+  // The split's documents cut into pieces and packed into windows (see the top of the file).
+  void pack() {
+    int64_t used = context_;  // a full window: the first piece starts one
+    const int64_t end = begin_ + length_;
+    for (int64_t s = begin_, i = begin_; i < end; ++i) {
+      if (static_cast<int64_t>(token(i)) != separator_ && i + 1 < end) continue;
+      const int64_t n = i - s + 1;  // the document s .. i
+      for (int64_t off = 0; off < n - 1; off += context_) {
+        const int64_t m = std::min(context_, n - 1 - off);
+        if (used + m > context_) {
+          rows_.push_back(pieces_.size());
+          used = 0;
+        }
+        pieces_.push_back({s + off, m});
+        used += m;
+      }
+      s = i + 1;
+    }
+  }
+
   uint64_t token(int64_t i) const {
     if (bytes_ == 2) return le16toh(static_cast<const uint16_t*>(map_)[i]);
     return le32toh(static_cast<const uint32_t*>(map_)[i]);
@@ -325,6 +443,10 @@ class Tokens : public keel::Dataset {
   bool random_;
   uint64_t seed_;
   int64_t rank_, world_;
+  bool pack_;
+  int64_t separator_;
+  std::vector<Piece> pieces_;  // pack_documents: every window's pieces, in order
+  std::vector<size_t> rows_;   // the index in pieces_ of each window's first piece
   int bytes_ = 2;
   void* map_ = nullptr;
   size_t map_size_ = 0;
@@ -334,6 +456,7 @@ class Tokens : public keel::Dataset {
 
 const keel_option_desc kOptions[] = {
     kPath, kVocab, kContext, kBatchSize, kSplit, kValFraction, kSampling, kSamplesPerEpoch,
+    kPackDocuments, kSeparator,
 };
 const keel_component_desc kComponents[] = {
     keel::component<Tokens>("tokens",

@@ -46,16 +46,13 @@
 
 namespace keel {
 
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
-
-// The tensor `name` of a batch or of a model's outputs (keel/ext/batch.h); throws
-// std::runtime_error naming it and the names there are when `set` has none of that name.
+// The tensor `name` of a batch or of a model's outputs (keel/ext/batch.h; keel::find in
+// keel/tensor.hpp: a pointer, or nullptr); throws std::runtime_error naming it and the names
+// there are when `set` has none of that name.
 inline const at::Tensor& need(const NamedTensors& set, const std::string& name) {
+  if (const at::Tensor* t = find(set, name)) return *t;
   std::string names;
-  for (const auto& kv : set) {
-    if (kv.first == name) return kv.second;
-    names += (names.empty() ? "" : ", ") + kv.first;
-  }
+  for (const auto& kv : set) names += (names.empty() ? "" : ", ") + kv.first;
   throw std::runtime_error("no tensor '" + name + "' (there are: " +
                            (names.empty() ? "none" : names) + ")");
 }

@@ -1,4 +1,5 @@
-// Conversions between keel_tensor handles and at::Tensor; keel's dtypes; a shape as text.
+// Conversions between keel_tensor handles and at::Tensor; keel's dtypes; a shape as text;
+// named tensors (a batch, a model's outputs: keel/ext/batch.h).
 //
 // A keel_tensor* is an at::TensorImpl* that carries one reference count when it is "new" and
 // none when it is "borrowed" (see abi.h). These conversions are only valid between binaries
@@ -9,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "keel/abi.h"
 
@@ -70,6 +73,16 @@ inline const Dtype* dtype_of(keel_dtype type) {
 inline const Dtype* dtype_named(const std::string& name) {
   for (const Dtype& d : kDtypes)
     if (name == d.name) return &d;
+  return nullptr;
+}
+
+// Tensors by name, in order (a batch, a model's outputs, state).
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The tensor named `name` in `set`, or nullptr.
+inline const at::Tensor* find(const NamedTensors& set, const std::string& name) {
+  for (const auto& kv : set)
+    if (kv.first == name) return &kv.second;
   return nullptr;
 }
 
