@@ -13,8 +13,11 @@
 
 #include <vector>
 
+#include "components.hpp"
 #include "error.hpp"
+#include "host.hpp"
 #include "loader/registry.hpp"
+#include "options.hpp"
 #include "manifest.hpp"
 #include "run/trainer.hpp"
 #include "run_config.hpp"
@@ -80,6 +83,42 @@ inline const keel::Registry& default_registry() {
     return out;
   }();
   return r;
+}
+
+// An instance of component `desc` (a component defined in the test), created as the kernel would
+// create it in `section`, without options; labelled "[section] kind 'name' (test)".
+template <class Abi>
+keel::Instance<Abi> instance(const keel_component_desc& desc, const std::string& section,
+                             const std::string& kind) {
+  keel_create_context ctx{};
+  ctx.struct_size = sizeof ctx;
+  ctx.host = keel::host();
+  ctx.section = section.c_str();
+  ctx.world_size = 1;
+  void* out = nullptr;
+  keel_error err{};
+  REQUIRE(desc.create(&ctx, &out, &err) == KEEL_OK);
+  return keel::Instance<Abi>(static_cast<Abi*>(out),
+                             "[" + section + "] " + kind + " '" + desc.name + "' (test)");
+}
+
+// A first-party component `type` of kind `kind` of the built plugins with `options` (TOML), as
+// the kernel creates it in `section` (seed 5, one rank); `values` must outlive the instance.
+template <class Abi>
+keel::Instance<Abi> first_party(keel_kind kind, const std::string& type,
+                                const std::string& section, const std::string& options,
+                                keel_options& values) {
+  const keel::Component* c = default_registry().find(kind, type);
+  REQUIRE(c != nullptr);
+  values = keel::validate_options(toml::parse(options), section, "keel plugins show " + type,
+                                  c->options);
+  keel_create_context ctx{};
+  ctx.host = keel::host();
+  ctx.options = &values;
+  ctx.section = section.c_str();
+  ctx.world_size = 1;
+  ctx.seed = 5;
+  return keel::create_instance<Abi>(*c, ctx);
 }
 
 // Trains (or resumes) the run of `manifest` with --set `sets`, in this process; its summary.

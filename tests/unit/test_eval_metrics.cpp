@@ -102,33 +102,13 @@ class KeysLoss : public keel::Loss {
   }
 };
 
-// The instance of component `desc` (created as the kernel would, without options).
+// The instance of component `desc`, and a first-party loss (tests/unit/support.hpp).
 keel::Instance<keel_loss> make(const keel_component_desc& desc) {
-  keel_create_context ctx{};
-  ctx.struct_size = sizeof ctx;
-  ctx.host = keel::host();
-  ctx.section = "loss";
-  ctx.world_size = 1;
-  void* out = nullptr;
-  keel_error err{};
-  REQUIRE(desc.create(&ctx, &out, &err) == KEEL_OK);
-  return keel::Instance<keel_loss>(static_cast<keel_loss*>(out),
-                                   std::string("[loss] loss '") + desc.name + "' (test)");
+  return keel_test::instance<keel_loss>(desc, "loss", "loss");
 }
-
-// A first-party loss of the built plugins with `options` (TOML), as the kernel creates it.
 keel::Instance<keel_loss> first_party(const std::string& type, const std::string& options,
                                       keel_options& values) {
-  const keel::Component* c = keel_test::default_registry().find(KEEL_KIND_LOSS, type);
-  REQUIRE(c != nullptr);
-  values = keel::validate_options(toml::parse(options), "loss", "keel plugins show " + type,
-                                  c->options);
-  keel_create_context ctx{};
-  ctx.host = keel::host();
-  ctx.options = &values;
-  ctx.section = "loss";
-  ctx.world_size = 1;
-  return keel::create_instance<keel_loss>(*c, ctx);
+  return keel_test::first_party<keel_loss>(KEEL_KIND_LOSS, type, "loss", options, values);
 }
 
 double value(const std::vector<keel_metric>& record, const char* key) {

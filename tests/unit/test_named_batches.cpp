@@ -229,17 +229,8 @@ class ConventionalLoss : public keel::Loss {
 
 // An instance of component T, created as the kernel creates one (no options).
 template <class Abi, class T>
-keel::Instance<Abi> make(const char* section) {
-  const keel_component_desc desc = keel::component<T>("conventional", "test");
-  keel_create_context ctx{};
-  ctx.struct_size = sizeof ctx;
-  ctx.host = keel::host();
-  ctx.section = section;
-  ctx.world_size = 1;
-  void* out = nullptr;
-  keel_error err{};
-  REQUIRE(desc.create(&ctx, &out, &err) == KEEL_OK);
-  return keel::Instance<Abi>(static_cast<Abi*>(out), std::string("[") + section + "] test");
+keel::Instance<Abi> make(const char* section, const char* kind) {
+  return keel_test::instance<Abi>(keel::component<T>("conventional", "test"), section, kind);
 }
 
 bool same(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.sizes() && a.equal(b); }
@@ -247,9 +238,9 @@ bool same(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.size
 }  // namespace
 
 TEST_CASE("the SDK's named methods offer the extensions and fill the 1.x slots with the same") {
-  const auto data = make<keel_dataset, ConventionalData>("data.train");
-  const auto model = make<keel_model, ConventionalModel>("model");
-  const auto loss = make<keel_loss, ConventionalLoss>("loss");
+  const auto data = make<keel_dataset, ConventionalData>("data.train", "dataset");
+  const auto model = make<keel_model, ConventionalModel>("model", "model");
+  const auto loss = make<keel_loss, ConventionalLoss>("loss", "loss");
   const keel::DataSource named_data = keel::with_batches(data);
   const keel::ModelCalls named_model = keel::with_batches(model);
   const keel::LossCalls named_loss = keel::with_batches(loss);

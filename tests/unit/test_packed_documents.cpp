@@ -15,9 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "components.hpp"
-#include "host.hpp"
-#include "options.hpp"
 #include "run/model_calls.hpp"
 #include "support.hpp"
 
@@ -46,23 +43,6 @@ fs::path write_tokens(const TempDir& d) {
   return p;
 }
 
-// A first-party component of the built plugins with `options` (TOML), as the kernel makes it.
-template <class Abi>
-keel::Instance<Abi> make(keel_kind kind, const std::string& type, const std::string& section,
-                         const std::string& options, keel_options& values) {
-  const keel::Component* c = keel_test::default_registry().find(kind, type);
-  REQUIRE(c != nullptr);
-  values = keel::validate_options(toml::parse(options), section, "keel plugins show " + type,
-                                  c->options);
-  keel_create_context ctx{};
-  ctx.host = keel::host();
-  ctx.options = &values;
-  ctx.section = section.c_str();
-  ctx.world_size = 1;
-  ctx.seed = 5;
-  return keel::create_instance<Abi>(*c, ctx);
-}
-
 std::vector<int64_t> values(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
@@ -81,7 +61,7 @@ TEST_CASE("packed documents: the windows, gpt's logits and the loss equal the do
   TempDir d;
   const fs::path tokens = write_tokens(d);
   keel_options data_values, model_values, loss_values;
-  const auto data = make<keel_dataset>(
+  const auto data = keel_test::first_party<keel_dataset>(
       KEEL_KIND_DATASET, "tokens", "data.train",
       "path = \"" + tokens.string() + "\"\ncontext = 6\nbatch_size = 1\nval_fraction = 0.0\n"
       "sampling = \"sequential\"\npack_documents = true\nseparator = 0\n", data_values);
@@ -114,11 +94,11 @@ TEST_CASE("packed documents: the windows, gpt's logits and the loss equal the do
   CHECK(rows[1].tokens == 6);
   CHECK(rows[2].tokens == 4);
 
-  const auto model = make<keel_model>(KEEL_KIND_MODEL, "gpt", "model",
-                                      "vocab_size = 16\ncontext = 6\nlayers = 2\nheads = 2\n"
-                                      "width = 16\n", model_values);
-  const auto loss = make<keel_loss>(KEEL_KIND_LOSS, "token_cross_entropy", "loss", "",
-                                    loss_values);
+  const auto model = keel_test::first_party<keel_model>(
+      KEEL_KIND_MODEL, "gpt", "model",
+      "vocab_size = 16\ncontext = 6\nlayers = 2\nheads = 2\nwidth = 16\n", model_values);
+  const auto loss = keel_test::first_party<keel_loss>(KEEL_KIND_LOSS, "token_cross_entropy",
+                                                      "loss", "", loss_values);
   const keel::ModelCalls gpt = keel::with_batches(model);
   const keel::LossCalls ce = keel::with_batches(loss);
   REQUIRE(gpt.named != nullptr);
