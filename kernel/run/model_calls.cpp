@@ -10,12 +10,17 @@ namespace keel {
 namespace {
 
 // The extension `id` of `instance`, refused when its struct_size does not cover `Ext`.
+// `required`: whether the extension's required slot is set.
 template <class Ext, class Abi>
-const Ext* batch_extension(const Instance<Abi>& instance, const char* id) {
+const Ext* batch_extension(const Instance<Abi>& instance, const char* id,
+                           bool (*required)(const Ext&), const char* slot) {
   const auto* ext = static_cast<const Ext*>(instance.extension(id));
   if (ext && ext->struct_size < sizeof(Ext))
     throw instance.error(fmt::format("{}: its struct_size {} is smaller than the extension's {}",
                                      id, ext->struct_size, sizeof(Ext)));
+  if (ext && !required(*ext))
+    throw instance.error(fmt::format("{}: its {} is NULL; hint: the extension's {} is required "
+                                     "(keel/ext/batch.h)", id, slot, slot));
   return ext;
 }
 
@@ -59,7 +64,8 @@ void check_batch(const Instance<keel_dataset>& data, const MicroBatch& mb,
   if (mb.tensors.empty())
     throw data.error("next (" KEEL_EXT_DATASET_BATCH ") returned a batch without tensors");
   for (const auto& [name, t] : mb.tensors)
-    if (!t.defined()) throw data.error("next returned a batch without " + name + " (a NULL tensor)");
+    if (!t.defined())
+      throw data.error("next returned a batch without " + name + " (a NULL tensor)");
   if (mb.samples <= 0 || mb.tokens < 0)
     throw data.error(fmt::format("next returned a batch with samples = {} and tokens = {}; a "
                                  "batch holds samples >= 1 and tokens >= 0", mb.samples,
@@ -83,22 +89,28 @@ void check_batch(const Instance<keel_dataset>& data, const MicroBatch& mb,
 }  // namespace
 
 DataSource with_batches(const Instance<keel_dataset>& data) {
-  return {&data, batch_extension<keel_dataset_batch>(data, KEEL_EXT_DATASET_BATCH)};
+  return {&data, batch_extension<keel_dataset_batch>(
+                     data, KEEL_EXT_DATASET_BATCH,
+                     [](const keel_dataset_batch& e) { return e.next != nullptr; }, "next")};
 }
 ModelCalls with_batches(const Instance<keel_model>& model) {
-  return {&model, batch_extension<keel_model_batch>(model, KEEL_EXT_MODEL_BATCH)};
+  return {&model, batch_extension<keel_model_batch>(
+                      model, KEEL_EXT_MODEL_BATCH,
+                      [](const keel_model_batch& e) { return e.forward != nullptr; }, "forward")};
 }
 LossCalls with_batches(const Instance<keel_loss>& loss) {
-  return {&loss, batch_extension<keel_loss_batch>(loss, KEEL_EXT_LOSS_BATCH)};
+  return {&loss, batch_extension<keel_loss_batch>(
+                     loss, KEEL_EXT_LOSS_BATCH,
+                     [](const keel_loss_batch& e) { return e.compute != nullptr; }, "compute")};
 }
 
-const at::Tensor& MicroBatch::need(const char* name, const std::string& who) const {
+const at::Tensor& MicroBatch::need(const char* name, const std::string& who,
+                                   const char* hint) const {
   if (const at::Tensor* t = find(tensors, name)) return *t;
   throw Error(fmt::format("{} reads the batch's '{}', which {} does not give (its batch holds: "
-                          "{}); hint: a plugin that reads other names offers its kind's "
-                          "extension of keel/ext/batch.h", who, name,
+                          "{}); hint: {}", who, name,
                           source ? source->label() : std::string("the dataset"),
-                          names_of(tensors)));
+                          names_of(tensors), hint));
 }
 
 NextResult next_batch(const DataSource& source, const at::Device& device, MicroBatch* out) {
@@ -139,6 +151,10 @@ Named forward(const ModelCalls& calls, const MicroBatch& mb) {
     call_writing(model, "forward (" KEEL_EXT_MODEL_BATCH ")", w, calls.named->forward,
                  lent.abi(), &w.abi);
     outputs = std::move(w.tensors);
+    if (outputs.size() == KEEL_MAX_NAMED_TENSORS)  // hooks get one more: the batch's "loss"
+      throw model.error(fmt::format("forward (" KEEL_EXT_MODEL_BATCH ") put {} outputs; a model "
+                                    "puts at most {} (KEEL_MAX_NAMED_TENSORS - 1)",
+                                    outputs.size(), KEEL_MAX_NAMED_TENSORS - 1));
     if (!find(outputs, "logits"))
       throw model.error("forward (" KEEL_EXT_MODEL_BATCH ") put no 'logits' (it put: " +
                         names_of(outputs) + "); hint: 'logits' is the model's output for the "
@@ -206,8 +222,11 @@ void metric_update(const LossCalls& calls, const Named& outputs, const MicroBatc
 
 at::Tensor linear_loss_of(const Instance<keel_model>& model, const Instance<keel_loss>& loss,
                           const MicroBatch& mb, int64_t* count) {
-  const at::Tensor& x = mb.need("inputs", model.label() + ": forward_features");
-  const at::Tensor& y = mb.need("targets", loss.label() + ": compute_linear");
+  // (The plan chose these slots for the model and loss at assembly, whatever the batches hold.)
+  const char* hint = "forward_features and compute_linear read 1.x batches; use a loss without "
+                     "compute_linear (token_cross_entropy instead of chunked_cross_entropy)";
+  const at::Tensor& x = mb.need("inputs", model.label() + ": forward_features", hint);
+  const at::Tensor& y = mb.need("targets", loss.label() + ": compute_linear", hint);
   keel_tensor* f = nullptr;
   keel_tensor* w = nullptr;
   model.call("forward_features", model->forward_features, peek(x), &f, &w);

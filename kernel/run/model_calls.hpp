@@ -44,8 +44,10 @@ struct MicroBatch {
   const Instance<keel_dataset>* source = nullptr;  // the dataset that gave it, for messages
 
   // The tensor `name`, which `who` (a label, for the message) needs: throws keel::Error naming
-  // `who`, the name, the dataset and the names the batch has when it lacks it.
-  const at::Tensor& need(const char* name, const std::string& who) const;
+  // `who`, the name, the dataset, the names the batch has and `hint` when it lacks it.
+  const at::Tensor& need(const char* name, const std::string& who,
+                         const char* hint = "a plugin that reads other names offers its kind's "
+                                            "extension of keel/ext/batch.h") const;
 };
 
 // The next batch of `source`, checked (see <keel/ext/batch.h>: at least one tensor, the same
@@ -53,7 +55,8 @@ struct MicroBatch {
 // `device`, in *out when the result is kBatch.
 NextResult next_batch(const DataSource& source, const at::Device& device, MicroBatch* out);
 
-// The model's outputs for `mb`: "logits" first, its first dimension the batch's.
+// The model's outputs for `mb`, in the order put: "logits" among them (its first dimension the
+// batch's), at most KEEL_MAX_NAMED_TENSORS - 1.
 Named forward(const ModelCalls& model, const MicroBatch& mb);
 // The loss of `outputs` for `mb`; `count`: the items it averaged over. `training`: the loss
 // must carry a gradient (under autograd).

@@ -426,7 +426,7 @@ class GptModel : public keel::ModuleModel<Gpt> {
   }
   // A batch of named tensors (keel.model.batch/1): "inputs" as forward takes them, or packed
   // documents (the tokens dataset's pack_documents): "input_ids" [B, T], "position_ids" [B, T]
-  // (each document's from 0) and "document_ids" [B, T] (attention stays within a document:
+  // (from 0 at each packed piece) and "document_ids" [B, T] (attention stays within a piece:
   // a block-diagonal causal mask, computed by the reference attention).
   keel::NamedTensors forward_batch(const keel::NamedTensors& batch) override {
     const at::Tensor* ids = keel::find(batch, "input_ids");

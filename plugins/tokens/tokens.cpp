@@ -102,7 +102,7 @@ constexpr auto kSamplesPerEpoch = keel::opt_int(
 constexpr auto kPackDocuments = keel::opt_bool(
     "pack_documents", "false",
     "pack whole documents (ended by `separator`) into each window: a batch of input_ids, labels "
-    "(-100 in the padding), position_ids restarting per document and document_ids, through "
+    "(-100 in the padding), position_ids restarting per document piece and document_ids, through "
     "keel.dataset.batch/1 (gpt attends within a document); sampling \"sequential\" only");
 constexpr auto kSeparator = keel::opt_int(
     "separator", "-1", "pack_documents: the token id that ends a document (-1: none)", -1,
@@ -318,7 +318,8 @@ class Tokens : public keel::Dataset {
 
   int64_t size() override { return batches_ * batch_; }
   int64_t batches_per_epoch() override { return batches_; }
-  int64_t tokens_per_sample() override { return context_; }
+  // Packed windows hold fewer predictions than context (their padding): varies.
+  int64_t tokens_per_sample() override { return pack_ ? 0 : context_; }
 
   void start_epoch(int64_t epoch) override { seek(epoch, 0); }
   // Stateless: batch t of epoch e is a function of (seed, e, t), so positioning is exact.

@@ -59,7 +59,8 @@ Samples samples(int64_t first, int64_t n) {
   const at::Tensor j = at::arange(1, 5, at::kDouble);
   Samples s;
   s.features = at::sin(0.1 * (4 * i.unsqueeze(1) + j)).to(at::kFloat);
-  s.label = (0.5 * s.features.to(at::kDouble).sum(1, true) + at::cos(i).unsqueeze(1)).to(at::kFloat);
+  s.label =
+      (0.5 * s.features.to(at::kDouble).sum(1, true) + at::cos(i).unsqueeze(1)).to(at::kFloat);
   s.weight = (1 + at::arange(first, first + n, at::kLong) % 3).to(at::kFloat);
   return s;
 }
@@ -227,6 +228,18 @@ class ConventionalLoss : public keel::Loss {
   }
 };
 
+// A named loss that counts items with the 1.x count_items (over the batch's "targets").
+class CountsTargets : public keel::Loss {
+ public:
+  explicit CountsTargets(const keel::Context&) {}
+  at::Tensor compute_batch(const keel::NamedTensors& outputs, const keel::NamedTensors&,
+                           int64_t* count) override {
+    *count = 1;
+    return keel::need(outputs, "logits").sum();
+  }
+  int64_t count_items(const at::Tensor& target) override { return 10 * target.size(0); }
+};
+
 // An instance of component T, created as the kernel creates one (no options).
 template <class Abi, class T>
 keel::Instance<Abi> make(const char* section, const char* kind) {
@@ -276,6 +289,12 @@ TEST_CASE("the SDK's named methods offer the extensions and fill the 1.x slots w
   CHECK(old_count == 3);
   CHECK(keel::count_items(named_loss, named_mb) == 3);
   CHECK(keel::count_items({&loss, nullptr}, old_mb) == 3);
+  // A loss that overrides compute_batch and the 1.x count_items reports counts through the
+  // extension too.
+  const auto counting = make<keel_loss, CountsTargets>("loss", "loss");
+  const keel::LossCalls counting_calls = keel::with_batches(counting);
+  CHECK(keel::counts_items(counting_calls));
+  CHECK(keel::count_items(counting_calls, named_mb) == 30);
   // logits = inputs @ w^T, computed here
   const at::Tensor logits = at::matmul(at::arange(6, at::kFloat).reshape({3, 2}),
                                        at::tensor({0.25f, -0.5f}).reshape({2, 1}));

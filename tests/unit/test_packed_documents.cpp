@@ -33,7 +33,8 @@ constexpr int64_t kVocab = 16, kContext = 6;
 
 fs::path write_tokens(const TempDir& d) {
   std::vector<uint16_t> all;
-  for (const auto* doc : {&kDocA, &kDocB, &kDocC, &kDocD}) all.insert(all.end(), doc->begin(), doc->end());
+  for (const auto* doc : {&kDocA, &kDocB, &kDocC, &kDocD})
+    all.insert(all.end(), doc->begin(), doc->end());
   const fs::path p = d.path / "tokens.bin";
   std::ofstream(p, std::ios::binary)
       .write(reinterpret_cast<const char*>(all.data()),

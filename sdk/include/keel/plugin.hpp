@@ -489,8 +489,9 @@ class Loss {
   }
   // Optional (keel/ext/batch.h, keel.loss.batch/1): the mean loss of the model's named outputs
   // for a batch of named tensors. Override it to offer the extension; the kernel then calls it
-  // (and count_items_batch, metric_update_batch) instead of compute (count_items,
-  // metric_update).
+  // instead of compute, and count_items_batch (or, when only it is overridden, count_items with
+  // the batch's "targets") instead of count_items, and metric_update_batch when it is
+  // overridden (else metric_update with "logits" and "targets").
   virtual at::Tensor compute_batch(const NamedTensors& /*outputs*/, const NamedTensors& /*batch*/,
                                    int64_t* /*count*/) {
     throw std::logic_error("the loss overrides neither compute nor compute_batch");
@@ -503,8 +504,8 @@ class Loss {
                                    double /*loss*/, int64_t /*count*/, MetricState /*state*/) {}
   // Items compute() will average over for `target` (-1: not reported; then gradient
   // accumulation scales each micro-batch by 1/k instead of by its share of the items).
-  // Override it to offer item-normalised accumulation; a loss that does not override it
-  // leaves keel_loss.count_items NULL.
+  // Override it (or count_items_batch) to offer item-normalised accumulation; a loss that
+  // overrides neither leaves keel_loss.count_items NULL.
   virtual int64_t count_items(const at::Tensor& target) {
     return count_items_batch({{"targets", target}});
   }
@@ -623,12 +624,14 @@ class Hook {
   // Override any of these three to see the run's data (ABI 1.12, extension keel.hook.observe/1,
   // <keel/ext/hook_observe.h>). Tensors are lent for the call: clone what you keep (a reference
   // kept past the call ends the run).
-  // Each training micro-batch ("inputs", "targets"), right after its AFTER_DATA event.
+  // Each training micro-batch (every tensor of it: "inputs" and "targets" from a 1.x dataset),
+  // right after its AFTER_DATA event.
   virtual void on_batch(int64_t micro_batch, const NamedTensors& batch) {
     (void)micro_batch;
     (void)batch;
   }
-  // Each evaluation batch of set `split`, with the model's outputs for it ("logits", "loss").
+  // Each evaluation batch of set `split`, with the model's outputs for it ("logits" and any
+  // others) and the batch's mean loss ("loss").
   virtual void on_eval_batch(const std::string& split, const NamedTensors& batch,
                              const NamedTensors& outputs) {
     (void)split;
@@ -1113,6 +1116,7 @@ template <class T>
 struct LossExtensions {
   static constexpr bool kAny = KEEL_SDK_OVERRIDES(T, Loss, compute_batch);
   static constexpr bool kCount = KEEL_SDK_OVERRIDES(T, Loss, count_items_batch);
+  static constexpr bool kCountTargets = KEEL_SDK_OVERRIDES(T, Loss, count_items);
   static constexpr bool kMetric = KEEL_SDK_OVERRIDES(T, Loss, metric_update_batch);
   using X = BoxOf<Loss>;
   static keel_status compute(void* s, const keel_tensor_set* outputs, const keel_tensor_set* batch,
@@ -1123,7 +1127,11 @@ struct LossExtensions {
   }
   static int64_t count_items(void* s, const keel_tensor_set* batch) noexcept {
     int64_t v = -1;
-    X::quiet(s, [&] { v = X::of(s)->obj->count_items_batch(to_named(batch)); });
+    X::quiet(s, [&] {
+      const NamedTensors named = to_named(batch);
+      Loss& loss = *X::of(s)->obj;
+      v = kCount ? loss.count_items_batch(named) : loss.count_items(need(named, "targets"));
+    });
     return v;
   }
   static keel_status metric_update(void* s, const keel_tensor_set* outputs,
@@ -1136,7 +1144,7 @@ struct LossExtensions {
   }
   static const void* get(void*, const char* id) noexcept {
     static const keel_loss_batch ext = {static_cast<uint32_t>(sizeof(keel_loss_batch)), &compute,
-                                        kCount ? &count_items : nullptr,
+                                        kCount || kCountTargets ? &count_items : nullptr,
                                         kMetric ? &metric_update : nullptr};
     return id && std::strcmp(id, KEEL_EXT_LOSS_BATCH) == 0 ? &ext : nullptr;
   }

@@ -27,6 +27,7 @@
  *   input_ids, labels     token ids and the ids to predict (-100: ignored), [batch, length]
  *   attention_mask        1 for a token to attend to, 0 for padding, [batch, length]
  *   position_ids          each token's position, restarting per packed document
+ *   document_ids          which packed document each token belongs to (attention stays in it)
  *   dense                 a recommendation model's dense features, [batch, F]
  *   sparse_ids, sparse_offsets  multi-hot ids, ragged: sample i's ids of field f are
  *                         sparse_ids[sparse_offsets[i][f] .. sparse_offsets[i][f + 1])
@@ -69,7 +70,8 @@ typedef struct keel_model_batch {
   uint32_t struct_size;
   /* keel_model.forward over the named batch (lent for the call, on the run's device; the
    * autograd graph may keep what it needs of them): puts the outputs with out->put, "logits"
-   * required (first dimension the batch), others as the model likes (a loss with
+   * required (first dimension the batch), others as the model likes, at most
+   * KEEL_MAX_NAMED_TENSORS - 1 in all (hooks get the batch's "loss" beside them; a loss with
    * keel.loss.batch/1 and the hooks that see evaluation outputs receive them all). Called
    * instead of keel_model.forward, in training steps and evaluations. [train] */
   keel_status (*forward)(void* self, const keel_tensor_set* batch, keel_tensor_writer* out,
