@@ -65,19 +65,12 @@ import unittest
 
 import numpy as np
 
-from launching import TORCHRUN, free_port, write_tokens
+from launching import TORCHRUN, free_port, without_leak_checks, write_tokens
 from safetensors_np import read_arrays, read_checkpoint, read_raw
 
 KEEL, FIXTURES = sys.argv[1], sys.argv[2]
-# Under the sanitizer build (GCC's then), the 2-rank runs with shard = "optimizer" ended with
-# LeakSanitizer's own tracer crashing at exit ("Tracer caught signal 11 ... LeakSanitizer has
-# encountered a fatal error"), every time at 9700915, after training correctly; at 6779e86 the tests
-# `sharding` and `sharding_parameters` passed four times in a row with leak checking on. The
-# cause was not found, so leak checking stays off for the keel processes of this file until it
-# is; AddressSanitizer and UBSan stay on.
-ENV = dict(os.environ)
-if "detect_leaks=1" in ENV.get("ASAN_OPTIONS", ""):
-    ENV["ASAN_OPTIONS"] = ENV["ASAN_OPTIONS"].replace("detect_leaks=1", "detect_leaks=0")
+# Leak checking off for this file's keel processes under the sanitizers (launching.py says why).
+ENV = without_leak_checks(os.environ)
 CTX, VOCAB, WINDOWS = 8, 16, 160
 # The shard modes test_reshard saves with (2 ranks) before resuming with 1 and 3.
 RESHARD_SAVE_SHARDS = ("gradients", "parameters")
