@@ -8,12 +8,6 @@
 
 namespace keel {
 
-std::string names_of(const Named& named) {
-  std::string out;
-  for (const auto& kv : named) out += (out.empty() ? "" : ", ") + kv.first;
-  return out.empty() ? "none" : out;
-}
-
 LentSet::LentSet(const Named& named) : named_(named) {
   for (const auto& [name, t] : named) {
     names_.push_back(name.c_str());

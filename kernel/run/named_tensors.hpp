@@ -13,11 +13,8 @@
 
 namespace keel {
 
-// Tensors by name, in the order given (keel::find, keel/tensor.hpp, looks one up).
+// Tensors by name, in the order given (keel::find and keel::names_of, keel/tensor.hpp).
 using Named = NamedTensors;
-
-// "a, b, c": the names of `named`, for messages.
-std::string names_of(const Named& named);
 
 // A keel_tensor_set over `named` (which must outlive it), and how many references each tensor
 // and its storage had when it was made, to tell afterwards whether a plugin kept one.

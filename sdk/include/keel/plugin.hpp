@@ -51,10 +51,7 @@ namespace keel {
 // there are when `set` has none of that name.
 inline const at::Tensor& need(const NamedTensors& set, const std::string& name) {
   if (const at::Tensor* t = find(set, name)) return *t;
-  std::string names;
-  for (const auto& kv : set) names += (names.empty() ? "" : ", ") + kv.first;
-  throw std::runtime_error("no tensor '" + name + "' (there are: " +
-                           (names.empty() ? "none" : names) + ")");
+  throw std::runtime_error("no tensor '" + name + "' (there are: " + names_of(set) + ")");
 }
 
 // ---------------------------------------------------------------------------------------------

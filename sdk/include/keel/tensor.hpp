@@ -86,6 +86,13 @@ inline const at::Tensor* find(const NamedTensors& set, const std::string& name) 
   return nullptr;
 }
 
+// "a, b, c": the names of `set` ("none" when empty), for messages.
+inline std::string names_of(const NamedTensors& set) {
+  std::string out;
+  for (const auto& kv : set) out += (out.empty() ? "" : ", ") + kv.first;
+  return out.empty() ? "none" : out;
+}
+
 namespace text {
 
 // A shape as text: "[2, 3]" ("[]" for a scalar), as LibTorch prints sizes.
