@@ -16,6 +16,7 @@
 #include "error.hpp"
 #include "host.hpp"
 #include "keel/abi.h"
+#include "keel/step.h"
 #include "loader/registry.hpp"
 
 namespace keel {
@@ -169,6 +170,7 @@ KEEL_SLOT_NAMES(keel_mfu, "compute");
 KEEL_SLOT_NAMES(keel_profiler, "begin", "end", "flush");
 KEEL_SLOT_NAMES(keel_checkpoint, "save", "load");
 KEEL_SLOT_NAMES(keel_hook, "on_event");
+KEEL_SLOT_NAMES(keel_step, "compute");
 #undef KEEL_SLOT_NAMES
 
 #define KEEL_HAS_SLOT(instance, type, slot) \

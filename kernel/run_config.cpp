@@ -28,7 +28,7 @@ using namespace resolve_parts;
 const std::vector<std::string> kTopLevel = {"run", "plugins", "train", "model", "data",
                                             "optimizer", "lr_scheduler", "loss", "grad_clipper",
                                             "mfu", "profiler", "checkpoint", "hooks", "distributed",
-                                            "extends", "sparse_optimizer"};
+                                            "extends", "sparse_optimizer", "step", "models"};
 
 void check_sections(const Manifest& m) {
   for (const auto& [k, v] : m.root) {
@@ -37,7 +37,7 @@ void check_sections(const Manifest& m) {
       throw Error(where(k.source()) + ": unknown section '" + key + "'; hint: " +
                   text::did_you_mean(key, kTopLevel) + "a manifest holds run, plugins, train, model, "
                   "data, optimizer, sparse_optimizer, lr_scheduler, loss, grad_clipper, mfu, "
-                  "profiler, checkpoint, hooks, distributed (docs/manifest.md)");
+                  "profiler, checkpoint, hooks, distributed, step, models (docs/manifest.md)");
   }
 }
 
@@ -155,9 +155,51 @@ std::vector<EvalSetSpec> eval_sets(const toml::table& data, const Registry& regi
   return sets;
 }
 
+// [models.NAME]: the models a [step] runs beside [model], ordered by name. A name is a split
+// name's (config/split_name.hpp), not "model" (what the step calls [model]).
+std::vector<NamedModelSpec> named_models(const Manifest& m, const Registry& registry,
+                                         bool has_step) {
+  std::vector<NamedModelSpec> out;
+  if (!m.root.get("models")) return out;
+  const toml::table& models = table_or_empty(m.root, "models", "models");
+  if (models.empty())
+    throw Error(where(models.source()) + ": [models] holds no model; hint: name each in its own "
+                "table, e.g. [models.teacher] with type = \"<model>\" and init_from");
+  for (const auto& [k, v] : models) {  // toml::table: in the order of the names
+    const std::string name(k.str());
+    const std::string section = "models." + name;
+    if (!valid_split_name(name) || name == "model")
+      throw Error(where(k.source()) + ": [" + text::printable(section) + "]: " +
+                  (name == "model" ? std::string("\"model\" is what a step calls [model]; hint: "
+                                                 "choose another name, e.g. [models.teacher]")
+                                   : std::string("a model's name is ") + kSplitNameRule +
+                                         "; hint: e.g. [models.teacher]"));
+    const toml::table& table = table_or_empty(models, name, section);
+    NamedModelSpec spec;
+    spec.name = name;
+    keel_options values;
+    spec.model = component(registry, table, section, KEEL_KIND_MODEL, named_model_keys().schema,
+                           &values);
+    named_model_keys().land(values, spec);
+    if (!spec.frozen)
+      throw Error(where(table.get("frozen")->source()) + ": " + section + ".frozen = false: a "
+                  "model trained beside [model] is not supported; hint: train it in a run of its "
+                  "own and load it here frozen from that run's checkpoint (init_from)");
+    if (spec.init_from.empty())
+      throw Error(where(table.source()) + ": [" + section + "] has no init_from: a frozen model "
+                  "needs its weights; hint: init_from = \"runs/<name>/checkpoints/step-<N>\"");
+    if (!has_step)
+      throw Error(where(k.source()) + ": [" + section + "] is run only by a [step], and the "
+                  "manifest has none; hint: add [step] (e.g. type = \"distill\"), or remove the "
+                  "table");
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
 // [model], [data.train], [data.test], [data.eval.NAME], [optimizer] (with
 // [[optimizer.groups]]), [loss] and the optional [sparse_optimizer], [lr_scheduler],
-// [grad_clipper], [mfu], [profiler].
+// [grad_clipper], [mfu], [profiler], [step] and [models.NAME].
 void component_sections(const Manifest& m, const Registry& registry, RunConfig& rc) {
   // `kernel_tables`: keys of the table that belong to the kernel ([[optimizer.groups]]).
   auto required = [&](const char* key, keel_kind kind,
@@ -195,6 +237,8 @@ void component_sections(const Manifest& m, const Registry& registry, RunConfig& 
   rc.grad_clipper = optional("grad_clipper", KEEL_KIND_GRAD_CLIPPER);
   rc.mfu = optional("mfu", KEEL_KIND_MFU);
   rc.profiler = optional("profiler", KEEL_KIND_PROFILER);
+  rc.step = optional("step", KEEL_KIND_STEP);
+  rc.models = named_models(m, registry, rc.step.has_value());
 }
 
 // [checkpoint]: its backend (when there is the table) and the kernel's keys (always).
@@ -266,8 +310,15 @@ toml::table resolved_manifest(const Manifest& m, const Registry& registry, const
   r.insert("loss", resolved_table(registry, rc.loss));
   for (const auto& [key, spec] : {std::pair{"lr_scheduler", &rc.lr_scheduler},
                                   {"grad_clipper", &rc.grad_clipper}, {"mfu", &rc.mfu},
-                                  {"profiler", &rc.profiler}})
+                                  {"profiler", &rc.profiler}, {"step", &rc.step}})
     if (*spec) r.insert(key, resolved_table(registry, **spec));
+  toml::table models_t;
+  for (const NamedModelSpec& spec : rc.models) {
+    toml::table t = resolved_table(registry, spec.model);
+    for (auto&& [k, v] : named_model_keys().resolved(spec)) t.insert(k, v);
+    models_t.insert(spec.name, std::move(t));
+  }
+  if (!models_t.empty()) r.insert("models", std::move(models_t));
   if (rc.checkpoint) {
     toml::table ct = resolved_table(registry, *rc.checkpoint);
     for (auto&& [k, v] : checkpoint_keys().resolved(rc.checkpointing)) ct.insert(k, v);

@@ -8,7 +8,8 @@
 //                  precision, nonfinite policy, logging and evaluation cadence
 //   [model] [data.train] [data.test] [data.eval.NAME] [optimizer] [sparse_optimizer]
 //   [lr_scheduler] [loss]
-//   [grad_clipper] [mfu] [profiler] [checkpoint] [[hooks]]   -- each names its plugin with `type`
+//   [grad_clipper] [mfu] [profiler] [checkpoint] [[hooks]] [step] [models.NAME]
+//                  -- each names its plugin with `type`
 //   [distributed]  timeout_s, backend, bucket_cap_mb, shard (several processes)
 #pragma once
 
@@ -39,6 +40,15 @@ struct ComponentSpec {
 struct EvalSetSpec {
   std::string name;
   ComponentSpec data;
+};
+
+// One [models.NAME] table: a model beside [model] that a [step] runs (keel/step.h). Its
+// kernel keys (config/keys.cpp, named_model_keys) land in `frozen` and `init_from`.
+struct NamedModelSpec {
+  std::string name;    // NAME: what the step's services.forward calls it
+  ComponentSpec model;  // section "models.NAME"
+  bool frozen = true;   // only frozen models are supported (resolve refuses false)
+  std::string init_from;  // the committed checkpoint its weights come from, at every start
 };
 
 // One [[optimizer.groups]] entry: parameters whose name matches `params` (ECMAScript regex,
@@ -92,6 +102,10 @@ struct RunConfig {
   // when the model has tables (checked at assembly, run/tables.cpp).
   std::optional<ComponentSpec> sparse_optimizer;
   std::vector<ComponentSpec> hooks;
+  // [step] (ABI 1.13, keel/step.h): computes each training micro-batch's loss from the run's
+  // models; and the [models.NAME] it may run beside [model], in the order of their names.
+  std::optional<ComponentSpec> step;
+  std::vector<NamedModelSpec> models;
 
   // Everything above as TOML, defaults filled in: written to manifest.resolved.toml.
   toml::table resolved;

@@ -123,6 +123,7 @@ template struct KeyTable<DistributedKeys>;
 template struct KeyTable<CheckpointKeys>;
 template struct KeyTable<ComponentSpec>;
 template struct KeyTable<ParamGroupSpec>;
+template struct KeyTable<NamedModelSpec>;
 
 const KeyTable<RunKeys>& run_keys() {
   using S = RunKeys;
@@ -324,6 +325,25 @@ const KeyTable<ComponentSpec>& hook_keys() {
   return t;
 }
 
+const KeyTable<NamedModelSpec>& named_model_keys() {
+  using S = NamedModelSpec;
+  static const KeyTable<S> t{
+      "models", "kernel keys of each [models.NAME] table (beside the model's own options): a "
+      "model a [step] runs beside [model]", {
+      key(&S::init_from,
+          opt_path("init_from", "\"\"",
+                   "committed checkpoint directory (runs/<name>/checkpoints/step-<N>) whose model "
+                   "weights the model is loaded with at every start, resume included (required)"),
+          kBreaks),
+      key(&S::frozen,
+          opt_bool("frozen", "true",
+                   "never trained: no optimizer, no gradients, evaluation mode, not saved in "
+                   "checkpoints (only true is supported)"),
+          kBreaks),
+  }};
+  return t;
+}
+
 const KeyTable<ParamGroupSpec>& group_keys() {
   using S = ParamGroupSpec;
   static const KeyTable<S> t{
@@ -350,6 +370,7 @@ const std::vector<KernelTable>& kernel_tables() {
     add(checkpoint_keys());
     add(hook_keys());
     add(group_keys());
+    add(named_model_keys());
     return out;
   }();
   return tables;

@@ -18,6 +18,7 @@ namespace keel {
 
 struct ComponentSpec;   // run_config.hpp: [[hooks]] priority and label land there
 struct ParamGroupSpec;  // run_config.hpp: one [[optimizer.groups]] table
+struct NamedModelSpec;  // run_config.hpp: one [models.NAME] table
 
 // Whether a key may differ between a checkpoint's manifest and the run resuming it: kSafe keys
 // do not change what training computes (names, cadences, stop targets, sinks), kBreaks ones do.
@@ -56,6 +57,8 @@ const KeyTable<ComponentSpec>& hook_keys();         // of each [[hooks]] table, 
 // [[optimizer.groups]]: lr and weight_decay land as NaN when left out (the optimizer's own);
 // manifest.resolved.toml holds the groups as written, so these rows have no `read`.
 const KeyTable<ParamGroupSpec>& group_keys();
+// Each [models.NAME]: frozen and init_from, beside the model's own options.
+const KeyTable<NamedModelSpec>& named_model_keys();
 
 // The kernel's own manifest tables and their keys, documented like a plugin's option schema
 // (`keel options`): "run", "train", "distributed", "checkpoint" (the kernel keys of

@@ -98,9 +98,10 @@ std::vector<const ComponentSpec*> used_components(const RunConfig& cfg) {
                                              &cfg.loss};
   for (const EvalSetSpec& set : cfg.eval_sets) specs.push_back(&set.data);
   for (const auto* o : {&cfg.sparse_optimizer, &cfg.lr_scheduler,
-                        &cfg.grad_clipper, &cfg.mfu, &cfg.profiler, &cfg.checkpoint})
+                        &cfg.grad_clipper, &cfg.mfu, &cfg.profiler, &cfg.checkpoint, &cfg.step})
     if (*o) specs.push_back(&**o);
   for (const auto& h : cfg.hooks) specs.push_back(&h);
+  for (const NamedModelSpec& m : cfg.models) specs.push_back(&m.model);
   return specs;
 }
 

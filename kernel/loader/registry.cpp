@@ -44,7 +44,7 @@ constexpr KindName kKinds[] = {
     {KEEL_KIND_LOSS, "loss"},         {KEEL_KIND_GRAD_CLIPPER, "grad_clipper"},
     {KEEL_KIND_MFU, "mfu"},           {KEEL_KIND_PROFILER, "profiler"},
     {KEEL_KIND_CHECKPOINT, "checkpoint"}, {KEEL_KIND_HOOK, "hook"},
-    {KEEL_KIND_SPARSE_OPTIMIZER, "sparse_optimizer"},
+    {KEEL_KIND_SPARSE_OPTIMIZER, "sparse_optimizer"}, {KEEL_KIND_STEP, "step"},
 };
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "run/events.hpp"
 #include "run/hook_names.hpp"
 #include "run/model_view.hpp"
+#include "run/own_step.hpp"
 #include "run/parameters.hpp"
 #include "run/resume.hpp"
 #include "run/run.hpp"
@@ -403,6 +404,7 @@ void assemble(Run& run, const RunConfig& config, bool validate_only,
   run.progress.epochs = config.train.epochs;
   run.progress.grad_norm = NAN;
   create_checkpointing(run, validate_only);
+  create_own_step(run);  // [models.NAME] read init_from with the checkpoint backend
   if (validate_only) {
     check_run_files(run.directory);  // what start_run_log would refuse
     return;

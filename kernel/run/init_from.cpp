@@ -90,7 +90,7 @@ void load_init_from(Run& run) {
     throw Error("checkpoint.init_from: init_include / init_exclude select none of the model's "
                 "tensors; hint: `keel train` logs their names at debug level (--log-level debug)");
   if (rec) {  // from whichever chunks hold them (a checkpoint of any world size and shard mode)
-    check_model_tensors(run, *rec, dir, into,
+    check_model_tensors(run.components.model.label(), *rec, dir, into,
                         "choose the tensors to load with [checkpoint] init_include / "
                         "init_exclude, and map names with [checkpoint.init_rename]");
     std::vector<ChunkReader::Request> requests;

@@ -188,7 +188,7 @@ void load_model(Run& run, const ChunkReader& reader, const std::string& dir) {
   const Parameters& p = run.parameters;
   TensorList whole;
   for (const auto& nt : p.model_state) whole.emplace_back(nt.name, borrow(nt.tensor));
-  check_model_tensors(run, reader.record(), dir, whole,
+  check_model_tensors(run.components.model.label(), reader.record(), dir, whole,
                       "resume with the model options the checkpoint was saved with (its "
                       "manifest.resolved.toml)");
   std::vector<ChunkReader::Request> requests;
@@ -429,9 +429,8 @@ void load_resume_point(Run& run) {
   restore_progress(run);
 }
 
-void check_model_tensors(const Run& run, const CommitRecord& rec, const std::string& dir,
-                         const TensorList& into, const std::string& hint) {
-  const std::string& model = run.components.model.label();
+void check_model_tensors(const std::string& model, const CommitRecord& rec,
+                         const std::string& dir, const TensorList& into, const std::string& hint) {
   auto it = rec.chunks.find("model");
   if (it == rec.chunks.end())
     throw Error(dir + ": the checkpoint holds no model; hint: it was not written by keel train");

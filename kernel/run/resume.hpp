@@ -32,10 +32,11 @@ void seek_train_data(Run& run, int64_t epoch, int64_t batch);
 // rewritten by init_rename) and hook state; nothing else.
 void load_init_from(Run& run);
 
-// Shared by both: the model's tensors against a checkpoint's index (every one present with its
-// shape), and hook state by label.
-void check_model_tensors(const Run& run, const CommitRecord& rec, const std::string& dir,
-                         const TensorList& into, const std::string& hint);
+// Shared by both (and [models.NAME], run/own_step.cpp): a model's tensors against a checkpoint's
+// index (every one present with its shape; `model` labels it in messages), and hook state by
+// label.
+void check_model_tensors(const std::string& model, const CommitRecord& rec,
+                         const std::string& dir, const TensorList& into, const std::string& hint);
 // The hooks' state a checkpoint's commit record lists (its `hooks` object), by name; whether a
 // listed tensor has `t`'s dtype and shape; and each one's "<dtype> <shape>" ("F32 [3, 4]").
 std::map<std::string, const CommitRecord::Tensor*> stored_hook_state(const CommitRecord& rec);

@@ -38,6 +38,7 @@
 #include "run/model_calls.hpp"
 #include "run/model_view.hpp"
 #include "run/observers.hpp"
+#include "run/own_step.hpp"
 #include "run/requests.hpp"
 #include "run/run_directory.hpp"
 #include "run/step_modes.hpp"
@@ -85,6 +86,8 @@ struct Components {
   ModelCalls model_calls;   // over model
   LossCalls loss_calls;     // over loss
   EvalMetrics eval_metrics;  // the evaluation's sums and the loss's task metrics (over `loss`)
+  // [step] and the frozen [models.NAME] it runs (run/own_step.hpp); empty without a [step].
+  OwnStep own_step;
   Instance<keel_grad_clipper> clipper;
   Instance<keel_mfu> mfu;
   Instance<keel_profiler> profiler;

@@ -12,6 +12,7 @@
 #include "keel/tensor.hpp"
 #include "run/autocast.hpp"
 #include "run/events.hpp"
+#include "run/own_step.hpp"
 #include "run/run.hpp"
 #include "run/step_modes.hpp"
 #include "run/tables.hpp"
@@ -97,8 +98,8 @@ at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, MicroBatchWeights& w
   const Autocast autocast(run.config.train.precision, run.ranks.device);
   int64_t count = 0;
   const Components& c = run.components;
-  at::Tensor loss = run.plan.linear_loss
-                        ? linear_loss_of(c.model, c.loss, mb, &count)
+  at::Tensor loss = c.own_step      ? own_step_loss(run, mb)  // [step]
+                    : run.plan.linear_loss ? linear_loss_of(c.model, c.loss, mb, &count)
                         : compute_loss(c.loss_calls, forward(c.model_calls, mb), mb, &count, true);
   // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
   const double weight = weights(i);

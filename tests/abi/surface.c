@@ -8,6 +8,7 @@
 #include "keel/ext/hook_model.h"
 #include "keel/ext/hook_observe.h"
 #include "keel/ext/tensors.h"
+#include "keel/step.h"
 
 #define SURFACE(type) \
   KEEL_EXPORT void keel_abi_surface_##type(const type* p) { (void)p; }
@@ -70,5 +71,7 @@ SURFACE(keel_tensor_set)
 SURFACE(keel_hook_observe)
 SURFACE(keel_tensor_writer)
 SURFACE(keel_dataset_batch)
+SURFACE(keel_step_services)
+SURFACE(keel_step)
 SURFACE(keel_model_batch)
 SURFACE(keel_loss_batch)

@@ -14,6 +14,7 @@
 #include "keel/ext/hook_model.h"
 #include "keel/ext/hook_observe.h"
 #include "keel/ext/tensors.h"
+#include "keel/step.h"
 
 _Static_assert(sizeof(void*) == 8 && sizeof(long) == 8 && sizeof(int) == 4,
                "test_abi_layout.c states the LP64 layout; this target is not LP64");
@@ -378,6 +379,7 @@ VALUE(KEEL_KIND_PROFILER, 8);
 VALUE(KEEL_KIND_CHECKPOINT, 9);
 VALUE(KEEL_KIND_HOOK, 10);
 VALUE(KEEL_KIND_SPARSE_OPTIMIZER, 11);
+VALUE(KEEL_KIND_STEP, 12); /* 1.13 */
 
 VALUE(KEEL_EVENT_TRAIN_START, 1);
 VALUE(KEEL_EVENT_TRAIN_END, 2);
@@ -427,6 +429,18 @@ SIZE(keel_tensor_writer, 24);
 AT(keel_tensor_writer, struct_size, 0, 4);
 AT(keel_tensor_writer, host_data, 8, 8);
 AT(keel_tensor_writer, put, 16, 8);
+
+/* <keel/step.h> (1.13) */
+SIZE(keel_step_services, 24);
+AT(keel_step_services, struct_size, 0, 4);
+AT(keel_step_services, host_data, 8, 8);
+AT(keel_step_services, forward, 16, 8);
+SIZE(keel_step, 40);
+AT(keel_step, struct_size, 0, 4);
+AT(keel_step, self, 8, 8);
+AT(keel_step, destroy, 16, 8);
+AT(keel_step, compute, 24, 8);
+AT(keel_step, get_extension, 32, 8);
 SIZE(keel_dataset_batch, 16);
 AT(keel_dataset_batch, struct_size, 0, 4);
 AT(keel_dataset_batch, next, 8, 8);

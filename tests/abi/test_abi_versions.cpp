@@ -1,5 +1,5 @@
-// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7, 1.8, 1.9, 1.10 and 1.11 headers
-// (tests/abi/),
+// The current ABI against the frozen 1.0, 1.1, 1.5, 1.6, 1.7, 1.8, 1.9, 1.10, 1.11 and 1.12
+// headers (tests/abi/),
 // asserted at compile time:
 // a plugin built against an older minor keeps finding every field where it was, and the kernel
 // keeps asking it for no more than that minor had. This is a compile-time test: the executable
@@ -7,8 +7,8 @@
 //
 // The frozen headers are included under other names: the build generates keel10_abi.h,
 // keel11_abi.h, keel15_abi.h, keel16_abi.h, keel17_abi.h, keel18_abi.h, keel19_abi.h,
-// keel110_abi.h and keel111_abi.h from them, with keel_ -> keel10_ / keel11_ / keel15_ / ... /
-// keel111_ and KEEL_ -> KEEL10_ / ... / KEEL111_.
+// keel110_abi.h, keel111_abi.h and keel112_abi.h from them, with keel_ -> keel10_ / keel11_ /
+// keel15_ / ... / keel112_ and KEEL_ -> KEEL10_ / ... / KEEL112_.
 #include <cstddef>
 
 #include "components.hpp"  // keel::required_size; includes the current <keel/abi.h>
@@ -21,6 +21,7 @@
 #include "keel19_abi.h"
 #include "keel110_abi.h"
 #include "keel111_abi.h"
+#include "keel112_abi.h"
 
 static_assert(sizeof(void*) == 8, "test_abi_versions.cpp is written for LP64");
 static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
@@ -31,8 +32,9 @@ static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
                   KEEL18_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL18_ABI_MINOR == 8 &&
                   KEEL19_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL19_ABI_MINOR == 9 &&
                   KEEL110_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL110_ABI_MINOR == 10 &&
-                  KEEL111_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL111_ABI_MINOR == 11,
-              "tests/abi/1.0, 1.1 and 1.5 to 1.11 must hold the frozen headers of those "
+                  KEEL111_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL111_ABI_MINOR == 11 &&
+                  KEEL112_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL112_ABI_MINOR == 12,
+              "tests/abi/1.0, 1.1 and 1.5 to 1.12 must hold the frozen headers of those "
               "minors");
 
 #define ABI_10 "1.0"
@@ -44,7 +46,8 @@ static_assert(KEEL10_ABI_MAJOR == KEEL_ABI_MAJOR && KEEL10_ABI_MINOR == 0 &&
 #define ABI_19 "1.9"
 #define ABI_110 "1.10"
 #define ABI_111 "1.11"
-// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, ..., 19: 1.9, 110: 1.10, 111: 1.11) keeps its
+#define ABI_112 "1.12"
+// A field of minor V (10: 1.0, 11: 1.1, 15: 1.5, ..., 19: 1.9, 110: 1.10, ..., 112: 1.12) keeps its
 // offset and size.
 #define SAME(V, T, field)                                                                    \
   static_assert(offsetof(keel_##T, field) == offsetof(keel##V##_##T, field) &&               \
@@ -1879,9 +1882,8 @@ SAME(110, plugin_descriptor, components);
 SAME(110, plugin_descriptor, component_count);
 SAME(110, plugin_descriptor, component_size);
 
-// Every field of ABI 1.11 (the minor before the current one) keeps its offset and size, in
-// every struct of that header (the list is test_abi_layout.c's fields, less get_extension, appended
-// in 1.12).
+// Every field of ABI 1.11 keeps its offset and size, in every struct of that header (the list
+// is test_abi_layout.c's fields, less get_extension, appended in 1.12).
 // keel_error
 SAME(111, error, message);
 // keel_host
@@ -2152,6 +2154,290 @@ SAME(111, plugin_descriptor, components);
 SAME(111, plugin_descriptor, component_count);
 SAME(111, plugin_descriptor, component_size);
 
+// Every field of ABI 1.12 (the minor before the current one) keeps its offset and size, in
+// every struct of that header (test_abi_layout.c's fields of those structs, get_extension
+// included; 1.13 added an enumerator and <keel/step.h>, no field).
+// keel_error
+SAME(112, error, message);
+// keel_host
+SAME(112, host, struct_size);
+SAME(112, host, abi_major);
+SAME(112, host, abi_minor);
+SAME(112, host, torch_version);
+SAME(112, host, tensor_dtype);
+SAME(112, host, tensor_ndim);
+SAME(112, host, tensor_size);
+SAME(112, host, tensor_numel);
+SAME(112, host, tensor_cpu_data);
+SAME(112, host, tensor_contiguous_cpu);
+SAME(112, host, tensor_from_buffer);
+SAME(112, host, tensor_retain);
+SAME(112, host, tensor_release);
+SAME(112, host, option_bool);
+SAME(112, host, option_int);
+SAME(112, host, option_float);
+SAME(112, host, option_string);
+SAME(112, host, option_list_size);
+SAME(112, host, option_list_int);
+SAME(112, host, option_list_float);
+SAME(112, host, log);
+SAME(112, host, report_error);
+SAME(112, host, stop_requested);
+// keel_option_desc
+SAME(112, option_desc, key);
+SAME(112, option_desc, type);
+SAME(112, option_desc, default_toml);
+SAME(112, option_desc, help);
+SAME(112, option_desc, min);
+SAME(112, option_desc, max);
+SAME(112, option_desc, choices);
+// keel_named_tensor
+SAME(112, named_tensor, name);
+SAME(112, named_tensor, tensor);
+// keel_state_writer
+SAME(112, state_writer, struct_size);
+SAME(112, state_writer, host_data);
+SAME(112, state_writer, put);
+// keel_create_context
+SAME(112, create_context, struct_size);
+SAME(112, create_context, host);
+SAME(112, create_context, options);
+SAME(112, create_context, section);
+SAME(112, create_context, seed);
+SAME(112, create_context, rank);
+SAME(112, create_context, world_size);
+SAME(112, create_context, run_dir);
+SAME(112, create_context, params);
+SAME(112, create_context, param_names);
+SAME(112, create_context, param_count);
+SAME(112, create_context, total_steps);
+SAME(112, create_context, param_group);
+SAME(112, create_context, group_count);
+SAME(112, create_context, group_lr);
+SAME(112, create_context, group_weight_decay);
+SAME(112, create_context, resume_step);
+SAME(112, create_context, shards);
+SAME(112, create_context, comm);
+SAME(112, create_context, tables);
+SAME(112, create_context, table_count);
+SAME(112, create_context, device);
+// keel_shard_group
+SAME(112, shard_group, struct_size);
+SAME(112, shard_group, host_data);
+SAME(112, shard_group, all_reduce);
+// keel_comm
+SAME(112, comm, struct_size);
+SAME(112, comm, host_data);
+SAME(112, comm, rank);
+SAME(112, comm, world_size);
+SAME(112, comm, all_to_all);
+SAME(112, comm, all_gather);
+// keel_sparse_rows
+SAME(112, sparse_rows, struct_size);
+SAME(112, sparse_rows, count);
+SAME(112, sparse_rows, ids);
+SAME(112, sparse_rows, values);
+SAME(112, sparse_rows, grads);
+SAME(112, sparse_rows, slots);
+SAME(112, sparse_rows, slot_width);
+SAME(112, sparse_rows, row_values);
+SAME(112, sparse_rows, row_grads);
+SAME(112, sparse_rows, row_slots);
+// keel_table_stats
+SAME(112, table_stats, struct_size);
+SAME(112, table_stats, rows);
+SAME(112, table_stats, admitted);
+SAME(112, table_stats, evicted);
+SAME(112, table_stats, pending);
+// keel_sparse_table
+SAME(112, sparse_table, struct_size);
+SAME(112, sparse_table, self);
+SAME(112, sparse_table, name);
+SAME(112, sparse_table, dim);
+SAME(112, sparse_table, reserve_slots);
+SAME(112, sparse_table, touched);
+SAME(112, sparse_table, end_step);
+SAME(112, sparse_table, stats);
+SAME(112, sparse_table, save);
+SAME(112, sparse_table, load);
+SAME(112, sparse_table, rows_as_tensors);
+SAME(112, sparse_table, device);
+// keel_unit_calls
+SAME(112, unit_calls, struct_size);
+SAME(112, unit_calls, host_data);
+SAME(112, unit_calls, enter);
+SAME(112, unit_calls, leave);
+// keel_model
+SAME(112, model, struct_size);
+SAME(112, model, self);
+SAME(112, model, destroy);
+SAME(112, model, forward);
+SAME(112, model, set_training);
+SAME(112, model, param_count);
+SAME(112, model, param);
+SAME(112, model, state_count);
+SAME(112, model, state);
+SAME(112, model, flops_per_sample);
+SAME(112, model, state_save);
+SAME(112, model, state_load);
+SAME(112, model, forward_features);
+SAME(112, model, export_state);
+SAME(112, model, param_unit);
+SAME(112, model, set_unit_calls);
+SAME(112, model, table_count);
+SAME(112, model, table);
+SAME(112, model, get_extension);
+// keel_batch
+SAME(112, batch, inputs);
+SAME(112, batch, targets);
+SAME(112, batch, samples);
+SAME(112, batch, tokens);
+// keel_dataset
+SAME(112, dataset, struct_size);
+SAME(112, dataset, self);
+SAME(112, dataset, destroy);
+SAME(112, dataset, size);
+SAME(112, dataset, batches_per_epoch);
+SAME(112, dataset, start_epoch);
+SAME(112, dataset, next);
+SAME(112, dataset, seek);
+SAME(112, dataset, state_save);
+SAME(112, dataset, state_load);
+SAME(112, dataset, tokens_per_sample);
+SAME(112, dataset, get_extension);
+// keel_optimizer
+SAME(112, optimizer, struct_size);
+SAME(112, optimizer, self);
+SAME(112, optimizer, destroy);
+SAME(112, optimizer, step);
+SAME(112, optimizer, zero_grad);
+SAME(112, optimizer, group_count);
+SAME(112, optimizer, get_lr);
+SAME(112, optimizer, set_lr);
+SAME(112, optimizer, state_save);
+SAME(112, optimizer, state_load);
+SAME(112, optimizer, get_extension);
+// keel_sparse_optimizer
+SAME(112, sparse_optimizer, struct_size);
+SAME(112, sparse_optimizer, self);
+SAME(112, sparse_optimizer, destroy);
+SAME(112, sparse_optimizer, step);
+SAME(112, sparse_optimizer, get_lr);
+SAME(112, sparse_optimizer, set_lr);
+SAME(112, sparse_optimizer, state_save);
+SAME(112, sparse_optimizer, state_load);
+SAME(112, sparse_optimizer, get_extension);
+// keel_lr_scheduler
+SAME(112, lr_scheduler, struct_size);
+SAME(112, lr_scheduler, self);
+SAME(112, lr_scheduler, destroy);
+SAME(112, lr_scheduler, factor);
+SAME(112, lr_scheduler, get_extension);
+// keel_metric_writer
+SAME(112, metric_writer, struct_size);
+SAME(112, metric_writer, host_data);
+SAME(112, metric_writer, put);
+// keel_loss
+SAME(112, loss, struct_size);
+SAME(112, loss, self);
+SAME(112, loss, destroy);
+SAME(112, loss, compute);
+SAME(112, loss, count_items);
+SAME(112, loss, compute_linear);
+SAME(112, loss, metric_state_size);
+SAME(112, loss, metric_update);
+SAME(112, loss, metric_finish);
+SAME(112, loss, get_extension);
+// keel_grad_clipper
+SAME(112, grad_clipper, struct_size);
+SAME(112, grad_clipper, self);
+SAME(112, grad_clipper, destroy);
+SAME(112, grad_clipper, clip);
+SAME(112, grad_clipper, get_extension);
+// keel_mfu
+SAME(112, mfu, struct_size);
+SAME(112, mfu, self);
+SAME(112, mfu, destroy);
+SAME(112, mfu, compute);
+SAME(112, mfu, peak_flops);
+SAME(112, mfu, get_extension);
+// keel_profiler
+SAME(112, profiler, struct_size);
+SAME(112, profiler, self);
+SAME(112, profiler, destroy);
+SAME(112, profiler, begin);
+SAME(112, profiler, end);
+SAME(112, profiler, flush);
+SAME(112, profiler, get_extension);
+// keel_checkpoint
+SAME(112, checkpoint, struct_size);
+SAME(112, checkpoint, self);
+SAME(112, checkpoint, destroy);
+SAME(112, checkpoint, save);
+SAME(112, checkpoint, load);
+SAME(112, checkpoint, get_extension);
+// keel_metric
+SAME(112, metric, key);
+SAME(112, metric, value);
+// keel_trainer_state
+SAME(112, trainer_state, struct_size);
+SAME(112, trainer_state, step);
+SAME(112, trainer_state, epoch);
+SAME(112, trainer_state, samples);
+SAME(112, trainer_state, tokens);
+SAME(112, trainer_state, max_steps);
+SAME(112, trainer_state, epochs);
+SAME(112, trainer_state, lr);
+SAME(112, trainer_state, loss);
+SAME(112, trainer_state, skipped_steps);
+SAME(112, trainer_state, grad_norm);
+SAME(112, trainer_state, train_metrics);
+SAME(112, trainer_state, train_metric_count);
+SAME(112, trainer_state, eval_metrics);
+SAME(112, trainer_state, eval_metric_count);
+// keel_event
+SAME(112, event, struct_size);
+SAME(112, event, kind);
+SAME(112, event, state);
+SAME(112, event, split);
+SAME(112, event, metrics);
+SAME(112, event, metric_count);
+SAME(112, event, path);
+SAME(112, event, requests);
+SAME(112, event, micro_batch);
+SAME(112, event, message);
+// keel_hook
+SAME(112, hook, struct_size);
+SAME(112, hook, self);
+SAME(112, hook, destroy);
+SAME(112, hook, on_event);
+SAME(112, hook, state_count);
+SAME(112, hook, state);
+SAME(112, hook, get_extension);
+// keel_component_desc
+SAME(112, component_desc, kind);
+SAME(112, component_desc, name);
+SAME(112, component_desc, description);
+SAME(112, component_desc, options);
+SAME(112, component_desc, option_count);
+SAME(112, component_desc, option_size);
+SAME(112, component_desc, create);
+// keel_build_fingerprint
+SAME(112, build_fingerprint, torch_version);
+SAME(112, build_fingerprint, compiler);
+SAME(112, build_fingerprint, cxx11_abi);
+// keel_plugin_descriptor
+SAME(112, plugin_descriptor, abi_major);
+SAME(112, plugin_descriptor, abi_minor);
+SAME(112, plugin_descriptor, struct_size);
+SAME(112, plugin_descriptor, name);
+SAME(112, plugin_descriptor, version);
+SAME(112, plugin_descriptor, description);
+SAME(112, plugin_descriptor, fingerprint);
+SAME(112, plugin_descriptor, components);
+SAME(112, plugin_descriptor, component_count);
+SAME(112, plugin_descriptor, component_size);
+
 // The slots the kernel requires of every instance (components.hpp: a smaller struct_size or a
 // NULL slot among them refuses the instance) are exactly the 1.0 struct: a 1.0 plugin is never
 // refused for lacking a slot that came later.
@@ -2174,5 +2460,7 @@ static_assert(keel::required_size<keel_sparse_optimizer>() ==
               "required_size<keel_sparse_optimizer>() asks for more than step, get_lr, set_lr");
 static_assert(KEEL_KIND_SPARSE_OPTIMIZER == KEEL18_KIND_HOOK + 1,
               "KEEL_KIND_SPARSE_OPTIMIZER (1.9) follows the kinds of ABI 1.8");
+static_assert(KEEL_KIND_STEP == KEEL112_KIND_SPARSE_OPTIMIZER + 1,
+              "KEEL_KIND_STEP (1.13) follows the kinds of ABI 1.12");
 
 int main() { return 0; }

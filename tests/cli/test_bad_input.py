@@ -714,6 +714,24 @@ CASES = [
       commands=("-",),
       setup=lambda d: (write("r/manifest.resolved.toml", '[checkpoint]\ntype = "safetensors"\n')(d),
                        mkdir("r/checkpoints")(d))),
+    # [step] and [models.NAME] -------------------------------------------------------------------
+    M("models_without_step", '[models.teacher]\ntype = "mlp"\ninit_from = "t"\n', "{m}:1:",
+      "[models.teacher] is run only by a [step]", "add [step]"),
+    M("models_not_frozen", '[step]\ntype = "distill"\n[models.teacher]\ntype = "mlp"\n'
+      'frozen = false\ninit_from = "t"\n', "{m}:5:", "models.teacher.frozen = false",
+      "not supported"),
+    M("models_without_init_from", '[step]\ntype = "distill"\n[models.teacher]\ntype = "mlp"\n',
+      "{m}:3:", "[models.teacher] has no init_from"),
+    M("models_named_model", '[step]\ntype = "distill"\n[models.model]\ntype = "mlp"\n'
+      'init_from = "t"\n', "{m}:3:", "what a step calls [model]"),
+    M("models_empty", '[step]\ntype = "distill"\n[models]\n', "{m}:3:", "holds no model"),
+    M("models_unknown_option", '[step]\ntype = "distill"\n[models.teacher]\ntype = "mlp"\n'
+      'init_from = "t"\nhiden = [8]\n', "{m}:6:", "hidden"),
+    M("models_init_from_not_a_checkpoint", '[step]\ntype = "distill"\n[models.teacher]\n'
+      'type = "mlp"\nhidden = [32]\ninit_from = "{d}"\n', "models.teacher.init_from",
+      "commit.json"),
+    M("step_unknown_type", '[step]\ntype = "distil"\n', "{m}:2:", "distill"),
+    M("step_unknown_option", '[step]\ntype = "distill"\nalpah = 0.5\n', "{m}:3:", "alpha"),
     # checkpoint keys ----------------------------------------------------------------------------
     M("checkpoint_best_metric_without_split",
       '[checkpoint]\nkeep_best = 1\nbest_metric = "loss"\n', "{m}:3:", "not <split>.<key>"),

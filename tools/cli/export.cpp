@@ -395,7 +395,7 @@ void load_model(Run& run, const Source& src, const std::optional<std::string>& w
   c.backend.emplace(c.checkpoint);
   TensorList into;
   for (const auto& nt : run.parameters.model_state) into.emplace_back(nt.name, borrow(nt.tensor));
-  check_model_tensors(run, src.record, src.dir, into,
+  check_model_tensors(run.components.model.label(), src.record, src.dir, into,
                       "export it with the plugins of the run that saved it");
   if (weights_from) return load_hook_weights(run, src, *weights_from, into);
   // Every chunk of every tensor, whatever world size and shard mode saved it: full tensors.

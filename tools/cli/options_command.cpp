@@ -50,12 +50,15 @@ const std::vector<std::pair<std::string, keel_kind>>& component_sections() {
     {"profiler", KEEL_KIND_PROFILER},
     {"checkpoint", KEEL_KIND_CHECKPOINT},
     {"hooks", KEEL_KIND_HOOK},
+    {"step", KEEL_KIND_STEP},
+    {"models", KEEL_KIND_MODEL},  // each [models.NAME] (in_component_section)
   };
   return sections;
 }
 
 bool in_component_section(const std::string& table, const std::string& section) {
-  return table == section || (section == "data.eval" && table.rfind("data.eval.", 0) == 0);
+  return table == section || (section == "data.eval" && table.rfind("data.eval.", 0) == 0) ||
+         (section == "models" && table.rfind("models.", 0) == 0);
 }
 
 std::string components_of_kind(keel_kind kind) {

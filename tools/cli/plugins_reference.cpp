@@ -41,6 +41,9 @@ constexpr KindDoc kKindDocs[] = {
      "without `[[hooks]]` gets `console` and `jsonl`"},
     {KEEL_KIND_SPARSE_OPTIMIZER,
      "`[sparse_optimizer]` (required when the model has sparse embedding tables)"},
+    {KEEL_KIND_STEP,
+     "`[step]`: computes each training micro-batch's loss from `[model]` and the "
+     "`[models.NAME]` (each a model plugin, beside the kernel's keys: `keel options models`)"},
 };
 
 // Text for one Markdown table cell: '|' escaped, line breaks folded into spaces.

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define KEEL_ABI_MAJOR 1
-#define KEEL_ABI_MINOR 12
+#define KEEL_ABI_MINOR 13
 
 /* The one exported symbol. Its type is keel_plugin_entry_fn. */
 #define KEEL_ENTRY_SYMBOL "keel_plugin_entry"
@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 /* True when `ptr`, a struct of type `type` that declares its own struct_size, holds `field`.
- * Fields marked "(1.1)" to "(1.12)" below were appended in that minor version: check them with
+ * Fields marked "(1.1)" to "(1.13)" below were appended in that minor version: check them with
  * this macro (and for NULL) before use, since an older plugin or kernel does not have them. */
 #define KEEL_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
@@ -283,7 +283,10 @@ typedef enum keel_kind {
   /* Hooks observe the loop; metric sinks are hooks that act on KEEL_EVENT_METRICS. */
   KEEL_KIND_HOOK = 10,
   /* (1.9) Updates the rows of a model's sparse embedding tables ([sparse_optimizer]). */
-  KEEL_KIND_SPARSE_OPTIMIZER = 11
+  KEEL_KIND_SPARSE_OPTIMIZER = 11,
+  /* (1.13) Computes each training micro-batch's loss from the run's models ([step]); its
+   * instance struct, keel_step, is in <keel/step.h>. */
+  KEEL_KIND_STEP = 12
 } keel_kind;
 
 /* ------------------------------------------------------------------------------------------

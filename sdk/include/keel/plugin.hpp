@@ -42,6 +42,7 @@
 #include "keel/ext/hook_model.h"
 #include "keel/ext/hook_observe.h"
 #include "keel/schema.hpp"
+#include "keel/step.h"
 #include "keel/tensor.hpp"
 
 namespace keel {
@@ -642,6 +643,47 @@ class Hook {
   }
 };
 
+// The models a step may run during its compute (ABI 1.13, <keel/step.h>).
+class StepModels {
+ public:
+  explicit StepModels(keel_step_services* services) : services_(services) {}
+  // Model `model`'s named outputs for `batch`: "model" is the trained [model] (outputs under
+  // autograd), any other name a frozen [models.NAME] (outputs without autograd). Throws
+  // std::runtime_error with the kernel's message (naming the model) when it fails.
+  NamedTensors forward(const std::string& model, const NamedTensors& batch) {
+    std::vector<const char*> names;
+    std::vector<keel_tensor*> handles;
+    for (const auto& [name, tensor] : batch) {
+      names.push_back(name.c_str());
+      handles.push_back(peek(tensor));
+    }
+    const keel_tensor_set set = {static_cast<uint32_t>(sizeof(keel_tensor_set)), batch.size(),
+                                 names.data(), handles.data()};
+    const keel_tensor_set* outputs = nullptr;
+    keel_error err;
+    err.message[0] = '\0';
+    if (services_->forward(services_, model.c_str(), &set, &outputs, &err) != KEEL_OK)
+      throw std::runtime_error(err.message);
+    NamedTensors out;
+    for (size_t i = 0; i < outputs->count; ++i)
+      out.emplace_back(outputs->names[i], borrow(outputs->tensors[i]));
+    return out;
+  }
+
+ private:
+  keel_step_services* services_;
+};
+
+class Step {
+ public:
+  static constexpr keel_kind kKind = KEEL_KIND_STEP;
+  virtual ~Step() = default;
+  // The loss of one training micro-batch `batch` (every tensor the dataset gave: "inputs" and
+  // "targets" from a 1.x dataset): a 0-dim tensor with autograd through [model]'s parameters,
+  // the mean over the batch's items. The kernel runs backward on it.
+  virtual at::Tensor compute(StepModels& models, const NamedTensors& batch) = 0;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Trampolines (implementation detail).
 // ---------------------------------------------------------------------------------------------
@@ -714,6 +756,7 @@ KEEL_SDK_ABI(Mfu, keel_mfu);
 KEEL_SDK_ABI(Profiler, keel_profiler);
 KEEL_SDK_ABI(Checkpoint, keel_checkpoint);
 KEEL_SDK_ABI(Hook, keel_hook);
+KEEL_SDK_ABI(Step, keel_step);
 #undef KEEL_SDK_ABI
 
 inline NamedTensors to_named(const keel_named_tensor* t, size_t n) {
@@ -1060,6 +1103,17 @@ struct HookExtensions {
   }
 };
 
+inline void fill(BoxOf<Step>& b) {
+  using X = BoxOf<Step>;
+  b.vt.compute = [](void* s, keel_step_services* services, const keel_tensor_set* batch,
+                    keel_tensor** loss, keel_error* e) noexcept {
+    return guard(e, [&] {
+      StepModels models(services);
+      *loss = give(X::of(s)->obj->compute(models, to_named(batch)));
+    });
+  };
+}
+
 // Puts every tensor of `set` into `w` (keel/ext/tensors.h); throws when the host refuses one.
 inline void put_all(keel_tensor_writer* w, const NamedTensors& set, const char* what) {
   for (const auto& [name, tensor] : set)
@@ -1262,6 +1316,7 @@ Mfu* base_of(Mfu*);
 Profiler* base_of(Profiler*);
 Checkpoint* base_of(Checkpoint*);
 Hook* base_of(Hook*);
+Step* base_of(Step*);
 }  // namespace detail
 template <class T>
 using base_of_t = std::remove_pointer_t<decltype(detail::base_of(static_cast<T*>(nullptr)))>;

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "keel/abi.h"
+#include "keel/step.h"
 #include "keel/tensor.hpp"
 
 namespace keel::testing {
@@ -138,6 +139,7 @@ KEEL_TESTING_KIND(keel_mfu, KEEL_KIND_MFU);
 KEEL_TESTING_KIND(keel_profiler, KEEL_KIND_PROFILER);
 KEEL_TESTING_KIND(keel_checkpoint, KEEL_KIND_CHECKPOINT);
 KEEL_TESTING_KIND(keel_hook, KEEL_KIND_HOOK);
+KEEL_TESTING_KIND(keel_step, KEEL_KIND_STEP);
 #undef KEEL_TESTING_KIND
 
 // What an instance's create context points to, kept for the instance's life.
