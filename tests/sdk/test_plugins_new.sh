@@ -59,6 +59,7 @@ declare -A option=(
   [profiler]='path +string +default "phases.tsv"'
   [checkpoint]='checksum +bool +default true'
   [hook]='target_loss +float >= 0 +default 0.0'
+  [step]='weight +float >= 0 +default 0.1'
 )
 
 bad_input=0

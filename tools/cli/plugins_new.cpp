@@ -58,6 +58,9 @@ constexpr KindInfo kKinds[] = {
      "checksum = true"},
     {"hook", "[[hooks]]", "stops the run once the training loss falls below a target",
      "target_loss = 0.05"},
+    {"step", "[step]",
+     "cross entropy plus a penalty on the distance to a frozen reference model's logits",
+     "weight = 0.1"},
 };
 constexpr size_t kMaxNameBytes = 64;  // a package name's limit (package/package.hpp)
 

@@ -43,7 +43,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -105,8 +108,9 @@ namespace detail {
 inline const char* kind_name(keel_kind kind) {
   static const char* const names[] = {"?",            "model",    "dataset",      "optimizer",
                                       "lr_scheduler", "loss",     "grad_clipper", "mfu",
-                                      "profiler",     "checkpoint", "hook"};
-  return kind >= KEEL_KIND_MODEL && kind <= KEEL_KIND_HOOK ? names[kind] : names[0];
+                                      "profiler",     "checkpoint", "hook", "sparse_optimizer",
+                                      "step"};
+  return kind >= KEEL_KIND_MODEL && kind <= KEEL_KIND_STEP ? names[kind] : names[0];
 }
 
 // The given options checked against the component's schema by keel's own option checks
@@ -242,6 +246,87 @@ class NamedHandles {
 
  private:
   std::vector<keel_named_tensor> entries_;
+};
+
+// A keel_tensor_set lending `tensors` (which must outlive this object): a batch or a model's
+// outputs for the slots of <keel/ext/batch.h> and <keel/step.h>.
+class TensorSet {
+ public:
+  explicit TensorSet(const NamedTensors& tensors) {
+    for (const auto& [name, tensor] : tensors) {
+      names_.push_back(name.c_str());
+      handles_.push_back(peek(tensor));
+    }
+    set_ = {static_cast<uint32_t>(sizeof(keel_tensor_set)), tensors.size(), names_.data(),
+            handles_.data()};
+  }
+  TensorSet(const TensorSet&) = delete;
+  TensorSet& operator=(const TensorSet&) = delete;
+  const keel_tensor_set* abi() const { return &set_; }
+
+ private:
+  std::vector<const char*> names_;
+  std::vector<keel_tensor*> handles_;
+  keel_tensor_set set_{};
+};
+
+// The models a step's compute runs in a test (keel/step.h): each name ("model", or the NAME of
+// a [models.NAME]) maps to a function from the batch to the model's named outputs. Pass abi()
+// to compute; the outputs stay alive as long as this object. A name without a function fails
+// the forward, as the kernel's does for a model the run lacks.
+//
+//   keel::testing::StepModels models;
+//   models.add("model", [&](const auto& batch) { return NamedTensors{{"logits", ...}}; });
+//   keel_tensor* loss = nullptr;
+//   step.call(step->compute, models.abi(), keel::testing::TensorSet(batch).abi(), &loss);
+class StepModels {
+ public:
+  using Forward = std::function<NamedTensors(const NamedTensors& batch)>;
+  StepModels() {
+    abi_.struct_size = sizeof abi_;
+    abi_.host_data = this;
+    abi_.forward = &forward;
+  }
+  StepModels(const StepModels&) = delete;
+  StepModels& operator=(const StepModels&) = delete;
+  void add(const std::string& name, Forward f) { models_[name] = std::move(f); }
+  keel_step_services* abi() { return &abi_; }
+  // The models' forward calls so far, by name, in order.
+  const std::vector<std::string>& calls() const { return calls_; }
+
+ private:
+  struct Lent {
+    NamedTensors outputs;
+    std::unique_ptr<TensorSet> set;
+  };
+  static keel_status forward(keel_step_services* s, const char* model,
+                             const keel_tensor_set* batch, const keel_tensor_set** outputs,
+                             keel_error* err) noexcept {
+    try {
+      auto* self = static_cast<StepModels*>(s->host_data);
+      const auto it = self->models_.find(model ? model : "");
+      if (it == self->models_.end())
+        throw std::runtime_error(std::string("forward: no model '") + (model ? model : "") +
+                                 "' in this test");
+      self->calls_.push_back(it->first);
+      NamedTensors in;
+      for (size_t i = 0; i < batch->count; ++i)
+        in.emplace_back(batch->names[i], borrow(batch->tensors[i]));
+      Lent& lent = self->lent_.emplace_back();
+      lent.outputs = it->second(in);
+      lent.set = std::make_unique<TensorSet>(lent.outputs);
+      *outputs = lent.set->abi();
+      return KEEL_OK;
+    } catch (const std::exception& e) {
+      std::strncpy(err->message, e.what(), KEEL_ERROR_CAPACITY - 1);
+      err->message[KEEL_ERROR_CAPACITY - 1] = '\0';
+      return KEEL_ERR;
+    }
+  }
+  keel_step_services abi_{};
+  std::map<std::string, Forward> models_;
+  std::deque<Lent> lent_;
+  std::vector<std::string> calls_;
 };
 
 // Calls a component's state_save slot (models, datasets, optimizers; abi.h "Component state
