@@ -14,7 +14,9 @@
 // generator does). A file that appears later but sorts before the current window is not read.
 //
 // Format, batch layout and the ranks' rule for a window's last records: criteo_format.hpp and
-// criteo_reader.cpp. Reading and parsing run on background threads (criteo_reader.hpp): the
+// criteo_reader.cpp. With layout = "named", next_batch (keel.dataset.batch/1) gives the same
+// values as dense (columns 0..12, float32), sparse_ids (columns 13..38, int64), sparse_offsets
+// (0..26 in every row: one id per bag) and targets. Reading and parsing run on background threads (criteo_reader.hpp): the
 // queue holds up to `prefetch` batches.
 //
 // IO state (state_save/state_load, int64 tensors): the window index, its file (as bytes: its
@@ -34,6 +36,7 @@
 // checkpoint holds no path out of the data, and resuming after the data directory moved finds
 // the window under the new `path`. A checkpoint of the keel before (which saved the listed
 // path, absolute) is read when that path is one of the windows listed now (the data not moved).
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <fnmatch.h>
 #include <glob.h>
@@ -85,6 +88,12 @@ constexpr auto kPrefetch = keel::opt_int(
     "prefetch", "4", "batches parsed ahead of the step (the queue's bound)", 1, 4096);
 constexpr auto kMaxWindows = keel::opt_int(
     "max_windows", "0", "end the stream after this many windows (0: no limit)", 0, 1e12);
+constexpr auto kLayout = keel::opt_string(
+    "layout", "\"columns\"",
+    "the batch's tensors: columns (inputs float64 [B, 39] and targets) or named (dense "
+    "float32 [B, 13], sparse_ids int64 [B, 26], sparse_offsets int64 [B, 27] and targets: "
+    "one id per feature's bag)",
+    "columns|named");
 constexpr auto kMaxLineBytes = keel::opt_int(
     "max_line_bytes", "1048576",
     "the longest line (bytes before its newline): a longer one, or that many bytes "
@@ -132,6 +141,7 @@ class Criteo : public keel::Dataset {
         follow_(ctx.get(kFollow)),
         poll_s_(ctx.get(kPollS)),
         max_windows_(ctx.get(kMaxWindows)),
+        named_(ctx.get(kLayout) == "named"),
         log_(ctx),
         stop_requested_(ctx) {
     o_.batch_size = ctx.get(kBatchSize);
@@ -202,6 +212,27 @@ class Criteo : public keel::Dataset {
     return true;
   }
 
+  // layout = "named": the columns as dense, sparse_ids and sparse_offsets (bag f of every
+  // sample is its one id of feature f); "columns": inputs and targets, as next.
+  bool next_batch(keel::NamedBatch& out) override {
+    keel::Batch b;
+    if (!next(b)) return false;
+    out.samples = b.samples;
+    out.tokens = b.tokens;
+    if (!named_) {
+      out.tensors = {{"inputs", b.inputs}, {"targets", b.targets}};
+      return true;
+    }
+    const int64_t n = b.inputs.size(0);
+    out.tensors = {{"dense", b.inputs.slice(1, 0, criteo::kNumeric).to(at::kFloat)},
+                   {"sparse_ids", b.inputs.slice(1, criteo::kNumeric).to(at::kLong)},
+                   {"sparse_offsets", at::arange(criteo::kCategorical + 1, at::kLong)
+                                          .expand({n, criteo::kCategorical + 1})
+                                          .contiguous()},
+                   {"targets", b.targets}};
+    return true;
+  }
+
   keel::NamedTensors state_save() override {
     const std::string name = file_.empty() ? std::string() : relative_name(file_);
     std::vector<int64_t> file{static_cast<int64_t>(name.size())};
@@ -260,6 +291,7 @@ class Criteo : public keel::Dataset {
   bool follow_;
   double poll_s_;
   int64_t max_windows_;
+  bool named_;  // layout = "named"
   keel::Logger log_;
   keel::StopRequest stop_requested_;
   // Seconds between looks at stop_requested_ while next() waits for a window's file.
@@ -445,7 +477,7 @@ std::string Criteo::listed_window(const std::string& saved) const {
 
 const keel_option_desc kOptions[] = {
     kPath, kPattern, kBatchSize, kFollow, kPollS, kOnBadRecord, kThreads, kPrefetch, kMaxWindows,
-    kMaxLineBytes,
+    kMaxLineBytes, kLayout,
 };
 const keel_component_desc kComponents[] = {
     keel::component<Criteo>(

@@ -1,9 +1,15 @@
 // model `dlrm`: a DLRM-style click-through-rate model (Naumov et al. 2019) whose embeddings are
 // hash tables (keel::EmbeddingTable, <keel/embedding.hpp>).
 //
-// Input (dataset `criteo`, docs/recommendation.md "Batch layout"): float64 [B, 39]; columns
-// 0..12 the numeric features (already transformed), columns 13..38 the 26 categorical ids
-// (integers, -1 = missing). dense = columns 0..12 as float32, ids = columns 13..38 as int64.
+// Input (dataset `criteo`, docs/recommendation.md "Batch layout"), either
+//  - columns: `inputs` float64 [B, 39]; columns 0..12 the numeric features (already
+//    transformed), columns 13..38 the 26 categorical ids (integers, -1 = missing): dense =
+//    columns 0..12 as float32, feature f's bag = the one id in column 13 + f; or
+//  - named (a named batch, keel.model.batch/1, without `inputs`): `dense` float [B, 13],
+//    `sparse_ids` int64 [B, L] and `sparse_offsets` int64 [B, 27]: sample b's bag of feature f
+//    is sparse_ids[b, sparse_offsets[b, f] .. sparse_offsets[b, f + 1]) (multi-hot and ragged:
+//    any number of ids per bag, none included; ids past sparse_offsets[b, 26] and negative ids
+//    are ignored, so a row may be padded with -1).
 // Output: logits [B] (float32), one per sample, for loss `bce`.
 //
 //   x = bottom(dense)            Linear + ReLU per width of bottom_mlp (an empty list: x = dense)
@@ -18,9 +24,10 @@
 // names); "shared" gives all features one table, named `categorical`, in which feature f's id
 // is keel::EmbeddingTable::shared_id(f, id) (f = 0..25). Either way forward looks every table
 // up once for all the features using it: bags = B (per feature) or B x 26 (shared), bag
-// b * 26 + f holding sample b's id of feature f, one id per bag. Criteo fields are
-// single-valued: `pooling` decides how a bag of several ids would combine; with one id per
-// bag, sum and mean both give that id's row, and zeros for a missing id. The tables get the
+// b * 26 + f holding sample b's ids of feature f. `pooling` decides how a bag of several ids
+// combines (sum, or mean over the ids that have a row); Criteo's fields are single-valued,
+// and with one id per bag sum and mean both give that id's row, and zeros for a missing id
+// (an empty bag gives zeros too). The tables get the
 // run's seed, the options min_count, ttl_steps, max_rows, max_pending and init_std, and the
 // run's keel_comm (so that with several ranks they are sharded by id over the ranks);
 // set_training reaches them; Model::tables() shows them to the kernel, which hands them to the
@@ -165,13 +172,49 @@ class Dlrm : public keel::Model {
           "dlrm: expected inputs float64 [B, 39] (13 numeric features, then 26 categorical "
           "ids), got " + std::string(c10::toString(input.scalar_type())) + " " +
           text::shape(input.sizes()) + "; hint: use dataset criteo (its batch layout)");
-    at::Tensor x = input.slice(1, 0, kNumeric).to(at::kFloat);
-    for (nn::Linear& fc : bottom_) x = at::relu(fc->forward(x));
+    const at::Tensor x = bottom(input.slice(1, 0, kNumeric));
     // The lookups return the pooled rows on the tables' device (table_device): they go to the
     // device of the dense part (a no-op when they are there), and backward brings their
     // gradient back.
-    const at::Tensor e =
-        embed(input.slice(1, kNumeric, kColumns).to(at::kLong).contiguous()).to(x.device());
+    return top(x, embed(input.slice(1, kNumeric, kColumns).to(at::kLong).contiguous())
+                      .to(x.device()));
+  }
+
+  // A named batch: `inputs` (the columns, as forward) or `dense`, `sparse_ids` and
+  // `sparse_offsets` (multi-hot bags).
+  keel::NamedTensors forward_batch(const keel::NamedTensors& batch) override {
+    if (const at::Tensor* columns = keel::find(batch, "inputs")) return {{"logits", forward(*columns)}};
+    const at::Tensor& dense = keel::need(batch, "dense");
+    const at::Tensor& ids = keel::need(batch, "sparse_ids");
+    const at::Tensor& offsets = keel::need(batch, "sparse_offsets");
+    const int64_t b = dense.size(0);
+    if (dense.dim() != 2 || dense.size(1) != kNumeric || !dense.is_floating_point() ||
+        ids.dim() != 2 || ids.scalar_type() != at::kLong || offsets.sizes() != at::IntArrayRef{b, kCategorical + 1} ||
+        offsets.scalar_type() != at::kLong)
+      throw std::invalid_argument(
+          "dlrm: expected dense float [B, 13], sparse_ids int64 [B, L] and sparse_offsets "
+          "int64 [B, 27], got dense " + layout(dense) + ", sparse_ids " + layout(ids) +
+          " and sparse_offsets " + layout(offsets) + "; hint: dataset criteo with layout = "
+          "\"named\" gives these");
+    const at::Tensor x = bottom(dense);
+    return {{"logits", top(x, embed_bags(ids, offsets).to(x.device()))}};
+  }
+
+ private:
+  static std::string layout(const at::Tensor& t) {
+    return std::string(c10::toString(t.scalar_type())) + " " + text::shape(t.sizes());
+  }
+
+  // The bottom MLP over the numeric features [B, 13].
+  at::Tensor bottom(const at::Tensor& dense) {
+    at::Tensor x = dense.to(at::kFloat);
+    for (nn::Linear& fc : bottom_) x = at::relu(fc->forward(x));
+    return x;
+  }
+
+  // The interaction of x [B, width] with the pooled embeddings e [B, 26, dim], and the top MLP
+  // to one logit per sample.
+  at::Tensor top(const at::Tensor& x, const at::Tensor& e) {
     at::Tensor z;
     if (dot_) {
       const at::Tensor v = at::cat({x.unsqueeze(1), e}, 1);  // [B, 27, dim]
@@ -184,6 +227,7 @@ class Dlrm : public keel::Model {
     return out_->forward(z).reshape({-1});
   }
 
+ public:
   void set_training(bool training) override {
     root_->train(training);
     for (keel::EmbeddingTable& t : tables_) t.set_training(training);
@@ -254,6 +298,46 @@ class Dlrm : public keel::Model {
     return at::stack(features, 1);
   }
 
+  // Multi-hot bags (forward_batch): ids int64 [B, L], offsets int64 [B, 27] -> pooled rows
+  // [B, 26, dim], one lookup per table, as embed.
+  at::Tensor embed_bags(const at::Tensor& ids, const at::Tensor& offsets) {
+    const at::Tensor id = ids.to(at::kCPU).contiguous(), off = offsets.to(at::kCPU).contiguous();
+    const int64_t b = id.size(0), width = id.size(1);
+    const int64_t* in = id.data_ptr<int64_t>();
+    const int64_t* o = off.data_ptr<int64_t>();
+    for (int64_t s = 0; s < b; ++s)
+      for (int64_t f = 0; f <= kCategorical; ++f) {
+        const int64_t at = o[s * (kCategorical + 1) + f];
+        const int64_t before = f == 0 ? 0 : o[s * (kCategorical + 1) + f - 1];
+        if (at < before || at > width)
+          throw std::invalid_argument(
+              "dlrm: sparse_offsets[" + std::to_string(s) + ", " + std::to_string(f) + "] = " +
+              std::to_string(at) + ": a sample's offsets are non-decreasing, from >= 0 to at "
+              "most sparse_ids' width " + std::to_string(width));
+      }
+    const bool shared = tables_.size() == 1;
+    // Per table: the ids of its bags in bag order, and each bag's start.
+    std::vector<std::vector<int64_t>> flat(tables_.size()), starts(tables_.size());
+    for (int64_t s = 0; s < b; ++s)
+      for (int64_t f = 0; f < kCategorical; ++f) {
+        const size_t t = shared ? 0 : static_cast<size_t>(f);
+        starts[t].push_back(static_cast<int64_t>(flat[t].size()));
+        const int64_t* bag = o + s * (kCategorical + 1) + f;
+        for (int64_t k = bag[0]; k < bag[1]; ++k)
+          flat[t].push_back(shared ? keel::EmbeddingTable::shared_id(f, in[s * width + k])
+                                   : in[s * width + k]);
+      }
+    if (shared)
+      return tables_[0].lookup(at::tensor(flat[0], at::kLong), at::tensor(starts[0], at::kLong),
+                               pooling_).view({b, kCategorical, dim_});
+    std::vector<at::Tensor> features;
+    features.reserve(tables_.size());
+    for (size_t t = 0; t < tables_.size(); ++t)
+      features.push_back(tables_[t].lookup(at::tensor(flat[t], at::kLong),
+                                           at::tensor(starts[t], at::kLong), pooling_));
+    return at::stack(features, 1);
+  }
+
   int64_t dim_;
   bool dot_;
   keel::Pooling pooling_;
@@ -275,9 +359,10 @@ const keel_option_desc kOptions[] = {
 keel_component_desc dlrm_component() {
   return keel::component<Dlrm>(
       "dlrm",
-      "DLRM-style click-through-rate model over dataset criteo's [B, 39] inputs: bottom MLP on "
-      "the 13 numeric features, hash-table embeddings (keel::EmbeddingTable) for the 26 "
-      "categorical ones, dot or concatenation interaction, top MLP to one logit per sample",
+      "DLRM-style click-through-rate model over dataset criteo's batches ([B, 39] inputs, or "
+      "named dense, sparse_ids and sparse_offsets with multi-hot bags): bottom MLP on the 13 "
+      "numeric features, hash-table embeddings (keel::EmbeddingTable) for the 26 categorical "
+      "ones, dot or concatenation interaction, top MLP to one logit per sample",
       kOptions);
 }
 

@@ -246,6 +246,16 @@ class Recommendation(unittest.TestCase):
             for k in x[obj]:
                 self.assertTrue(np.array_equal(x[obj][k], y[obj][k]), f"{obj}: {k}")
 
+    def test_named_layout(self):
+        # criteo's layout = "named" (dense, sparse_ids, sparse_offsets: dlrm's forward_batch)
+        # trains what the columns train: the same checkpoint, array for array, and the same
+        # evaluations.
+        named = self.run_one("named", 256, "--set", 'data.train.layout="named"', "--set",
+                             'data.test.layout="named"')
+        self.assert_same_checkpoint(self.full, named)
+        self.assertEqual([r["auc"] for r in records(named, "test")],
+                         [r["auc"] for r in records(self.full, "test")])
+
     def test_tables_as_tensors(self):
         tensors = ("--set", "model.table_tensor_ops=true")
         self.assert_same_checkpoint(self.full, self.run_one("tensors", 256, *tensors))

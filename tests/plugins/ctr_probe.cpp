@@ -36,6 +36,13 @@
 //     "shape": [..]}, ..], "tables": [{"name": .., "dim": .., "rows": .., "touched": ..}, ..],
 //     "flops": .., "output_shape": [..], "output_dtype": ..}.
 //
+//   ctr_probe dlrm_named PLUGIN.so DIR B B2 L [KEY=VALUE]...
+//     The same through the model's named batches (keel.model.batch/1, forward_batch) on
+//     multi-hot bags: DIR/dense.bin (float32 [B, 13]), DIR/ids.bin (int64 [B, L]) and
+//     DIR/offsets.bin (int64 [B, 27]) in training, DIR/dense2.bin, ids2.bin, offsets2.bin
+//     ([B2, ..]) in evaluation; DIR/sid.bin and sid2.bin (int64 [B, L]) hold the shared-table
+//     id of each id in a bag (-1 outside the bags).
+//
 //   ctr_probe pool DIR N BAGS DIM sum|mean
 //     keel::EmbeddingTable alone (name "t", dim DIM, seed 3, world 1) in training: out =
 //     lookup(DIR/ids.bin (int64 [N]), DIR/offsets.bin (int64 [BAGS])), then (out *
@@ -50,6 +57,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
 
 #include "probe.hpp"
 
@@ -344,21 +352,55 @@ std::string shape_json(at::IntArrayRef sizes) {
   return "[" + out + "]";
 }
 
+// The shared-table ids of the ids in bags (named batch), int64 [B, L]; -1 outside the bags.
+at::Tensor shared_bag_ids(const at::Tensor& ids, const at::Tensor& offsets) {
+  at::Tensor out = at::full(ids.sizes(), -1, at::kLong);
+  for (int64_t b = 0; b < ids.size(0); ++b)
+    for (int64_t f = 0; f < 26; ++f)
+      for (int64_t k = offsets[b][f].item<int64_t>(); k < offsets[b][f + 1].item<int64_t>(); ++k)
+        out[b][k] = keel::EmbeddingTable::shared_id(f, ids[b][k].item<int64_t>());
+  return out;
+}
+
 std::string dlrm_mode(int argc, char** argv) {
-  if (argc < 6) throw std::runtime_error("usage: ctr_probe dlrm PLUGIN.so DIR B B2 [KEY=VALUE]...");
+  const bool named = std::string(argv[1]) == "dlrm_named";
+  const int first_option = named ? 7 : 6;
+  if (argc < first_option)
+    throw std::runtime_error("usage: ctr_probe dlrm PLUGIN.so DIR B B2 [KEY=VALUE]... or "
+                             "ctr_probe dlrm_named PLUGIN.so DIR B B2 L [KEY=VALUE]...");
   keel::testing::Plugin plugin(probe::open_plugin(argv[2]));
   const std::string dir = argv[3];
   const int64_t b = std::stoll(argv[4]), b2 = std::stoll(argv[5]);
-  const at::Tensor inputs = read_tensor(dir + "/inputs.bin", {b, 39}, at::kDouble);
-  const at::Tensor inputs2 = read_tensor(dir + "/inputs2.bin", {b2, 39}, at::kDouble);
+  const int64_t l = named ? std::stoll(argv[6]) : 0;
+  // The training and evaluation batches: columns (inputs.bin) or named (dense, ids, offsets).
+  auto batch_of = [&](const std::string& suffix, int64_t n) -> keel::testing::NamedTensors {
+    if (!named)
+      return {{"inputs", read_tensor(dir + "/inputs" + suffix + ".bin", {n, 39}, at::kDouble)}};
+    return {{"dense", read_tensor(dir + "/dense" + suffix + ".bin", {n, 13}, at::kFloat)},
+            {"sparse_ids", read_tensor(dir + "/ids" + suffix + ".bin", {n, l}, at::kLong)},
+            {"sparse_offsets", read_tensor(dir + "/offsets" + suffix + ".bin", {n, 27}, at::kLong)}};
+  };
+  const keel::testing::NamedTensors batch = batch_of("", b), batch2 = batch_of("2", b2);
   const at::Tensor coef = read_tensor(dir + "/coef.bin", {b}, at::kFloat);
   keel::testing::Setup setup;
   setup.seed = 7;
-  auto model = plugin.create<keel_model>("dlrm", parse_options(argc, argv, 6), setup);
-  model.call(model->set_training, 1);
+  auto model = plugin.create<keel_model>("dlrm", parse_options(argc, argv, first_option), setup);
   keel_tensor* o = nullptr;
-  model.call(model->forward, keel::peek(inputs), &o);
-  const at::Tensor logits = keel::adopt(o);
+  auto forward = [&](const keel::testing::NamedTensors& in) {
+    if (named) {
+      const keel::testing::NamedTensors out = keel::testing::forward_batch(model, in);
+      const at::Tensor* y = keel::find(out, "logits");
+      if (y == nullptr) throw std::runtime_error("forward_batch put no logits");
+      return *y;
+    }
+    model.call(model->forward, keel::peek(in[0].second), &o);
+    return keel::adopt(o);
+  };
+  auto shared = [&](const keel::testing::NamedTensors& in) {
+    return named ? shared_bag_ids(in[1].second, in[2].second) : shared_ids(in[0].second);
+  };
+  model.call(model->set_training, 1);
+  const at::Tensor logits = forward(batch);
   (logits * coef).sum().backward();
   write_tensor(dir + "/logits.bin", logits);
   std::string params;
@@ -390,13 +432,12 @@ std::string dlrm_mode(int argc, char** argv) {
     if (tables[i]->end_step(tables[i]->self, 1, &err) != KEEL_OK)
       throw std::runtime_error(std::string("end_step: ") + err.message);
   }
-  write_tensor(dir + "/sid.bin", shared_ids(inputs));
-  write_tensor(dir + "/sid2.bin", shared_ids(inputs2));
+  write_tensor(dir + "/sid.bin", shared(batch));
+  write_tensor(dir + "/sid2.bin", shared(batch2));
   model.call(model->set_training, 0);
   {
     at::NoGradGuard no_grad;
-    model.call(model->forward, keel::peek(inputs2), &o);
-    write_tensor(dir + "/eval_logits.bin", keel::adopt(o));
+    write_tensor(dir + "/eval_logits.bin", forward(batch2));
   }
   return probe::format("{\"params\": [%s], \"tables\": [%s], \"flops\": %s, "
                        "\"output_shape\": %s, \"output_dtype\": \"%s\"}\n",
@@ -437,10 +478,10 @@ std::string run(int argc, char** argv) {
   if (mode == "bce") return bce_mode(argc, argv);
   if (mode == "bce_eval") return bce_eval_mode(argc, argv);
   if (mode == "bce_ranks") return bce_ranks_mode(argc, argv);
-  if (mode == "dlrm") return dlrm_mode(argc, argv);
+  if (mode == "dlrm" || mode == "dlrm_named") return dlrm_mode(argc, argv);
   if (mode == "pool") return pool_mode(argc, argv);
   throw std::runtime_error(
-      "usage: ctr_probe bce|bce_eval|bce_ranks|dlrm|pool ... (see ctr_probe.cpp)");
+      "usage: ctr_probe bce|bce_eval|bce_ranks|dlrm|dlrm_named|pool ... (see ctr_probe.cpp)");
 }
 
 int entry(int argc, char** argv) { return probe::main_guard(run, argc, argv); }

@@ -30,7 +30,12 @@ for the embeddings, padding_idx for missing and unknown ids, bmm + tril_indices 
   embedding_dim for dot);
 - min_count = 2 with every id seen once: no row touched, logits as with zero embeddings;
   init_std = 0.5: the rows' standard deviation within 10% of 0.5;
-- interaction dot with bottom_mlp ending at another width than embedding_dim: one error line.
+- interaction dot with bottom_mlp ending at another width than embedding_dim: one error line;
+- the same four option sets on named batches (forward_batch, keel.model.batch/1) of multi-hot,
+  ragged bags: dense [24, 13], sparse_ids [24, 80] padded with -1, sparse_offsets [24, 27],
+  0 to 3 ids per bag (empty bags, some -1), against the reference's F.embedding_bag over each
+  table's bags (an id without a row counted by a mean as a zero row, keel/embedding.hpp):
+  the same bounds; offsets that go back within a sample: one error line naming the entry.
 embedding table alone (multi-id bags, which Criteo's single-valued fields never make): 40 ids
 (some -1, repeats) in 12 bags (two empty) of dim 5, sum and mean, against F.embedding_bag over
 the touched rows: pooled values within 1e-6, row gradients within 1e-6; the evaluation lookup
@@ -202,20 +207,51 @@ def table_weight(tmp, t, dim):
 
 
 def lookup(index, ids):
-    return torch.tensor([index.get(int(i), 0) if i >= 0 else 0 for i in ids.reshape(-1)])
+    return torch.tensor([index.get(int(i), 0) if i >= 0 else 0 for i in ids.reshape(-1)],
+                        dtype=torch.long)
 
 
-def reference(inputs, sid, params, tables, opts):
-    """The float64 logits of dlrm from its parameters (name -> tensor) and its tables' rows."""
-    b = inputs.shape[0]
+def bag_embeddings(ids, offsets, sid, tables, opts):
+    """The pooled rows [B, 26, dim] of multi-hot bags: sample s's bag of feature f is
+    ids[s, offsets[s, f]:offsets[s, f + 1]] (sid: the same positions' shared-table ids). A
+    missing id (-1) is left out (padding_idx), an id >= 0 without a row is a zero row that a
+    mean counts (keel/embedding.hpp, kMean)."""
+    b, dim, mode = ids.shape[0], opts["embedding_dim"], opts.get("pooling", "sum")
+    shared = opts.get("tables", "per_feature") == "shared"
+    flat = [[] for _ in range(1 if shared else 26)]
+    starts = [[] for _ in flat]
+    for s in range(b):
+        for f in range(26):
+            t = 0 if shared else f
+            starts[t].append(len(flat[t]))
+            bag = range(int(offsets[s, f]), int(offsets[s, f + 1]))
+            flat[t] += [int(sid[s, k]) if shared else int(ids[s, k]) for k in bag]
+    pooled = []
+    for t in range(len(flat)):
+        index, weight = tables[t]
+        zero = weight.shape[0]  # the index of the zero row appended below
+        idx = torch.tensor([index.get(i, zero) if i >= 0 else 0 for i in flat[t]],
+                           dtype=torch.long)
+        weight = torch.cat([weight, torch.zeros(1, dim, dtype=weight.dtype)])
+        pooled.append(F.embedding_bag(idx, weight, torch.tensor(starts[t]), mode=mode,
+                                      padding_idx=0))
+    return pooled[0].view(b, 26, dim) if shared else torch.stack(pooled, 1)
+
+
+def reference(inputs, sid, params, tables, opts, bags=None):
+    """The float64 logits of dlrm from its parameters (name -> tensor) and its tables' rows:
+    on the columns `inputs`, or with bags = (dense, ids, offsets) on a named batch."""
+    b = inputs.shape[0] if bags is None else bags[0].shape[0]
     dim = opts["embedding_dim"]
     mode = opts.get("pooling", "sum")
-    x = inputs[:, :13].float().double()
+    x = (inputs[:, :13] if bags is None else bags[0]).float().double()
     i = 0
     while f"bottom{i}.weight" in params:
         x = torch.relu(F.linear(x, params[f"bottom{i}.weight"], params[f"bottom{i}.bias"]))
         i += 1
-    if opts.get("tables", "per_feature") == "shared":
+    if bags is not None:
+        e = bag_embeddings(bags[1], bags[2], sid, tables, opts)
+    elif opts.get("tables", "per_feature") == "shared":
         index, weight = tables[0]
         idx = lookup(index, sid)
         e = F.embedding_bag(idx, weight, torch.arange(b * 26), mode=mode, padding_idx=0)
@@ -245,6 +281,45 @@ def make_inputs(b, cardinality, missing, gen):
     return torch.cat([numeric, ids.double()], 1)
 
 
+# The sparse_ids width of named batches: up to 3 ids per bag, and 2 more columns of padding.
+BAG_WIDTH = 26 * 3 + 2
+
+
+def make_bags(b, cardinality, missing, gen):
+    """A named batch: dense float32 [b, 13], sparse_ids int64 [b, BAG_WIDTH] (padded with -1)
+    and sparse_offsets int64 [b, 27]: 0 to 3 ids per bag (empty bags too), some -1."""
+    dense = torch.rand(b, 13, generator=gen) * 5
+    lengths = torch.randint(0, 4, (b, 26), generator=gen)
+    ids = torch.full((b, BAG_WIDTH), -1, dtype=torch.long)
+    offsets = torch.zeros(b, 27, dtype=torch.long)
+    for s in range(b):
+        at = 0
+        for f in range(26):
+            offsets[s, f] = at
+            n = int(lengths[s, f])
+            values = torch.randint(0, cardinality, (n,), generator=gen) * 7919 + 11
+            values[torch.rand(n, generator=gen) < missing] = -1
+            ids[s, at:at + n] = values
+            at += n
+        offsets[s, 26] = at
+    return dense, ids, offsets
+
+
+def run_dlrm_named(tmp, b, opts):
+    gen = torch.Generator().manual_seed(6)
+    bags, bags2 = make_bags(b, 12, 0.1, gen), make_bags(b, 24, 0.1, gen)
+    coef = torch.randn(b, generator=gen)
+    for suffix, (dense, ids, offsets) in (("", bags), ("2", bags2)):
+        write(os.path.join(tmp, f"dense{suffix}.bin"), dense)
+        write(os.path.join(tmp, f"ids{suffix}.bin"), ids)
+        write(os.path.join(tmp, f"offsets{suffix}.bin"), offsets)
+    write(os.path.join(tmp, "coef.bin"), coef)
+    text, err = BATCH.run("dlrm_named", PLUGIN, tmp, b, b, BAG_WIDTH,
+                          *[f"{k}={v}" for k, v in opts.items()])
+    return (bags, bags2, coef, json.loads(text), None) if err is None else (
+        None, None, None, None, err)
+
+
 def run_dlrm(tmp, b, opts, unique=False):
     gen = torch.Generator().manual_seed(5)
     inputs = make_inputs(b, 10 ** 6 if unique else 12, 0.1, gen)
@@ -265,8 +340,9 @@ def flops_of(out, opts):
     return 6.0 * macs
 
 
-def dlrm_case(tmp, what, opts, b=32):
-    inputs, inputs2, coef, out, err = run_dlrm(tmp, b, opts)
+def dlrm_case(tmp, what, opts, b=32, named=False):
+    """named: a named batch of multi-hot bags (make_bags) through forward_batch."""
+    inputs, inputs2, coef, out, err = (run_dlrm_named if named else run_dlrm)(tmp, b, opts)
     check(err is None, f"{what}: {err}")
     if err is not None:
         return
@@ -287,18 +363,25 @@ def dlrm_case(tmp, what, opts, b=32):
         index, weight, g = table_weight(tmp, t, dim)
         tables.append((index, weight))
         table_grads.append(g)
-    sid = numpy.fromfile(os.path.join(tmp, "sid.bin"), dtype="int64").reshape(b, 26)
-    sid2 = numpy.fromfile(os.path.join(tmp, "sid2.bin"), dtype="int64").reshape(b, 26)
+    width = BAG_WIDTH if named else 26
+    sid = numpy.fromfile(os.path.join(tmp, "sid.bin"), dtype="int64").reshape(b, width)
+    sid2 = numpy.fromfile(os.path.join(tmp, "sid2.bin"), dtype="int64").reshape(b, width)
     # Each table touched exactly its distinct ids >= 0.
-    ids = inputs[:, 13:].long().numpy()
+    ids = None if named else inputs[:, 13:].long().numpy()
     for t in range(len(names)):
-        col = sid if shared else ids[:, t]
+        if named:  # the ids in feature t's bags
+            col = sid if shared else numpy.array(
+                [int(inputs[1][s, k]) for s in range(b)
+                 for k in range(int(inputs[2][s, t]), int(inputs[2][s, t + 1]))], dtype="int64")
+        else:
+            col = sid if shared else ids[:, t]
         want = {int(i) for i in col.reshape(-1) if i >= 0}
         check(set(tables[t][0]) == want and out["tables"][t]["touched"] == len(want),
               f"{what}: table {names[t]} touched {out['tables'][t]['touched']} rows, "
               f"{len(want)} distinct ids")
     logits = read(os.path.join(tmp, "logits.bin"), "float32", (b,))
-    want = reference(inputs, sid, params, tables, opts)
+    want = (reference(None, sid, params, tables, opts, bags=inputs) if named
+            else reference(inputs, sid, params, tables, opts))
     (want * coef.double()).sum().backward()
     diff = (logits.double() - want).abs().max().item()
     check(diff <= 1e-5, f"{what}: max logit difference {diff}")
@@ -316,7 +399,8 @@ def dlrm_case(tmp, what, opts, b=32):
         worst = max(worst, d)
         check(d <= 1e-5, f"{what}: row gradients of table {names[t]} differ by {d} (relative)")
     with torch.no_grad():
-        want2 = reference(inputs2, sid2, params, tables, opts)
+        want2 = (reference(None, sid2, params, tables, opts, bags=inputs2) if named
+                 else reference(inputs2, sid2, params, tables, opts))
     eval_logits = read(os.path.join(tmp, "eval_logits.bin"), "float32", (b,))
     diff2 = (eval_logits.double() - want2).abs().max().item()
     check(diff2 <= 1e-5, f"{what}: max evaluation logit difference {diff2}")
@@ -340,6 +424,16 @@ DLRM_CASES = [
 def dlrm_cases(tmp):
     for what, opts in DLRM_CASES:
         dlrm_case(tmp, what, opts)
+    for what, opts in DLRM_CASES:  # named batches, multi-hot bags
+        dlrm_case(tmp, what.replace("dlrm", "dlrm multi-hot"), opts, b=24, named=True)
+    # Offsets that go back within a sample: one error line naming the entry.
+    _, _, _, _, err = run_dlrm_named(tmp, 4, {"embedding_dim": 16})
+    offsets = torch.arange(27).repeat(4, 1)
+    offsets[2, 5] = 2
+    write(os.path.join(tmp, "offsets.bin"), offsets)
+    _, err = BATCH.run("dlrm_named", PLUGIN, tmp, 4, 4, BAG_WIDTH, "embedding_dim=16")
+    check(err is not None and "sparse_offsets[2, 5] = 2" in err and "\n" not in err,
+          f"decreasing sparse_offsets: {err}")
     # min_count 2, every id seen once: no rows, zero embeddings.
     opts = {"embedding_dim": 16, "min_count": 2}
     inputs, _, _, out, err = run_dlrm(tmp, 16, opts, unique=True)

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "keel/abi.h"
+#include "keel/ext/batch.h"
 #include "keel/step.h"
 #include "keel/tensor.hpp"
 
@@ -269,6 +270,34 @@ class TensorSet {
   std::vector<keel_tensor*> handles_;
   keel_tensor_set set_{};
 };
+
+// A model's forward through its keel.model.batch/1 (<keel/ext/batch.h>): the outputs it puts
+// for `batch`, in order. Throws when the model offers no such extension, refuses an output or
+// fails.
+inline NamedTensors forward_batch(const Instance<keel_model>& model, const NamedTensors& batch) {
+  const auto* ext = model->get_extension
+                        ? static_cast<const keel_model_batch*>(
+                              model->get_extension(model->self, KEEL_EXT_MODEL_BATCH))
+                        : nullptr;
+  if (ext == nullptr) detail::fail(model.name() + ": offers no " KEEL_EXT_MODEL_BATCH);
+  struct Out {
+    keel_tensor_writer abi;
+    NamedTensors tensors;
+  } out{};
+  out.abi.struct_size = sizeof out.abi;
+  out.abi.host_data = &out;
+  out.abi.put = [](keel_tensor_writer* w, const char* name, keel_tensor* t) -> int {
+    auto* o = static_cast<Out*>(w->host_data);
+    if (name == nullptr || *name == '\0' || t == nullptr) return 0;
+    for (const auto& e : o->tensors)
+      if (e.first == name) return 0;
+    o->tensors.emplace_back(name, borrow(t));
+    return 1;
+  };
+  const TensorSet in(batch);
+  model.call(ext->forward, in.abi(), &out.abi);
+  return out.tensors;
+}
 
 // The models a step's compute runs in a test (keel/step.h): each name ("model", or the NAME of
 // a [models.NAME]) maps to a function from the batch to the model's named outputs. Pass abi()
