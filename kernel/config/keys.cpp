@@ -168,7 +168,17 @@ const KeyTable<TrainKeys>& train_keys() {
           opt_int("max_samples", "0", "training samples to consume (0: no limit)", 0, 9e15), kSafe),
       key(&S::max_tokens,
           opt_int("max_tokens", "0", "training tokens to consume (0: no limit)", 0, 9e15), kSafe),
-      key(&S::grad_accum, opt_int("grad_accum", "1", "micro-batches per optimizer step", 1, 1e6),
+      key(&S::grad_accum,
+          opt_int("grad_accum", "1",
+                  "batches of [data.train] per optimizer step (each one micro-batch, or "
+                  "several with micro_batch_size)", 1, 1e6),
+          kBreaks),
+      key(&S::micro_batch_size,
+          opt_int("micro_batch_size", "0",
+                  "split each training batch along its first dimension into micro-batches of "
+                  "at most this many rows, each run forward and backward on its own, for the "
+                  "memory of a smaller batch (0: a batch is one micro-batch)",
+                  0, 1e9),
           kBreaks),
       key(&S::global_batch,
           opt_int("global_batch", "0",

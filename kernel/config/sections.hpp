@@ -41,7 +41,10 @@ struct TrainKeys {
   int64_t max_steps = 0;
   int64_t max_samples = 0;
   int64_t max_tokens = 0;
-  int64_t grad_accum = 0;  // micro-batches per optimizer step
+  int64_t grad_accum = 0;  // batches of [data.train] per optimizer step
+  // Rows per micro-batch: each batch is split along dimension 0 into micro-batches of at most
+  // this many rows (0: a batch is one micro-batch) (run/fetch.hpp, split_rows).
+  int64_t micro_batch_size = 0;
   // Samples per optimizer step over all ranks (0: not given). When given, [data.train]
   // batch_size is the micro-batch and the run derives the micro-batches per rank and step
   // (run/assemble.cpp: StepPlan::grad_accum).

@@ -77,6 +77,33 @@ void agree_on_stream(Run& run, const std::vector<MicroBatch>& out) {
 
 }  // namespace
 
+std::vector<MicroBatch> split_rows(std::vector<MicroBatch> batches, int64_t rows) {
+  if (rows <= 0) return batches;
+  std::vector<MicroBatch> out;
+  for (MicroBatch& mb : batches) {
+    const int64_t n = mb.tensors.front().second.size(0);
+    if (n <= rows) {
+      out.push_back(std::move(mb));
+      continue;
+    }
+    // The share of a count (samples, tokens) in rows [0, end): split at the same points, the
+    // shares sum to the whole.
+    auto before = [n](int64_t count, int64_t end) {
+      return static_cast<int64_t>(static_cast<__int128>(count) * end / n);
+    };
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t len = std::min(rows, n - start);
+      MicroBatch part;
+      part.source = mb.source;
+      for (const auto& [name, t] : mb.tensors) part.tensors.emplace_back(name, t.narrow(0, start, len));
+      part.samples = before(mb.samples, start + len) - before(mb.samples, start);
+      part.tokens = before(mb.tokens, start + len) - before(mb.tokens, start);
+      out.push_back(std::move(part));
+    }
+  }
+  return out;
+}
+
 std::vector<MicroBatch> fetch_micro_batches(Run& run) {
   const auto t0 = Clock::now();
   profile_begin(run, "data");

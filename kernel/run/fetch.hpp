@@ -18,4 +18,10 @@ struct Run;
 // every rank throws, naming each rank's count).
 std::vector<MicroBatch> fetch_micro_batches(Run& run);
 
+// [train] micro_batch_size: each batch of `batches` split along dimension 0 into micro-batches
+// of at most `rows` rows (views of its tensors, in order; the last may be smaller), its samples
+// and tokens shared out in proportion to the rows (they sum to the batch's); `rows` <= 0, or a
+// batch of at most `rows` rows, stays whole.
+std::vector<MicroBatch> split_rows(std::vector<MicroBatch> batches, int64_t rows);
+
 }  // namespace keel

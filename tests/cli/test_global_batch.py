@@ -7,6 +7,9 @@
   1e-6 (absolute, per element), and every step's loss within 1e-6. Both logs name the derived
   micro-batches. The same 2-rank run with accum_normalization = "mean" (each micro-batch's
   mean weighted 1/k) differs by more than 1e-4: the data makes the normalisation matter.
+- [train] micro_batch_size: batch_size 16 split into micro-batches of 4 rows trains the
+  parameters and losses of batch_size 4 with global_batch 16 bit for bit, and those of the
+  unsplit batch of 16 within 1e-6 (which differ from batch_size 4 alone by more than 1e-4).
 - The resolved manifest: a 1-process run's manifest.resolved.toml (grad_accum derived, so not
   written beside global_batch) trains the same parameters again, bit for bit, and `keel export`
   of the run reads its checkpoint.
@@ -93,8 +96,8 @@ class GlobalBatch(unittest.TestCase):
                                     batch=batch))
         return path, out
 
-    def train(self, name, train, nproc):
-        path, out = self.manifest(name, train)
+    def train(self, name, train, nproc, batch=4):
+        path, out = self.manifest(name, train, batch)
         if nproc == 1:
             cmd = [KEEL, "train", path]
         else:
@@ -133,6 +136,23 @@ class GlobalBatch(unittest.TestCase):
         d_mean = self.max_diff(one, mean)
         print(f"2 ranks with accum_normalization = \"mean\": max |param diff| {d_mean:.3g}")
         self.assertGreater(d_mean, 1e-4)
+
+    def test_micro_batch_size(self):
+        # batch_size 16 split into micro-batches of 4 rows (micro_batch_size = 4) runs the
+        # micro-batches of batch_size 4 with global_batch 16: the same windows, the same item
+        # weights (6 of 8 targets ignored in every other window), so the same parameters and
+        # losses bit for bit; and the unsplit batch of 16 (one forward over all) within 1e-6.
+        split, split_losses, _ = self.train("split", "micro_batch_size = 4", 1, batch=16)
+        four, four_losses, _ = self.train("four", "global_batch = 16", 1)
+        whole, whole_losses, _ = self.train("whole", "", 1, batch=16)
+        self.assertEqual(split_losses, four_losses)
+        self.assertEqual(sorted(split), sorted(four))
+        for k in split:
+            self.assertTrue(np.array_equal(split[k], four[k]), k)
+        d = self.max_diff(split, whole)
+        print(f"micro_batch_size 4 of batch 16 vs the whole batch: max |param diff| {d:.3g}")
+        self.assertLessEqual(d, 1e-6)
+        self.assertGreater(self.max_diff(whole, self.train("small", "", 1)[0]), 1e-4)
 
     def test_resolved_manifest_reruns_and_exports(self):
         # The run's own manifest.resolved.toml (global_batch set, grad_accum derived from it)
