@@ -174,6 +174,19 @@ Named forward(const ModelCalls& calls, const MicroBatch& mb) {
   return outputs;
 }
 
+at::Tensor with_aux_losses(const ModelCalls& calls, const Named& outputs, at::Tensor loss) {
+  for (const auto& [name, t] : outputs) {
+    if (name != "aux_loss" && name.rfind("aux_loss.", 0) != 0) continue;
+    if (t.dim() != 0 || !t.is_floating_point())
+      throw calls.model->error(fmt::format(
+          "forward ({}) put '{}' of shape {}; an auxiliary loss (aux_loss, aux_loss.NAME) is a "
+          "0-dim floating-point tensor", calls.named ? KEEL_EXT_MODEL_BATCH : "1.x", name,
+          text::shape(t.sizes())));
+    loss = loss.add(t);
+  }
+  return loss;
+}
+
 at::Tensor compute_loss(const LossCalls& calls, const Named& outputs, const MicroBatch& mb,
                         int64_t* count, bool training) {
   const Instance<keel_loss>& loss = *calls.loss;

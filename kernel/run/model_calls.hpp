@@ -58,6 +58,10 @@ NextResult next_batch(const DataSource& source, const at::Device& device, MicroB
 // The model's outputs for `mb`, in the order put: "logits" among them (its first dimension the
 // batch's), at most KEEL_MAX_NAMED_TENSORS - 1.
 Named forward(const ModelCalls& model, const MicroBatch& mb);
+// `loss` plus every auxiliary loss among the model's `outputs`: the outputs named "aux_loss" or
+// "aux_loss.NAME", each a 0-dim floating-point tensor (else an error naming the model and the
+// output). The kernel's training step adds them; evaluation's loss is the loss plugin's alone.
+at::Tensor with_aux_losses(const ModelCalls& model, const Named& outputs, at::Tensor loss);
 // The loss of `outputs` for `mb`; `count`: the items it averaged over. `training`: the loss
 // must carry a gradient (under autograd).
 at::Tensor compute_loss(const LossCalls& loss, const Named& outputs, const MicroBatch& mb,

@@ -98,9 +98,16 @@ at::Tensor micro_batch_loss(Run& run, const MicroBatch& mb, MicroBatchWeights& w
   const Autocast autocast(run.config.train.precision, run.ranks.device);
   int64_t count = 0;
   const Components& c = run.components;
-  at::Tensor loss = c.own_step      ? own_step_loss(run, mb)  // [step]
-                    : run.plan.linear_loss ? linear_loss_of(c.model, c.loss, mb, &count)
-                        : compute_loss(c.loss_calls, forward(c.model_calls, mb), mb, &count, true);
+  at::Tensor loss;
+  if (c.own_step) {  // [step]
+    loss = own_step_loss(run, mb);
+  } else if (run.plan.linear_loss) {
+    loss = linear_loss_of(c.model, c.loss, mb, &count);
+  } else {
+    const Named outputs = forward(c.model_calls, mb);
+    loss = with_aux_losses(c.model_calls, outputs,
+                           compute_loss(c.loss_calls, outputs, mb, &count, true));
+  }
   // A weight of 1 (no accumulation) adds nothing but a node to the autograd graph.
   const double weight = weights(i);
   if (weight != 1.0) loss = loss.mul(weight);

@@ -35,11 +35,12 @@ namespace {
 constexpr int64_t kBatch = 4, kAccum = 2, kTrainCount = 64, kEvalCount = 16;
 constexpr double kLr = 0.05;
 
-std::string manifest(const fs::path& run_dir, const std::string& extra = "") {
+std::string manifest(const fs::path& run_dir, const std::string& extra = "",
+                     const std::string& model = "") {
   return "[run]\nname = \"named\"\noutput_dir = \"" + run_dir.string() +
          "\"\nseed = 3\n"
          "[train]\nepochs = 1\nlog_every = 1\ngrad_accum = " + std::to_string(kAccum) + "\n"
-         "[model]\ntype = \"affine\"\n"
+         "[model]\ntype = \"affine\"\n" + model +
          "[data.train]\ntype = \"weighted_points\"\ncount = " + std::to_string(kTrainCount) +
          "\nbatch_size = " + std::to_string(kBatch) + "\n"
          "[data.test]\ntype = \"weighted_points\"\noffset = " + std::to_string(kTrainCount) +
@@ -74,12 +75,15 @@ bool close(double a, double b) { return std::abs(a - b) <= 1e-6 * std::max(1.0, 
 
 }  // namespace
 
-TEST_CASE("named batches train as the same computation written with LibTorch") {
+// Trains the fixture (its model with auxiliary loss weight `aux`) and checks it against the same
+// computation written with ATen: two micro-batches per step, each loss (the weighted mse plus
+// aux * sum(w^2), the model's "aux_loss.l2") weighted by its share of the step's items (4 of
+// 8), then SGD; the evaluation's loss is the weighted mse alone.
+void trains_as_reference(double aux) {
   TempDir d;
-  keel_test::train(d.write("m.toml", manifest(d.path / "run")));
+  keel_test::train(d.write("m.toml", manifest(d.path / "run", "",
+                                              "aux = " + std::to_string(aux) + "\n")));
 
-  // The reference: the fixture's model, loss and data; two micro-batches per step, each loss
-  // weighted by its share of the step's items (4 of 8), then SGD.
   at::Tensor w = at::tensor({0.3f, -0.2f, 0.1f, 0.05f}).reshape({1, 4}).requires_grad_();
   at::Tensor b = at::tensor({0.02f}).requires_grad_();
   std::vector<double> losses;
@@ -87,8 +91,9 @@ TEST_CASE("named batches train as the same computation written with LibTorch") {
   for (int64_t step = 0; step < steps; ++step) {
     double step_loss = 0;
     for (int64_t m = 0; m < kAccum; ++m) {
-      const at::Tensor l = weighted_mse(w, b, samples((step * kAccum + m) * kBatch, kBatch)) *
-                           (1.0 / static_cast<double>(kAccum));
+      const at::Tensor l =
+          (weighted_mse(w, b, samples((step * kAccum + m) * kBatch, kBatch)) + (w * w).sum() * aux) *
+          (1.0 / static_cast<double>(kAccum));
       step_loss += l.item<double>();
       l.backward();
     }
@@ -133,6 +138,14 @@ TEST_CASE("named batches train as the same computation written with LibTorch") {
   CHECK(keel_losses.back() < keel_losses.front());  // it learns: the reference is not trivial
 }
 
+TEST_CASE("named batches train as the same computation written with LibTorch") {
+  trains_as_reference(0);
+}
+
+TEST_CASE("a model's aux_loss outputs are added to the training loss, not to evaluation's") {
+  trains_as_reference(0.5);
+}
+
 TEST_CASE("a bad named batch, or a name a plugin needs and the batch lacks, stops the run") {
   struct Case {
     const char* sets;  // --set arguments, ';'-separated
@@ -158,6 +171,10 @@ TEST_CASE("a bad named batch, or a name a plugin needs and the batch lacks, stop
       {"model.bad=\"no_logits\"",
        {"model 'affine' (plugin test-named): forward (keel.model.batch/1) put no 'logits' (it "
         "put: squared)"}},
+      {"model.bad=\"bad_aux\"",
+       {"model 'affine' (plugin test-named): forward (keel.model.batch/1) put 'aux_loss' of "
+        "shape [4, 1]; an auxiliary loss (aux_loss, aux_loss.NAME) is a 0-dim floating-point "
+        "tensor"}},
       // A 1.x model reads "inputs", a 1.x loss "targets": neither is in this batch.
       {"model.type=\"mlp\"",
        {"model 'mlp' (plugin keel-models", "): forward (1.x) reads the batch's 'inputs', which ",

@@ -30,14 +30,17 @@
  *   document_ids          which packed document each token belongs to (attention stays in it)
  *   dense                 a recommendation model's dense features, [batch, F]
  *   sparse_ids, sparse_offsets  multi-hot ids, ragged: sample i's ids of field f are
- *                         sparse_ids[sparse_offsets[i][f] .. sparse_offsets[i][f + 1])
+ *                         sparse_ids[i][sparse_offsets[i][f] .. sparse_offsets[i][f + 1])
  *   logits                the model's output for the batch (an output; required)
+ *   aux_loss, aux_loss.NAME  auxiliary losses (outputs, 0-dim floating-point tensors): the
+ *                         kernel's training step adds each to the loss plugin's loss of the
+ *                         micro-batch; an evaluation's loss is the loss plugin's alone
  *
  * What the kernel checks of a dataset's batch: at least one tensor, each with a first dimension
  * and the same one in all (the batch), each on the CPU or the run's device (the kernel moves
  * it to the run's device), samples >= 1, tokens >= 0; a failed check stops the run with one
- * line naming the dataset and the tensor. The kernel does not split a dataset's batch: each
- * `next` is one micro-batch of [train] grad_accum.
+ * line naming the dataset and the tensor. Each `next` is one batch of [train] grad_accum, and
+ * one micro-batch unless [train] micro_batch_size splits it along the first dimension.
  */
 #ifndef KEEL_EXT_BATCH_H
 #define KEEL_EXT_BATCH_H
