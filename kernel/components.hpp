@@ -218,8 +218,8 @@ Instance<Abi> create_instance(const Component& c, keel_create_context ctx) {
   for (size_t i = 0; i < n; ++i)
     if (!slots[i])
       throw Error(label + ": creation failed: the instance's slot '" +
-                  SlotNames<Abi>::names[i] + "' is NULL; every 1.0 slot of the " +
-                  kind_name(c.kind) + " struct is required");
+                  SlotNames<Abi>::names[i] + "' is NULL; every required slot of the " +
+                  kind_name(c.kind) + " struct must be set");
   return inst;
 }
 

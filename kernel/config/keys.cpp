@@ -182,9 +182,9 @@ const KeyTable<TrainKeys>& train_keys() {
           kBreaks),
       key(&S::global_batch,
           opt_int("global_batch", "0",
-                  "samples per optimizer step over all ranks: [data.train] batch_size is then "
-                  "the micro-batch and grad_accum = global_batch / (batch_size x ranks) (0: "
-                  "batch_size x grad_accum x ranks)",
+                  "samples per optimizer step over all ranks: grad_accum is then derived as "
+                  "global_batch / ([data.train] batch_size x ranks) (0: batch_size x grad_accum "
+                  "x ranks)",
                   0, 1e12),
           kBreaks),
       key(&S::accum_normalization,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,39 @@ std::vector<MicroBatch> split_rows(std::vector<MicroBatch> batches, int64_t rows
     }
   }
   return out;
+}
+
+std::vector<MicroBatch> micro_batches(Run& run, const std::vector<MicroBatch>& batches) {
+  const int64_t rows = run.config.train.micro_batch_size;
+  std::vector<MicroBatch> mbs = split_rows(batches, rows);
+  if (rows <= 0 || !run.ranks.group) return mbs;
+  auto rows_of = [](const MicroBatch& mb) { return mb.tensors.front().second.size(0); };
+  int64_t total = 0;
+  for (const MicroBatch& mb : mbs) total += rows_of(mb);
+  const int64_t step = run.progress.step + 1;
+  // The most micro-batches of any rank, and the fewest rows (as a max of its negation).
+  const std::vector<double> agreed = run.ranks.group->max(
+      {static_cast<double>(mbs.size()), -static_cast<double>(total)},
+      "agreeing on the micro-batches of step " + std::to_string(step));
+  const auto most = static_cast<int64_t>(agreed[0]);
+  const auto fewest_rows = static_cast<int64_t>(-agreed[1]);
+  if (fewest_rows == 0) return mbs;  // a rank without data: the step's agreement fails it
+  if (fewest_rows < most)
+    throw Error(fmt::format("[train] micro_batch_size = {}: at step {} a rank's batches hold {} "
+                            "row(s), too few for the {} micro-batches another rank's make (this "
+                            "rank's: {} rows, {} micro-batches), and every rank runs as many; "
+                            "hint: give every rank batches of the same size (e.g. fashion_mnist "
+                            "remainder = \"pad\" or \"drop\"), or raise micro_batch_size",
+                            rows, step, fewest_rows, most, total, mbs.size()));
+  while (static_cast<int64_t>(mbs.size()) < most) {
+    const auto largest = std::max_element(
+        mbs.begin(), mbs.end(),
+        [&](const MicroBatch& a, const MicroBatch& b) { return rows_of(a) < rows_of(b); });
+    std::vector<MicroBatch> halves = split_rows({*largest}, (rows_of(*largest) + 1) / 2);
+    const auto at = mbs.erase(largest);
+    mbs.insert(at, std::make_move_iterator(halves.begin()), std::make_move_iterator(halves.end()));
+  }
+  return mbs;
 }
 
 std::vector<MicroBatch> fetch_micro_batches(Run& run) {

@@ -24,4 +24,12 @@ std::vector<MicroBatch> fetch_micro_batches(Run& run);
 // batch of at most `rows` rows, stays whole.
 std::vector<MicroBatch> split_rows(std::vector<MicroBatch> batches, int64_t rows);
 
+// The micro-batches of a step's batches: split_rows by [train] micro_batch_size. With several
+// ranks every rank runs as many micro-batches (the modes' collectives pair up per micro-batch):
+// one all-reduce agrees on the most any rank's split makes, and a rank with fewer halves its
+// largest micro-batch until it has as many. When a rank's batches hold fewer rows than that,
+// every rank throws one error naming both counts. (A rank whose data gave no batch takes no
+// part: the step's agreement reports it.)
+std::vector<MicroBatch> micro_batches(Run& run, const std::vector<MicroBatch>& batches);
+
 }  // namespace keel

@@ -67,6 +67,7 @@ keel_status services_forward(keel_step_services* s, const char* model,
                              keel_error* err) noexcept {
   std::string failure;
   try {
+    if (outputs == nullptr) throw Error("forward: outputs is NULL");
     auto* sv = static_cast<Services*>(s->host_data);
     const Components& c = sv->run->components;
     const size_t len = model ? strnlen(model, KEEL_NAME_CAPACITY) : KEEL_NAME_CAPACITY;
@@ -84,13 +85,21 @@ keel_status services_forward(keel_step_services* s, const char* model,
     mb.tokens = sv->mb->tokens;
     mb.source = sv->mb->source;
     const at::Device& device = sv->run->ranks.device;
-    for (const auto& [n, t] : mb.tensors)
-      if (t.device() != device || t.dim() == 0)
+    for (const auto& [n, t] : mb.tensors) {
+      const std::string problem =
+          !t.defined()             ? "an undefined tensor"
+          : t.dim() == 0           ? "a 0-dim tensor"
+          : t.device() != device   ? "on " + t.device().str()
+          : t.size(0) != mb.tensors.front().second.size(0)
+              ? fmt::format("{} rows, and '{}' {}", t.size(0), mb.tensors.front().first,
+                            mb.tensors.front().second.size(0))
+              : "";
+      if (!problem.empty())
         throw Error(fmt::format("forward of '{}': the batch's '{}' is {}; a model gets tensors "
-                                "on the run's device ({}) whose first dimension is the batch",
-                                text::printable(name), n,
-                                t.dim() == 0 ? "a 0-dim tensor" : "on " + t.device().str(),
+                                "on the run's device ({}) whose first dimension is the batch, "
+                                "the same in all", text::printable(name), n, problem,
                                 device.str()));
+    }
     if (name == "model") {
       sv->outputs.push_back(forward(c.model_calls, mb));
     } else {
@@ -116,9 +125,13 @@ keel_status services_forward(keel_step_services* s, const char* model,
     failure = e.what_without_backtrace();
   } catch (const std::exception& e) {
     failure = e.what();
+  } catch (...) {
+    failure = "forward: an unknown exception";
   }
-  std::strncpy(err->message, failure.c_str(), KEEL_ERROR_CAPACITY - 1);
-  err->message[KEEL_ERROR_CAPACITY - 1] = '\0';
+  if (err != nullptr) {
+    std::strncpy(err->message, failure.c_str(), KEEL_ERROR_CAPACITY - 1);
+    err->message[KEEL_ERROR_CAPACITY - 1] = '\0';
+  }
   return KEEL_ERR;
 }
 
@@ -129,6 +142,11 @@ void load_frozen(Run& run, const FrozenModel& frozen, const NamedModelSpec& spec
   const Instance<keel_model>& model = frozen.model;
   const std::string& dir = spec.init_from;
   const std::string key = "models." + spec.name + ".init_from";
+  if (KEEL_HAS_SLOT(model, keel_model, table_count) &&
+      model.get("table_count", model->table_count) > 0)
+    throw model.error("has sparse embedding tables, which a frozen model does not load (a "
+                      "checkpoint holds their rows apart from the model's state); hint: a "
+                      "[models.NAME] is a model without tables");
   if (!run.components.backend)
     throw Error(fmt::format("{}: reading checkpoint {} needs the run's [checkpoint] backend; "
                             "hint: add [checkpoint] with the type that saved it (e.g. type = "
@@ -154,13 +172,18 @@ void load_frozen(Run& run, const FrozenModel& frozen, const NamedModelSpec& spec
   for (const auto& [name, t] : into) requests.push_back({"model", name, 0, t});
   ChunkReader(*run.components.backend, dir, rec).read(requests);
   check_unchanged(dir, rec);  // the bytes loaded are the bytes verified
+  // The state and the parameters (a parameter need not be among the state) on the run's
+  // device, in place, as create_model moves [model]'s; the parameters without requires_grad.
   const at::Device& device = run.ranks.device;
   const at::NoGradGuard no_grad;
   for (const auto& [name, t] : into)
     if (t.device() != device) t.set_data(t.to(device));
   const size_t params = model.get("param_count", model->param_count);
-  for (size_t i = 0; i < params; ++i)
-    borrow(named_entry(model, "param", model->param, i).tensor).requires_grad_(false);
+  for (size_t i = 0; i < params; ++i) {
+    const at::Tensor p = borrow(named_entry(model, "param", model->param, i).tensor);
+    if (p.device() != device) p.set_data(p.to(device));
+    p.requires_grad_(false);
+  }
   model.run("set_training", model->set_training, 0);
   spdlog::info("{}: frozen, {} tensor(s) from {} (step {})", model.label(), into.size(), dir,
                rec.step);
@@ -172,8 +195,9 @@ void create_own_step(Run& run) {
   const RunConfig& config = run.config;
   if (!config.step) return;
   OwnStep& own = run.components.own_step;
-  // Creating the models draws no random numbers from the run's streams (their initialisation
-  // is overwritten by init_from): a run with a step draws what the same run without one draws.
+  // Creating the models and the step takes no random numbers from the run's CPU generator (the
+  // models' initialisation is overwritten by init_from; created after a resume restored the
+  // generators, a draw here would shift the resumed run's stream): its state is put back.
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   const at::Tensor rng = gen.get_state();
   for (const NamedModelSpec& spec : config.models) {
@@ -182,8 +206,8 @@ void create_own_step(Run& run) {
     frozen.calls = with_batches(frozen.model);
     load_frozen(run, frozen, spec);
   }
-  gen.set_state(rng);
   own.step = make_instance<keel_step>(run, *config.step);
+  gen.set_state(rng);
   if (run.plan.linear_loss)
     throw own.step.error(fmt::format("computes the training loss itself, and {} with {} would "
                                      "apply the output layer in the kernel's step instead "

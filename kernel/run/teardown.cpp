@@ -27,7 +27,8 @@ const std::vector<TeardownPart> kTeardown = {
      {"gradient synchronisation", "shards", "residency"}},
     // Its autograd hooks hold the model's parameters; its buckets reduce over the group.
     {"gradient synchronisation", [](Run& r) { r.grad_sync.reset(); }, {"model", "process group"}},
-    // The components, in reverse order of creation.
+    // The components, in reverse order of creation: [step] and its frozen [models.NAME] last.
+    {"step", [](Run& r) { clear(r.components.own_step); }, {kComm, "run directory"}},
     {"hooks",
      [](Run& r) {
        r.components.observers = Observers();

@@ -170,8 +170,7 @@ RunSummary Trainer::train() {
           break;
         }
         run.epoch.batches += static_cast<int64_t>(batches.size());
-        run.summary.last_loss =
-            train_step(run, split_rows(batches, run.config.train.micro_batch_size));
+        run.summary.last_loss = train_step(run, micro_batches(run, batches));
         // Decide, then act: each row of the decision table on its own period, on a hook's
         // request, or at the run's end. The ranks agree first on the requests, the signals, the
         // window's times and whether every rank's asynchronous save has finished.

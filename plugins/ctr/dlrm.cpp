@@ -25,9 +25,9 @@
 // is keel::EmbeddingTable::shared_id(f, id) (f = 0..25). Either way forward looks every table
 // up once for all the features using it: bags = B (per feature) or B x 26 (shared), bag
 // b * 26 + f holding sample b's ids of feature f. `pooling` decides how a bag of several ids
-// combines (sum, or mean over the ids that have a row); Criteo's fields are single-valued,
-// and with one id per bag sum and mean both give that id's row, and zeros for a missing id
-// (an empty bag gives zeros too). The tables get the
+// combines (sum, or mean over the bag's ids >= 0, an id without a row counting as a zero row);
+// Criteo's fields are single-valued, and with one id per bag sum and mean both give that id's
+// row, and zeros for a missing id (an empty bag gives zeros too). The tables get the
 // run's seed, the options min_count, ttl_steps, max_rows, max_pending and init_std, and the
 // run's keel_comm (so that with several ranks they are sharded by id over the ranks);
 // set_training reaches them; Model::tables() shows them to the kernel, which hands them to the
@@ -189,7 +189,8 @@ class Dlrm : public keel::Model {
     const at::Tensor& offsets = keel::need(batch, "sparse_offsets");
     const int64_t b = dense.size(0);
     if (dense.dim() != 2 || dense.size(1) != kNumeric || !dense.is_floating_point() ||
-        ids.dim() != 2 || ids.scalar_type() != at::kLong || offsets.sizes() != at::IntArrayRef{b, kCategorical + 1} ||
+        ids.dim() != 2 || ids.size(0) != b || ids.scalar_type() != at::kLong ||
+        offsets.sizes() != at::IntArrayRef{b, kCategorical + 1} ||
         offsets.scalar_type() != at::kLong)
       throw std::invalid_argument(
           "dlrm: expected dense float [B, 13], sparse_ids int64 [B, L] and sparse_offsets "

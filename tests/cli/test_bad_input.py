@@ -730,6 +730,9 @@ CASES = [
     M("models_init_from_not_a_checkpoint", '[step]\ntype = "distill"\n[models.teacher]\n'
       'type = "mlp"\nhidden = [32]\ninit_from = "{d}"\n', "models.teacher.init_from",
       "commit.json"),
+    M("models_with_tables", '[step]\ntype = "distill"\n[models.teacher]\ntype = "dlrm"\n'
+      'init_from = "t"\n', "[models.teacher] model 'dlrm'", "sparse embedding tables",
+      "a frozen model does not load"),
     M("step_unknown_type", '[step]\ntype = "distil"\n', "{m}:2:", "distill"),
     M("step_unknown_option", '[step]\ntype = "distill"\nalpah = 0.5\n', "{m}:3:", "alpha"),
     # checkpoint keys ----------------------------------------------------------------------------

@@ -10,6 +10,9 @@
 - [train] micro_batch_size: batch_size 16 split into micro-batches of 4 rows trains the
   parameters and losses of batch_size 4 with global_batch 16 bit for bit, and those of the
   unsplit batch of 16 within 1e-6 (which differ from batch_size 4 alone by more than 1e-4).
+  On 2 ranks whose batches hold different rows (81 samples, remainder = "uneven") with
+  shard = "gradients", the rank whose split makes fewer micro-batches halves one, so that the
+  step finishes; rows too few for that stop both ranks with one line.
 - The resolved manifest: a 1-process run's manifest.resolved.toml (grad_accum derived, so not
   written beside global_batch) trains the same parameters again, bit for bit, and `keel export`
   of the run reads its checkpoint.
@@ -153,6 +156,65 @@ class GlobalBatch(unittest.TestCase):
         print(f"micro_batch_size 4 of batch 16 vs the whole batch: max |param diff| {d:.3g}")
         self.assertLessEqual(d, 1e-6)
         self.assertGreater(self.max_diff(whole, self.train("small", "", 1)[0]), 1e-4)
+
+    def test_micro_batch_size_uneven_ranks(self):
+        # 81 samples over 2 ranks (remainder = "uneven"): rank 0's batches hold 16, 16 and 9
+        # rows, rank 1's 16, 16 and 8. With micro_batch_size 4, rank 0's split makes 11
+        # micro-batches and rank 1's 10; shard = "gradients" reduce-scatters after every
+        # micro-batch's backward, so the ranks must run as many: rank 1 halves one (the run
+        # finishes its step with every sample). With micro_batch_size 1, every micro-batch is
+        # one row: rank 1's 40 rows cannot make rank 0's 41, and both ranks stop with one line.
+        out = os.path.join(self.dir, "uneven")
+        path = os.path.join(self.dir, "uneven.toml")
+        with open(path, "w") as f:
+            f.write(f"""[run]
+seed = 3
+threads = 1
+output_dir = "{out}"
+[train]
+epochs = 1
+grad_accum = 3
+micro_batch_size = 4
+log_every = 1
+[distributed]
+shard = "gradients"
+timeout_s = 30
+[model]
+type = "mlp"
+hidden = [8]
+[data.train]
+type = "fashion_mnist"
+limit = 81
+batch_size = 16
+remainder = "uneven"
+shuffle = false
+[optimizer]
+type = "sgd"
+lr = 0.05
+[loss]
+type = "cross_entropy"
+[[hooks]]
+type = "jsonl"
+""")
+
+        def torchrun(*args):
+            return subprocess.run(
+                TORCHRUN + ["--nproc_per_node=2", f"--master_port={free_port()}",
+                            f"--log_dir={os.path.join(self.dir, 'torchrun-uneven')}", KEEL,
+                            "train", path, *args], capture_output=True, text=True, timeout=120)
+        r = torchrun()
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            train = [x for x in map(json.loads, f) if x["split"] == "train"]
+        self.assertEqual([(x["step"], x["samples"]) for x in train], [(1, 81)])
+        r = torchrun("--set", "train.micro_batch_size=1", "--set",
+                     f"run.output_dir={out}-one")
+        self.assertEqual(r.returncode, 1, r.stdout[-3000:] + r.stderr[-3000:])
+        errors = [x for x in r.stderr.splitlines() if "keel: error:" in x]
+        self.assertEqual(len(errors), 2, r.stderr[-3000:])
+        for e in errors:
+            self.assertIn("[train] micro_batch_size = 1: at step 1 a rank's batches hold 40 "
+                          "row(s), too few for the 41 micro-batches another rank's make", e)
 
     def test_resolved_manifest_reruns_and_exports(self):
         # The run's own manifest.resolved.toml (global_batch set, grad_accum derived from it)
