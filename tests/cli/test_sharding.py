@@ -86,6 +86,7 @@ max_steps = {steps}
 log_every = 1
 grad_accum = 2
 eval_each_epoch = false
+{train}
 [distributed]
 shard = "{shard}"
 [optimizer]
@@ -172,11 +173,12 @@ class Sharding(unittest.TestCase):
         cls.tmp.cleanup()
 
     def manifest(self, name, model, shard, steps=10, groups="", head="", layers=2,
-                 model_opts="", data_opts=""):
+                 model_opts="", data_opts="", train=""):
         out = os.path.join(self.dir, name)
         if model in ("units", "named"):
             head += f'[plugins]\npaths = ["{self.fixture_plugins(model)}"]\n'
-        body = head + COMMON.format(name=name, out=out, steps=steps, shard=shard, groups=groups)
+        body = head + COMMON.format(name=name, out=out, steps=steps, shard=shard, groups=groups,
+                                    train=train)
         body += {"gpt": GPT, "mlp": MLP, "units": UNITS, "named": NAMED}[model].format(
             vocab=VOCAB, ctx=CTX, data=self.data, layers=layers, model_opts=model_opts,
             data_opts=data_opts)
@@ -205,12 +207,12 @@ class Sharding(unittest.TestCase):
         return plugins
 
     def train(self, name, model, shard, nproc, steps=10, groups="", layers=2, launcher=False,
-              head="", data_opts=""):
+              head="", data_opts="", train=""):
         """Trains (once per name) and returns (final parameters, losses, run.log, run dir);
         under torchrun when nproc > 1 or launcher."""
         if name not in self.runs:
             path, out = self.manifest(name, model, shard, steps, groups, layers=layers, head=head,
-                                      data_opts=data_opts)
+                                      data_opts=data_opts, train=train)
             self.launch(path, nproc, name=name, launcher=launcher)
             self.runs[name] = out
         out = self.runs[name]
@@ -464,7 +466,8 @@ class Sharding(unittest.TestCase):
         self.assertNotIn("param_mb_outside_unit", self.records(self.runs["gpt-none"])[0])
 
     def test_named_batches(self):
-        """Named batches on 2 ranks of batch_size 4, each shard value, against 1 rank of 8."""
+        """Named batches on 2 ranks of batch_size 4, each shard value, and with micro_batch_size
+        2 (shard "gradients"), against 1 rank of 8."""
         one, one_l, _, _ = self.train("named1", "named", "none", 1, data_opts="batch_size = 8")
         for shard in ("none", "optimizer", "gradients", "parameters"):
             with self.subTest(shard=shard):
@@ -475,6 +478,39 @@ class Sharding(unittest.TestCase):
                 self.assert_close(one, two, f"named batches, 2 ranks, {shard} vs 1 rank")
                 if shard == "parameters":
                     self.assertIn("1 unit(s) with parameters", log)
+        # [train] micro_batch_size 2: each rank's batch of 4 in two micro-batches.
+        split, split_l, _, _ = self.train("named2-split", "named", "gradients", 2,
+                                          data_opts="batch_size = 4",
+                                          train="micro_batch_size = 2")
+        self.assert_losses(one_l, split_l, "named batches, 2 ranks, micro_batch_size 2")
+        self.assert_close(one, split, "named batches, 2 ranks, micro_batch_size 2 vs 1 rank")
+
+    def test_step_two_ranks(self):
+        """A [step] (distill from a frozen gpt teacher, trained here on 1 rank) on 2 ranks:
+        "gradients" and "parameters" against "none" (the teacher whole on every rank)."""
+        teacher = self.train("step-teacher", "gpt", "none", 1)[3]
+        head = f"""[step]
+type = "distill"
+alpha = 0.6
+temperature = 2.0
+[models.teacher]
+type = "gpt"
+vocab_size = {VOCAB}
+context = {CTX}
+layers = 2
+heads = 2
+width = 16
+init_from = "{os.path.join(teacher, 'checkpoints', 'step-10')}"
+"""
+        none, none_l, log, _ = self.train("step2-none", "gpt", "none", 2, head=head)
+        self.assertIn("[step] step 'distill' (plugin keel-steps) computes each training "
+                      "micro-batch's loss, running model, teacher", log)
+        for shard in ("gradients", "parameters"):
+            with self.subTest(shard=shard):
+                two, two_l, _, _ = self.train("step2-" + shard, "gpt", shard, 2, head=head)
+                self.assertEqual(len(two_l), 10)
+                self.assert_losses(none_l, two_l, "distill, 2 ranks, " + shard)
+                self.assert_close(none, two, f"distill, 2 ranks, {shard} vs none")
 
     def test_parameters_three_ranks(self):
         none, none_l, _, _ = self.train("gpt3-none", "gpt", "none", 3, layers=4)
