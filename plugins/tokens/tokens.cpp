@@ -105,8 +105,9 @@ constexpr auto kPackDocuments = keel::opt_bool(
     "(-100 in the padding), position_ids restarting per document piece and document_ids, through "
     "keel.dataset.batch/1 (gpt attends within a document); sampling \"sequential\" only");
 constexpr auto kSeparator = keel::opt_int(
-    "separator", "-1", "pack_documents: the token id that ends a document (-1: none)", -1,
-    4294967295.0);
+    "separator", "-1",
+    "pack_documents: the token id that ends a document (-1: the vocabulary's \"separator\", "
+    "which keel prepare --documents writes)", -1, 4294967295.0);
 
 [[noreturn]] void fail(const std::string& path, const std::string& what, const std::string& hint) {
   throw std::runtime_error("tokens: " + path + ": " + what + "; hint: " + hint);
@@ -135,6 +136,7 @@ struct Vocab {
   int bytes = 2;        // 2: uint16, 4: uint32
   int64_t size = 0;     // token ids are 0 .. size - 1
   int64_t tokens = -1;  // the "tokens" count, when present
+  int64_t separator = -1;  // the id that ends each document (keel prepare --documents), or -1
 };
 
 Vocab check_vocab(const nlohmann::json& j, const std::string& path, const std::string& hint);
@@ -178,6 +180,12 @@ Vocab check_vocab(const nlohmann::json& j, const std::string& path, const std::s
     fail(path, "vocabulary \"size\" " + std::to_string(v.size) + " does not fit uint16 ids",
          hint);
   if (j.contains("tokens") && j["tokens"].is_number_integer()) v.tokens = j["tokens"].get<int64_t>();
+  if (j.contains("separator")) {
+    if (!j["separator"].is_number_integer() || j["separator"].get<int64_t>() < 0 ||
+        j["separator"].get<int64_t>() >= v.size)
+      fail(path, "vocabulary \"separator\" must be a token id, 0 .. size - 1", hint);
+    v.separator = j["separator"].get<int64_t>();
+  }
   return v;
 }
 
@@ -197,10 +205,6 @@ class Tokens : public keel::Dataset {
     if (pack_ && random_)
       throw std::runtime_error("tokens: pack_documents = true packs documents in the file's "
                                "order; hint: set [" + section + "] sampling = \"sequential\"");
-    if (pack_ && separator_ < 0)
-      throw std::runtime_error("tokens: pack_documents = true needs the id that ends a "
-                               "document; hint: set [" + section + "] separator (e.g. the id "
-                               "of the end-of-text token)");
     if (world_ < 1 || rank_ < 0 || rank_ >= world_)
       throw std::runtime_error("tokens: rank " + std::to_string(rank_) + " of world_size " +
                                std::to_string(world_) +
@@ -274,6 +278,12 @@ class Tokens : public keel::Dataset {
                                " applies to sampling = \"random\" only; hint: remove it from [" +
                                section + "], or set sampling = \"random\"");
     if (pack_) {
+      if (separator_ < 0) separator_ = vocab.separator;  // keel prepare --documents wrote it
+      if (separator_ < 0)
+        throw std::runtime_error("tokens: pack_documents = true needs the id that ends a "
+                                 "document, and " + vocab_path + " names none; hint: set [" +
+                                 section + "] separator (e.g. the id of the end-of-text token), "
+                                 "or write the data with `keel prepare TEXT --documents SEP`");
       if (separator_ >= vocab.size)
         fail(path_, "separator " + std::to_string(separator_) + " is outside the vocabulary of " +
                         std::to_string(vocab.size) + " ids (" + vocab_path + ")",

@@ -66,13 +66,14 @@ class Tokens(unittest.TestCase):
 
     # ---- helpers --------------------------------------------------------------------------
     @classmethod
-    def prepare_text(cls, text, name, level=None):
+    def prepare_text(cls, text, name, level=None, documents=None):
         data = text.encode("utf-8") if isinstance(text, str) else text
         src = os.path.join(cls.tmp, name + ".txt")
         with open(src, "wb") as f:
             f.write(data)
         out = os.path.join(cls.tmp, name)
-        argv = [KEEL, "prepare", src, "--output", out] + (["--level", level] if level else [])
+        argv = [KEEL, "prepare", src, "--output", out] + (["--level", level] if level else []) + (
+            ["--documents", documents] if documents else [])
         p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         cls.last_stdout = p.stdout
@@ -92,8 +93,9 @@ class Tokens(unittest.TestCase):
         self.assertEqual(meta["size"], len(meta["vocab"]))
         self.assertEqual(meta["tokens"], len(tokens))
         self.assertLess(int(tokens.max()), meta["size"])
-        if meta["level"] == "byte":
-            return meta, bytes(ord(meta["vocab"][int(t)]) for t in tokens)
+        if meta["level"] == "byte":  # ids 0..255: bytes; a separator id: its text, in UTF-8
+            return meta, b"".join(bytes([ord(meta["vocab"][int(t)])]) if t < 256
+                                  else meta["vocab"][int(t)].encode("utf-8") for t in tokens)
         return meta, "".join(meta["vocab"][int(t)] for t in tokens)
 
     def dump(self, *args, path=None, expect_ok=True, **options):
@@ -138,6 +140,63 @@ class Tokens(unittest.TestCase):
                      os.path.join(d, "tokens.bin")):
             self.assertIn(part, line)
         self.assertEqual(sorted(os.listdir(d)), ["tokens.bin", "vocab.json"])  # no temp file
+
+    def test_documents(self):
+        # --documents: each document followed by the separator's own id, the last vocabulary
+        # entry, whose string is the separator; empty documents left out; at both levels.
+        docs = ["one α", "two", "three\n"]
+        text = docs[0] + "\n%\n" + docs[1] + "\n%\n\n%\n" + docs[2]
+        for level in ("char", "byte"):
+            with self.subTest(level=level):
+                d = self.prepare_text(text, "docs-" + level, level=level, documents="\\n%\\n")
+                meta, decoded = self.decode(d)
+                want = "".join(x + "\n%\n" for x in docs)
+                self.assertEqual(decoded, want if level == "char" else want.encode("utf-8"))
+                self.assertEqual((meta["documents"], meta["separator"]), (3, meta["size"] - 1))
+                self.assertEqual(meta["vocab"][-1], "\n%\n")
+                if level == "char":
+                    self.assertEqual(meta["vocab"][:-1], sorted(set("".join(docs))))
+                    self.assertIn("in 3 documents (separator id", self.last_stdout)
+                _, tokens = self.load(d)
+                self.assertEqual(int((tokens == meta["separator"]).sum()), 3)
+        # The tokens dataset packs them with that separator when its own is not set; data
+        # without one is refused with a hint naming --documents.
+        for data, error in ((d, None), (self.dir, "names none")):
+            m = os.path.join(self.tmp, "packed.toml")
+            with open(m, "w") as f:
+                f.write(f"""[run]
+name = "packed"
+output_dir = "{self.tmp}/runs"
+[train]
+epochs = 1
+[model]
+type = "gpt"
+vocab_size = 300
+context = 8
+layers = 1
+heads = 1
+width = 8
+[data.train]
+type = "tokens"
+path = "{data}/tokens.bin"
+context = 8
+batch_size = 1
+val_fraction = 0
+sampling = "sequential"
+pack_documents = true
+[optimizer]
+type = "sgd"
+lr = 0.1
+[loss]
+type = "token_cross_entropy"
+""")
+            p = subprocess.run([KEEL, "validate", m], capture_output=True, text=True, timeout=120)
+            if error is None:
+                self.assertEqual(p.returncode, 0, p.stderr)
+            else:
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertIn(error, p.stderr)
+                self.assertIn("keel prepare TEXT --documents SEP", p.stderr)
 
     def test_byte_level_round_trip(self):
         data = MIXED.encode("utf-8") + b"\xff\xfe\x80 not utf-8 \xc3"

@@ -200,8 +200,10 @@ TEST_CASE("a manifest trains gpt on packed documents; a bad pack_documents is on
   };
   const Case cases[] = {
       {"data.train.separator=-1",
-       "tokens: pack_documents = true needs the id that ends a document; hint: set "
-       "[data.train] separator"},
+       "tokens: pack_documents = true needs the id that ends a document, and "},
+      {"data.train.separator=-1", "vocab.json names none; hint: set [data.train] separator (e.g. "
+       "the id of the end-of-text token), or write the data with `keel prepare TEXT --documents "
+       "SEP`"},
       {"data.train.sampling=\"random\"",
        "tokens: pack_documents = true packs documents in the file's order; hint: set "
        "[data.train] sampling = \"sequential\""},

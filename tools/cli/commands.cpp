@@ -65,7 +65,7 @@ const std::vector<Command>& commands() {
        "TABLE: run, train, distributed, checkpoint, hooks, optimizer.groups, plugins (all when "
        "left out)",
        nullptr, options_command},
-      {"prepare", "INPUT --output DIR [--level char|byte] [--log-level LEVEL]",
+      {"prepare", "INPUT --output DIR [--level char|byte] [--documents SEP] [--log-level LEVEL]",
        "tokenize a text file into DIR/tokens.bin and DIR/vocab.json for the tokens dataset",
        "INPUT: a text file; the files' format: docs/language-model.md, \"Preparing token files\"",
        add_prepare_flags, prepare_command},

@@ -94,7 +94,11 @@ void add_prepare_flags(po::options_description& d) {
                   "the directory to write tokens.bin and vocab.json into (created when "
                   "missing)")(
       "level", po::value<std::string>()->value_name("LEVEL"),
-      "char: one token per UTF-8 character (the default); byte: one per byte");
+      "char: one token per UTF-8 character (the default); byte: one per byte")(
+      "documents", po::value<std::string>()->value_name("SEP"),
+      "INPUT holds documents separated by the text SEP (\\n, \\t and \\\\ read as a newline, a "
+      "tab and a backslash): each document is written followed by one separator id, a token "
+      "of its own that vocab.json names (for the tokens dataset's pack_documents)");
 }
 
 void add_export_flags(po::options_description& d) {
@@ -234,6 +238,7 @@ Parsed parse_command(const Command& c, const std::vector<std::string>& args) {
   p.prepare.positional = p.positional;
   p.prepare.output = p.plugins.output;
   if (vm.count("level")) p.prepare.level = vm["level"].as<std::string>();
+  if (vm.count("documents")) p.prepare.documents = vm["documents"].as<std::string>();
   p.exporting.positional = p.positional;
   p.exporting.output = p.plugins.output;
   if (vm.count("format")) p.exporting.format = vm["format"].as<std::string>();

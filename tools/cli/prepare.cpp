@@ -6,7 +6,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstddef>
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/usage.hpp"
@@ -118,6 +123,41 @@ std::string checked_level(const PrepareArgs& args) {
   return level;
 }
 
+// --documents' SEP with its escapes read (\n, \t, \\); empty or a bad escape: UsageError.
+std::string separator_of(const std::string& given) {
+  std::string out;
+  for (size_t i = 0; i < given.size(); ++i) {
+    if (given[i] != '\\') {
+      out += given[i];
+      continue;
+    }
+    const char next = i + 1 < given.size() ? given[i + 1] : '\0';
+    if (next != 'n' && next != 't' && next != '\\')
+      throw UsageError("--documents: a backslash at offset " + std::to_string(i) + " is not \\n, "
+                       "\\t or \\\\; hint: write a newline as \\n (e.g. --documents '\\n%\\n')",
+                       "prepare");
+    out += next == 'n' ? '\n' : next == 't' ? '\t' : '\\';
+    ++i;
+  }
+  if (out.empty())
+    throw UsageError("--documents: the separator is empty; hint: give the text between "
+                     "documents, e.g. --documents '\\n%\\n'", "prepare");
+  return out;
+}
+
+// `text` cut at every `sep`; the empty pieces left out.
+std::vector<std::string> documents_of(const std::string& text, const std::string& sep) {
+  std::vector<std::string> out;
+  for (size_t at = 0;;) {
+    const size_t next = text.find(sep, at);
+    const std::string piece = text.substr(at, next == std::string::npos ? next : next - at);
+    if (!piece.empty()) out.push_back(piece);
+    if (next == std::string::npos) break;
+    at = next + sep.size();
+  }
+  return out;
+}
+
 // The text of the file `input`, which must be a regular file and not empty.
 std::string read_input(const std::string& input) {
   struct stat st {};
@@ -168,12 +208,39 @@ Tokens tokenize(const std::string& text, const std::string& level, const std::st
 
 int prepare(const PrepareArgs& args) {
   const std::string level = checked_level(args);
+  const std::optional<std::string> sep =
+      args.documents ? std::optional<std::string>(separator_of(*args.documents)) : std::nullopt;
   const std::string& input = args.positional[0];
   const std::string& dir = *args.output;
   const std::string text = read_input(input);
 
-  // Ids and vocabulary.
-  Tokens tokens = tokenize(text, level, input);
+  // Ids and vocabulary; with --documents, of the documents' text, each then ended by the
+  // separator's own id.
+  std::vector<std::string> documents;
+  if (sep) {
+    documents = documents_of(text, *sep);
+    if (documents.empty())
+      throw Error(input + ": holds no document between the separators given with --documents; "
+                  "hint: check the separator (escapes: \\n, \\t, \\\\)");
+  }
+  std::string joined;
+  for (const std::string& d : documents) joined += d;
+  Tokens tokens = tokenize(sep ? joined : text, level, input);
+  if (sep) {
+    const auto separator = static_cast<uint32_t>(tokens.vocab.size());
+    tokens.vocab.push_back(*sep);
+    std::vector<uint32_t> ended;
+    ended.reserve(tokens.ids.size() + documents.size());
+    size_t at = 0;
+    for (const std::string& d : documents) {
+      const size_t n = level == "byte" ? d.size() : decode_utf8(d, input).size();
+      ended.insert(ended.end(), tokens.ids.begin() + static_cast<std::ptrdiff_t>(at),
+                   tokens.ids.begin() + static_cast<std::ptrdiff_t>(at + n));
+      ended.push_back(separator);
+      at += n;
+    }
+    tokens.ids = std::move(ended);
+  }
   const std::vector<uint32_t>& ids = tokens.ids;
   const size_t size = tokens.vocab.size();
   const int bytes = size <= 65536 ? 2 : 4;
@@ -190,6 +257,10 @@ int prepare(const PrepareArgs& args) {
   meta["size"] = size;
   meta["tokens"] = ids.size();
   meta["vocab"] = std::move(tokens.vocab);
+  if (sep) {
+    meta["documents"] = documents.size();
+    meta["separator"] = size - 1;
+  }
 
   // The output directory under a run directory's rules (files/owned_dir.hpp): created when missing,
   // not a symlink, yours, and others cannot write it (or it is sticky) nor a directory on the
@@ -213,9 +284,13 @@ int prepare(const PrepareArgs& args) {
     created.remove_all();
     throw;
   }
-  std::printf("%s: %zu tokens, vocabulary of %zu (%s level), %s -> %s, %s\n", input.c_str(),
-              ids.size(), size, level.c_str(), dtype.c_str(), tokens_path.c_str(),
-              vocab_path.c_str());
+  const std::string in_documents =
+      sep ? " in " + std::to_string(documents.size()) + " documents (separator id " +
+                std::to_string(size - 1) + ")"
+          : "";
+  std::printf("%s: %zu tokens%s, vocabulary of %zu (%s level), %s -> %s, %s\n", input.c_str(),
+              ids.size(), in_documents.c_str(), size, level.c_str(), dtype.c_str(),
+              tokens_path.c_str(), vocab_path.c_str());
   return 0;
 }
 
