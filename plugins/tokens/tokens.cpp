@@ -46,8 +46,11 @@
 //   document_ids  0, 1, 2, ... the piece's index in the window; padding position p gets -1 - p
 //                 (a document of its own), so that attention within a document never mixes
 //                 documents (gpt's block-diagonal causal mask)
-// An epoch has floor(windows / (R * batch_size)) batches of windows in order (rank r takes
-// windows r, r + R, ...); Batch.tokens counts the labels that are not -100.
+// An epoch has floor(windows / (R * batch_size)) batches; its sample g is window g with
+// sampling "sequential", and with "random" window perm_e[g] of a permutation of all the windows
+// drawn per epoch: Fisher-Yates, i = W-1 .. 1 swapping i with j = floor(draw(e, W-1-i) * (i+1)
+// / 2^64) (draw and key as above), a function of (seed, e) alone, so seek stays exact (rank r
+// takes samples r, r + R, ...). Batch.tokens counts the labels that are not -100.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -103,7 +106,8 @@ constexpr auto kPackDocuments = keel::opt_bool(
     "pack_documents", "false",
     "pack whole documents (ended by `separator`) into each window: a batch of input_ids, labels "
     "(-100 in the padding), position_ids restarting per document piece and document_ids, through "
-    "keel.dataset.batch/1 (gpt attends within a document); sampling \"sequential\" only");
+    "keel.dataset.batch/1 (gpt attends within a document); sampling \"random\" takes the packed "
+    "windows in an order shuffled per epoch");
 constexpr auto kSeparator = keel::opt_int(
     "separator", "-1",
     "pack_documents: the token id that ends a document (-1: the vocabulary's \"separator\", "
@@ -202,9 +206,6 @@ class Tokens : public keel::Dataset {
         pack_(ctx.get(kPackDocuments)),
         separator_(ctx.get(kSeparator)) {
     const std::string split = ctx.get(kSplit), section = ctx.section();
-    if (pack_ && random_)
-      throw std::runtime_error("tokens: pack_documents = true packs documents in the file's "
-                               "order; hint: set [" + section + "] sampling = \"sequential\"");
     if (world_ < 1 || rank_ < 0 || rank_ >= world_)
       throw std::runtime_error("tokens: rank " + std::to_string(rank_) + " of world_size " +
                                std::to_string(world_) +
@@ -273,6 +274,11 @@ class Tokens : public keel::Dataset {
     windows_ = (length_ - 1) / context_;
 
     const int64_t spe = ctx.get(kSamplesPerEpoch);
+    if (pack_ && spe > 0)
+      throw std::runtime_error("tokens: samples_per_epoch = " + std::to_string(spe) +
+                               " does not apply to pack_documents = true, whose epochs take "
+                               "every packed window once; hint: remove it from [" + section +
+                               "]");
     if (!random_ && spe > 0)
       throw std::runtime_error("tokens: samples_per_epoch = " + std::to_string(spe) +
                                " applies to sampling = \"random\" only; hint: remove it from [" +
@@ -289,6 +295,7 @@ class Tokens : public keel::Dataset {
                         std::to_string(vocab.size) + " ids (" + vocab_path + ")",
              "set [" + section + "] separator to a token id of the vocabulary");
       pack();
+      if (random_) shuffle_windows();  // epoch 0 until start_epoch or seek
     }
     samples_ = pack_ ? static_cast<int64_t>(rows_.size()) : random_ && spe > 0 ? spe : windows_;
     batches_ = samples_ / world_ / batch_;
@@ -336,6 +343,7 @@ class Tokens : public keel::Dataset {
   void seek(int64_t epoch, int64_t batch) override {
     epoch_ = epoch;
     cursor_ = std::min(std::max<int64_t>(batch, 0), batches_);
+    if (pack_ && random_) shuffle_windows();
   }
 
   bool next_batch(keel::NamedBatch& out) override {
@@ -359,7 +367,8 @@ class Tokens : public keel::Dataset {
     int64_t* doc = documents.data_ptr<int64_t>();
     int64_t predictions = 0;
     for (int64_t row = 0; row < batch_; ++row) {
-      const size_t g = static_cast<size_t>((cursor_ * batch_ + row) * world_ + rank_);
+      const size_t sample = static_cast<size_t>((cursor_ * batch_ + row) * world_ + rank_);
+      const size_t g = random_ ? order_[sample] : sample;  // the window
       const size_t last = g + 1 < rows_.size() ? rows_[g + 1] : pieces_.size();
       int64_t p = row * context_;
       for (size_t k = rows_[g]; k < last; ++k) {
@@ -420,6 +429,18 @@ class Tokens : public keel::Dataset {
   }
 
  private:
+  // The packed windows' order of epoch_ with sampling "random" (the top of the file).
+  void shuffle_windows() {
+    order_.resize(rows_.size());
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = i;
+    const uint64_t key = mix(seed_ + mix(static_cast<uint64_t>(epoch_) + 1));
+    for (size_t i = order_.size(); i-- > 1;) {
+      const uint64_t d = mix(key + (order_.size() - 1 - i + 1) * 0x9E3779B97F4A7C15ull);
+      const auto j = static_cast<size_t>((static_cast<unsigned __int128>(d) * (i + 1)) >> 64);
+      std::swap(order_[i], order_[j]);
+    }
+  }
+
   // A document's piece: inputs tokens start .. start + length - 1, labels one further.
   struct Piece {
     int64_t start, length;
@@ -458,6 +479,7 @@ class Tokens : public keel::Dataset {
   int64_t separator_;
   std::vector<Piece> pieces_;  // pack_documents: every window's pieces, in order
   std::vector<size_t> rows_;   // the index in pieces_ of each window's first piece
+  std::vector<size_t> order_;  // pack_documents with sampling "random": epoch_'s window order
   int bytes_ = 2;
   void* map_ = nullptr;
   size_t map_size_ = 0;

@@ -103,11 +103,11 @@ keel::Instance<Abi> instance(const keel_component_desc& desc, const std::string&
 }
 
 // A first-party component `type` of kind `kind` of the built plugins with `options` (TOML), as
-// the kernel creates it in `section` (seed 5, one rank); `values` must outlive the instance.
+// the kernel creates it in `section` (seed `seed`, one rank); `values` must outlive the instance.
 template <class Abi>
 keel::Instance<Abi> first_party(keel_kind kind, const std::string& type,
                                 const std::string& section, const std::string& options,
-                                keel_options& values) {
+                                keel_options& values, uint64_t seed = 5) {
   const keel::Component* c = default_registry().find(kind, type);
   REQUIRE(c != nullptr);
   values = keel::validate_options(toml::parse(options), section, "keel plugins show " + type,
@@ -117,7 +117,7 @@ keel::Instance<Abi> first_party(keel_kind kind, const std::string& type,
   ctx.options = &values;
   ctx.section = section.c_str();
   ctx.world_size = 1;
-  ctx.seed = 5;
+  ctx.seed = seed;
   return keel::create_instance<Abi>(*c, ctx);
 }
 

@@ -5,11 +5,13 @@
 // equal its logits run alone within 1e-5 (packed: the reference attention with a block-diagonal
 // causal mask; alone: the fused attention), and the packed loss and its gradients equal the
 // token-weighted mean of the documents' losses run alone within 1e-5; a manifest trains with
-// it; pack_documents without a separator, with random sampling or with the chunked loss is one
-// error line.
+// it; random sampling takes the packed windows in an order shuffled per epoch, a function of
+// the seed and the epoch; pack_documents without a separator, with samples_per_epoch or with
+// the chunked loss is one error line.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -174,6 +176,41 @@ TEST_CASE("packed documents: the windows, gpt's logits and the loss equal the do
   CHECK(grad_diff <= 1e-5);
 }
 
+TEST_CASE("random sampling takes the packed windows in an order of the seed and the epoch") {
+  TempDir d;
+  const fs::path tokens = write_tokens(d);
+  const at::Device cpu(at::kCPU);
+  // Epoch e's first input ids of each window, with the seed given.
+  auto order = [&](uint64_t seed, const std::string& sampling, int64_t epoch) {
+    keel_options values;
+    const auto data = keel_test::first_party<keel_dataset>(
+        KEEL_KIND_DATASET, "tokens", "data.train",
+        "path = \"" + tokens.string() + "\"\ncontext = 6\nbatch_size = 1\nval_fraction = 0.0\n"
+        "sampling = \"" + sampling + "\"\npack_documents = true\nseparator = 0\n", values, seed);
+    const keel::DataSource source = keel::with_batches(data);
+    data.call("seek", data->seek, epoch, int64_t{0});
+    std::vector<int64_t> firsts;
+    keel::MicroBatch mb;
+    while (keel::next_batch(source, cpu, &mb) == keel::NextResult::kBatch)
+      firsts.push_back(keel::find(mb.tensors, "input_ids")->select(1, 0).item<int64_t>());
+    return firsts;
+  };
+  const std::vector<int64_t> sequential = order(1, "sequential", 0);
+  CHECK(sequential == std::vector<int64_t>{5, 9, 15});
+  std::vector<std::vector<int64_t>> seen;
+  for (int64_t epoch = 0; epoch < 6; ++epoch) {
+    CAPTURE(epoch);
+    std::vector<int64_t> o = order(7, "random", epoch);
+    CHECK(o == order(7, "random", epoch));  // the same for the same seed and epoch
+    std::vector<int64_t> sorted = o;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(sorted == sequential);  // every window once
+    seen.push_back(o);
+  }
+  std::sort(seen.begin(), seen.end());
+  CHECK(std::unique(seen.begin(), seen.end()) - seen.begin() > 1);  // epochs differ
+}
+
 TEST_CASE("a manifest trains gpt on packed documents; a bad pack_documents is one error line") {
   TempDir d;
   const fs::path tokens = write_tokens(d);
@@ -204,9 +241,8 @@ TEST_CASE("a manifest trains gpt on packed documents; a bad pack_documents is on
       {"data.train.separator=-1", "vocab.json names none; hint: set [data.train] separator (e.g. "
        "the id of the end-of-text token), or write the data with `keel prepare TEXT --documents "
        "SEP`"},
-      {"data.train.sampling=\"random\"",
-       "tokens: pack_documents = true packs documents in the file's order; hint: set "
-       "[data.train] sampling = \"sequential\""},
+      {"data.train.samples_per_epoch=3",
+       "tokens: samples_per_epoch = 3 does not apply to pack_documents = true"},
       {"data.train.separator=16", "separator 16 is outside the vocabulary of 16 ids"},
       // The chunked loss's training path reads the 1.x names (docs/language-model.md).
       {"loss.type=\"chunked_cross_entropy\"",
