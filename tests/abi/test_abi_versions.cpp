@@ -2462,5 +2462,8 @@ static_assert(KEEL_KIND_SPARSE_OPTIMIZER == KEEL18_KIND_HOOK + 1,
               "KEEL_KIND_SPARSE_OPTIMIZER (1.9) follows the kinds of ABI 1.8");
 static_assert(KEEL_KIND_STEP == KEEL112_KIND_SPARSE_OPTIMIZER + 1,
               "KEEL_KIND_STEP (1.13) follows the kinds of ABI 1.12");
+// keel_step (1.13): compute is required, get_extension optional.
+static_assert(keel::required_size<keel_step>() == offsetof(keel_step, get_extension),
+              "required_size<keel_step>() asks for more than compute");
 
 int main() { return 0; }
