@@ -8,16 +8,8 @@
 
 namespace keel {
 
-LentSet::LentSet(const Named& named) : named_(named) {
-  for (const auto& [name, t] : named) {
-    names_.push_back(name.c_str());
-    handles_.push_back(peek(t));
-    refs_.push_back(count(t));
-  }
-  set_.struct_size = sizeof(set_);
-  set_.count = handles_.size();
-  set_.names = names_.data();
-  set_.tensors = handles_.data();
+LentSet::LentSet(const Named& named) : named_(named), view_(named) {
+  for (const auto& kv : named) refs_.push_back(count(kv.second));
 }
 
 std::string LentSet::kept() const {

@@ -23,17 +23,15 @@ class LentSet {
   explicit LentSet(const Named& named);
   LentSet(const LentSet&) = delete;
   LentSet& operator=(const LentSet&) = delete;
-  const keel_tensor_set* abi() const { return &set_; }
+  const keel_tensor_set* abi() const { return view_.abi(); }
   // "" or the name of a tensor that is referenced more (or less) than when lent.
   std::string kept() const;
 
  private:
   static std::pair<size_t, size_t> count(const at::Tensor& t);
   const Named& named_;
-  keel_tensor_set set_{};
-  std::vector<const char*> names_;
-  std::vector<keel_tensor*> handles_;
-  std::vector<std::pair<size_t, size_t>> refs_;
+  std::vector<std::pair<size_t, size_t>> refs_;  // each tensor's reference counts when lent
+  TensorSetView view_;
 };
 
 // A keel_tensor_writer for one call: collects what the plugin puts, in order, and remembers the

@@ -651,23 +651,13 @@ class StepModels {
   // autograd), any other name a frozen [models.NAME] (outputs without autograd). Throws
   // std::runtime_error with the kernel's message (naming the model) when it fails.
   NamedTensors forward(const std::string& model, const NamedTensors& batch) {
-    std::vector<const char*> names;
-    std::vector<keel_tensor*> handles;
-    for (const auto& [name, tensor] : batch) {
-      names.push_back(name.c_str());
-      handles.push_back(peek(tensor));
-    }
-    const keel_tensor_set set = {static_cast<uint32_t>(sizeof(keel_tensor_set)), batch.size(),
-                                 names.data(), handles.data()};
+    const TensorSetView set(batch);
     const keel_tensor_set* outputs = nullptr;
     keel_error err;
     err.message[0] = '\0';
-    if (services_->forward(services_, model.c_str(), &set, &outputs, &err) != KEEL_OK)
+    if (services_->forward(services_, model.c_str(), set.abi(), &outputs, &err) != KEEL_OK)
       throw std::runtime_error(err.message);
-    NamedTensors out;
-    for (size_t i = 0; i < outputs->count; ++i)
-      out.emplace_back(outputs->names[i], borrow(outputs->tensors[i]));
-    return out;
+    return to_named(outputs);
   }
 
  private:
@@ -1052,12 +1042,7 @@ inline void fill(BoxOf<Hook>& b) {
   };
 }
 
-inline NamedTensors to_named(const keel_tensor_set* set) {
-  NamedTensors out;
-  out.reserve(set->count);
-  for (size_t i = 0; i < set->count; ++i) out.emplace_back(set->names[i], borrow(set->tensors[i]));
-  return out;
-}
+using keel::to_named;  // of a keel_tensor_set (keel/tensor.hpp), beside the overload above
 
 // The extensions a hook T offers (ABI 1.12), each when T overrides one of its methods.
 template <class T>

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "keel/abi.h"
+#include "keel/ext/tensors.h"
 
 namespace keel {
 
@@ -85,6 +86,39 @@ inline const at::Tensor* find(const NamedTensors& set, const std::string& name) 
     if (kv.first == name) return &kv.second;
   return nullptr;
 }
+
+// The tensors of a keel_tensor_set lent to this side, as new at::Tensor references (valid after
+// the call that lent them, as the at::Tensors hold their own references).
+inline NamedTensors to_named(const keel_tensor_set* set) {
+  NamedTensors out;
+  out.reserve(set->count);
+  for (size_t i = 0; i < set->count; ++i) out.emplace_back(set->names[i], borrow(set->tensors[i]));
+  return out;
+}
+
+// A keel_tensor_set lending `tensors` (which must outlive it) for one call: a batch or a model's
+// outputs handed across the boundary (keel/ext/tensors.h).
+class TensorSetView {
+ public:
+  explicit TensorSetView(const NamedTensors& tensors) {
+    for (const auto& kv : tensors) {
+      names_.push_back(kv.first.c_str());
+      handles_.push_back(peek(kv.second));
+    }
+    set_.struct_size = static_cast<uint32_t>(sizeof(keel_tensor_set));
+    set_.count = handles_.size();
+    set_.names = names_.data();
+    set_.tensors = handles_.data();
+  }
+  TensorSetView(const TensorSetView&) = delete;
+  TensorSetView& operator=(const TensorSetView&) = delete;
+  const keel_tensor_set* abi() const { return &set_; }
+
+ private:
+  std::vector<const char*> names_;
+  std::vector<keel_tensor*> handles_;
+  keel_tensor_set set_{};
+};
 
 // "a, b, c": the names of `set` ("none" when empty), for messages.
 inline std::string names_of(const NamedTensors& set) {

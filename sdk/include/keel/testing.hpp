@@ -249,27 +249,9 @@ class NamedHandles {
   std::vector<keel_named_tensor> entries_;
 };
 
-// A keel_tensor_set lending `tensors` (which must outlive this object): a batch or a model's
-// outputs for the slots of <keel/ext/batch.h> and <keel/step.h>.
-class TensorSet {
- public:
-  explicit TensorSet(const NamedTensors& tensors) {
-    for (const auto& [name, tensor] : tensors) {
-      names_.push_back(name.c_str());
-      handles_.push_back(peek(tensor));
-    }
-    set_ = {static_cast<uint32_t>(sizeof(keel_tensor_set)), tensors.size(), names_.data(),
-            handles_.data()};
-  }
-  TensorSet(const TensorSet&) = delete;
-  TensorSet& operator=(const TensorSet&) = delete;
-  const keel_tensor_set* abi() const { return &set_; }
-
- private:
-  std::vector<const char*> names_;
-  std::vector<keel_tensor*> handles_;
-  keel_tensor_set set_{};
-};
+// A keel_tensor_set lending `tensors` (which must outlive it): a batch or a model's outputs
+// for the slots of <keel/ext/batch.h> and <keel/step.h> (keel/tensor.hpp's TensorSetView).
+using TensorSet = keel::TensorSetView;
 
 // A model's forward through its keel.model.batch/1 (<keel/ext/batch.h>): the outputs it puts
 // for `batch`, in order. Throws when the model offers no such extension, refuses an output or
@@ -338,11 +320,8 @@ class StepModels {
         throw std::runtime_error(std::string("forward: no model '") + (model ? model : "") +
                                  "' in this test");
       self->calls_.push_back(it->first);
-      NamedTensors in;
-      for (size_t i = 0; i < batch->count; ++i)
-        in.emplace_back(batch->names[i], borrow(batch->tensors[i]));
       Lent& lent = self->lent_.emplace_back();
-      lent.outputs = it->second(in);
+      lent.outputs = it->second(keel::to_named(batch));
       lent.set = std::make_unique<TensorSet>(lent.outputs);
       *outputs = lent.set->abi();
       return KEEL_OK;
