@@ -76,13 +76,16 @@ void agree_on_stream(Run& run, const std::vector<MicroBatch>& out) {
                         : ""));
 }
 
+// A micro-batch's rows: its tensors' first dimension (the same in all, next_batch checks).
+int64_t rows_of(const MicroBatch& mb) { return mb.tensors.front().second.size(0); }
+
 }  // namespace
 
 std::vector<MicroBatch> split_rows(std::vector<MicroBatch> batches, int64_t rows) {
   if (rows <= 0) return batches;
   std::vector<MicroBatch> out;
   for (MicroBatch& mb : batches) {
-    const int64_t n = mb.tensors.front().second.size(0);
+    const int64_t n = rows_of(mb);
     if (n <= rows) {
       out.push_back(std::move(mb));
       continue;
@@ -109,7 +112,6 @@ std::vector<MicroBatch> micro_batches(Run& run, const std::vector<MicroBatch>& b
   const int64_t rows = run.config.train.micro_batch_size;
   std::vector<MicroBatch> mbs = split_rows(batches, rows);
   if (rows <= 0 || !run.ranks.group) return mbs;
-  auto rows_of = [](const MicroBatch& mb) { return mb.tensors.front().second.size(0); };
   int64_t total = 0;
   for (const MicroBatch& mb : mbs) total += rows_of(mb);
   const int64_t step = run.progress.step + 1;

@@ -26,8 +26,9 @@ namespace keel {
 
 namespace {
 
-// A set a step made (keel/ext/tensors.h's rules: unique, non-empty, bounded names, no NULL
-// tensor, at most KEEL_MAX_NAMED_TENSORS), as tensors; throws naming the rule it breaks.
+// A set a step made, as tensors, under the rules a writer's entries follow (keel/ext/tensors.h:
+// unique, non-empty, bounded names, no NULL tensor, at most KEEL_MAX_NAMED_TENSORS; checked by
+// TensorWriter's put); throws naming the rule it breaks.
 Named read_set(const keel_tensor_set* set) {
   if (set == nullptr) throw Error("the batch is NULL");
   if (set->struct_size < sizeof(keel_tensor_set))
@@ -37,19 +38,11 @@ Named read_set(const keel_tensor_set* set) {
     throw Error(fmt::format("the batch holds {} tensors (names {}, tensors {}); a batch holds 1 "
                             "to {}", set->count, set->names ? "set" : "NULL",
                             set->tensors ? "set" : "NULL", KEEL_MAX_NAMED_TENSORS));
-  Named out;
-  for (size_t i = 0; i < set->count; ++i) {
-    const char* n = set->names[i];
-    const size_t len = n ? strnlen(n, KEEL_NAME_CAPACITY) : 0;
-    if (len == 0 || len == KEEL_NAME_CAPACITY)
-      throw Error(fmt::format("the batch's name {} is NULL, empty or not shorter than {} bytes",
-                              i, KEEL_NAME_CAPACITY));
-    const std::string name(n, len);
-    if (find(out, name)) throw Error("the batch names '" + text::printable(name) + "' twice");
-    if (!set->tensors[i]) throw Error("the batch's '" + text::printable(name) + "' is NULL");
-    out.emplace_back(name, borrow(set->tensors[i]));
-  }
-  return out;
+  TensorWriter entries;
+  for (size_t i = 0; i < set->count && entries.refusal.empty(); ++i)
+    entries.abi.put(&entries.abi, set->names[i], set->tensors[i]);
+  if (!entries.refusal.empty()) throw Error("the batch: " + text::printable(entries.refusal));
+  return std::move(entries.tensors);
 }
 
 // What a step's compute gets: its services, and the outputs lent to it until compute returns.

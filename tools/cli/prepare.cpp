@@ -1,12 +1,14 @@
-// keel prepare INPUT --output DIR [--level char|byte] (the format: prepare.hpp).
+// keel prepare INPUT --output DIR [--level char|byte] [--documents SEP] (the format:
+// prepare.hpp).
 #include "prepare.hpp"
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <cstddef>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -233,7 +235,13 @@ int prepare(const PrepareArgs& args) {
     ended.reserve(tokens.ids.size() + documents.size());
     size_t at = 0;
     for (const std::string& d : documents) {
-      const size_t n = level == "byte" ? d.size() : decode_utf8(d, input).size();
+      // Its ids: one per byte, or per character (the bytes that do not continue one: the text
+      // was decoded, and so checked, whole by tokenize).
+      const size_t n = level == "byte" ? d.size()
+                                       : static_cast<size_t>(std::count_if(
+                                             d.begin(), d.end(), [](char c) {
+                                               return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+                                             }));
       ended.insert(ended.end(), tokens.ids.begin() + static_cast<std::ptrdiff_t>(at),
                    tokens.ids.begin() + static_cast<std::ptrdiff_t>(at + n));
       ended.push_back(separator);
